@@ -1,0 +1,14 @@
+# The two commands of the README. Both set up a fresh machine first (scripts/setup.sh).
+.PHONY: setup demo test bench
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/rollouts run examples/demo.jsonl
+
+test: setup
+	.venv/bin/python -m pytest -q
+
+bench: setup
+	.venv/bin/python -m bench

@@ -1,0 +1,1 @@
+"""The HTTP API: FastAPI routes, request/response schemas and auth."""

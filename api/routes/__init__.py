@@ -1,0 +1,5 @@
+"""Every router the app mounts; a new area of the API adds its router here."""
+
+from api.routes import health, jobs
+
+ROUTERS = [health.router, jobs.router]

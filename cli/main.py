@@ -1,0 +1,17 @@
+"""Entry point of the `rollouts` command: a click group; each area adds its commands."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group()
+def main() -> None:
+    """Rollout-as-a-service: run the stack, submit jobs, watch them."""
+
+
+def _register_commands() -> None:
+    """Each area's commands live in their own module; add yours here."""
+
+
+_register_commands()

@@ -1,0 +1,1 @@
+"""The common core shared by the API and every worker stage."""

@@ -1,0 +1,119 @@
+"""One typed settings object for every process of the service.
+
+Every field can be set from the environment with the ``ROLLOUTS_`` prefix
+(``ROLLOUTS_REDIS_URL``, ``ROLLOUTS_ROLLOUT_CONCURRENCY``...), or from a shared
+config file named by ``ROLLOUTS_CONFIG`` (``KEY=value`` lines, the format Slurm
+jobs and shells both read). The API, the workers and the CLI all read the same
+object so a whole fleet is configured in one place.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+STAGES: tuple[str, ...] = ("init", "rollout", "eval")
+
+# A list setting reads from the environment as comma-separated words.
+WordList = Annotated[list[str], NoDecode]
+
+
+def _default_state_dir() -> Path:
+    return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "rollouts"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ROLLOUTS_",
+        env_file=os.environ.get("ROLLOUTS_CONFIG"),
+        extra="ignore",
+    )
+
+    # --- Redis -------------------------------------------------------------
+    redis_url: str | None = Field(
+        default=None,
+        description="Redis to use. Unset: `rollouts up` starts an embedded redis-server.",
+    )
+    redis_prefix: str = Field(default="ro", description="Namespace of every key the service writes.")
+    state_dir: Path = Field(default_factory=_default_state_dir)
+
+    # --- API ---------------------------------------------------------------
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    api_url: str | None = Field(default=None, description="Where clients and workers reach the API.")
+    api_tokens: WordList = Field(
+        default_factory=list,
+        description="Bearer tokens accepted on every route but health. Empty: auth off.",
+    )
+    admin_tokens: WordList = Field(
+        default_factory=list,
+        description="Tokens with the admin scope (backend registration). Empty: any API token.",
+    )
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    max_jobs_per_request: int = Field(default=5000, gt=0)
+    list_page_max: int = Field(default=1000, gt=0)
+
+    # --- Workers -----------------------------------------------------------
+    init_concurrency: int = Field(default=4, gt=0)
+    rollout_concurrency: int = Field(default=32, gt=0)
+    eval_concurrency: int = Field(default=4, gt=0)
+    heartbeat_interval_s: float = Field(default=5.0, gt=0, description="Job and worker heartbeats.")
+    heartbeat_ttl_s: int = Field(
+        default=20, gt=0, description="A job whose worker sent no heartbeat for this long is abandoned."
+    )
+    maintenance_interval_s: int = Field(default=10, gt=0, description="How often abandoned jobs are requeued.")
+    stage_retries: int = Field(default=3, ge=0, description="Re-runs of a stage whose worker died.")
+    task_modules: WordList = Field(
+        default_factory=list, description="Extra modules imported at start-up to register task kinds."
+    )
+    workspace_root: Path | None = Field(
+        default=None, description="Shared storage for job workspaces. Default: <state_dir>/workspaces."
+    )
+
+    # --- Job defaults ------------------------------------------------------
+    default_init_timeout_s: float = 600.0
+    default_rollout_timeout_s: float = 3600.0
+    default_eval_timeout_s: float = 900.0
+    default_total_timeout_s: float = 7200.0
+    job_ttl_s: int = Field(default=7 * 24 * 3600, gt=0, description="How long finished job records are kept.")
+
+    # --- Logging -----------------------------------------------------------
+    log_level: str = "INFO"
+    log_json: bool = False
+
+    @field_validator("api_tokens", "admin_tokens", "task_modules", mode="before")
+    @classmethod
+    def _split_words(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [word.strip() for word in value.split(",") if word.strip()]
+        return value
+
+    @property
+    def workspaces(self) -> Path:
+        return self.workspace_root or self.state_dir / "workspaces"
+
+    def concurrency(self, stage: str) -> int:
+        return {
+            "init": self.init_concurrency,
+            "rollout": self.rollout_concurrency,
+            "eval": self.eval_concurrency,
+        }[stage]
+
+    def default_stage_timeout(self, stage: str) -> float:
+        return {
+            "init": self.default_init_timeout_s,
+            "rollout": self.default_rollout_timeout_s,
+            "eval": self.default_eval_timeout_s,
+        }[stage]
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

@@ -1,0 +1,103 @@
+"""Start a private redis-server on a free loopback port.
+
+Used by `rollouts up` when no Redis is configured, and by the tests. The
+server is a real redis-server binary (installed by scripts/setup.sh), so the
+embedded default behaves exactly like a production Redis.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from redis import Redis
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """A redis-server child process; ``url`` is valid between start() and stop()."""
+
+    def __init__(
+        self,
+        port: int | None = None,
+        data_dir: Path | None = None,
+        appendonly: bool = False,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="rollouts-redis-"))
+        self.appendonly = appendonly
+        self.extra_args = extra_args or []
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> EmbeddedRedis:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed; run scripts/setup.sh (apt-get install redis-server)")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "everysec",
+            "--protected-mode", "yes",
+            "--logfile", str(self.data_dir / "redis.log"),
+            *self.extra_args,
+        ]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        client = Redis(port=self.port, socket_connect_timeout=0.5)
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return self
+                except Exception:
+                    if self.process.poll() is not None or time.monotonic() > deadline:
+                        self.stop()
+                        raise RuntimeError(f"redis-server did not start; see {self.data_dir / 'redis.log'}")
+                    time.sleep(0.05)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def restart(self) -> None:
+        """Stop and start on the same port and data dir (used to test Redis restarts)."""
+        own, self._own_dir = self._own_dir, False
+        self.stop()
+        self._own_dir = own
+        self.start()
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,28 @@
+"""Redis connections built from settings, with the options every process needs."""
+
+from __future__ import annotations
+
+from redis import Redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from shared.config import Settings
+
+
+class RedisNotConfigured(RuntimeError):
+    """Raised where a process needs Redis but none was configured or started."""
+
+
+def connect(settings: Settings, *, decode_responses: bool = False) -> Redis:
+    """A client that retries briefly on connection errors (a Redis restart) instead of failing the job."""
+    if not settings.redis_url:
+        raise RedisNotConfigured(
+            "ROLLOUTS_REDIS_URL is not set; start the stack with `rollouts up` or point it at a Redis"
+        )
+    return Redis.from_url(
+        settings.redis_url,
+        decode_responses=decode_responses,
+        health_check_interval=30,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
+        socket_keepalive=True,
+    )

@@ -1,0 +1,1 @@
+"""The three worker stages (init, rollout, eval) and the runtime they share."""
