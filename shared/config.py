@@ -83,6 +83,30 @@ class Settings(BaseSettings):
     default_total_timeout_s: float = 7200.0
     job_ttl_s: int = Field(default=7 * 24 * 3600, gt=0, description="How long finished job records are kept.")
 
+    # --- LLM backends (issue 3) --------------------------------------------
+    llm_heartbeat_interval_s: float = Field(default=5.0, gt=0, description="How often `rollouts register` beats.")
+    llm_heartbeat_timeout_s: float = Field(
+        default=20.0, gt=0, description="A backend silent this long leaves the pool until it beats again."
+    )
+    llm_pin_ttl_s: float = Field(
+        default=1800.0, gt=0, description="A trajectory pin not refreshed for this long is reaped (crashed rollout)."
+    )
+    llm_pin_per_group: bool = Field(
+        default=False, description="Pin a whole GRPO group to one backend (shared prompt prefix cache)."
+    )
+    llm_probe_timeout_s: float = Field(default=2.0, gt=0, description="Timeout of a backend's /health probe.")
+    llm_connect_timeout_s: float = Field(default=5.0, gt=0)
+    llm_request_timeout_s: float = Field(default=600.0, gt=0, description="One /v1/completions call, end to end.")
+    llm_max_retries: int = Field(default=3, ge=0, description="Retries of a call on connection errors and 5xx.")
+    llm_retry_backoff_s: float = Field(default=0.5, gt=0, description="First retry delay; doubles each retry.")
+    cpu_backend_model: Path | None = Field(
+        default=None, description="HF model dir for the CPU backend. Unset: a tiny model built under state_dir."
+    )
+    cpu_backend_seed: int = Field(default=0, description="Seed of the built tiny model's weights.")
+    cpu_backend_max_model_len: int = Field(default=4096, gt=0)
+    cpu_backend_prefix_cache_entries: int = Field(default=64, ge=0, description="KV prefixes kept (0: off).")
+    cpu_backend_threads: int = Field(default=1, gt=0, description="torch threads of one CPU backend.")
+
     # --- Logging -----------------------------------------------------------
     log_level: str = "INFO"
     log_json: bool = False

@@ -46,3 +46,63 @@ class Keys:
     def events_channel(self, job_id: str) -> str:
         """Pub/sub: status changes of one job (for waiters and streams)."""
         return f"{self.prefix}:events:{job_id}"
+
+    # --- LLM backend pool (issue 3) ----------------------------------------
+    def backend(self, backend_id: str) -> str:
+        """Hash: one backend's registration (url, model, capacity, labels, health, draining)."""
+        return f"{self.prefix}:llm:backend:{backend_id}"
+
+    @property
+    def backend_ids(self) -> str:
+        """Set: every registered backend id, healthy or not."""
+        return f"{self.prefix}:llm:ids"
+
+    @property
+    def backend_capacity(self) -> str:
+        """Hash: backend id -> capacity weight (the divisor of its load score)."""
+        return f"{self.prefix}:llm:capacity"
+
+    @property
+    def backend_inflight(self) -> str:
+        """Hash: backend id -> trajectories charged to it right now."""
+        return f"{self.prefix}:llm:inflight"
+
+    @property
+    def backend_usable(self) -> str:
+        """Set: registered, healthy backends (draining ones too: their pins keep serving)."""
+        return f"{self.prefix}:llm:usable"
+
+    @property
+    def backend_load(self) -> str:
+        """Sorted set: backends open to new pins, scored by in-flight / capacity."""
+        return f"{self.prefix}:llm:load"
+
+    @property
+    def backend_heartbeats(self) -> str:
+        """Sorted set: backend id -> time of its last heartbeat."""
+        return f"{self.prefix}:llm:beats"
+
+    @property
+    def llm_routes(self) -> str:
+        """Hash: route key (job or GRPO group id) -> pinned backend id."""
+        return f"{self.prefix}:llm:routes"
+
+    @property
+    def llm_route_refs(self) -> str:
+        """Hash: route key -> number of live trajectories sharing the pin."""
+        return f"{self.prefix}:llm:route_refs"
+
+    @property
+    def llm_charges(self) -> str:
+        """Hash: trajectory id -> backend its in-flight count is charged to."""
+        return f"{self.prefix}:llm:charges"
+
+    @property
+    def llm_leases(self) -> str:
+        """Sorted set: trajectory id -> lease expiry; an expired lease is reaped (crashed rollout)."""
+        return f"{self.prefix}:llm:leases"
+
+    @property
+    def llm_lease_routes(self) -> str:
+        """Hash: trajectory id -> its route key."""
+        return f"{self.prefix}:llm:lease_routes"

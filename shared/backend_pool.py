@@ -1,0 +1,367 @@
+"""The LLM backend pool: registration, health, and least-loaded sticky selection in Redis.
+
+Every rollout worker shares one view of the pool through Redis, so selection must be
+atomic across processes: one Lua script (backend_pool_acquire.lua) reads the pin of a
+route, keeps it while its backend is usable, and otherwise picks the backend with the
+lowest in-flight / capacity score, charging the trajectory to it in the same step.
+
+In-flight counts are per trajectory, not per call: a trajectory is charged to exactly
+one backend (the ``charges`` hash) from its first acquire until its release, so group
+pinning (n trajectories sharing one route) still counts n. Counts are derived state: a
+crashed rollout's lease expires and is reaped, and a periodic recount from ``charges``
+corrects anything else (see ``maintain``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from redis import Redis
+
+from shared.config import Settings
+from shared.keys import Keys
+
+log = logging.getLogger(__name__)
+
+_LUA_DIR = Path(__file__).parent
+
+
+class NoBackendAvailable(RuntimeError):
+    """No healthy, non-draining backend is registered; the caller should wait and retry."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One registered backend as the pool sees it."""
+
+    id: str
+    url: str
+    model: str
+    capacity: float
+    labels: dict[str, str] = field(default_factory=dict)
+    healthy: bool = True
+    draining: bool = False
+    inflight: int = 0
+    registered_at: float = 0.0
+    last_heartbeat: float = 0.0
+    unhealthy_reason: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "url": self.url,
+            "model": self.model,
+            "capacity": self.capacity,
+            "labels": self.labels,
+            "healthy": self.healthy,
+            "draining": self.draining,
+            "inflight": self.inflight,
+            "registered_at": self.registered_at,
+            "last_heartbeat": self.last_heartbeat,
+            "unhealthy_reason": self.unhealthy_reason,
+        }
+
+
+@dataclass(frozen=True)
+class Pin:
+    """What ``acquire`` hands the agent loop: where to send this call."""
+
+    backend_id: str
+    url: str
+    model: str
+    route_key: str
+    repinned: bool
+
+
+@dataclass
+class MaintenanceReport:
+    """What one ``maintain`` pass changed (for logs and tests)."""
+
+    missed_heartbeats: list[str] = field(default_factory=list)
+    failed_probes: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)
+    reaped_leases: int = 0
+    corrected_counts: int = 0
+
+
+def backend_id_for(url: str) -> str:
+    """A stable id from the URL, so a restarted backend re-registering is the same backend."""
+    return "b-" + hashlib.sha1(url.rstrip("/").encode()).hexdigest()[:12]
+
+
+def probe_health(url: str, timeout_s: float) -> str | None:
+    """GET <url>/health as vLLM serves it; None when healthy, else the reason."""
+    try:
+        response = httpx.get(url.rstrip("/") + "/health", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return f"probe failed: {type(exc).__name__}: {exc}"
+    if response.status_code != 200:
+        return f"probe failed: /health answered {response.status_code}"
+    return None
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class BackendPool:
+    """Registration, health and selection of LLM backends; every method is safe across processes."""
+
+    def __init__(self, redis: Redis, keys: Keys, settings: Settings) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.settings = settings
+        self._acquire = redis.register_script((_LUA_DIR / "backend_pool_acquire.lua").read_text())
+        self._release = redis.register_script((_LUA_DIR / "backend_pool_release.lua").read_text())
+        self._sync = redis.register_script((_LUA_DIR / "backend_pool_sync.lua").read_text())
+        self._reconcile = redis.register_script((_LUA_DIR / "backend_pool_reconcile.lua").read_text())
+        # url/model per backend id: fixed for an id's registration, so acquire needs one round trip.
+        self._addresses: dict[str, tuple[str, str, float]] = {}
+
+    # --- keys the selection scripts share --------------------------------
+    @property
+    def _selection_keys(self) -> list[str]:
+        k = self.keys
+        return [
+            k.backend_load, k.backend_usable, k.backend_inflight, k.backend_capacity, k.llm_routes,
+            k.llm_route_refs, k.llm_charges, k.llm_leases, k.llm_lease_routes,
+        ]
+
+    def _sync_backend(self, backend_id: str) -> None:
+        k = self.keys
+        self._sync(
+            keys=[k.backend(backend_id), k.backend_ids, k.backend_usable, k.backend_load,
+                  k.backend_inflight, k.backend_capacity],
+            args=[backend_id],
+        )
+
+    # --- registration -----------------------------------------------------
+    def register(
+        self,
+        url: str,
+        model: str,
+        capacity: float = 1.0,
+        labels: dict[str, str] | None = None,
+        backend_id: str | None = None,
+    ) -> Backend:
+        """Add (or refresh) a backend; it is healthy and open to new pins at once."""
+        if capacity <= 0:
+            raise ValueError("capacity must be positive")
+        backend_id = backend_id or backend_id_for(url)
+        now = time.time()
+        key = self.keys.backend(backend_id)
+        with self.redis.pipeline() as pipe:
+            pipe.hsetnx(key, "registered_at", now)
+            pipe.hset(key, mapping={
+                "url": url.rstrip("/"),
+                "model": model,
+                "capacity": capacity,
+                "labels": json.dumps(labels or {}),
+                "healthy": 1,
+                "draining": 0,
+                "unhealthy_reason": "",
+                "last_heartbeat": now,
+            })
+            pipe.zadd(self.keys.backend_heartbeats, {backend_id: now})
+            pipe.execute()
+        self._sync_backend(backend_id)
+        self._addresses.pop(backend_id, None)
+        backend = self.get(backend_id)
+        assert backend is not None
+        return backend
+
+    def heartbeat(self, backend_id: str) -> bool:
+        """Record a beat; a backend dropped only for missed beats comes back. False: unknown id."""
+        key = self.keys.backend(backend_id)
+        fields = self.redis.hmget(key, "url", "healthy", "unhealthy_reason")
+        if fields[0] is None:
+            return False
+        now = time.time()
+        with self.redis.pipeline() as pipe:
+            pipe.hset(key, "last_heartbeat", now)
+            pipe.zadd(self.keys.backend_heartbeats, {backend_id: now})
+            pipe.execute()
+        if _text(fields[1]) != "1" and _text(fields[2]).startswith("missed heartbeats"):
+            self.set_health(backend_id, True)
+        return True
+
+    def deregister(self, backend_id: str) -> bool:
+        """Remove a backend; its trajectories re-pin at their next call. False: unknown id."""
+        removed = self.redis.delete(self.keys.backend(backend_id))
+        self.redis.zrem(self.keys.backend_heartbeats, backend_id)
+        self._sync_backend(backend_id)
+        self._addresses.pop(backend_id, None)
+        return bool(removed)
+
+    def drain(self, backend_id: str, draining: bool = True) -> bool:
+        """Close (or reopen) a backend to new pins; pinned trajectories finish there."""
+        key = self.keys.backend(backend_id)
+        if not self.redis.exists(key):
+            return False
+        self.redis.hset(key, "draining", int(draining))
+        self._sync_backend(backend_id)
+        return True
+
+    def set_health(self, backend_id: str, healthy: bool, reason: str = "") -> bool:
+        """Mark a backend (un)healthy; an unhealthy one leaves selection, its routes re-pin."""
+        key = self.keys.backend(backend_id)
+        if not self.redis.exists(key):
+            return False
+        self.redis.hset(key, mapping={"healthy": int(healthy), "unhealthy_reason": "" if healthy else reason})
+        self._sync_backend(backend_id)
+        if not healthy:
+            log.warning("backend %s unhealthy: %s", backend_id, reason)
+        return True
+
+    # --- reads ------------------------------------------------------------
+    def get(self, backend_id: str) -> Backend | None:
+        raw = self.redis.hgetall(self.keys.backend(backend_id))
+        if not raw:
+            return None
+        inflight = self.redis.hget(self.keys.backend_inflight, backend_id)
+        return self._backend(backend_id, raw, int(inflight or 0))
+
+    def backends(self) -> list[Backend]:
+        ids = sorted(_text(i) for i in self.redis.smembers(self.keys.backend_ids))
+        if not ids:
+            return []
+        with self.redis.pipeline(transaction=False) as pipe:
+            for backend_id in ids:
+                pipe.hgetall(self.keys.backend(backend_id))
+            pipe.hmget(self.keys.backend_inflight, ids)
+            *hashes, counts = pipe.execute()
+        return [
+            self._backend(backend_id, raw, int(count or 0))
+            for backend_id, raw, count in zip(ids, hashes, counts)
+            if raw
+        ]
+
+    @staticmethod
+    def _backend(backend_id: str, raw: dict, inflight: int) -> Backend:
+        f = {_text(k): _text(v) for k, v in raw.items()}
+        return Backend(
+            id=backend_id,
+            url=f.get("url", ""),
+            model=f.get("model", ""),
+            capacity=float(f.get("capacity") or 1),
+            labels=json.loads(f.get("labels") or "{}"),
+            healthy=f.get("healthy") == "1",
+            draining=f.get("draining") == "1",
+            inflight=inflight,
+            registered_at=float(f.get("registered_at") or 0),
+            last_heartbeat=float(f.get("last_heartbeat") or 0),
+            unhealthy_reason=f.get("unhealthy_reason", ""),
+        )
+
+    # --- selection --------------------------------------------------------
+    def route_key(self, job_id: str, group_id: str | None = None) -> str:
+        """The pin a trajectory uses: its group's when group pinning is on, else its own."""
+        if self.settings.llm_pin_per_group and group_id:
+            return f"g:{group_id}"
+        return f"j:{job_id}"
+
+    def acquire(self, job_id: str, group_id: str | None = None) -> Pin:
+        """Where this trajectory's next LLM call goes; call it before every call.
+
+        The first call pins the route to the least-loaded backend and charges the
+        trajectory to it; later calls return the same backend while it is usable, and
+        re-pin (moving the charge) once it is not. Also refreshes the trajectory's lease.
+        """
+        route = self.route_key(job_id, group_id)
+        expiry = time.time() + self.settings.llm_pin_ttl_s
+        result = self._acquire(keys=self._selection_keys, args=[job_id, route, expiry])
+        if not result:
+            raise NoBackendAvailable("no healthy, non-draining LLM backend is registered")
+        backend_id, repinned = _text(result[0]), bool(result[1])
+        url, model = self._address(backend_id)
+        if repinned:
+            log.info("route %s re-pinned to %s", route, backend_id)
+        return Pin(backend_id=backend_id, url=url, model=model, route_key=route, repinned=repinned)
+
+    def _address(self, backend_id: str) -> tuple[str, str]:
+        cached = self._addresses.get(backend_id)
+        if cached and cached[2] > time.monotonic():
+            return cached[0], cached[1]
+        url, model = (_text(v) for v in self.redis.hmget(self.keys.backend(backend_id), "url", "model"))
+        self._addresses[backend_id] = (url, model, time.monotonic() + 10.0)
+        return url, model
+
+    def release(self, job_id: str) -> bool:
+        """The trajectory ended: uncharge its backend, drop its share of the pin. Idempotent."""
+        return bool(self._release(keys=self._selection_keys, args=["-", job_id]))
+
+    def touch(self, job_id: str) -> bool:
+        """Extend a trajectory's lease during a long tool call (acquire does this too)."""
+        expiry = time.time() + self.settings.llm_pin_ttl_s
+        return bool(self.redis.zadd(self.keys.llm_leases, {job_id: expiry}, xx=True, ch=True))
+
+    def report_failure(self, backend_id: str, error: str) -> bool:
+        """A call to this backend failed: probe it now; True if it is still healthy."""
+        backend = self.get(backend_id)
+        if backend is None:
+            return False
+        reason = probe_health(backend.url, self.settings.llm_probe_timeout_s)
+        if reason is None:
+            return True
+        self.set_health(backend_id, False, f"{reason} (after: {error})")
+        return False
+
+    # --- maintenance ------------------------------------------------------
+    def maintain(self, probe: bool = True, reap_batch: int = 1000) -> MaintenanceReport:
+        """One pass of health and count upkeep; run it every few seconds from one or more processes.
+
+        Drops backends that missed heartbeats, probes the rest (when ``probe``), brings
+        back those whose probe passes again, reaps expired trajectory leases and
+        recounts in-flight from the charges. Every step is idempotent, so concurrent
+        passes from several processes are harmless.
+        """
+        report = MaintenanceReport()
+        now = time.time()
+        stale_before = now - self.settings.llm_heartbeat_timeout_s
+        for backend in self.backends():
+            if backend.last_heartbeat < stale_before:
+                if backend.healthy:
+                    age = now - backend.last_heartbeat
+                    self.set_health(backend.id, False, f"missed heartbeats ({age:.0f}s silent)")
+                    report.missed_heartbeats.append(backend.id)
+                continue
+            if not probe:
+                continue
+            reason = probe_health(backend.url, self.settings.llm_probe_timeout_s)
+            if reason and backend.healthy:
+                self.set_health(backend.id, False, reason)
+                report.failed_probes.append(backend.id)
+            elif reason is None and not backend.healthy:
+                self.set_health(backend.id, True)
+                report.recovered.append(backend.id)
+        report.reaped_leases = self.reap_expired(now, reap_batch)
+        report.corrected_counts = self.reconcile()
+        return report
+
+    def reap_expired(self, now: float | None = None, batch: int = 1000) -> int:
+        """Release trajectories whose lease expired (their rollout died without releasing)."""
+        now = time.time() if now is None else now
+        reaped = 0
+        while True:
+            due = self.redis.zrangebyscore(self.keys.llm_leases, "-inf", now, start=0, num=batch)
+            if not due:
+                return reaped
+            reaped += int(self._release(keys=self._selection_keys, args=[now, *due]))
+            if len(due) < batch:
+                return reaped
+
+    def reconcile(self) -> int:
+        """Recount in-flight per backend from the charges; returns how many counts were wrong."""
+        k = self.keys
+        return int(self._reconcile(keys=[k.llm_charges, k.backend_inflight, k.backend_capacity, k.backend_load]))
+
+    def inflight_total(self) -> int:
+        return sum(int(v) for v in self.redis.hvals(self.keys.backend_inflight))
