@@ -39,13 +39,14 @@ class Keys:
         return f"{self.prefix}:idx:group:{group_id}"
 
     @property
-    def cancel_channel(self) -> str:
-        """Pub/sub: job ids whose cancellation running workers must act on."""
-        return f"{self.prefix}:cancel"
+    def job_events(self) -> str:
+        """Pub/sub: "<job id> <status>" on every status change (workers watch it for cancels)."""
+        return f"{self.prefix}:events"
 
-    def events_channel(self, job_id: str) -> str:
-        """Pub/sub: status changes of one job (for waiters and streams)."""
-        return f"{self.prefix}:events:{job_id}"
+    @property
+    def maintenance_lock(self) -> str:
+        """String: held by the one process trimming indexes right now."""
+        return f"{self.prefix}:lock:maintenance"
 
     # --- LLM backend pool (issue 3) ----------------------------------------
     def backend(self, backend_id: str) -> str:

@@ -1,5 +1,5 @@
 """Every router the app mounts; a new area of the API adds its router here."""
 
-from api.routes import health, jobs
+from api.routes import health, jobs, status
 
-ROUTERS = [health.router, jobs.router]
+ROUTERS = [health.router, jobs.router, status.router]

@@ -1,0 +1,16 @@
+"""Task kinds: how to build a job's state, run its rollout and evaluate it."""
+
+from shared.tasks.base import TaskKind, TaskValidationError
+from shared.tasks.context import StageContext, StageInterrupted
+from shared.tasks.registry import get_kind, known_kinds, load_task_modules, register
+
+__all__ = [
+    "StageContext",
+    "StageInterrupted",
+    "TaskKind",
+    "TaskValidationError",
+    "get_kind",
+    "known_kinds",
+    "load_task_modules",
+    "register",
+]

@@ -1,0 +1,1 @@
+"""Eval stage: scores each trajectory on a fresh copy of its state, then cleans up."""

@@ -1,0 +1,1 @@
+"""Rollout stage: the agent loop (LLM calls and tool calls), many trajectories per process."""

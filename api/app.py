@@ -1,0 +1,47 @@
+"""The FastAPI application factory (`uvicorn --factory api.app:create_app`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api.errors import install_error_handlers
+from api.limits import BodySizeLimit
+from api.openapi import install_openapi
+from api.routes import ROUTERS
+from shared.config import Settings, get_settings
+from shared.jobs.store import JobStore
+from shared.keys import Keys
+from shared.redis_conn import connect
+from shared.tasks import load_task_modules
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        load_task_modules(settings.task_modules)
+        app.state.settings = settings
+        app.state.keys = Keys(settings.redis_prefix)
+        app.state.redis = connect(settings)
+        app.state.store = JobStore(app.state.redis, settings, app.state.keys)
+        try:
+            yield
+        finally:
+            app.state.redis.close()
+
+    app = FastAPI(
+        title="rollouts",
+        summary="Rollout-as-a-service for RL training of multi-turn LLM agents",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    install_openapi(app)
+    return app

@@ -1,0 +1,192 @@
+"""Submit, read, list and cancel jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi.responses import JSONResponse, Response
+from pydantic import TypeAdapter, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import require_auth
+from api.errors import describe_errors, validation_response
+from api.negotiation import respond
+from api.schemas import Cancelled, JobList, JobSummary, JobView, Submitted
+from shared.codec import unpack
+from shared.jobs.spec import JobRequest
+from shared.jobs.status import ALL_STATUSES, TERMINAL
+from shared.jobs.store import JobStore
+from shared.tasks import TaskValidationError, get_kind
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_auth)])
+_job_request = TypeAdapter(JobRequest)
+
+
+def get_store(request: Request) -> JobStore:
+    return request.app.state.store
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=Submitted,
+    summary="Submit one job or a list of jobs",
+    responses={413: {"description": "Body or list too large"}, 422: {"description": "Invalid job"}},
+)
+async def submit_jobs(request: Request, store: JobStore = Depends(get_store)) -> Any:
+    """Validates every job first; nothing is stored unless all are valid. Answers at once with the ids."""
+    raw = await request.body()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return validation_response([{"field": "body", "message": f"malformed JSON: {exc}"}], status_code=400)
+    items = body if isinstance(body, list) else [body]
+    if not isinstance(body, (list, dict)):
+        return validation_response([{"field": "body", "message": "expected a job object or a list of jobs"}])
+    if not items:
+        return validation_response([{"field": "body", "message": "the list of jobs is empty"}])
+    limit = request.app.state.settings.max_jobs_per_request
+    if len(items) > limit:
+        return validation_response(
+            [{"field": "body", "message": f"{len(items)} jobs in one request; the limit is {limit}"}], status_code=413
+        )
+    specs, problems = _validate(items, many=isinstance(body, list))
+    if problems:
+        return validation_response(problems)
+    submitted = await run_in_threadpool(store.submit, specs)
+    return Submitted(job_ids=[s.job_id for s in submitted], created=[s.created for s in submitted])
+
+
+def _validate(items: list[Any], many: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    specs: list[dict[str, Any]] = []
+    problems: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        prefix: tuple[Any, ...] = ("body", index) if many else ("body",)
+        try:
+            job = _job_request.validate_python(item)
+        except ValidationError as exc:
+            problems.extend(describe_errors(list(exc.errors()), prefix))
+            continue
+        where = describe_errors([{"loc": ("task", "kind")}], prefix)[0]["field"]
+        try:
+            get_kind(job.task["kind"]).validate(job.task)
+        except KeyError as exc:
+            problems.append({"field": where, "message": str(exc.args[0])})
+            continue
+        except TaskValidationError as exc:
+            field = describe_errors([{"loc": ()}], prefix)[0]["field"]
+            problems.append({"field": field, "message": str(exc)})
+            continue
+        specs.append(job.model_dump(mode="json"))
+    return specs, problems
+
+
+@router.get("/{job_id}", response_model=JobView, summary="A job's status, timings and, when done, its result")
+def get_job(job_id: str, request: Request, store: JobStore = Depends(get_store)) -> Response:
+    record = store.get(job_id)
+    if record is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with id {job_id!r}")
+    return respond(request, job_view(record))
+
+
+def job_view(record: dict[str, Any]) -> dict[str, Any]:
+    """The public shape of a record: internal stage outputs become `result` once the job is done."""
+    spec = record.get("spec") or {}
+    view: dict[str, Any] = {
+        "id": record["id"],
+        "status": record["status"],
+        "kind": record.get("kind", ""),
+        "group_id": record.get("group_id"),
+        "sample_index": record.get("sample_index"),
+        "created_at": record["created_at"],
+        "updated_at": record["updated_at"],
+        "finished_at": record.get("finished_at"),
+        "timings": record["timings"],
+        "attempts": record["attempts"],
+        "workers": record["workers"],
+        "result": None,
+        "error": record.get("error"),
+        "partial": record.get("partial"),
+        "request": spec,
+    }
+    if record["status"] == "done":
+        evaluation = record.get("out:eval") or {}
+        view["result"] = {
+            "reward": evaluation.get("reward"),
+            "trajectory": record.get("out:rollout") or {},
+            "evaluation": evaluation,
+        }
+    return view
+
+
+_SUMMARY_FIELDS = ("id", "status", "kind", "group_id", "sample_index", "created_at", "updated_at", "finished_at", "out:eval")
+
+
+@router.get("", response_model=JobList, summary="List jobs, newest first, by status or GRPO group")
+def list_jobs(
+    request: Request,
+    status_filter: str | None = Query(default=None, alias="status", description="One of the job statuses."),
+    group_id: str | None = Query(default=None, max_length=128),
+    limit: int = Query(default=100, ge=1),
+    offset: int = Query(default=0, ge=0),
+    store: JobStore = Depends(get_store),
+) -> Response:
+    if status_filter is not None and status_filter not in ALL_STATUSES:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_ENTITY,
+            detail=f"status: unknown status {status_filter!r}; one of {', '.join(ALL_STATUSES)}",
+        )
+    page_max = request.app.state.settings.list_page_max
+    if limit > page_max:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, detail=f"limit: at most {page_max}")
+    ids = store.list_ids(status=status_filter, group_id=group_id, limit=limit, offset=offset)
+    with store.redis.pipeline(transaction=False) as pipe:
+        for job_id in ids:
+            pipe.hmget(store.keys.job(job_id), _SUMMARY_FIELDS)
+        rows = pipe.execute()
+    jobs = [_summary(row) for row in rows if row[0] is not None]
+    return respond(request, {"jobs": jobs, "limit": limit, "offset": offset})
+
+
+def _summary(row: list[bytes | None]) -> dict[str, Any]:
+    values = dict(zip(_SUMMARY_FIELDS, row))
+    evaluation = unpack(values["out:eval"]) or {}
+
+    def text(name: str) -> str | None:
+        value = values[name]
+        return value.decode() if value is not None else None
+
+    def number(name: str) -> float | None:
+        value = values[name]
+        return float(value) if value is not None else None
+
+    return JobSummary(
+        id=text("id") or "",
+        status=text("status") or "",
+        kind=text("kind") or "",
+        group_id=text("group_id"),
+        sample_index=int(values["sample_index"]) if values["sample_index"] is not None else None,
+        created_at=number("created_at") or 0.0,
+        updated_at=number("updated_at") or 0.0,
+        finished_at=number("finished_at"),
+        reward=evaluation.get("reward") if text("status") == "done" else None,
+    ).model_dump()
+
+
+@router.delete(
+    "/{job_id}",
+    response_model=Cancelled,
+    summary="Cancel a job",
+    responses={404: {"description": "No such job"}, 409: {"description": "Already finished"}},
+)
+def cancel_job(job_id: str, store: JobStore = Depends(get_store)) -> JSONResponse:
+    """A queued job never runs; a running one is stopped by its worker, which also removes its sandbox and state."""
+    moved = store.cancel(job_id)
+    if not moved.applied:
+        if not moved.previous:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with id {job_id!r}")
+        assert moved.previous in TERMINAL
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=f"job {job_id} is already {moved.previous}")
+    return JSONResponse({"id": job_id, "status": "cancelled", "previous": moved.previous})

@@ -1,0 +1,45 @@
+"""Service status: queue depths, workers per stage and jobs by status, read straight from Redis."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from fastapi import APIRouter, Depends, Request
+from redis import Redis
+from rq import Queue, Worker
+
+from api.deps import get_redis, require_auth
+from api.schemas import ServiceStatus
+from shared.config import STAGES
+from shared.jobs.queues import queue_name
+from shared.jobs.status import TERMINAL
+
+router = APIRouter(prefix="/v1", tags=["status"], dependencies=[Depends(require_auth)])
+
+
+@router.get("/status", response_model=ServiceStatus, summary="Queue depths, workers per stage, in-flight counts")
+def service_status(request: Request, redis: Redis = Depends(get_redis)) -> ServiceStatus:
+    stages = {}
+    for stage in STAGES:
+        queue = Queue(queue_name(stage), connection=redis)
+        workers = Worker.all(queue=queue)
+        processes: dict[str, int] = defaultdict(int)
+        busy = 0
+        for worker in workers:
+            # Slot workers are named "<process name>.<slot>"; a plain rq worker counts as its own process.
+            processes[worker.name.rsplit(".", 1)[0]] += 1
+            busy += worker.get_state() == "busy"
+        stages[stage] = {
+            "queued": queue.count,
+            "running": redis.zcard(queue.started_job_registry.key),  # .count would run cleanup here
+            "failed": redis.zcard(queue.failed_job_registry.key),
+            "processes": len(processes),
+            "slots": len(workers),
+            "busy_slots": busy,
+        }
+    jobs = request.app.state.store.counts_by_status()
+    return ServiceStatus(
+        stages=stages,
+        jobs=jobs,
+        in_flight=sum(count for status, count in jobs.items() if status not in TERMINAL),
+    )

@@ -1,0 +1,82 @@
+"""Response shapes of the jobs API (requests are shared.jobs.spec, shared with the workers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class Submitted(BaseModel):
+    job_ids: list[str] = Field(description="One id per submitted job, in request order.")
+    created: list[bool] = Field(description="False where an idempotency key matched an existing job.")
+
+
+class StageTimings(BaseModel):
+    queued: float | None = None
+    started: float | None = None
+    ended: float | None = None
+    requeued: float | None = None
+
+
+class JobResult(BaseModel):
+    reward: float | None = None
+    trajectory: dict[str, Any] = Field(default_factory=dict, description="What the rollout stage returned.")
+    evaluation: dict[str, Any] = Field(default_factory=dict, description="What the eval stage returned.")
+
+
+class JobView(BaseModel):
+    id: str
+    status: str
+    kind: str
+    group_id: str | None = None
+    sample_index: int | None = None
+    created_at: float
+    updated_at: float
+    finished_at: float | None = None
+    timings: dict[str, StageTimings] = Field(default_factory=dict, description="Unix times per stage.")
+    attempts: dict[str, int] = Field(default_factory=dict, description="Times each stage was started.")
+    workers: dict[str, str] = Field(default_factory=dict, description="The worker that ran each stage last.")
+    result: JobResult | None = Field(default=None, description="Present once the job is done.")
+    error: dict[str, Any] | None = Field(default=None, description="Why it failed, timed out or was cancelled.")
+    partial: dict[str, Any] | None = Field(default=None, description="What a stage had when it was cut short.")
+    request: dict[str, Any] = Field(description="The job as submitted.")
+
+
+class JobSummary(BaseModel):
+    id: str
+    status: str
+    kind: str
+    group_id: str | None = None
+    sample_index: int | None = None
+    created_at: float
+    updated_at: float
+    finished_at: float | None = None
+    reward: float | None = None
+
+
+class JobList(BaseModel):
+    jobs: list[JobSummary]
+    limit: int
+    offset: int
+
+
+class Cancelled(BaseModel):
+    id: str
+    status: str
+    previous: str = Field(description="The status the job was in when cancelled.")
+
+
+class StageStatus(BaseModel):
+    queued: int = Field(description="rq jobs waiting in the stage's queue.")
+    running: int = Field(description="rq jobs a worker of the stage has started.")
+    failed: int = Field(description="rq jobs in the stage's failed registry.")
+    processes: int = Field(description="Worker processes listening on the stage's queue.")
+    slots: int = Field(description="Concurrent jobs those processes can run.")
+    busy_slots: int
+
+
+class ServiceStatus(BaseModel):
+    stages: dict[str, StageStatus]
+    jobs: dict[str, int] = Field(description="Job records by status.")
+    in_flight: int = Field(description="Jobs not yet in a terminal status.")

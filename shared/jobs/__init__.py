@@ -1,0 +1,1 @@
+"""Job records: the request schema, statuses and the Redis store."""

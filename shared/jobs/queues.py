@@ -1,0 +1,71 @@
+"""The rq side of a job: one queue per stage, one rq job per (job, stage).
+
+The rq job id is derived from the job id and the stage, so enqueueing the same
+stage twice overwrites instead of duplicating, and any process can find the rq
+job of a job without a lookup.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis import Redis
+from redis.client import Pipeline
+from rq import Callback, Queue, Retry
+
+from shared.config import STAGES, Settings
+
+# rq imports these by name in the worker process; nothing here imports workers/.
+STAGE_FUNCTIONS: dict[str, str] = {stage: f"workers.{stage}.stage.run" for stage in STAGES}
+FAILURE_CALLBACK = "workers.runtime.failure.on_stage_failure"
+# Extra seconds past a stage's own limit before rq's hard backstop interrupts it;
+# the stage runner stops the job cooperatively well before that.
+RQ_TIMEOUT_GRACE_S = 30
+
+
+def queue_name(stage: str) -> str:
+    return stage
+
+
+def rq_job_id(job_id: str, stage: str) -> str:
+    return f"{job_id}-{stage}"
+
+
+def stage_queue(stage: str, connection: Redis) -> Queue:
+    return Queue(queue_name(stage), connection=connection)
+
+
+def stage_timeout(spec: dict[str, Any], stage: str, settings: Settings) -> float:
+    limits = spec.get("limits") or {}
+    return float(limits.get(f"{stage}_timeout_s") or settings.default_stage_timeout(stage))
+
+
+def total_timeout(spec: dict[str, Any], settings: Settings) -> float:
+    limits = spec.get("limits") or {}
+    return float(limits.get("total_timeout_s") or settings.default_total_timeout_s)
+
+
+def enqueue_stage(
+    pipe: Pipeline,
+    stage: str,
+    job_ids_and_specs: list[tuple[str, dict[str, Any]]],
+    settings: Settings,
+    connection: Redis,
+) -> None:
+    """Queue the given jobs on one stage inside the caller's pipeline (one round trip for many)."""
+    queue = stage_queue(stage, connection)
+    datas = [
+        Queue.prepare_data(
+            STAGE_FUNCTIONS[stage],
+            args=(job_id,),
+            job_id=rq_job_id(job_id, stage),
+            timeout=int(stage_timeout(spec, stage, settings)) + RQ_TIMEOUT_GRACE_S,
+            result_ttl=0,  # results live in the job record, not in rq
+            failure_ttl=settings.job_ttl_s,
+            retry=Retry(max=settings.stage_retries) if settings.stage_retries else None,
+            on_failure=Callback(FAILURE_CALLBACK),
+            description=f"{stage} {job_id}",
+        )
+        for job_id, spec in job_ids_and_specs
+    ]
+    queue.enqueue_many(datas, pipeline=pipe)

@@ -1,0 +1,303 @@
+"""The job record in Redis: create, read, list, move between statuses, cancel.
+
+A record is one hash. Small scalar fields (status, timestamps, counters) are
+plain hash fields so a stage can update its timing without rewriting the
+record; the request spec, stage outputs, result and error are msgpack blobs.
+Every status change goes through one Lua script (transition.lua), so a cancel
+racing a stage hand-over has exactly one winner, and the per-status indexes
+used for listing never disagree with the records.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from redis import Redis
+from redis.client import Pipeline
+
+from shared.codec import pack, unpack
+from shared.config import STAGES, Settings
+from shared.jobs.queues import enqueue_stage
+from shared.jobs.status import ALL_STATUSES, TERMINAL
+from shared.keys import Keys
+
+_TRANSITION_LUA = resources.files("shared.jobs").joinpath("transition.lua").read_text()
+_BLOB_FIELDS = ("spec", "result", "error", "partial") + tuple(f"out:{s}" for s in STAGES)
+
+
+def new_job_id() -> str:
+    """128 random bits: not guessable, not sequential, valid as an rq job id."""
+    return secrets.token_hex(16)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    created: bool  # False when an idempotency key matched an existing job
+
+
+@dataclass(frozen=True)
+class Transition:
+    applied: bool
+    previous: str  # the status before (applied) or the status that refused the move ("" = no such job)
+
+
+class JobStore:
+    """All reads and writes of job records; the API and the workers share it."""
+
+    def __init__(self, redis: Redis, settings: Settings, keys: Keys | None = None) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.keys = keys or Keys(settings.redis_prefix)
+        self._transition = redis.register_script(_TRANSITION_LUA)
+
+    # --- create -----------------------------------------------------------
+    def submit(self, specs: list[dict[str, Any]]) -> list[Submitted]:
+        """Store the jobs and queue them on `init`, all in one transaction.
+
+        Jobs whose idempotency key is already taken are answered with the job
+        that holds it; a repeated key inside one request maps to one job.
+        """
+        ids: list[str | None] = [None] * len(specs)
+        created = [True] * len(specs)
+        self._claim_idempotency_keys(specs, ids, created)
+
+        now = time.time()
+        new_jobs: list[tuple[str, dict[str, Any]]] = []
+        seen: set[str] = set()
+        for index, spec in enumerate(specs):
+            job_id = ids[index] or new_job_id()
+            ids[index] = job_id
+            if created[index] and job_id not in seen:
+                seen.add(job_id)
+                new_jobs.append((job_id, spec))
+
+        if new_jobs:
+            with self.redis.pipeline(transaction=True) as pipe:
+                for job_id, spec in new_jobs:
+                    self._write_new_record(pipe, job_id, spec, now)
+                enqueue_stage(pipe, "init", new_jobs, self.settings, self.redis)
+                pipe.execute()
+        return [Submitted(job_id=i, created=c) for i, c in zip(ids, created)]  # type: ignore[arg-type]
+
+    def _claim_idempotency_keys(self, specs: list[dict[str, Any]], ids: list[str | None], created: list[bool]) -> None:
+        keyed = [(i, s["idempotency_key"]) for i, s in enumerate(specs) if s.get("idempotency_key")]
+        if not keyed:
+            return
+        first_index: dict[str, int] = {}
+        candidates: dict[str, str] = {}
+        for index, key in keyed:
+            if key in first_index:
+                continue
+            first_index[key] = index
+            candidates[key] = new_job_id()
+        with self.redis.pipeline(transaction=False) as pipe:
+            for key, job_id in candidates.items():
+                pipe.set(self.keys.idempotency(key), job_id, nx=True, ex=self.settings.job_ttl_s)
+                pipe.get(self.keys.idempotency(key))
+            replies = pipe.execute()
+        holders = {key: replies[2 * n + 1].decode() for n, key in enumerate(candidates)}
+        taken = {key for key, job_id in candidates.items() if holders[key] != job_id}
+        exists: dict[str, int] = {}
+        # A key can be held by a job whose record was never written (the API died
+        # between the two round trips): such a job is created now under that id.
+        if taken:
+            with self.redis.pipeline(transaction=False) as pipe:
+                for key in taken:
+                    pipe.exists(self.keys.job(holders[key]))
+                exists = dict(zip(taken, pipe.execute()))
+        for index, key in keyed:
+            ids[index] = holders[key]
+            is_first = first_index[key] == index
+            created[index] = is_first and not exists.get(key, 0)
+
+    def _write_new_record(self, pipe: Any, job_id: str, spec: dict[str, Any], now: float) -> None:
+        record: dict[str, Any] = {
+            "id": job_id,
+            "status": "queued",
+            "kind": spec["task"]["kind"],
+            "created_at": now,
+            "updated_at": now,
+            "t:init:queued": now,
+            "spec": pack(spec),
+        }
+        if spec.get("group_id"):
+            record["group_id"] = spec["group_id"]
+        if spec.get("sample_index") is not None:
+            record["sample_index"] = spec["sample_index"]
+        pipe.hset(self.keys.job(job_id), mapping=record)
+        pipe.zadd(self.keys.jobs_all, {job_id: now})
+        pipe.zadd(self.keys.jobs_by_status("queued"), {job_id: now})
+        if spec.get("group_id"):
+            pipe.zadd(self.keys.jobs_by_group(spec["group_id"]), {job_id: spec.get("sample_index") or 0})
+            pipe.expire(self.keys.jobs_by_group(spec["group_id"]), self.settings.job_ttl_s)
+
+    # --- read -------------------------------------------------------------
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        """The full record with blobs decoded, or None."""
+        raw = self.redis.hgetall(self.keys.job(job_id))
+        return decode_record(raw) if raw else None
+
+    def get_many(self, job_ids: list[str]) -> list[dict[str, Any] | None]:
+        with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hgetall(self.keys.job(job_id))
+            raws = pipe.execute()
+        return [decode_record(raw) if raw else None for raw in raws]
+
+    def status(self, job_id: str) -> str | None:
+        value = self.redis.hget(self.keys.job(job_id), "status")
+        return value.decode() if value else None
+
+    def list_ids(
+        self,
+        status: str | None = None,
+        group_id: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[str]:
+        """Newest first; by group: in sample order. Entries whose record expired are dropped."""
+        if group_id:
+            index, reverse = self.keys.jobs_by_group(group_id), False
+        elif status:
+            index, reverse = self.keys.jobs_by_status(status), True
+        else:
+            index, reverse = self.keys.jobs_all, True
+        fetch = self.redis.zrevrange if reverse else self.redis.zrange
+        ids = [member.decode() for member in fetch(index, offset, offset + limit - 1)]
+        if group_id and status:
+            statuses = self.statuses(ids)
+            ids = [i for i, s in zip(ids, statuses) if s == status]
+        return ids
+
+    def statuses(self, job_ids: list[str]) -> list[str | None]:
+        with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hget(self.keys.job(job_id), "status")
+            return [v.decode() if v else None for v in pipe.execute()]
+
+    def counts_by_status(self) -> dict[str, int]:
+        with self.redis.pipeline(transaction=False) as pipe:
+            for status in ALL_STATUSES:
+                pipe.zcard(self.keys.jobs_by_status(status))
+            return dict(zip(ALL_STATUSES, pipe.execute()))
+
+    # --- write ------------------------------------------------------------
+    def transition(
+        self,
+        job_id: str,
+        allowed_from: tuple[str, ...] | str,
+        new_status: str,
+        fields: dict[str, Any] | None = None,
+    ) -> Transition:
+        """Atomically move a job from one of `allowed_from` ("*" = any live status) to `new_status`."""
+        applied, previous = self._transition(
+            keys=[self.keys.job(job_id)], args=self._transition_args(job_id, allowed_from, new_status, fields)
+        )
+        return Transition(applied=bool(applied), previous=_text(previous))
+
+    def queue_transition(
+        self,
+        pipe: Pipeline,
+        job_id: str,
+        allowed_from: tuple[str, ...] | str,
+        new_status: str,
+        fields: dict[str, Any] | None = None,
+    ) -> None:
+        """The same move, queued in the caller's transaction; its reply is [applied, previous]."""
+        self._transition(
+            keys=[self.keys.job(job_id)],
+            args=self._transition_args(job_id, allowed_from, new_status, fields),
+            client=pipe,
+        )
+
+    def _transition_args(
+        self,
+        job_id: str,
+        allowed_from: tuple[str, ...] | str,
+        new_status: str,
+        fields: dict[str, Any] | None,
+    ) -> list[Any]:
+        now = time.time()
+        args: list[Any] = [
+            self.keys.status_index_prefix,
+            job_id,
+            allowed_from if isinstance(allowed_from, str) else ",".join(allowed_from),
+            new_status,
+            repr(now),
+            self.settings.job_ttl_s if new_status in TERMINAL else 0,
+            self.keys.job_events,
+        ]
+        for name, value in (fields or {}).items():
+            args.extend((name, _encode_field(name, value)))
+        if new_status in TERMINAL:
+            args.extend(("finished_at", repr(now)))
+        return args
+
+    def set_fields(self, job_id: str, fields: dict[str, Any]) -> None:
+        """Set fields of a live record without touching its status (timings, partial output)."""
+        mapping = {name: _encode_field(name, value) for name, value in fields.items()}
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.exists(self.keys.job(job_id))
+            pipe.hset(self.keys.job(job_id), mapping=mapping)
+            exists, _ = pipe.execute()
+        if not exists:  # the record expired or was never there: don't leave a stub hash behind
+            self.redis.delete(self.keys.job(job_id))
+
+    def cancel(self, job_id: str) -> Transition:
+        """Cancel a live job. Queued work is skipped by the worker that dequeues it; running work
+        is stopped by its worker, which watches the events channel."""
+        return self.transition(job_id, "*", "cancelled", {"error": {"type": "cancelled", "message": "cancelled by request"}})
+
+    def trim_indexes(self) -> int:
+        """Drop index entries of records that have expired (terminal for longer than job_ttl_s)."""
+        cutoff = time.time() - self.settings.job_ttl_s
+        removed = 0
+        with self.redis.pipeline(transaction=False) as pipe:
+            for status in TERMINAL:
+                pipe.zremrangebyscore(self.keys.jobs_by_status(status), 0, cutoff)
+            pipe.zremrangebyscore(self.keys.jobs_all, 0, cutoff - self.settings.default_total_timeout_s)
+            removed = sum(pipe.execute())
+        return removed
+
+
+def _text(value: bytes | str | None) -> str:
+    return value.decode() if isinstance(value, bytes) else (value or "")
+
+
+def _encode_field(name: str, value: Any) -> Any:
+    if name in _BLOB_FIELDS:
+        return pack(value)
+    if isinstance(value, float):
+        return repr(value)
+    return value
+
+
+def decode_record(raw: dict[bytes, bytes]) -> dict[str, Any]:
+    """Turn a raw job hash into a plain dict: blobs unpacked, numbers parsed, per-stage fields nested."""
+    record: dict[str, Any] = {"timings": {}, "attempts": {}, "workers": {}, "lost": {}}
+    for raw_name, raw_value in raw.items():
+        name = raw_name.decode()
+        if name in _BLOB_FIELDS:
+            record[name] = unpack(raw_value)
+            continue
+        value = raw_value.decode()
+        group, _, rest = name.partition(":")
+        if group == "t":
+            stage, _, event = rest.partition(":")
+            record["timings"].setdefault(stage, {})[event] = float(value)
+        elif group in ("attempts", "lost"):
+            record[group][rest] = int(value)
+        elif group == "worker":
+            record["workers"][rest] = value
+        elif name in ("created_at", "updated_at", "finished_at"):
+            record[name] = float(value)
+        elif name == "sample_index":
+            record[name] = int(value)
+        else:
+            record[name] = value
+    return record

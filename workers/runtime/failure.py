@@ -1,0 +1,38 @@
+"""rq's failure callback: what happens to the job record when rq, not the runner, sees a failure.
+
+The stage runner catches every exception itself, so rq reports a failure only
+when a worker vanished mid-job (an abandoned job found by registry cleanup) or
+its own machinery broke. rq then re-queues the job while it has retries left
+(the runner re-takes a job whose status is its own stage); after the last one
+the record is marked failed, so a job is never silently lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from typing import Any
+
+from redis import Redis
+from rq.job import Job
+
+from shared.config import get_settings
+from shared.jobs.store import JobStore
+
+log = logging.getLogger("rollouts.worker")
+
+
+def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: BaseException, tb: Any) -> None:
+    job_id, _, stage = job.id.rpartition("-")
+    store = JobStore(connection, get_settings())
+    if job.retries_left:
+        log.warning("job %s: %s worker lost (%s); re-queued, %d retries left", job_id, stage, exc_type.__name__, job.retries_left)
+        connection.hincrby(store.keys.job(job_id), f"lost:{stage}", 1)
+        return
+    error = {
+        "stage": stage,
+        "type": "worker_lost" if exc_type.__name__ == "AbandonedJobError" else exc_type.__name__,
+        "message": f"the {stage} worker stopped without finishing the job ({exc_type.__name__}); no retries left",
+    }
+    if store.transition(job_id, (stage,), "failed", {"error": error}).applied:
+        shutil.rmtree(store.settings.workspaces / job_id, ignore_errors=True)

@@ -1,0 +1,50 @@
+"""The stages running in this process, so cancels and deadlines can reach them from outside."""
+
+from __future__ import annotations
+
+import threading
+
+from shared.tasks.context import StageContext
+
+
+class InflightJobs:
+    """Thread-safe map job id -> running StageContext."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._contexts: dict[str, StageContext] = {}
+
+    def add(self, ctx: StageContext) -> None:
+        with self._lock:
+            self._contexts[ctx.job_id] = ctx
+
+    def remove(self, ctx: StageContext) -> None:
+        with self._lock:
+            if self._contexts.get(ctx.job_id) is ctx:
+                del self._contexts[ctx.job_id]
+
+    def get(self, job_id: str) -> StageContext | None:
+        with self._lock:
+            return self._contexts.get(job_id)
+
+    def snapshot(self) -> list[StageContext]:
+        with self._lock:
+            return list(self._contexts.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._contexts)
+
+    def interrupt_all(self, reason: str) -> None:
+        for ctx in self.snapshot():
+            ctx.interrupt(reason)
+
+    def enforce(self, statuses: dict[str, str | None]) -> None:
+        """Interrupt stages whose job was cancelled (per `statuses`) or is past its deadline."""
+        for ctx in self.snapshot():
+            status = statuses.get(ctx.job_id)
+            gone = ctx.job_id in statuses and status is None  # the record was deleted
+            if status == "cancelled" or gone:
+                ctx.interrupt("cancelled")
+            else:
+                ctx.interrupted  # noqa: B018 - the property interrupts a stage past its deadline

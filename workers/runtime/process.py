@@ -1,0 +1,162 @@
+"""A stage's worker process: N slot threads plus a supervisor loop in the main thread.
+
+The supervisor owns what a process has once: signals, heartbeats for busy
+slots, the events subscription that delivers cancels, deadline enforcement,
+registry maintenance (re-queueing jobs whose worker died) and shutdown.
+
+Shutdown (SIGTERM from scancel or Ctrl-C): slots stop taking jobs; running
+jobs get `drain_timeout_s` to finish; what is still running then is handed
+back to its stage's queue for another worker. A second signal exits at once;
+rq's abandoned-job handling re-queues whatever was in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+
+from redis.client import PubSub
+from rq import Queue
+
+from shared.config import Settings
+from shared.jobs.queues import queue_name
+from workers.runtime.slots import SlotWorker
+from workers.runtime.state import WorkerState, init_state
+
+log = logging.getLogger("rollouts.worker")
+
+
+class WorkerProcess:
+    def __init__(
+        self,
+        stage: str,
+        settings: Settings,
+        concurrency: int | None = None,
+        drain_timeout_s: float = 30.0,
+    ) -> None:
+        self.stage = stage
+        self.state: WorkerState = init_state(settings, stage)
+        self.settings = settings
+        self.concurrency = concurrency or settings.concurrency(stage)
+        self.drain_timeout_s = drain_timeout_s
+        self._stop = threading.Event()
+        self._signals = 0
+        queue = Queue(queue_name(stage), connection=self.state.redis)
+        self.slots = [
+            SlotWorker(
+                [queue],
+                connection=self.state.redis,
+                name=f"{self.state.process_name}.{index}",
+                poll_interval=min(2.0, settings.heartbeat_interval_s),
+                heartbeat_ttl=settings.heartbeat_ttl_s,
+                job_monitoring_interval=max(1, int(settings.heartbeat_interval_s)),
+                worker_ttl=settings.heartbeat_ttl_s,
+            )
+            for index in range(self.concurrency)
+        ]
+        self._threads: list[threading.Thread] = []
+        self._pubsub: PubSub | None = None
+
+    # --- lifecycle --------------------------------------------------------
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        log.info("%s: %d slots on queue %r", self.state.process_name, self.concurrency, queue_name(self.stage))
+        self._start_events_listener()
+        for slot in self.slots:
+            thread = threading.Thread(target=self._run_slot, args=(slot,), name=slot.name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        last_maintenance = 0.0
+        try:
+            while not self._stop.wait(self.settings.heartbeat_interval_s):
+                self._heartbeat()
+                if time.monotonic() - last_maintenance >= self.settings.maintenance_interval_s:
+                    self._maintenance()
+                    last_maintenance = time.monotonic()
+        finally:
+            self._shutdown()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            log.warning("%s: second signal, exiting now; in-flight jobs will be re-queued by rq", self.state.process_name)
+            raise SystemExit(1)
+        log.info("%s: %s received, draining", self.state.process_name, signal.Signals(signum).name)
+        self._stop.set()
+
+    def _run_slot(self, slot: SlotWorker) -> None:
+        try:
+            slot.work(logging_level=self.settings.log_level, with_scheduler=False)
+        except Exception:
+            log.exception("slot %s crashed", slot.name)
+
+    def _shutdown(self) -> None:
+        for slot in self.slots:
+            slot.request_slot_stop()
+        deadline = time.monotonic() + self.drain_timeout_s
+        while len(self.state.inflight) and time.monotonic() < deadline:
+            self._heartbeat()
+            time.sleep(min(0.2, self.settings.heartbeat_interval_s))
+        if len(self.state.inflight):
+            log.info("%s: handing %d running jobs back to the queue", self.state.process_name, len(self.state.inflight))
+            self.state.inflight.interrupt_all("requeue")
+        for thread in self._threads:
+            thread.join(timeout=max(1.0, self.settings.heartbeat_interval_s * 2))
+        if self._pubsub is not None:
+            self._pubsub.close()
+        log.info("%s: stopped", self.state.process_name)
+
+    # --- supervision ------------------------------------------------------
+    def _heartbeat(self) -> None:
+        for slot in self.slots:
+            if slot.busy:
+                try:
+                    slot.heartbeat_busy_job()
+                except Exception:
+                    log.exception("heartbeat failed for %s", slot.name)
+        self._enforce_cancels_and_deadlines()
+
+    def _enforce_cancels_and_deadlines(self) -> None:
+        """Catch cancels the events channel missed (e.g. across a Redis restart) and stages over time."""
+        running = self.state.inflight.snapshot()
+        if not running:
+            return
+        try:
+            ids = [ctx.job_id for ctx in running]
+            statuses = dict(zip(ids, self.state.store.statuses(ids)))
+        except Exception:
+            log.exception("could not read job statuses")
+            statuses = {}
+        self.state.inflight.enforce(statuses)
+
+    def _maintenance(self) -> None:
+        try:
+            self.slots[0].clean_registries()  # rq's own: abandoned jobs are retried or failed
+            self.state.store.trim_indexes()
+        except Exception:
+            log.exception("maintenance failed")
+
+    def _start_events_listener(self) -> None:
+        """One subscription per process delivers cancels to running stages at once."""
+        self._pubsub = self.state.redis.pubsub(ignore_subscribe_messages=True)
+        self._pubsub.subscribe(**{self.state.store.keys.job_events: self._on_event})
+        self._pubsub.run_in_thread(sleep_time=1.0, daemon=True, exception_handler=self._on_pubsub_error)
+
+    def _on_event(self, message: dict) -> None:
+        job_id, _, status = message["data"].decode().partition(" ")
+        if status == "cancelled":
+            ctx = self.state.inflight.get(job_id)
+            if ctx is not None:
+                ctx.interrupt("cancelled")
+
+    def _on_pubsub_error(self, exc: BaseException, pubsub: PubSub, thread: threading.Thread) -> None:
+        # Redis went away: keep the thread alive; the status sweep covers the gap.
+        log.warning("events subscription interrupted (%s); retrying", exc)
+        time.sleep(1.0)

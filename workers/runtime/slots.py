@@ -1,0 +1,89 @@
+"""Many rq jobs in flight in one worker process: one rq worker per slot, each on its own thread.
+
+rq runs one job per worker. Rollouts are I/O bound (LLM calls, tool calls), so a
+process that waits on one at a time wastes its node. Each slot here is a full
+rq worker (SimpleWorker: no fork), so rq's registries, job heartbeats, retries
+and failure handling stay exactly rq's, and `rq info` shows every slot. What
+threads change is handled here:
+- signals: only the process supervisor handles them; slots just stop dequeuing;
+- heartbeats: a slot blocked in a long job cannot send its own, so the
+  supervisor sends them for every busy slot (rq's Worker.maintain_heartbeats);
+- rq's hard timeout uses a timer thread instead of SIGALRM (main thread only);
+- dequeue polls in short blocking waits, so a stop request is seen quickly;
+- rq's per-worker pub/sub listener is off: cancels reach jobs through the
+  service's own events channel, one subscription per process.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from rq import Queue
+from rq.job import Job
+from rq.timeouts import TimerDeathPenalty
+from rq.worker import SimpleWorker
+
+# A slot only cleans registries on request from its supervisor (see WorkerProcess).
+_NEVER = 10**9
+
+
+class SlotWorker(SimpleWorker):
+    death_penalty_class = TimerDeathPenalty
+
+    def __init__(self, *args: Any, poll_interval: float, heartbeat_ttl: int, **kwargs: Any) -> None:
+        super().__init__(*args, maintenance_interval=_NEVER, **kwargs)
+        self._poll_interval = max(1, int(poll_interval))
+        self._heartbeat_ttl = heartbeat_ttl
+        self._busy_lock = threading.Lock()
+        self._busy_job: Job | None = None
+
+    # --- threads, not processes -------------------------------------------
+    def _install_signal_handlers(self) -> None:
+        """Signals go to the supervisor, which stops the slots."""
+
+    def subscribe(self) -> None:
+        """No per-slot pub/sub connection (see module docstring)."""
+
+    def unsubscribe(self) -> None:
+        pass
+
+    def request_slot_stop(self) -> None:
+        self._stop_requested = True
+
+    def get_heartbeat_ttl(self, job: Job) -> int:
+        return self._heartbeat_ttl
+
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        while not self._stop_requested:
+            result = super().dequeue_job_and_maintain_ttl(self._poll_interval, max_idle_time=self._poll_interval)
+            if result is not None:
+                return result
+        return None
+
+    # --- heartbeats sent by the supervisor --------------------------------
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        with self._busy_lock:
+            self._busy_job = job
+        try:
+            super().execute_job(job, queue)
+        finally:
+            with self._busy_lock:
+                self._busy_job = None
+
+    @property
+    def busy(self) -> bool:
+        return self._busy_job is not None
+
+    def heartbeat_busy_job(self) -> None:
+        """Extend the running job's StartedJobRegistry entry, as rq's forking worker does from its monitor."""
+        with self._busy_lock:
+            job = self._busy_job
+        if job is None or self.execution is None:
+            return
+        try:
+            self.maintain_heartbeats(job)
+        except AttributeError:
+            pass  # the job finished between the check and the heartbeat; nothing to extend

@@ -1,0 +1,65 @@
+"""Process-wide state of a worker process, built once at start-up and shared by its slot threads."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from redis import Redis
+
+from shared.config import Settings, get_settings
+from shared.jobs.store import JobStore
+from shared.keys import Keys
+from shared.redis_conn import connect
+from shared.tasks import load_task_modules
+from workers.runtime.inflight import InflightJobs
+
+log = logging.getLogger("rollouts.worker")
+
+
+@dataclass
+class WorkerState:
+    settings: Settings
+    redis: Redis
+    store: JobStore
+    inflight: InflightJobs
+    process_name: str
+
+    def workspace(self, job_id: str) -> Path:
+        return self.settings.workspaces / job_id
+
+    def remove_workspace(self, job_id: str) -> None:
+        """Remove exactly this job's workspace, nothing around it."""
+        path = self.workspace(job_id)
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+_state: WorkerState | None = None
+
+
+def init_state(settings: Settings | None = None, stage: str = "worker") -> WorkerState:
+    """Build the process state (idempotent); rq jobs run in this process find it with `state()`."""
+    global _state
+    if _state is None:
+        settings = settings or get_settings()
+        redis = connect(settings)
+        load_task_modules(settings.task_modules)
+        keys = Keys(settings.redis_prefix)
+        _state = WorkerState(
+            settings=settings,
+            redis=redis,
+            store=JobStore(redis, settings, keys),
+            inflight=InflightJobs(),
+            process_name=f"{stage}.{socket.gethostname()}.{os.getpid()}",
+        )
+    return _state
+
+
+def state() -> WorkerState:
+    """The current process's state; also works when a stage runs outside a worker (tests, `rq worker`)."""
+    return _state or init_state()
