@@ -1,0 +1,103 @@
+"""Dispatch of validated tool calls to bash, the kernel and the file tools."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.toolserver.bash import PersistentBash
+from shared.toolserver.files import ToolError, Workspace
+from shared.toolserver.output import cap_text
+from shared.toolserver.python import PythonKernel
+from shared.toolserver.result import ToolResult
+from shared.toolserver.schemas import validate_call
+
+
+@dataclass
+class ToolLimits:
+    output_cap: int = 16 * 1024
+    hard_output_cap: int = 8 * 1024 * 1024
+    default_timeout_s: float = 60.0
+    max_timeout_s: float = 600.0
+
+
+class ToolBox:
+    """The tools of one sandbox. Calls to one tool are serialised by its lock."""
+
+    def __init__(self, workspace: Path, state_dir: Path, env: dict[str, str], limits: ToolLimits) -> None:
+        self.limits = limits
+        self.workspace = Workspace(workspace)
+        self.bash = PersistentBash(workspace, env, state_dir / "bash", limits.output_cap, limits.hard_output_cap)
+        self.python = PythonKernel(workspace, env, state_dir / "python")
+        self._locks = {"bash": threading.Lock(), "python": threading.Lock(), "files": threading.Lock()}
+
+    def start(self) -> None:
+        self.bash.start()
+
+    def close(self) -> None:
+        self.bash.close()
+        self.python.close()
+
+    def _timeout(self, args: dict[str, Any], requested: float | None) -> float:
+        value = args.get("timeout", requested)
+        if value is None or value <= 0:
+            value = self.limits.default_timeout_s
+        return min(float(value), self.limits.max_timeout_s)
+
+    def call(self, tool: Any, args: Any, timeout: float | None = None) -> ToolResult:
+        started = time.monotonic()
+        problem = validate_call(tool, args)
+        if problem is not None:
+            result = ToolResult.error(problem)
+        else:
+            try:
+                result = self._dispatch(tool, args, timeout)
+            except ToolError as exc:
+                result = ToolResult.error(str(exc))
+            except Exception as exc:  # noqa: BLE001 - the agent sees it, the server lives on
+                result = ToolResult.error(f"{tool} failed: {type(exc).__name__}: {exc}")
+        result.duration_s = time.monotonic() - started
+        return result
+
+    def _dispatch(self, tool: str, args: dict[str, Any], timeout: float | None) -> ToolResult:
+        cap = self.limits.output_cap
+        if tool == "bash":
+            with self._locks["bash"]:
+                out = self.bash.run(args["command"], self._timeout(args, timeout))
+            text = out.output
+            if out.note:
+                text += ("" if not text or text.endswith("\n") else "\n") + out.note + "\n"
+            return ToolResult(
+                output=text,
+                is_error=out.timed_out,
+                exit_code=out.exit_code,
+                truncated=out.truncated,
+                timed_out=out.timed_out,
+            )
+        if tool == "python":
+            with self._locks["python"]:
+                out = self.python.run(args["code"], self._timeout(args, timeout))
+            text, truncated = out.render(cap)
+            if out.timed_out:
+                text += "[execution timed out and was interrupted"
+                text += "; the kernel was restarted and its state lost]\n" if out.restarted else "]\n"
+            return ToolResult(
+                output=text,
+                is_error=out.error is not None or out.timed_out,
+                truncated=truncated,
+                timed_out=out.timed_out,
+            )
+        if tool == "finish":
+            return ToolResult(output=args.get("answer", ""), finished=True)
+        with self._locks["files"]:
+            if tool == "view":
+                text = self.workspace.view(args["path"], args.get("view_range"))
+            elif tool == "create":
+                text = self.workspace.create(args["path"], args["file_text"])
+            else:
+                text = self.workspace.str_replace(args["path"], args["old_str"], args.get("new_str", ""))
+        text, truncated = cap_text(text, cap)
+        return ToolResult(output=text, truncated=truncated)
