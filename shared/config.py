@@ -107,6 +107,35 @@ class Settings(BaseSettings):
     cpu_backend_prefix_cache_entries: int = Field(default=64, ge=0, description="KV prefixes kept (0: off).")
     cpu_backend_threads: int = Field(default=1, gt=0, description="torch threads of one CPU backend.")
 
+    # --- Sandboxes (issue 4) -------------------------------------------------
+    sandbox_backend: str = Field(default="local", pattern="^(local|singularity)$")
+    sandbox_require_isolation: bool = Field(
+        default=False, description="Refuse the plain-process fallback when bubblewrap cannot run."
+    )
+    sandbox_workdir: str = Field(default="/workspace", description="Where the workspace appears inside a sandbox.")
+    sandbox_image_cache: Path | None = Field(
+        default=None, description="Built/pulled .sif images, shared by all jobs. Default: <state_dir>/images."
+    )
+    sandbox_default_image: str | None = Field(
+        default=None, description="Singularity image (.sif path, docker://, oras://) when a spec names none."
+    )
+    singularity_executable: str = Field(default="apptainer", description="apptainer or singularity.")
+    sandbox_cpu_seconds: int = Field(default=3600, gt=0, description="RLIMIT_CPU of every sandbox process.")
+    sandbox_memory_bytes: int = Field(default=4 * 1024**3, gt=0, description="RLIMIT_AS of every sandbox process.")
+    sandbox_processes: int = Field(default=256, gt=0, description="RLIMIT_NPROC (threads count too).")
+    sandbox_file_size_bytes: int = Field(default=1024**3, gt=0, description="RLIMIT_FSIZE: largest file written.")
+    sandbox_uid_base: int = Field(
+        default=200000, gt=0, description="Run as root: each live sandbox runs as its own uid from here."
+    )
+    sandbox_uid_slots: int = Field(default=4096, gt=0)
+    sandbox_start_timeout_s: float = Field(default=60.0, gt=0)
+    tool_output_cap_bytes: int = Field(default=16 * 1024, gt=0, description="Output the agent sees per call.")
+    tool_hard_output_bytes: int = Field(
+        default=8 * 1024 * 1024, gt=0, description="A command printing more than this is interrupted."
+    )
+    tool_default_timeout_s: float = Field(default=60.0, gt=0)
+    tool_max_timeout_s: float = Field(default=600.0, gt=0)
+
     # --- Logging -----------------------------------------------------------
     log_level: str = "INFO"
     log_json: bool = False
@@ -121,6 +150,10 @@ class Settings(BaseSettings):
     @property
     def workspaces(self) -> Path:
         return self.workspace_root or self.state_dir / "workspaces"
+
+    @property
+    def image_cache(self) -> Path:
+        return self.sandbox_image_cache or self.state_dir / "images"
 
     def concurrency(self, stage: str) -> int:
         return {
