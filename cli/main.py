@@ -12,6 +12,10 @@ def main() -> None:
 
 def _register_commands() -> None:
     """Each area's commands live in their own module; add yours here."""
+    from cli import jobs, service
+
+    for command in (service.up, service.api, service.worker, service.run, jobs.submit, jobs.status):
+        main.add_command(command)
 
 
 _register_commands()

@@ -55,6 +55,7 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Tokens with the admin scope (backend registration). Empty: any API token.",
     )
+    token: str | None = Field(default=None, description="Bearer token the CLI and clients send.")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     max_jobs_per_request: int = Field(default=5000, gt=0)
     list_page_max: int = Field(default=1000, gt=0)

@@ -129,6 +129,7 @@ def list_jobs(
     request: Request,
     status_filter: str | None = Query(default=None, alias="status", description="One of the job statuses."),
     group_id: str | None = Query(default=None, max_length=128),
+    ids: str | None = Query(default=None, description="Comma-separated job ids: fetch exactly these (for polling)."),
     limit: int = Query(default=100, ge=1),
     offset: int = Query(default=0, ge=0),
     store: JobStore = Depends(get_store),
@@ -141,9 +142,15 @@ def list_jobs(
     page_max = request.app.state.settings.list_page_max
     if limit > page_max:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, detail=f"limit: at most {page_max}")
-    ids = store.list_ids(status=status_filter, group_id=group_id, limit=limit, offset=offset)
+    if ids is not None:
+        wanted = [i for i in ids.split(",") if i]
+        if len(wanted) > page_max:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, detail=f"ids: at most {page_max} per request")
+        job_ids = wanted
+    else:
+        job_ids = store.list_ids(status=status_filter, group_id=group_id, limit=limit, offset=offset)
     with store.redis.pipeline(transaction=False) as pipe:
-        for job_id in ids:
+        for job_id in job_ids:
             pipe.hmget(store.keys.job(job_id), _SUMMARY_FIELDS)
         rows = pipe.execute()
     jobs = [_summary(row) for row in rows if row[0] is not None]

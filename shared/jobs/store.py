@@ -180,6 +180,14 @@ class JobStore:
                 pipe.hget(self.keys.job(job_id), "status")
             return [v.decode() if v else None for v in pipe.execute()]
 
+    def running_state(self, running: list[tuple[str, str]]) -> list[tuple[str | None, int | None]]:
+        """(status, attempt count of the stage) for each (job id, stage); what a supervisor checks."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for job_id, stage in running:
+                pipe.hmget(self.keys.job(job_id), ("status", f"attempts:{stage}"))
+            rows = pipe.execute()
+        return [(_text(s) or None, int(a) if a is not None else None) for s, a in rows]
+
     def counts_by_status(self) -> dict[str, int]:
         with self.redis.pipeline(transaction=False) as pipe:
             for status in ALL_STATUSES:
@@ -193,10 +201,15 @@ class JobStore:
         allowed_from: tuple[str, ...] | str,
         new_status: str,
         fields: dict[str, Any] | None = None,
+        guard: tuple[str, Any] | None = None,
     ) -> Transition:
-        """Atomically move a job from one of `allowed_from` ("*" = any live status) to `new_status`."""
+        """Atomically move a job from one of `allowed_from` ("*" = any live status) to `new_status`.
+
+        `guard=(field, value)` also requires that field to hold that value: a stage attempt
+        passes its fencing token so a superseded attempt can never move the job on.
+        """
         applied, previous = self._transition(
-            keys=[self.keys.job(job_id)], args=self._transition_args(job_id, allowed_from, new_status, fields)
+            keys=[self.keys.job(job_id)], args=self._transition_args(job_id, allowed_from, new_status, fields, guard)
         )
         return Transition(applied=bool(applied), previous=_text(previous))
 
@@ -207,11 +220,12 @@ class JobStore:
         allowed_from: tuple[str, ...] | str,
         new_status: str,
         fields: dict[str, Any] | None = None,
+        guard: tuple[str, Any] | None = None,
     ) -> None:
         """The same move, queued in the caller's transaction; its reply is [applied, previous]."""
         self._transition(
             keys=[self.keys.job(job_id)],
-            args=self._transition_args(job_id, allowed_from, new_status, fields),
+            args=self._transition_args(job_id, allowed_from, new_status, fields, guard),
             client=pipe,
         )
 
@@ -221,6 +235,7 @@ class JobStore:
         allowed_from: tuple[str, ...] | str,
         new_status: str,
         fields: dict[str, Any] | None,
+        guard: tuple[str, Any] | None = None,
     ) -> list[Any]:
         now = time.time()
         args: list[Any] = [
@@ -231,6 +246,8 @@ class JobStore:
             repr(now),
             self.settings.job_ttl_s if new_status in TERMINAL else 0,
             self.keys.job_events,
+            guard[0] if guard else "",
+            str(guard[1]) if guard else "",
         ]
         for name, value in (fields or {}).items():
             args.extend((name, _encode_field(name, value)))
@@ -247,6 +264,14 @@ class JobStore:
             exists, _ = pipe.execute()
         if not exists:  # the record expired or was never there: don't leave a stub hash behind
             self.redis.delete(self.keys.job(job_id))
+
+    def start_attempt(self, job_id: str, stage: str) -> int:
+        """Count a new attempt at a stage; the count is that attempt's fencing token."""
+        return int(self.redis.hincrby(self.keys.job(job_id), f"attempts:{stage}", 1))
+
+    def attempts(self, job_id: str, stage: str) -> int | None:
+        value = self.redis.hget(self.keys.job(job_id), f"attempts:{stage}")
+        return int(value) if value is not None else None
 
     def cancel(self, job_id: str) -> Transition:
         """Cancel a live job. Queued work is skipped by the worker that dequeues it; running work

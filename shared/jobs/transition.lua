@@ -9,10 +9,12 @@
 -- ARGV[5]  now (unix seconds, float)
 -- ARGV[6]  seconds to keep the record once terminal, or 0 when the new status is not terminal
 -- ARGV[7]  channel to publish the change on ("" for none)
--- ARGV[8..] extra field, value pairs to set together with the status
+-- ARGV[8]  guard field ("" for none): the move applies only if this field ...
+-- ARGV[9]  ... holds this value (a stage attempt's fencing token)
+-- ARGV[10..] extra field, value pairs to set together with the status
 --
 -- Returns {1, previous_status} when applied, {0, current_status} when refused,
--- {0, ""} when the job does not exist.
+-- {0, "superseded"} when the guard does not hold, {0, ""} when the job does not exist.
 local key = KEYS[1]
 local current = redis.call('HGET', key, 'status')
 if not current then
@@ -34,11 +36,14 @@ end
 if not allowed then
   return {0, current}
 end
+if ARGV[8] ~= '' and redis.call('HGET', key, ARGV[8]) ~= ARGV[9] then
+  return {0, 'superseded'}
+end
 
 local new_status = ARGV[4]
 local now = ARGV[5]
 redis.call('HSET', key, 'status', new_status, 'updated_at', now)
-for i = 8, #ARGV, 2 do
+for i = 10, #ARGV, 2 do
   redis.call('HSET', key, ARGV[i], ARGV[i + 1])
 end
 if current ~= new_status then

@@ -18,7 +18,7 @@ class StageInterrupted(Exception):
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
-        self.reason = reason  # "cancelled", "timed_out" or "requeue"
+        self.reason = reason  # "cancelled", "timed_out", "requeue" or "superseded"
 
 
 @dataclass
@@ -30,6 +30,7 @@ class StageContext:
     workspace: Path
     settings: Settings
     deadline: float  # unix time at which the stage (or the whole job) is over its limit
+    attempt: int = 1  # this run's fencing token: a newer attempt at the same stage supersedes it
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("rollouts.stage"))
     partial: dict[str, Any] = field(default_factory=dict)  # kept in the record if the stage is cut short
     _stop: threading.Event = field(default_factory=threading.Event)

@@ -39,12 +39,19 @@ class InflightJobs:
         for ctx in self.snapshot():
             ctx.interrupt(reason)
 
-    def enforce(self, statuses: dict[str, str | None]) -> None:
-        """Interrupt stages whose job was cancelled (per `statuses`) or is past its deadline."""
+    def enforce(self, observed: dict[str, tuple[str | None, int | None]]) -> None:
+        """Interrupt stages whose job was cancelled or deleted, whose attempt was superseded by a
+        newer one (its worker was wrongly given up for dead), or that are past their deadline.
+
+        `observed` maps job id -> (status, current attempt) as read from Redis just now.
+        """
         for ctx in self.snapshot():
-            status = statuses.get(ctx.job_id)
-            gone = ctx.job_id in statuses and status is None  # the record was deleted
-            if status == "cancelled" or gone:
-                ctx.interrupt("cancelled")
-            else:
-                ctx.interrupted  # noqa: B018 - the property interrupts a stage past its deadline
+            if ctx.job_id in observed:
+                status, attempt = observed[ctx.job_id]
+                if status is None or status == "cancelled":
+                    ctx.interrupt("cancelled")
+                    continue
+                if attempt is not None and attempt != ctx.attempt:
+                    ctx.interrupt("superseded")
+                    continue
+            ctx.interrupted  # noqa: B018 - reading it interrupts a stage past its deadline

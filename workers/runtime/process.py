@@ -124,17 +124,18 @@ class WorkerProcess:
         self._enforce_cancels_and_deadlines()
 
     def _enforce_cancels_and_deadlines(self) -> None:
-        """Catch cancels the events channel missed (e.g. across a Redis restart) and stages over time."""
+        """Catch cancels the events channel missed (e.g. across a Redis restart), superseded attempts
+        and stages over time."""
         running = self.state.inflight.snapshot()
         if not running:
             return
         try:
-            ids = [ctx.job_id for ctx in running]
-            statuses = dict(zip(ids, self.state.store.statuses(ids)))
+            observed = self.state.store.running_state([(ctx.job_id, ctx.stage) for ctx in running])
+            by_id = {ctx.job_id: seen for ctx, seen in zip(running, observed)}
         except Exception:
             log.exception("could not read job statuses")
-            statuses = {}
-        self.state.inflight.enforce(statuses)
+            by_id = {}
+        self.state.inflight.enforce(by_id)
 
     def _maintenance(self) -> None:
         try:

@@ -41,8 +41,10 @@ def run_stage(stage: str, job_id: str, worker_name: str | None = None) -> str:
     now = time.time()
     job_deadline = record["created_at"] + total_timeout(spec, st.settings)
     if now >= job_deadline:
-        _finish(st, job_id, stage, "timed_out", _timeout_error(stage, "total"), partial=None)
+        _finish(st, job_id, stage, "timed_out", _timeout_error(stage, "total"), partial=None, guard=None)
         return "timed_out"
+    stage_deadline = now + stage_timeout(spec, stage, st.settings)
+    limit = "total" if job_deadline < stage_deadline else "stage"
 
     taken = st.store.transition(
         job_id,
@@ -54,7 +56,7 @@ def run_stage(stage: str, job_id: str, worker_name: str | None = None) -> str:
         if taken.previous in TERMINAL:
             st.remove_workspace(job_id)
         return f"skipped:{taken.previous or 'missing'}"
-    st.redis.hincrby(st.store.keys.job(job_id), f"attempts:{stage}", 1)
+    attempt = st.store.start_attempt(job_id, stage)
 
     ctx = StageContext(
         job_id=job_id,
@@ -63,34 +65,34 @@ def run_stage(stage: str, job_id: str, worker_name: str | None = None) -> str:
         outputs={s: record[f"out:{s}"] for s in STAGES if f"out:{s}" in record},
         workspace=st.workspace(job_id),
         settings=st.settings,
-        deadline=min(now + stage_timeout(spec, stage, st.settings), job_deadline),
+        deadline=min(stage_deadline, job_deadline),
+        attempt=attempt,
     )
     st.inflight.add(ctx)
+    output: dict[str, Any] = {}
+    interrupted: str | None = None
+    error: dict[str, Any] | None = None
     try:
         output = _call_handler(stage, ctx)
     except StageInterrupted as stop:
-        return _interrupted(st, ctx, stop.reason)
+        interrupted = stop.reason
     except JobTimeoutException:
-        # rq's backstop fired: the handler ignored its deadline.
-        _finish(st, job_id, stage, "timed_out", _timeout_error(stage, "stage"), ctx.partial)
-        return "timed_out"
+        interrupted = "timed_out"  # rq's backstop fired: the handler ignored its deadline
     except Exception as exc:
-        error = {
-            "stage": stage,
-            "type": type(exc).__name__,
-            "message": str(exc),
-            "traceback": traceback.format_exc(),
-        }
         log.warning("job %s: %s failed: %s: %s", job_id, stage, type(exc).__name__, exc)
-        _finish(st, job_id, stage, "failed", error, ctx.partial)
-        return "failed"
+        error = {"stage": stage, "type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
     finally:
+        # Sandboxes and other per-stage resources go first, before the record says anything.
         st.inflight.remove(ctx)
         ctx.run_cleanups()
 
-    if ctx.interrupted == "cancelled":  # cancelled just as the handler returned: the cancel wins
-        return _interrupted(st, ctx, "cancelled")
-    return _hand_on(st, job_id, stage, spec, output)
+    if error is not None:
+        return _finish(st, job_id, stage, "failed", error, ctx.partial, (f"attempts:{stage}", attempt))
+    if interrupted is None and ctx.interrupted in ("cancelled", "superseded"):
+        interrupted = ctx.interrupted  # arrived just as the handler returned: it wins
+    if interrupted is not None:
+        return _interrupted(st, ctx, interrupted, limit)
+    return _hand_on(st, ctx, output)
 
 
 def _call_handler(stage: str, ctx: StageContext) -> dict[str, Any]:
@@ -107,39 +109,54 @@ def _call_handler(stage: str, ctx: StageContext) -> dict[str, Any]:
     return output
 
 
-def _hand_on(st: WorkerState, job_id: str, stage: str, spec: dict[str, Any], output: dict[str, Any]) -> str:
+def _hand_on(st: WorkerState, ctx: StageContext, output: dict[str, Any]) -> str:
     """Record the stage's output and queue the next stage, in one transaction."""
+    job_id, stage = ctx.job_id, ctx.stage
+    guard = (f"attempts:{stage}", ctx.attempt)
     now = time.time()
     next_stage = NEXT_STAGE[stage]
     fields: dict[str, Any] = {f"t:{stage}:ended": now, f"out:{stage}": output}
     if next_stage is None:
-        moved = st.store.transition(job_id, (stage,), "done", fields)
-        st.remove_workspace(job_id)
-        return "done" if moved.applied else f"lost-race:{moved.previous}"
+        moved = st.store.transition(job_id, (stage,), "done", fields, guard)
+        if moved.applied:
+            st.remove_workspace(job_id)
+            return "done"
+        return _lost_race(st, job_id, moved.previous)
     fields[f"t:{next_stage}:queued"] = now
     with st.redis.pipeline(transaction=True) as pipe:
-        enqueue_stage(pipe, next_stage, [(job_id, spec)], st.settings, st.redis)
-        st.store.queue_transition(pipe, job_id, (stage,), next_stage, fields)
+        # Queued even if the move is refused: the next stage's worker then finds the job
+        # cancelled or already taken and skips it. One transaction, so never the reverse.
+        enqueue_stage(pipe, next_stage, [(job_id, ctx.spec)], st.settings, st.redis)
+        st.store.queue_transition(pipe, job_id, (stage,), next_stage, fields, guard)
         applied, previous = pipe.execute()[-1]
-    if not applied:
-        # Cancelled meanwhile: the next stage's worker will see it and skip; the state goes now.
+    if applied:
+        return f"queued:{next_stage}"
+    return _lost_race(st, job_id, previous.decode() if isinstance(previous, bytes) else previous)
+
+
+def _lost_race(st: WorkerState, job_id: str, current: str) -> str:
+    """The move was refused: cancelled meanwhile (state goes now), or a newer attempt owns the job."""
+    if current in TERMINAL:
         st.remove_workspace(job_id)
-        return f"lost-race:{previous.decode() if isinstance(previous, bytes) else previous}"
-    return f"queued:{next_stage}"
+    return f"lost-race:{current or 'missing'}"
 
 
-def _interrupted(st: WorkerState, ctx: StageContext, reason: str) -> str:
+def _interrupted(st: WorkerState, ctx: StageContext, reason: str, limit: str) -> str:
     job_id, stage = ctx.job_id, ctx.stage
+    guard = (f"attempts:{stage}", ctx.attempt)
+    if reason == "superseded":
+        # A newer attempt at this stage owns the job (and its workspace): leave both alone.
+        log.warning("job %s: %s attempt %d superseded by a newer one; dropping it", job_id, stage, ctx.attempt)
+        return "superseded"
     if reason == "requeue":
         # The worker is shutting down: hand the job back to its stage's queue for another worker.
         with st.redis.pipeline(transaction=True) as pipe:
             enqueue_stage(pipe, stage, [(job_id, ctx.spec)], st.settings, st.redis)
-            st.store.queue_transition(pipe, job_id, (stage,), stage, {f"t:{stage}:requeued": time.time()})
+            st.store.queue_transition(pipe, job_id, (stage,), stage, {f"t:{stage}:requeued": time.time()}, guard)
             pipe.execute()
         return "requeued"
     if reason == "timed_out":
-        _finish(st, job_id, stage, "timed_out", _timeout_error(stage, "stage"), ctx.partial)
-        return "timed_out"
+        return _finish(st, job_id, stage, "timed_out", _timeout_error(stage, limit), ctx.partial, guard)
     # cancelled: the API already set the status; record where it stopped and clean up.
     st.store.set_fields(job_id, {f"t:{stage}:ended": time.time(), "partial": ctx.partial})
     st.remove_workspace(job_id)
@@ -153,12 +170,16 @@ def _finish(
     status: str,
     error: dict[str, Any],
     partial: dict[str, Any] | None,
-) -> None:
+    guard: tuple[str, int] | None,
+) -> str:
     fields: dict[str, Any] = {f"t:{stage}:ended": time.time(), "error": error}
     if partial:
         fields["partial"] = partial
-    st.store.transition(job_id, "*", status, fields)
+    moved = st.store.transition(job_id, "*", status, fields, guard)
+    if not moved.applied and moved.previous == "superseded":
+        return "superseded"
     st.remove_workspace(job_id)
+    return status
 
 
 def _timeout_error(stage: str, which: str) -> dict[str, Any]:

@@ -1,0 +1,59 @@
+"""Client commands against a running API: `submit` and `status`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from cli.http import ApiClient, ApiError
+from cli.tracking import follow, read_jobs, submit_all, summary_table, write_results
+from shared.config import get_settings
+
+_url_option = click.option("--url", default=None, help="API URL (default: ROLLOUTS_API_URL or host:port settings).")
+
+
+@click.command()
+@click.argument("jobs_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_url_option
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Follow the jobs to the end.")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), help="Write finished jobs as JSONL.")
+@click.option("--timeout", type=float, default=None, help="Stop waiting after this many seconds.")
+def submit(jobs_file: Path, url: str | None, wait: bool, output: Path | None, timeout: float | None) -> None:
+    """Submit the jobs in JOBS_FILE (one JSON job per line) and follow them with a progress bar."""
+    client = ApiClient.from_settings(get_settings(), url)
+    try:
+        ids = submit_all(client, read_jobs(jobs_file))
+        click.echo(f"submitted {len(ids)} jobs", err=True)
+        if not wait:
+            click.echo("\n".join(ids))
+            return
+        finished = follow(client, ids, timeout=timeout)
+        click.echo(summary_table([finished[i] for i in dict.fromkeys(ids)]))
+        if output:
+            write_results(client, ids, output)
+    except (ApiError, ValueError, TimeoutError) as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        client.close()
+
+
+@click.command()
+@_url_option
+def status(url: str | None) -> None:
+    """Queue depths, workers and in-flight jobs per stage."""
+    client = ApiClient.from_settings(get_settings(), url)
+    try:
+        info = client.status()
+    except ApiError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        client.close()
+    click.echo(f"{'stage':8} {'queued':>7} {'running':>8} {'failed':>7} {'procs':>6} {'slots':>6} {'busy':>5}")
+    for stage, s in info["stages"].items():
+        click.echo(
+            f"{stage:8} {s['queued']:>7} {s['running']:>8} {s['failed']:>7} "
+            f"{s['processes']:>6} {s['slots']:>6} {s['busy_slots']:>5}"
+        )
+    jobs = ", ".join(f"{k} {v}" for k, v in info["jobs"].items() if v)
+    click.echo(f"jobs: {jobs or 'none'}; in flight: {info['in_flight']}")

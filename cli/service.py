@@ -1,0 +1,142 @@
+"""Commands that run the service: `up`, `api`, `worker`, and `run` (the whole stack for one batch)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import click
+
+from cli.http import ApiClient
+from cli.stack import Stack, StackError
+from cli.tracking import follow, read_jobs, submit_all, summary_table, write_results
+from shared.config import STAGES, get_settings
+from shared.logs import setup_logging
+
+
+def _concurrency(init: int | None, rollout: int | None, eval_: int | None) -> dict[str, int]:
+    return {k: v for k, v in {"init": init, "rollout": rollout, "eval": eval_}.items() if v}
+
+
+_concurrency_options = [
+    click.option("--init-concurrency", type=click.IntRange(min=1), help="Jobs in flight per init worker."),
+    click.option("--rollout-concurrency", type=click.IntRange(min=1), help="Jobs in flight per rollout worker."),
+    click.option("--eval-concurrency", type=click.IntRange(min=1), help="Jobs in flight per eval worker."),
+]
+
+
+def concurrency_options(fn):  # type: ignore[no-untyped-def]
+    for option in reversed(_concurrency_options):
+        fn = option(fn)
+    return fn
+
+
+@click.command()
+@click.option("--port", type=int, default=None, help="API port (default: ROLLOUTS_API_PORT or 8000).")
+@click.option("--workers-per-stage", type=click.IntRange(min=1), default=1, show_default=True)
+@concurrency_options
+def up(
+    port: int | None,
+    workers_per_stage: int,
+    init_concurrency: int | None,
+    rollout_concurrency: int | None,
+    eval_concurrency: int | None,
+) -> None:
+    """Start Redis (if none is configured), the API and a worker fleet per stage; Ctrl-C stops them all."""
+    settings = get_settings()
+    stack = Stack(
+        settings,
+        api_port=port,
+        concurrency=_concurrency(init_concurrency, rollout_concurrency, eval_concurrency),
+        workers_per_stage=workers_per_stage,
+        persistent_redis=True,
+    )
+    try:
+        stack.start()
+    except StackError as exc:
+        raise click.ClickException(str(exc)) from None
+    redis_note = "embedded" if stack.redis else "configured"
+    click.echo(f"rollouts up: API {stack.api_url} (docs at {stack.api_url}/docs), {redis_note} Redis {stack.redis_url}")
+    click.echo(f"  export ROLLOUTS_API_URL={stack.api_url}  # for `rollouts submit` / `status` in another shell")
+    try:
+        code = stack.wait()
+        click.echo(f"a service process exited with code {code}; stopping the rest", err=True)
+    except KeyboardInterrupt:
+        click.echo("stopping (workers finish or hand back their jobs)...", err=True)
+    finally:
+        stack.stop()
+
+
+@click.command()
+@click.option("--host", default=None, help="Bind address (default: ROLLOUTS_API_HOST).")
+@click.option("--port", type=int, default=None, help="Port (default: ROLLOUTS_API_PORT).")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="uvicorn processes.")
+def api(host: str | None, port: int | None, workers: int) -> None:
+    """Serve the HTTP API (uvicorn)."""
+    import uvicorn
+
+    settings = get_settings()
+    setup_logging(settings)
+    uvicorn.run(
+        "api.app:create_app",
+        factory=True,
+        host=host or settings.api_host,
+        port=port if port is not None else settings.api_port,
+        workers=workers,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+    )
+
+
+@click.command()
+@click.argument("stage", type=click.Choice(STAGES))
+@click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Jobs in flight (default: per stage setting).")
+@click.option("--drain-timeout", type=float, default=30.0, show_default=True, help="Seconds to finish jobs on SIGTERM.")
+def worker(stage: str, concurrency: int | None, drain_timeout: float) -> None:
+    """Run one worker process of a stage."""
+    from workers.runtime.main import run_worker
+
+    run_worker(stage, concurrency, drain_timeout)
+
+
+@click.command()
+@click.argument("jobs_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), help="Write every finished job as JSONL.")
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
+@concurrency_options
+def run(
+    jobs_file: Path,
+    output: Path | None,
+    timeout: float | None,
+    init_concurrency: int | None,
+    rollout_concurrency: int | None,
+    eval_concurrency: int | None,
+) -> None:
+    """Bring up the whole stack, run JOBS_FILE (JSONL) through it, print a summary, and tear it down."""
+    settings = get_settings()
+    try:
+        jobs = read_jobs(jobs_file)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    log_dir = Path(tempfile.mkdtemp(prefix="rollouts-run-"))
+    stack = Stack(
+        settings,
+        api_port=0,
+        concurrency=_concurrency(init_concurrency, rollout_concurrency, eval_concurrency),
+        log_dir=log_dir,
+    )
+    click.echo(f"starting the stack (logs in {log_dir}) ...", err=True)
+    try:
+        stack.start()
+        client = ApiClient(stack.api_url, settings.token or (settings.api_tokens[0] if settings.api_tokens else None))
+        ids = submit_all(client, jobs)
+        click.echo(f"submitted {len(ids)} jobs", err=True)
+        finished = follow(client, ids, timeout=timeout)
+        click.echo(summary_table([finished[i] for i in dict.fromkeys(ids)]))
+        if output:
+            write_results(client, ids, output)
+            click.echo(f"wrote {len(ids)} results to {output}", err=True)
+    except (StackError, TimeoutError) as exc:
+        raise click.ClickException(f"{exc} (logs in {log_dir})") from None
+    finally:
+        stack.stop()

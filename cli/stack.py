@@ -1,0 +1,179 @@
+"""The whole service on one machine: Redis (embedded if none is configured), the API and one worker per stage.
+
+`rollouts up` and `rollouts run` use it, and so do the end-to-end tests, so the
+tests start the stack exactly the way a user does: real processes, each
+configured only through ROLLOUTS_* environment variables.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from shared.config import STAGES, Settings
+from shared.embedded_redis import EmbeddedRedis, free_port
+
+
+class StackError(RuntimeError):
+    pass
+
+
+class Stack:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        api_port: int | None = None,
+        concurrency: dict[str, int] | None = None,
+        workers_per_stage: int = 1,
+        log_dir: Path | None = None,
+        persistent_redis: bool = False,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.api_port = api_port if api_port is not None else settings.api_port
+        self.concurrency = concurrency or {}
+        self.workers_per_stage = workers_per_stage
+        self.log_dir = log_dir
+        self.persistent_redis = persistent_redis
+        self.extra_env = extra_env or {}
+        self.redis: EmbeddedRedis | None = None
+        self.redis_url = settings.redis_url
+        self.api: subprocess.Popen[bytes] | None = None
+        self.workers: dict[str, list[subprocess.Popen[bytes]]] = {stage: [] for stage in STAGES}
+        self._logs: list[IO[bytes]] = []
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.settings.api_host}:{self.api_port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        env["ROLLOUTS_REDIS_URL"] = self.redis_url or ""
+        env["ROLLOUTS_API_PORT"] = str(self.api_port)
+        env["ROLLOUTS_API_URL"] = self.api_url
+        env["ROLLOUTS_STATE_DIR"] = str(self.settings.state_dir)
+        return env
+
+    # --- start ------------------------------------------------------------
+    def start(self, timeout: float = 60.0) -> Stack:
+        try:
+            if not self.redis_url:
+                data_dir = self.settings.state_dir / "redis" if self.persistent_redis else None
+                self.redis = EmbeddedRedis(data_dir=data_dir, appendonly=self.persistent_redis).start()
+                self.redis_url = self.redis.url
+            if self.api_port == 0:
+                self.api_port = free_port()
+            self.start_api()
+            self._wait_for_api(timeout)
+            for stage in STAGES:
+                for _ in range(self.workers_per_stage):
+                    self.start_worker(stage)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_api(self) -> subprocess.Popen[bytes]:
+        self.api = self._spawn("api", [sys.executable, "-m", "cli", "api", "--port", str(self.api_port)])
+        return self.api
+
+    def start_worker(self, stage: str, concurrency: int | None = None) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", f"workers.{stage}"]
+        slots = concurrency or self.concurrency.get(stage)
+        if slots:
+            argv += ["--concurrency", str(slots)]
+        process = self._spawn(f"{stage}-{len(self.workers[stage])}", argv)
+        self.workers[stage].append(process)
+        return process
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        output: IO[bytes] | None = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            output = open(self.log_dir / f"{name}.log", "ab")
+            self._logs.append(output)
+        # Each child gets its own process group, so a terminal's Ctrl-C reaches only us and
+        # we stop the children in order (workers drain first, then the API).
+        return subprocess.Popen(
+            argv, env=self.env, stdout=output, stderr=subprocess.STDOUT if output else None, start_new_session=True
+        )
+
+    def _wait_for_api(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.api is not None and self.api.poll() is not None:
+                raise StackError(f"the API exited with code {self.api.returncode} (port {self.api_port} taken?)")
+            try:
+                if httpx.get(f"{self.api_url}/healthz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise StackError(f"the API did not become healthy within {timeout:.0f}s")
+
+    def wait_for_workers(self, timeout: float = 30.0, headers: dict[str, str] | None = None) -> None:
+        """Block until every started worker process has registered its slots with rq."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                stages = httpx.get(f"{self.api_url}/v1/status", headers=headers, timeout=2.0).json()["stages"]
+                if all(stages[s]["processes"] >= len(self.workers[s]) for s in STAGES):
+                    return
+            except (httpx.HTTPError, KeyError, ValueError):
+                pass
+            time.sleep(0.1)
+        raise StackError(f"workers did not register within {timeout:.0f}s")
+
+    # --- run and stop -----------------------------------------------------
+    def children(self) -> list[subprocess.Popen[bytes]]:
+        return [p for procs in self.workers.values() for p in procs] + ([self.api] if self.api else [])
+
+    def wait(self) -> int:
+        """Block until a child exits; returns its exit code."""
+        while True:
+            for child in self.children():
+                code = child.poll()
+                if code is not None:
+                    return code
+            time.sleep(0.5)
+
+    def stop(self, timeout: float = 40.0) -> None:
+        workers = [p for procs in self.workers.values() for p in procs]
+        _terminate(workers, timeout)
+        if self.api is not None:
+            _terminate([self.api], 10.0)
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _terminate(processes: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

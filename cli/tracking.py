@@ -1,0 +1,107 @@
+"""Submit a JSONL file of jobs, follow them with a progress bar, and summarise per task kind."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from cli.http import ApiClient
+from shared.jobs.status import TERMINAL
+
+SUBMIT_CHUNK = 500
+
+
+def read_jobs(path: Path) -> list[dict[str, Any]]:
+    jobs = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            jobs.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+    if not jobs:
+        raise ValueError(f"{path}: no jobs in the file")
+    return jobs
+
+
+def submit_all(client: ApiClient, jobs: list[dict[str, Any]]) -> list[str]:
+    ids: list[str] = []
+    for start in range(0, len(jobs), SUBMIT_CHUNK):
+        ids.extend(client.submit(jobs[start : start + SUBMIT_CHUNK]))
+    return ids
+
+
+def follow(
+    client: ApiClient,
+    job_ids: list[str],
+    *,
+    progress: bool | None = None,
+    poll_s: float = 0.5,
+    timeout: float | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Poll until every job is terminal; returns the final summary of each job by id."""
+    finished: dict[str, dict[str, Any]] = {}
+    pending = list(dict.fromkeys(job_ids))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    # progress=None: a bar on a terminal, nothing when output is piped (CI logs).
+    bar = tqdm(total=len(pending), unit="job", disable=None if progress is None else not progress, dynamic_ncols=True)
+    try:
+        while pending:
+            counts: dict[str, int] = defaultdict(int)
+            still: list[str] = []
+            for summary in client.summaries(pending):
+                if summary["status"] in TERMINAL:
+                    finished[summary["id"]] = summary
+                    bar.update(1)
+                else:
+                    still.append(summary["id"])
+                    counts[summary["status"]] += 1
+            pending = still
+            bar.set_postfix({k: v for k, v in sorted(counts.items())}, refresh=True)
+            if pending:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"{len(pending)} jobs still running after {timeout:.0f}s")
+                time.sleep(poll_s)
+    finally:
+        bar.close()
+    return finished
+
+
+def summary_table(summaries: list[dict[str, Any]]) -> str:
+    """Per task kind: jobs, done, failed/other, mean reward, mean wall time."""
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for summary in summaries:
+        by_kind[summary["kind"]].append(summary)
+    rows = [("kind", "jobs", "done", "not done", "reward mean", "time mean (s)")]
+    for kind in sorted(by_kind):
+        items = by_kind[kind]
+        done = [s for s in items if s["status"] == "done"]
+        rewards = [s["reward"] for s in done if s.get("reward") is not None]
+        times = [s["finished_at"] - s["created_at"] for s in items if s.get("finished_at")]
+        rows.append(
+            (
+                kind,
+                str(len(items)),
+                str(len(done)),
+                str(len(items) - len(done)),
+                f"{sum(rewards) / len(rewards):.3f}" if rewards else "-",
+                f"{sum(times) / len(times):.2f}" if times else "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def write_results(client: ApiClient, job_ids: list[str], path: Path) -> None:
+    """One full job record per line (JSONL), in submission order."""
+    with path.open("w") as out:
+        for job_id in job_ids:
+            out.write(json.dumps(client.job(job_id)) + "\n")
