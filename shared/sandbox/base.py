@@ -1,0 +1,267 @@
+"""The Sandbox every stage uses; backends only say how to wrap a command.
+
+A backend turns an argv into the argv that runs it isolated (``wrap``), and
+may prepare and release host resources around that. Everything else (tool
+server start-up, tool calls, one-shot commands, teardown) is here, once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import shutil
+import subprocess
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+from shared.config import Settings
+from shared.sandbox.isolation import rlimit_preexec
+from shared.sandbox.spec import ExecResult, SandboxSpec
+from shared.toolserver.client import ToolClient, ToolServerError
+from shared.toolserver.output import CappedBuffer
+from shared.toolserver.result import ToolResult
+
+log = logging.getLogger("rollouts.sandbox")
+
+SOCKET_NAME = "tools.sock"
+_MAX_SOCKET_PATH = 100  # sun_path is 108 bytes; the kernel's ipc sockets add a suffix
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not start or died: an infrastructure failure, not the agent's."""
+
+
+class Sandbox(ABC):
+    """One job's sandbox: a tool server for the agent, and one-shot commands for init and eval.
+
+    ``workspace`` is the job's directory on shared storage (it appears at
+    ``workdir`` inside); ``runtime_dir`` is a node-local directory this object
+    owns for the socket and the tool server's state, removed by ``stop()``.
+    """
+
+    backend: str = "abstract"
+
+    def __init__(self, spec: SandboxSpec, workspace: Path, runtime_dir: Path, settings: Settings) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.workspace = Path(os.path.realpath(workspace))
+        self.runtime_dir = Path(os.path.abspath(runtime_dir))
+        self.limits = spec.limits.resolved(settings)
+        self.socket_path = self.runtime_dir / SOCKET_NAME
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._client: ToolClient | None = None
+        self._created_runtime = False
+        if len(str(self.socket_path)) > _MAX_SOCKET_PATH - 20:
+            raise SandboxError(f"runtime dir {self.runtime_dir} is too long for a Unix socket path")
+
+    # --- what a backend provides --------------------------------------------
+    @property
+    @abstractmethod
+    def workdir(self) -> str:
+        """The workspace's path as commands inside the sandbox see it."""
+
+    @abstractmethod
+    def wrap(self, argv: list[str], env: dict[str, str]) -> list[str]:
+        """The host argv that runs ``argv`` inside the sandbox with ``env``."""
+
+    @abstractmethod
+    def toolserver_argv(self) -> list[str]:
+        """How to start ``python -m shared.toolserver`` inside the sandbox."""
+
+    def _acquire(self) -> None:
+        """Reserve host resources (uids, images) before the first process starts."""
+
+    def _release(self) -> None:
+        """Give back what ``_acquire`` took."""
+
+    def _preexec(self) -> Any:
+        return rlimit_preexec(self.limits)
+
+    # --- environment --------------------------------------------------------
+    def base_env(self) -> dict[str, str]:
+        env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/tmp",
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "PAGER": "cat",
+            "GIT_PAGER": "cat",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+        env.update(self.spec.env)
+        return env
+
+    # --- lifecycle ----------------------------------------------------------
+    def _ensure_runtime_dir(self) -> None:
+        if not self.runtime_dir.exists():
+            self.runtime_dir.mkdir(parents=True, mode=0o700)
+            self._created_runtime = True
+
+    def start(self) -> "Sandbox":
+        """Start the sandbox and its tool server; returns once the server answers."""
+        if self._proc is not None:
+            return self
+        self._ensure_runtime_dir()
+        self._acquire()
+        log_path = self.runtime_dir / "toolserver.log"
+        try:
+            argv = self.wrap(self.toolserver_argv(), self.base_env())
+            log.debug("starting sandbox: %s", shlex.join(argv))
+            with open(log_path, "ab") as log_file:
+                self._proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=self._preexec(),
+                    close_fds=True,
+                )
+            self._client = ToolClient(self.socket_path)
+            proc = self._proc
+            self._client.wait_ready(self.settings.sandbox_start_timeout_s, alive=lambda: proc.poll() is None)
+        except (ToolServerError, OSError) as exc:
+            detail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+            self.stop()
+            raise SandboxError(f"{self.backend} sandbox failed to start: {exc}\n{detail}") from exc
+        return self
+
+    def call(self, tool: str, args: dict[str, Any], timeout: float | None = None) -> ToolResult:
+        """Run one tool call. Bad calls come back as error observations, never exceptions.
+
+        Raises SandboxError only when the sandbox itself is gone.
+        """
+        if self._client is None:
+            raise SandboxError("sandbox is not started")
+        try:
+            return self._client.call(tool, args, timeout, max_timeout=self.settings.tool_max_timeout_s)
+        except ToolServerError as exc:
+            alive = self._proc is not None and self._proc.poll() is None
+            raise SandboxError(f"tool server failed ({'running' if alive else 'exited'}): {exc}") from exc
+
+    def exec(
+        self,
+        command: str | list[str],
+        timeout: float,
+        env: dict[str, str] | None = None,
+        output_cap: int | None = None,
+    ) -> ExecResult:
+        """Run one command to completion in a fresh sandbox process over the same workspace.
+
+        A string runs under ``bash -c`` in the workspace. Works whether or not
+        ``start()`` was called (init and eval need no tool server).
+        """
+        argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
+        cap = output_cap or self.settings.tool_output_cap_bytes * 4
+        self._ensure_runtime_dir()
+        owns_resources = self._proc is None
+        if owns_resources:
+            self._acquire()
+        started = time.monotonic()
+        try:
+            with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+                proc = subprocess.Popen(
+                    self.wrap(argv, {**self.base_env(), **(env or {})}),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                    preexec_fn=self._preexec(),
+                    close_fds=True,
+                )
+                timed_out = False
+                try:
+                    code: int | None = proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    _kill_group(proc)
+                    code = None
+                stdout, cut_out = _read_capped(out, cap)
+                stderr, cut_err = _read_capped(err, cap)
+        finally:
+            if owns_resources:
+                self._release()
+        return ExecResult(
+            exit_code=code,
+            stdout=stdout,
+            stderr=stderr,
+            timed_out=timed_out,
+            truncated=cut_out or cut_err,
+            duration_s=time.monotonic() - started,
+        )
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self) -> None:
+        """Stop the tool server and every process of this sandbox; idempotent.
+
+        Only this sandbox's own process tree is signalled (its session, and the
+        pid namespace the backend put it in), never processes found by name.
+        """
+        client, self._client = self._client, None
+        if client is not None:
+            if self.running:
+                client.shutdown()
+            client.close()
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                pass
+            _kill_group(proc)
+            self._release()
+        if self._created_runtime:
+            shutil.rmtree(self.runtime_dir, ignore_errors=True)
+            self._created_runtime = False
+
+    def __enter__(self) -> "Sandbox":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __del__(self) -> None:
+        if getattr(self, "_proc", None) is not None:
+            try:
+                self.stop()
+            except Exception:  # noqa: BLE001 - best effort at interpreter exit
+                pass
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the sandbox's session; with a pid namespace that takes every process in it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.kill()
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _read_capped(handle: Any, cap: int) -> tuple[str, bool]:
+    """Head and tail of a captured stream, without reading a huge file whole."""
+    size = handle.seek(0, os.SEEK_END)
+    buffer = CappedBuffer(cap)
+    handle.seek(0)
+    if size <= cap:
+        buffer.write(handle.read())
+        return buffer.text(), False
+    buffer.write(handle.read(cap // 2))
+    buffer.total += size - cap  # what lies between head and tail is counted, not read
+    handle.seek(size - (cap - cap // 2))
+    buffer.write(handle.read())
+    return buffer.text(), True

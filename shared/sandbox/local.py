@@ -1,0 +1,178 @@
+"""Local backend: a process sandbox over the job's workspace, isolated with bubblewrap.
+
+bwrap gives the sandbox new pid, ipc, uts, cgroup and (unless the task asks
+for it) network namespaces, a read-only view of the system (/usr, /etc, the
+Python environment and the project), a private /tmp, and the workspace as
+the only writable host directory. With its own pid namespace, killing the
+sandbox's bwrap takes every process inside with it. Where bwrap cannot create
+namespaces, a plain process in its own session with the same rlimits is the
+fallback, with a warning (or an error with ``sandbox_require_isolation``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import shared
+from shared.config import Settings
+from shared.sandbox.base import Sandbox, SandboxError
+from shared.sandbox.isolation import UidSlot, chown_tree
+from shared.sandbox.spec import SandboxSpec
+
+log = logging.getLogger("rollouts.sandbox.local")
+
+PROJECT_ROOT = Path(shared.__file__).resolve().parent.parent
+_SYSTEM_RO = ("/usr", "/etc", "/opt")
+_MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+TMPFS_BYTES = 512 * 1024 * 1024
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_usable() -> tuple[bool, str]:
+    """Whether bwrap can create the namespaces we need here, and why not."""
+    probe = ["bwrap", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "true"]
+    if os.geteuid() != 0:
+        probe.insert(1, "--unshare-user")
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=20)
+    except FileNotFoundError:
+        return False, "bwrap is not installed (Debian package bubblewrap)"
+    except subprocess.TimeoutExpired:
+        return False, "bwrap probe timed out"
+    if done.returncode != 0:
+        return False, f"bwrap cannot create namespaces here: {done.stderr.strip()}"
+    return True, ""
+
+
+def readonly_paths() -> list[str]:
+    """Host paths the tool server needs besides the system: Python and the project."""
+    wanted = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(PROJECT_ROOT)}
+    wanted.add(str(Path(os.path.realpath(sys.executable)).parent.parent))
+    paths = sorted(p for p in wanted if not any(p == s or p.startswith(s + "/") for s in _SYSTEM_RO))
+    # drop paths already covered by a shorter one
+    return [p for p in paths if not any(p != q and p.startswith(q + "/") for q in paths)]
+
+
+def bwrap_command(
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    workspace: Path,
+    workdir: str,
+    runtime_dir: Path,
+    network: bool,
+    uid: int | None,
+    ro_paths: list[str],
+    tmpfs_bytes: int = TMPFS_BYTES,
+) -> list[str]:
+    """The bwrap argv running ``argv`` in the sandbox (pure: what it builds is tested).
+
+    ``uid`` set (the worker is root): bwrap runs privileged without a user
+    namespace, then ``setpriv`` drops to that uid with no capabilities, so
+    RLIMIT_NPROC applies. ``uid`` None: bwrap creates a user namespace and
+    the sandbox keeps the caller's uid (the rootless HPC case).
+    """
+    cmd = ["bwrap", "--die-with-parent", "--new-session"]
+    cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if uid is None:
+        cmd.append("--unshare-user")
+    if not network:
+        cmd.append("--unshare-net")
+    cmd += ["--hostname", "sandbox"]
+    for path in _SYSTEM_RO:
+        cmd += ["--ro-bind-try", path, path]
+    for path in _MERGED_USR:
+        if os.path.islink(path):
+            cmd += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            cmd += ["--ro-bind", path, path]
+    for path in ro_paths:
+        cmd += [*_traversable_parents(path), "--ro-bind", path, path]
+    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    cmd += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp"]
+    cmd += [*_traversable_parents(workdir), "--bind", str(workspace), workdir]
+    cmd += [*_traversable_parents(str(runtime_dir)), "--bind", str(runtime_dir), str(runtime_dir)]
+    cmd += ["--chdir", workdir, "--clearenv"]
+    for key, value in env.items():
+        cmd += ["--setenv", key, value]
+    if uid is not None:
+        cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
+        cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        cmd += ["--inh-caps=-all", "--bounding-set=-all"]
+    cmd += ["--", *argv]
+    return cmd
+
+
+def _traversable_parents(path: str) -> list[str]:
+    """Create a mount point's parents 0755: bwrap copies host modes (/root is 0700),
+    which would lock the sandbox's unprivileged uid out of what is bound below."""
+    parents = [str(p) for p in reversed(Path(path).parents) if str(p) not in ("/", "/tmp")]
+    return [arg for parent in parents for arg in ("--perms", "0755", "--dir", parent)]
+
+
+class LocalSandbox(Sandbox):
+    backend = "local"
+
+    def __init__(self, spec: SandboxSpec, workspace: Path, runtime_dir: Path, settings: Settings) -> None:
+        super().__init__(spec, workspace, runtime_dir, settings)
+        self.isolated, reason = bwrap_usable()
+        if not self.isolated:
+            if settings.sandbox_require_isolation:
+                raise SandboxError(f"sandbox_require_isolation is set and {reason}")
+            log.warning("UNISOLATED sandbox (plain process with rlimits only): %s", reason)
+        self._slot: UidSlot | None = None
+
+    @property
+    def workdir(self) -> str:
+        return self.settings.sandbox_workdir if self.isolated else str(self.workspace)
+
+    @property
+    def uid(self) -> int | None:
+        return self._slot.uid if self._slot is not None else None
+
+    def _acquire(self) -> None:
+        if os.geteuid() != 0 or self._slot is not None:
+            return
+        self._slot = UidSlot.acquire(self.settings.sandbox_uid_base, self.settings.sandbox_uid_slots)
+        chown_tree(self.workspace, self._slot.uid, self._slot.uid)
+        chown_tree(self.runtime_dir, self._slot.uid, self._slot.uid)
+
+    def _release(self) -> None:
+        if self._slot is not None:
+            self._slot.release()
+            self._slot = None
+
+    def toolserver_argv(self) -> list[str]:
+        s = self.settings
+        return [
+            sys.executable, "-m", "shared.toolserver",
+            "--socket", str(self.socket_path),
+            "--workspace", self.workdir,
+            "--state-dir", str(self.runtime_dir / "toolserver"),
+            "--output-cap", str(s.tool_output_cap_bytes),
+            "--hard-output-cap", str(s.tool_hard_output_bytes),
+            "--default-timeout", str(s.tool_default_timeout_s),
+            "--max-timeout", str(s.tool_max_timeout_s),
+        ]  # fmt: skip
+
+    def wrap(self, argv: list[str], env: dict[str, str]) -> list[str]:
+        if self.isolated:
+            return bwrap_command(
+                argv,
+                env=env,
+                workspace=self.workspace,
+                workdir=self.workdir,
+                runtime_dir=self.runtime_dir,
+                network=self.spec.network,
+                uid=self.uid,
+                ro_paths=readonly_paths(),
+            )
+        prefix = ["env", "-i", "-C", str(self.workspace), *(f"{k}={v}" for k, v in env.items())]
+        if self.uid is not None:
+            prefix = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", *prefix]
+        return [*prefix, *argv]
