@@ -1,0 +1,43 @@
+"""A backend process killed mid-rollout: the trajectory re-pins and goes on; counts stay exact."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from redis import Redis
+
+from backend_procs import CpuBackendProcess
+from shared.backend_pool import BackendPool
+from shared.config import Settings
+from shared.keys import Keys
+from workers.rollout.llm_client import LLMClient, Sampling
+from workers.rollout.llm_routing import complete_routed
+
+
+def test_killed_backend_fails_over_and_the_trajectory_goes_on(
+    start_cpu_backends: Callable[..., list[CpuBackendProcess]], redis: Redis, settings: Settings
+) -> None:
+    processes = start_cpu_backends(2)
+    pool = BackendPool(redis, Keys(settings.redis_prefix), settings)
+    by_id = {pool.register(p.url, "tiny").id: p for p in processes}
+    sampling = Sampling(max_tokens=6, seed=11, ignore_eos=True)
+    prompt = [257, 117, 115, 101, 114, 10, 104, 105, 258, 10, 257, 97, 10]
+
+    with LLMClient(request_timeout_s=60, connect_timeout_s=1, max_retries=1, backoff_s=0.01) as client:
+        turns = [complete_routed(pool, client, "job-1", prompt, sampling) for _ in range(2)]
+        first_backend = turns[0].backend_id
+        assert turns[1].backend_id == first_backend, "sticky: every call of a trajectory hits one backend"
+        assert pool.get(first_backend).inflight == 1
+
+        by_id[first_backend].kill()  # mid-rollout
+        history = prompt + turns[1].token_ids + [10, 257, 117, 10]
+        after = complete_routed(pool, client, "job-1", history, sampling)
+
+    assert after.backend_id != first_backend
+    assert len(after.token_ids) == 6 and after.prompt_tokens == len(history)
+    dead = pool.get(first_backend)
+    assert not dead.healthy and "probe failed" in dead.unhealthy_reason
+    assert dead.inflight == 0 and pool.get(after.backend_id).inflight == 1, "the charge moved with the pin"
+    assert pool.acquire("job-1").backend_id == after.backend_id
+    pool.release("job-1")
+    assert pool.inflight_total() == 0

@@ -1,0 +1,95 @@
+"""The vLLM client against a real CPU backend over HTTP: token IDs and logprobs line up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from cpu_backend.bootstrap import load
+from shared.embedded_redis import free_port
+from workers.rollout.llm_client import BackendRequestError, BackendUnavailable, LLMClient, Sampling
+
+from backend_procs import CpuBackendProcess
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir: Path):
+    return load(tiny_model_dir)
+
+
+@pytest.fixture()
+def client() -> LLMClient:
+    with LLMClient(request_timeout_s=60, connect_timeout_s=2, max_retries=2, backoff_s=0.01) as c:
+        yield c
+
+
+def chat_prompt(tokenizer, text: str) -> list[int]:
+    return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                              tokenize=True, return_dict=True)["input_ids"])
+
+
+def test_token_ids_and_logprobs_match_an_independent_forward_pass(
+    cpu_backend: CpuBackendProcess, client: LLMClient, model, tiny_model_dir: Path
+) -> None:
+    tokenizer, lm = model
+    prompt = chat_prompt(tokenizer, "What is 2 + 2?")
+    result = client.complete(cpu_backend.url, prompt, Sampling(max_tokens=12, seed=7, ignore_eos=True),
+                             backend_id="b-test")
+    assert len(result.token_ids) == len(result.logprobs) == 12
+    assert result.finish_reason == "length" and result.backend_id == "b-test"
+    assert result.model == tiny_model_dir.name, "the backend reports the model it serves"
+    with torch.no_grad():
+        logits = lm(input_ids=torch.tensor([prompt + result.token_ids])).logits[0]
+    expected = torch.log_softmax(logits[len(prompt) - 1: -1].float(), dim=-1)
+    for i, (token, logprob) in enumerate(zip(result.token_ids, result.logprobs)):
+        assert logprob == pytest.approx(float(expected[i, token]), abs=1e-4), f"position {i}"
+    assert result.text == tokenizer.decode(result.token_ids, skip_special_tokens=True)
+
+
+def test_seed_makes_sampling_repeatable(cpu_backend: CpuBackendProcess, client: LLMClient, model) -> None:
+    prompt = chat_prompt(model[0], "seeded")
+    runs = [client.complete(cpu_backend.url, prompt, Sampling(max_tokens=8, seed=s, ignore_eos=True)).token_ids
+            for s in (1, 1, 2)]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_stop_token_ids_end_the_turn_with_a_stop_reason(cpu_backend: CpuBackendProcess, client: LLMClient,
+                                                         model) -> None:
+    prompt = chat_prompt(model[0], "greedy")
+    greedy = client.complete(cpu_backend.url, prompt, Sampling(max_tokens=4, temperature=0, ignore_eos=True))
+    first = greedy.token_ids[0]
+    stopped = client.complete(cpu_backend.url, prompt,
+                              Sampling(max_tokens=4, temperature=0, stop_token_ids=(first,)))
+    assert stopped.token_ids == [first]
+    assert (stopped.finish_reason, stopped.stop_reason) == ("stop", first)
+
+
+def test_next_turn_on_the_same_backend_reuses_the_prefix(cpu_backend: CpuBackendProcess, client: LLMClient,
+                                                         model) -> None:
+    tokenizer = model[0]
+    prompt = chat_prompt(tokenizer, "turn one of a long trajectory " * 3)
+    first = client.complete(cpu_backend.url, prompt, Sampling(max_tokens=6, seed=3, ignore_eos=True))
+    observation = list(tokenizer.encode("<|im_end|>\n<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n"))
+    second = client.complete(cpu_backend.url, prompt + first.token_ids + observation,
+                             Sampling(max_tokens=6, seed=3, ignore_eos=True))
+    assert second.prompt_tokens == len(prompt) + 6 + len(observation)
+    assert second.cached_tokens is not None and second.cached_tokens >= len(prompt) + 5
+
+
+def test_4xx_raises_with_the_backend_message(cpu_backend: CpuBackendProcess, client: LLMClient) -> None:
+    with pytest.raises(BackendRequestError) as err:
+        client.complete(cpu_backend.url, [1, 2, 100_000], Sampling(max_tokens=2))
+    assert err.value.status == 400 and "out of vocabulary" in str(err.value)
+    with pytest.raises(BackendRequestError) as err:
+        client.complete(cpu_backend.url, [1, 2], Sampling(max_tokens=2), model="no-such-model")
+    assert err.value.status == 404 and "does not exist" in err.value.message
+
+
+def test_connection_errors_are_retried_then_reported(client: LLMClient) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(BackendUnavailable) as err:
+        client.complete(url, [1, 2], Sampling(max_tokens=2), backend_id="b-dead")
+    assert "after 3 attempts" in str(err.value) and err.value.backend_id == "b-dead"
