@@ -12,10 +12,12 @@ def main() -> None:
 
 def _register_commands() -> None:
     """Each area's commands live in their own module; add yours here."""
-    from cli import jobs, service
+    from cli import backends, jobs, service
 
     for command in (service.up, service.api, service.worker, service.run, jobs.submit, jobs.status):
         main.add_command(command)
+    main.add_command(backends.register)
+    main.add_command(backends.cpu_backend)
 
 
 _register_commands()

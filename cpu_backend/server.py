@@ -103,6 +103,7 @@ def create_app(engine: Engine, served_model_name: str, model_dir: Path) -> FastA
     app = FastAPI(title="rollouts CPU backend (vLLM protocol)")
     metrics = _Metrics(served_model_name)
     app.state.engine = engine
+    app.state.served_model_name = served_model_name
     try:
         server_version = version("rollouts")
     except PackageNotFoundError:

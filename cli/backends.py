@@ -1,0 +1,190 @@
+"""`rollouts register` (for vLLM launch scripts) and `rollouts cpu-backend` (the CPU backend).
+
+A vLLM launch script starts the server, then runs `rollouts register --backend-url ...` next
+to it: the command waits for the server's /health, registers it with the API, heartbeats
+until it gets SIGTERM/SIGINT (Slurm's scancel, Ctrl-C) and then deregisters, so the pool
+never routes to a server that was stopped on purpose.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+
+from cli.http import ApiClient
+from shared.config import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+class Registration:
+    """Keeps one backend registered with the API: register, heartbeat, re-register if forgotten."""
+
+    def __init__(self, client: ApiClient, body: dict[str, Any], interval_s: float) -> None:
+        self.client = client
+        self.body = body
+        self.interval_s = interval_s
+        self.backend_id: str | None = None
+        self.stopped = threading.Event()
+
+    def register(self) -> str:
+        response = self.client.request("POST", "/v1/backends", json=self.body)
+        if response.status_code != 201:
+            raise click.ClickException(f"registration refused ({response.status_code}): {response.text}")
+        self.backend_id = response.json()["id"]
+        return self.backend_id
+
+    def beat(self) -> None:
+        response = self.client.request("POST", f"/v1/backends/{self.backend_id}/heartbeat")
+        if response.status_code == 404:  # removed by an operator or a wiped Redis: come back
+            log.warning("backend %s was forgotten by the API; registering again", self.backend_id)
+            self.register()
+        elif response.status_code != 200:
+            log.warning("heartbeat answered %s: %s", response.status_code, response.text[:200])
+
+    def run(self) -> None:
+        """Heartbeat until ``stop``; API outages are logged and ridden out, never fatal."""
+        while not self.stopped.wait(self.interval_s):
+            try:
+                self.beat()
+            except httpx.HTTPError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.backend_id is None:
+            return
+        try:
+            response = self.client.request("DELETE", f"/v1/backends/{self.backend_id}")
+            log.info("deregistered %s (%s)", self.backend_id, response.status_code)
+        except httpx.HTTPError as exc:
+            log.warning("deregistration failed (the pool will drop it after missed heartbeats): %s", exc)
+
+
+def _admin_client(settings: Settings, api_url: str | None, token: str | None) -> ApiClient:
+    base = api_url or settings.api_url or f"http://{settings.api_host}:{settings.api_port}"
+    token = token or settings.token or next(iter(settings.admin_tokens or settings.api_tokens), None)
+    return ApiClient(base, token)
+
+
+def _labels(pairs: tuple[str, ...]) -> dict[str, str]:
+    labels = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not key=value", param_hint="--label")
+        labels[key] = value
+    return labels
+
+
+def _wait_healthy(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url.rstrip("/") + "/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"{url}/health did not answer 200 within {timeout_s:.0f}s")
+        time.sleep(1.0)
+
+
+_api_options = [
+    click.option("--api-url", default=None, help="API URL (default: ROLLOUTS_API_URL or host:port settings)."),
+    click.option("--token", default=None, help="Admin bearer token (default: ROLLOUTS_TOKEN / admin tokens)."),
+    click.option("--capacity", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+                 help="Relative weight in the pool (e.g. GPUs or max concurrent sequences)."),
+    click.option("--label", "labels", multiple=True, help="key=value, repeatable."),
+]
+
+
+def api_options(fn):  # type: ignore[no-untyped-def]
+    for option in reversed(_api_options):
+        fn = option(fn)
+    return fn
+
+
+@click.command("register")
+@click.option("--backend-url", required=True, help="Base URL of the vLLM server, e.g. http://$(hostname):8000.")
+@click.option("--model", required=True, help="Served model name (what vLLM reports).")
+@click.option("--id", "backend_id", default=None, help="Backend id (default: derived from the URL).")
+@click.option("--wait-timeout", type=float, default=1800.0, show_default=True,
+              help="Seconds to wait for the server's /health before registering.")
+@api_options
+def register(backend_url: str, model: str, backend_id: str | None, wait_timeout: float, api_url: str | None,
+             token: str | None, capacity: float, labels: tuple[str, ...]) -> None:
+    """Register a vLLM server with the pool, heartbeat until SIGTERM/SIGINT, then deregister."""
+    settings = get_settings()
+    _wait_healthy(backend_url, wait_timeout)
+    body = {"url": backend_url, "model": model, "capacity": capacity, "labels": _labels(labels)}
+    if backend_id:
+        body["id"] = backend_id
+    registration = Registration(_admin_client(settings, api_url, token), body, settings.llm_heartbeat_interval_s)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: registration.stopped.set())
+    click.echo(f"registered {registration.register()} ({backend_url}, {model})", err=True)
+    try:
+        registration.run()
+    finally:
+        registration.stop()
+        registration.client.close()
+
+
+@click.command("cpu-backend")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8100, show_default=True)
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Local HF model dir (default: a tiny model built under the state dir).")
+@click.option("--register/--no-register", "do_register", default=False, show_default=True,
+              help="Register with the API and heartbeat while serving.")
+@click.option("--advertise-url", default=None, help="URL the pool should use (default: http://host:port).")
+@api_options
+def cpu_backend(host: str, port: int, model_dir: Path | None, do_register: bool, advertise_url: str | None,
+                api_url: str | None, token: str | None, capacity: float, labels: tuple[str, ...]) -> None:
+    """Serve a causal LM on the CPU with vLLM's OpenAI-compatible protocol."""
+    import uvicorn
+
+    from cpu_backend.__main__ import build_app, parse_args
+
+    settings = get_settings()
+    args = parse_args(["--host", host, "--port", str(port), *(["--model", str(model_dir)] if model_dir else [])])
+    app = build_app(args)
+    registration = None
+    if do_register:
+        body = {
+            "url": advertise_url or f"http://{host}:{port}",
+            "model": app.state.served_model_name,
+            "capacity": capacity,
+            "labels": _labels(labels),
+        }
+        registration = Registration(_admin_client(settings, api_url, token), body, settings.llm_heartbeat_interval_s)
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = None
+    if registration is not None:
+        def register_when_up() -> None:
+            while not server.started and not registration.stopped.is_set():
+                time.sleep(0.1)
+            click.echo(f"registered {registration.register()} ({registration.body['url']})", err=True)
+            registration.run()
+
+        thread = threading.Thread(target=register_when_up, name="backend-heartbeat", daemon=True)
+        thread.start()
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to whatever
+    # handler was there before it; a no-op one lets us go on to deregister and exit 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    try:
+        server.run()
+    finally:
+        if registration is not None:
+            registration.stop()
+            registration.client.close()
