@@ -29,7 +29,8 @@ from ptyprocess import PtyProcess
 from shared.toolserver.output import CappedBuffer
 
 _MARKER = "__RO_DONE_{nonce}_%d__"
-_INTERRUPT_GRACE_S = 2.0
+_ANY_MARKER = re.compile(rb"\n__RO_DONE_[0-9a-f]{16}_\d+__\n")
+_INTERRUPT_GRACE_S = 1.5
 
 
 @dataclass
@@ -159,7 +160,13 @@ class PersistentBash:
         assert self.proc is not None
         pattern = re.compile(rb"\n" + _MARKER.format(nonce=nonce).replace("%d", r"(\d+)").encode() + rb"\n")
         keep_back = len(pattern.pattern) + 16
+        own = nonce.encode()
         while True:
+            if _ANY_MARKER.search(self._pending):
+                # drop late duplicates from an earlier interrupt: they are not output
+                self._pending[:] = _ANY_MARKER.sub(
+                    lambda m: m.group(0) if own in m.group(0) else b"", bytes(self._pending)
+                )
             match = pattern.search(self._pending)
             if match:
                 code = int(match.group(1))
@@ -190,15 +197,17 @@ class PersistentBash:
         """Stop the running command and get the shell back to a prompt.
 
         Returns the command's status: from its own marker if the rest of the call
-        still ran after the foreground job was killed, else ``$?`` after ^C.
+        still ran after the foreground job was killed, else ``$?`` after ^C. The
+        resync line is re-sent each round because bash drops input it had
+        buffered when SIGINT arrives; repeated markers are stripped later.
         """
         assert self.proc is not None
         nonce = secrets.token_hex(8)
         own = re.compile("\n" + _MARKER.format(nonce=call_nonce).replace("%d", r"(\d+)") + "\n")
         os.write(self.proc.fd, b"\x03")
-        self._send(self._marker_cmd(nonce, "$?"))
         discard = CappedBuffer(self.output_cap)
-        for _ in range(3):
+        for _ in range(4):
+            self._send(self._marker_cmd(nonce, "$?"))
             code = self._wait_marker(nonce, time.monotonic() + _INTERRUPT_GRACE_S, discard)
             if code is not None:
                 rest = discard.text()

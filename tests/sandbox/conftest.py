@@ -1,0 +1,73 @@
+"""Fixtures for real sandboxes: settings with small limits, short runtime dirs, a started sandbox."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.config import Settings
+from shared.sandbox import Sandbox, SandboxSpec, create_sandbox
+from shared.sandbox.local import bwrap_usable
+
+
+def pid_namespace_members(ns: str) -> list[int]:
+    """Pids (as seen here) of every process whose pid namespace is ``ns`` ("pid:[...]")."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/ns/pid") == ns:
+                    members.append(int(entry))
+            except OSError:
+                continue
+    return members
+
+
+@pytest.fixture()
+def short_dir() -> Iterator[Path]:
+    """A short base path: Unix socket paths are limited to 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="sbx-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture()
+def sandbox_settings(tmp_path: Path) -> Settings:
+    return Settings(
+        state_dir=tmp_path / "state",
+        sandbox_require_isolation=True,
+        sandbox_processes=64,
+        sandbox_memory_bytes=2 * 1024**3,
+        sandbox_cpu_seconds=120,
+        tool_output_cap_bytes=2000,
+        tool_hard_output_bytes=200_000,
+        tool_default_timeout_s=20,
+        tool_max_timeout_s=30,
+    )
+
+
+@pytest.fixture()
+def require_bwrap() -> None:
+    usable, reason = bwrap_usable()
+    if not usable:
+        pytest.skip(f"bubblewrap cannot run here: {reason}")
+
+
+@pytest.fixture()
+def workspace(short_dir: Path) -> Path:
+    path = short_dir / "ws"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture()
+def sandbox(require_bwrap: None, workspace: Path, short_dir: Path, sandbox_settings: Settings) -> Iterator[Sandbox]:
+    box = create_sandbox(SandboxSpec(), workspace, short_dir / "rt", sandbox_settings)
+    box.start()
+    yield box
+    box.stop()

@@ -1,0 +1,71 @@
+"""File tools stay inside the workspace, symlinks included."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from shared.toolserver.files import ToolError, Workspace
+
+
+@pytest.fixture()
+def ws(tmp_path: Path) -> Workspace:
+    root = tmp_path / "ws"
+    root.mkdir()
+    (tmp_path / "secret.txt").write_text("secret\n")
+    return Workspace(root)
+
+
+@pytest.mark.parametrize("path", ["../secret.txt", "/etc/passwd", "a/../../secret.txt", "", "x\x00y"])
+def test_paths_outside_are_refused(ws: Workspace, path: str) -> None:
+    with pytest.raises(ToolError):
+        ws.view(path)
+    with pytest.raises(ToolError):
+        ws.create(path, "owned")
+
+
+def test_symlinks_out_of_the_workspace_are_refused(ws: Workspace) -> None:
+    os.symlink(ws.root.parent / "secret.txt", ws.root / "link.txt")
+    os.symlink(ws.root.parent, ws.root / "up")
+    for path in ("link.txt", "up/secret.txt"):
+        with pytest.raises(ToolError, match="outside the workspace"):
+            ws.view(path)
+    with pytest.raises(ToolError):
+        ws.create("up/new.txt", "x")
+    with pytest.raises(ToolError):
+        ws.str_replace("link.txt", "secret", "changed")
+    assert (ws.root.parent / "secret.txt").read_text() == "secret\n"
+    assert not (ws.root.parent / "new.txt").exists()
+
+
+def test_symlink_inside_is_followed(ws: Workspace) -> None:
+    (ws.root / "real.txt").write_text("a\nb\n")
+    os.symlink("real.txt", ws.root / "alias.txt")
+    assert "a" in ws.view("alias.txt")
+
+
+def test_create_view_ranges_and_replace(ws: Workspace) -> None:
+    assert "Created" in ws.create("pkg/mod.py", "one\ntwo\nthree\nfour\n")
+    assert "Overwrote" in ws.create(str(ws.root / "pkg/mod.py"), "one\ntwo\nthree\nfour\n")
+    view = ws.view("pkg/mod.py", [2, 3])
+    assert "2\ttwo" in view and "3\tthree" in view and "one" not in view
+    assert "4\tfour" in ws.view("pkg/mod.py", [3, -1])
+    with pytest.raises(ToolError):
+        ws.view("pkg/mod.py", [0, 2])
+    with pytest.raises(ToolError):
+        ws.view("pkg/mod.py", [3, 2])
+    assert "mod.py" in ws.view("pkg")
+    ws.str_replace("pkg/mod.py", "two\n", "TWO\n")
+    assert (ws.root / "pkg/mod.py").read_text() == "one\nTWO\nthree\nfour\n"
+
+
+def test_replace_needs_one_exact_match(ws: Workspace) -> None:
+    ws.create("f.txt", "x = 1\nx = 1\n")
+    with pytest.raises(ToolError, match="2 times"):
+        ws.str_replace("f.txt", "x = 1", "x = 2")
+    with pytest.raises(ToolError, match="does not occur"):
+        ws.str_replace("f.txt", "y", "z")
+    with pytest.raises(ToolError):
+        ws.view("missing.txt")

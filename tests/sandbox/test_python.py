@@ -1,0 +1,47 @@
+"""The persistent IPython kernel on the ipc transport."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.toolserver.python import PythonKernel
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PythonKernel]:
+    base = tmp_path_factory.mktemp("k")
+    env = {"PATH": os.environ["PATH"], "HOME": str(base)}
+    k = PythonKernel(base, env, Path(os.path.realpath("/tmp")) / f"ro-k-{os.getpid()}")
+    k.start()
+    yield k
+    k.close()
+
+
+def test_uses_unix_sockets_not_tcp(kernel: PythonKernel) -> None:
+    info = kernel.manager.get_connection_info()  # type: ignore[union-attr]
+    assert info["transport"] == "ipc"
+    assert os.path.exists(f"{info['ip']}-{info['shell_port']}")
+
+
+def test_state_result_streams_and_traceback(kernel: PythonKernel) -> None:
+    assert kernel.run("x = 20\nprint('hello')", 30).stdout == "hello\n"
+    out = kernel.run("import sys; print('warn', file=sys.stderr); x + 22", 30)
+    assert out.result == "42" and out.stderr == "warn\n" and out.error is None
+    err = kernel.run("1 / 0", 30)
+    assert err.error is not None and "ZeroDivisionError" in err.error and "\x1b[" not in err.error
+
+
+def test_timeout_interrupts_and_keeps_state(kernel: PythonKernel) -> None:
+    kernel.run("kept = 'yes'", 30)
+    out = kernel.run("import time\nwhile True: time.sleep(0.05)", 0.5)
+    assert out.timed_out and not out.restarted and "KeyboardInterrupt" in (out.error or "")
+    assert kernel.run("kept", 30).result == "'yes'"
+
+
+def test_render_caps_output(kernel: PythonKernel) -> None:
+    text, truncated = kernel.run("print('z' * 50000)", 30).render(1000)
+    assert truncated and "truncated" in text and len(text) < 1200
