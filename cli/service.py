@@ -91,8 +91,8 @@ def api(host: str | None, port: int | None, workers: int) -> None:
 @click.command()
 @click.argument("stage", type=click.Choice(STAGES))
 @click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Jobs in flight (default: per stage setting).")
-@click.option("--drain-timeout", type=float, default=30.0, show_default=True, help="Seconds to finish jobs on SIGTERM.")
-def worker(stage: str, concurrency: int | None, drain_timeout: float) -> None:
+@click.option("--drain-timeout", type=float, default=None, help="Seconds to finish jobs on SIGTERM (default: setting).")
+def worker(stage: str, concurrency: int | None, drain_timeout: float | None) -> None:
     """Run one worker process of a stage."""
     from workers.runtime.main import run_worker
 

@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     )
     maintenance_interval_s: int = Field(default=10, gt=0, description="How often abandoned jobs are requeued.")
     stage_retries: int = Field(default=3, ge=0, description="Re-runs of a stage whose worker died.")
+    drain_timeout_s: float = Field(
+        default=30.0, ge=0, description="On SIGTERM, how long running jobs may finish before they are handed back."
+    )
     task_modules: WordList = Field(
         default_factory=list, description="Extra modules imported at start-up to register task kinds."
     )

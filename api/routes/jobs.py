@@ -136,16 +136,16 @@ def list_jobs(
 ) -> Response:
     if status_filter is not None and status_filter not in ALL_STATUSES:
         raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_ENTITY,
+            422,
             detail=f"status: unknown status {status_filter!r}; one of {', '.join(ALL_STATUSES)}",
         )
     page_max = request.app.state.settings.list_page_max
     if limit > page_max:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, detail=f"limit: at most {page_max}")
+        raise HTTPException(422, detail=f"limit: at most {page_max}")
     if ids is not None:
         wanted = [i for i in ids.split(",") if i]
         if len(wanted) > page_max:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, detail=f"ids: at most {page_max} per request")
+            raise HTTPException(422, detail=f"ids: at most {page_max} per request")
         job_ids = wanted
     else:
         job_ids = store.list_ids(status=status_filter, group_id=group_id, limit=limit, offset=offset)

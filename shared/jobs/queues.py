@@ -27,8 +27,16 @@ def queue_name(stage: str) -> str:
     return stage
 
 
-def rq_job_id(job_id: str, stage: str) -> str:
-    return f"{job_id}-{stage}"
+def rq_job_id(job_id: str, stage: str, handback: int | None = None) -> str:
+    """`<job>-<stage>`, or `<job>-<stage>-h<attempt>` for a job handed back by a stopping worker
+    (the stopping worker's own rq job still holds the plain id until rq finishes with it)."""
+    return f"{job_id}-{stage}" if handback is None else f"{job_id}-{stage}-h{handback}"
+
+
+def parse_rq_job_id(rq_id: str) -> tuple[str, str]:
+    """(job id, stage) of an rq job id; job ids are hex, so they never contain a dash."""
+    job_id, stage = rq_id.split("-")[:2]
+    return job_id, stage
 
 
 def stage_queue(stage: str, connection: Redis) -> Queue:
@@ -51,6 +59,7 @@ def enqueue_stage(
     job_ids_and_specs: list[tuple[str, dict[str, Any]]],
     settings: Settings,
     connection: Redis,
+    handback: int | None = None,
 ) -> None:
     """Queue the given jobs on one stage inside the caller's pipeline (one round trip for many)."""
     queue = stage_queue(stage, connection)
@@ -58,7 +67,7 @@ def enqueue_stage(
         Queue.prepare_data(
             STAGE_FUNCTIONS[stage],
             args=(job_id,),
-            job_id=rq_job_id(job_id, stage),
+            job_id=rq_job_id(job_id, stage, handback),
             timeout=int(stage_timeout(spec, stage, settings)) + RQ_TIMEOUT_GRACE_S,
             result_ttl=0,  # results live in the job record, not in rq
             failure_ttl=settings.job_ttl_s,

@@ -17,13 +17,14 @@ from redis import Redis
 from rq.job import Job
 
 from shared.config import get_settings
+from shared.jobs.queues import parse_rq_job_id
 from shared.jobs.store import JobStore
 
 log = logging.getLogger("rollouts.worker")
 
 
 def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: BaseException, tb: Any) -> None:
-    job_id, _, stage = job.id.rpartition("-")
+    job_id, stage = parse_rq_job_id(job.id)
     store = JobStore(connection, get_settings())
     if job.retries_left:
         log.warning("job %s: %s worker lost (%s); re-queued, %d retries left", job_id, stage, exc_type.__name__, job.retries_left)

@@ -18,10 +18,12 @@ import threading
 import time
 from types import FrameType
 
-from redis.client import PubSub
+from redis.client import PubSub, PubSubWorkerThread
 from rq import Queue
+from rq.registry import clean_registries
+from rq.worker_registration import clean_worker_registry
 
-from shared.config import Settings
+from shared.config import STAGES, Settings
 from shared.jobs.queues import queue_name
 from workers.runtime.slots import SlotWorker
 from workers.runtime.state import WorkerState, init_state
@@ -35,13 +37,13 @@ class WorkerProcess:
         stage: str,
         settings: Settings,
         concurrency: int | None = None,
-        drain_timeout_s: float = 30.0,
+        drain_timeout_s: float | None = None,
     ) -> None:
         self.stage = stage
         self.state: WorkerState = init_state(settings, stage)
         self.settings = settings
         self.concurrency = concurrency or settings.concurrency(stage)
-        self.drain_timeout_s = drain_timeout_s
+        self.drain_timeout_s = settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         self._stop = threading.Event()
         self._signals = 0
         queue = Queue(queue_name(stage), connection=self.state.redis)
@@ -57,8 +59,10 @@ class WorkerProcess:
             )
             for index in range(self.concurrency)
         ]
+        self._all_queues = [Queue(queue_name(s), connection=self.state.redis) for s in STAGES]
         self._threads: list[threading.Thread] = []
         self._pubsub: PubSub | None = None
+        self._pubsub_thread: PubSubWorkerThread | None = None
 
     # --- lifecycle --------------------------------------------------------
     def run(self) -> None:
@@ -109,6 +113,9 @@ class WorkerProcess:
             self.state.inflight.interrupt_all("requeue")
         for thread in self._threads:
             thread.join(timeout=max(1.0, self.settings.heartbeat_interval_s * 2))
+        if self._pubsub_thread is not None:
+            self._pubsub_thread.stop()
+            self._pubsub_thread.join(timeout=2.0)
         if self._pubsub is not None:
             self._pubsub.close()
         log.info("%s: stopped", self.state.process_name)
@@ -138,17 +145,32 @@ class WorkerProcess:
         self.state.inflight.enforce(by_id)
 
     def _maintenance(self) -> None:
+        """rq's registry cleanup for every stage's queue, not just this one's, so a job whose
+        worker died is retried (or failed) even while its stage has no live worker at all.
+        rq's per-queue maintenance lock keeps it to one process at a time."""
+        for queue in self._all_queues:
+            try:
+                if queue.acquire_maintenance_lock():
+                    try:
+                        clean_registries(queue)
+                        clean_worker_registry(queue)
+                        queue.intermediate_queue.cleanup(self.slots[0], queue)
+                    finally:
+                        queue.release_maintenance_lock()
+            except Exception:
+                log.exception("maintenance of queue %s failed", queue.name)
         try:
-            self.slots[0].clean_registries()  # rq's own: abandoned jobs are retried or failed
             self.state.store.trim_indexes()
         except Exception:
-            log.exception("maintenance failed")
+            log.exception("trimming job indexes failed")
 
     def _start_events_listener(self) -> None:
         """One subscription per process delivers cancels to running stages at once."""
         self._pubsub = self.state.redis.pubsub(ignore_subscribe_messages=True)
         self._pubsub.subscribe(**{self.state.store.keys.job_events: self._on_event})
-        self._pubsub.run_in_thread(sleep_time=1.0, daemon=True, exception_handler=self._on_pubsub_error)
+        self._pubsub_thread = self._pubsub.run_in_thread(
+            sleep_time=1.0, daemon=True, exception_handler=self._on_pubsub_error
+        )
 
     def _on_event(self, message: dict) -> None:
         job_id, _, status = message["data"].decode().partition(" ")

@@ -151,7 +151,7 @@ def _interrupted(st: WorkerState, ctx: StageContext, reason: str, limit: str) ->
     if reason == "requeue":
         # The worker is shutting down: hand the job back to its stage's queue for another worker.
         with st.redis.pipeline(transaction=True) as pipe:
-            enqueue_stage(pipe, stage, [(job_id, ctx.spec)], st.settings, st.redis)
+            enqueue_stage(pipe, stage, [(job_id, ctx.spec)], st.settings, st.redis, handback=ctx.attempt)
             st.store.queue_transition(pipe, job_id, (stage,), stage, {f"t:{stage}:requeued": time.time()}, guard)
             pipe.execute()
         return "requeued"
