@@ -1,0 +1,119 @@
+"""The `rollouts` command as a user runs it: `run`, and `up` + `submit` + `status` + Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from shared.embedded_redis import free_port
+from tests.support.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLLOUTS = [sys.executable, "-m", "cli"]
+
+
+def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUTS_")}
+    env.update(ROLLOUTS_STATE_DIR=str(tmp_path / "state"), **extra)
+    return env
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, IndexError):
+                continue
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_run_takes_a_batch_through_a_fresh_stack_and_summarises_it(tmp_path):
+    out = tmp_path / "results.jsonl"
+    result = subprocess.run(
+        [*ROLLOUTS, "run", str(ROOT / "examples" / "demo.jsonl"), "--output", str(out)],
+        env=cli_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("demo"))
+    assert row.split()[:5] == ["demo", "24", "24", "0", "1.000"]
+    assert len(out.read_text().splitlines()) == 24
+
+
+def test_up_serves_submit_and_status_and_stops_everything_on_ctrl_c(tmp_path):
+    port = free_port()
+    up = subprocess.Popen(
+        [*ROLLOUTS, "up", "--port", str(port)],
+        env=cli_env(tmp_path),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(healthy, timeout=60, what="the API of `rollouts up`")
+        wait_for(lambda: len(children_of(up.pid)) >= 5, what="redis, the API and three workers")
+        children = children_of(up.pid)
+
+        submitted = subprocess.run(
+            [*ROLLOUTS, "submit", str(ROOT / "examples" / "demo.jsonl"), "--url", url],
+            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT,
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        assert any(line.split()[:3] == ["demo", "24", "24"] for line in submitted.stdout.splitlines())
+
+        status = subprocess.run(
+            [*ROLLOUTS, "status", "--url", url], env=cli_env(tmp_path), capture_output=True, text=True, timeout=60
+        )
+        assert status.returncode == 0, status.stderr
+        assert "rollout" in status.stdout and "done 24" in status.stdout
+
+        up.send_signal(signal.SIGINT)
+        output, _ = up.communicate(timeout=60)
+        assert up.returncode == 0, output
+        assert not [pid for pid in children if alive(pid)], "`up` left processes behind"
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.1", port)) != 0, "the API still listens"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+
+
+def test_submit_reports_a_bad_file_clearly(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"task": {"kind": "demo", "text": "ok"}}\n{not json\n')
+    result = subprocess.run(
+        [*ROLLOUTS, "submit", str(bad), "--url", "http://127.0.0.1:9"],
+        env=cli_env(tmp_path), capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert result.returncode == 1
+    assert f"{bad}:2: not valid JSON" in result.stderr
