@@ -22,6 +22,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-model-len", type=int, default=settings.cpu_backend_max_model_len)
     parser.add_argument("--prefix-cache-entries", type=int, default=settings.cpu_backend_prefix_cache_entries,
                         help="KV prefixes kept; 0 turns prefix caching off")
+    parser.add_argument("--prefix-cache-tokens", type=int, default=1 << 18,
+                        help="total tokens the prefix cache may hold (bounds its memory)")
     parser.add_argument("--threads", type=int, default=settings.cpu_backend_threads)
     parser.add_argument("--logprobs-mode", choices=["raw_logprobs", "processed_logprobs"], default="raw_logprobs",
                         help="as vLLM's --logprobs-mode: raw model logprobs, or after temperature/top-k/top-p")
@@ -39,7 +41,8 @@ def build_app(args: argparse.Namespace):
     model_dir = args.model or tiny_model_dir(args.state_dir, args.seed, args.max_model_len)
     tokenizer, model = load(model_dir, threads=args.threads)
     max_len = min(args.max_model_len, int(getattr(model.config, "max_position_embeddings", args.max_model_len)))
-    engine = Engine(model, tokenizer, max_len, args.prefix_cache_entries, args.logprobs_mode)
+    engine = Engine(model, tokenizer, max_len, args.prefix_cache_entries, args.logprobs_mode,
+                    args.prefix_cache_tokens)
     name = args.served_model_name or Path(model_dir).name
     return create_app(engine, name, Path(model_dir))
 

@@ -77,10 +77,12 @@ class _Entry:
 class PrefixCache:
     """LRU of KV caches keyed by the token sequence they cover; lookup finds the longest shared prefix."""
 
-    def __init__(self, entries: int) -> None:
+    def __init__(self, entries: int, max_tokens: int = 1 << 18) -> None:
         self.capacity = entries
+        self.max_tokens = max_tokens  # bounds memory: a real HF model's KV per token is large
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._next = 0
+        self._tokens = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -112,18 +114,19 @@ class PrefixCache:
         # An entry that is a prefix of the new one is now redundant.
         for key in [k for k, e in self._entries.items()
                     if len(e.tokens) <= len(tokens) and torch.equal(e.tokens, tokens[: len(e.tokens)])]:
-            del self._entries[key]
+            self._tokens -= len(self._entries.pop(key).tokens)
         self._entries[self._next] = _Entry(tokens.clone(), cache)
+        self._tokens += len(tokens)
         self._next += 1
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        while len(self._entries) > 1 and (len(self._entries) > self.capacity or self._tokens > self.max_tokens):
+            self._tokens -= len(self._entries.popitem(last=False)[1].tokens)
 
 
 class Engine:
     """Serialises generation (one CPU model, one lock) and owns the prefix cache."""
 
     def __init__(self, model, tokenizer, max_model_len: int, cache_entries: int,
-                 logprobs_mode: str = "raw_logprobs") -> None:
+                 logprobs_mode: str = "raw_logprobs", cache_tokens: int = 1 << 18) -> None:
         if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
             raise ValueError(f"unknown logprobs mode {logprobs_mode!r}")
         self.model = model
@@ -131,23 +134,28 @@ class Engine:
         self.vocab_size = int(model.config.vocab_size)
         self.max_model_len = max_model_len
         self.logprobs_mode = logprobs_mode
-        self.prefix_cache = PrefixCache(cache_entries)
+        self.prefix_cache = PrefixCache(cache_entries, cache_tokens)
         self.eos_token_id = tokenizer.eos_token_id
         self._lock = threading.Lock()
+        self._count_lock = threading.Lock()  # the request threads update the gauges concurrently
         self.waiting = 0
         self.running = 0
 
+    def _count(self, waiting: int, running: int) -> None:
+        with self._count_lock:
+            self.waiting += waiting
+            self.running += running
+
     def generate(self, prompt: list[int], params: SamplingParams) -> Generation:
         self._validate(prompt, params)
-        self.waiting += 1
+        self._count(1, 0)
         with self._lock:
-            self.waiting -= 1
-            self.running += 1
+            self._count(-1, 1)
             try:
                 with torch.inference_mode():
                     return self._generate(prompt, params)
             finally:
-                self.running -= 1
+                self._count(0, -1)
 
     def _validate(self, prompt: list[int], params: SamplingParams) -> None:
         if not prompt:

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -326,25 +327,33 @@ class BackendPool:
         report = MaintenanceReport()
         now = time.time()
         stale_before = now - self.settings.llm_heartbeat_timeout_s
+        alive = []
         for backend in self.backends():
-            if backend.last_heartbeat < stale_before:
-                if backend.healthy:
-                    age = now - backend.last_heartbeat
-                    self.set_health(backend.id, False, f"missed heartbeats ({age:.0f}s silent)")
-                    report.missed_heartbeats.append(backend.id)
-                continue
-            if not probe:
-                continue
-            reason = probe_health(backend.url, self.settings.llm_probe_timeout_s)
-            if reason and backend.healthy:
-                self.set_health(backend.id, False, reason)
-                report.failed_probes.append(backend.id)
-            elif reason is None and not backend.healthy:
-                self.set_health(backend.id, True)
-                report.recovered.append(backend.id)
+            if backend.last_heartbeat >= stale_before:
+                alive.append(backend)
+            elif backend.healthy:
+                age = now - backend.last_heartbeat
+                self.set_health(backend.id, False, f"missed heartbeats ({age:.0f}s silent)")
+                report.missed_heartbeats.append(backend.id)
+        if probe:
+            for backend, reason in zip(alive, self._probe_all(alive)):
+                if reason and backend.healthy:
+                    self.set_health(backend.id, False, reason)
+                    report.failed_probes.append(backend.id)
+                elif reason is None and not backend.healthy:
+                    self.set_health(backend.id, True)
+                    report.recovered.append(backend.id)
         report.reaped_leases = self.reap_expired(now, reap_batch)
         report.corrected_counts = self.reconcile()
         return report
+
+    def _probe_all(self, backends: list[Backend]) -> list[str | None]:
+        """Probe in parallel: one slow or dead backend must not stall the pass for a thousand others."""
+        if not backends:
+            return []
+        timeout = self.settings.llm_probe_timeout_s
+        with ThreadPoolExecutor(max_workers=min(32, len(backends))) as executor:
+            return list(executor.map(lambda b: probe_health(b.url, timeout), backends))
 
     def reap_expired(self, now: float | None = None, batch: int = 1000) -> int:
         """Release trajectories whose lease expired (their rollout died without releasing)."""

@@ -41,3 +41,13 @@ def test_killed_backend_fails_over_and_the_trajectory_goes_on(
     assert pool.acquire("job-1").backend_id == after.backend_id
     pool.release("job-1")
     assert pool.inflight_total() == 0
+
+
+def test_a_passing_probe_brings_a_backend_back(cpu_backend: CpuBackendProcess, redis: Redis,
+                                               settings: Settings) -> None:
+    pool = BackendPool(redis, Keys(settings.redis_prefix), settings)
+    backend = pool.register(cpu_backend.url, "tiny")
+    pool.set_health(backend.id, False, "probe failed: earlier outage")
+    report = pool.maintain(probe=True)
+    assert report.recovered == [backend.id] and pool.get(backend.id).healthy
+    assert pool.acquire("job-1").backend_id == backend.id

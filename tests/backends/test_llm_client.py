@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -93,3 +94,58 @@ def test_connection_errors_are_retried_then_reported(client: LLMClient) -> None:
     with pytest.raises(BackendUnavailable) as err:
         client.complete(url, [1, 2], Sampling(max_tokens=2), backend_id="b-dead")
     assert "after 3 attempts" in str(err.value) and err.value.backend_id == "b-dead"
+
+
+class FlakyProxy:
+    """A proxy in front of the real backend that answers 503 to the first `failures` requests."""
+
+    def __init__(self, upstream: str, failures: int) -> None:
+        import http.server
+        import threading
+
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                proxy.seen += 1
+                if proxy.seen <= failures:
+                    status, payload = 503, b'{"error": {"message": "overloaded", "type": "x", "code": 503}}'
+                else:
+                    upstream_response = httpx.post(upstream + self.path, content=body,
+                                                   headers={"content-type": "application/json"}, timeout=60)
+                    status, payload = upstream_response.status_code, upstream_response.content
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.seen = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(("failures", "succeeds"), [(2, True), (3, False)])
+def test_5xx_is_retried_with_backoff(cpu_backend: CpuBackendProcess, client: LLMClient, failures: int,
+                                     succeeds: bool) -> None:
+    proxy = FlakyProxy(cpu_backend.url, failures)
+    try:
+        if succeeds:
+            result = client.complete(proxy.url, [104, 105], Sampling(max_tokens=3, ignore_eos=True))
+            assert result.attempts == 3 and len(result.token_ids) == 3
+        else:
+            with pytest.raises(BackendUnavailable) as err:
+                client.complete(proxy.url, [104, 105], Sampling(max_tokens=3))
+            assert "503: overloaded" in str(err.value)
+        assert proxy.seen == 3, "max_retries=2: three attempts in all"
+    finally:
+        proxy.close()
