@@ -11,7 +11,6 @@ where the non-atomic baseline's read-then-write race shows.
 from __future__ import annotations
 
 import argparse
-import statistics
 import threading
 import time
 from collections.abc import Callable

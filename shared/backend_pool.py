@@ -153,7 +153,7 @@ class BackendPool:
         labels: dict[str, str] | None = None,
         backend_id: str | None = None,
     ) -> Backend:
-        """Add (or refresh) a backend; it is healthy and open to new pins at once."""
+        """Add (or refresh) a backend; it is healthy at once, and open to new pins unless drained."""
         if capacity <= 0:
             raise ValueError("capacity must be positive")
         backend_id = backend_id or backend_id_for(url)
@@ -161,13 +161,14 @@ class BackendPool:
         key = self.keys.backend(backend_id)
         with self.redis.pipeline() as pipe:
             pipe.hsetnx(key, "registered_at", now)
+            # A restarted launcher re-registering must not undo an operator's drain.
+            pipe.hsetnx(key, "draining", 0)
             pipe.hset(key, mapping={
                 "url": url.rstrip("/"),
                 "model": model,
                 "capacity": capacity,
                 "labels": json.dumps(labels or {}),
                 "healthy": 1,
-                "draining": 0,
                 "unhealthy_reason": "",
                 "last_heartbeat": now,
             })

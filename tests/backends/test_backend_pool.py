@@ -39,6 +39,8 @@ def test_register_is_idempotent_per_url_and_lists_state(pool: BackendPool) -> No
     [listed] = pool.backends()
     assert (listed.url, listed.model, listed.capacity) == ("http://h:1", "tiny-v2", 3.0)
     assert listed.healthy and not listed.draining and listed.inflight == 0
+    pool.drain(listed.id)
+    assert pool.register("http://h:1", "tiny-v2", capacity=3).draining, "re-registering keeps a drain"
     assert pool.deregister(listed.id) is True
     assert pool.backends() == [] and pool.get(listed.id) is None
     assert pool.deregister(listed.id) is False

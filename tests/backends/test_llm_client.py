@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.server
+import threading
 from pathlib import Path
 
 import httpx
@@ -100,9 +102,6 @@ class FlakyProxy:
     """A proxy in front of the real backend that answers 503 to the first `failures` requests."""
 
     def __init__(self, upstream: str, failures: int) -> None:
-        import http.server
-        import threading
-
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
