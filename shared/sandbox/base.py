@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import time
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,16 @@ log = logging.getLogger("rollouts.sandbox")
 
 SOCKET_NAME = "tools.sock"
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes; the kernel's ipc sockets add a suffix
+
+
+# bwrap --die-with-parent (PR_SET_PDEATHSIG) fires when the *thread* that forked
+# it exits, so every sandbox process is spawned from this one long-lived thread:
+# a sandbox started from a short-lived worker thread would otherwise die with it.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner")
+
+
+def _spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    return _SPAWNER.submit(subprocess.Popen, argv, **kwargs).result()
 
 
 class SandboxError(RuntimeError):
@@ -116,7 +127,7 @@ class Sandbox(ABC):
             argv = self.wrap(self.toolserver_argv(), self.base_env())
             log.debug("starting sandbox: %s", shlex.join(argv))
             with open(log_path, "ab") as log_file:
-                self._proc = subprocess.Popen(
+                self._proc = _spawn(
                     argv,
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
@@ -168,7 +179,7 @@ class Sandbox(ABC):
         started = time.monotonic()
         try:
             with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-                proc = subprocess.Popen(
+                proc = _spawn(
                     self.wrap(argv, {**self.base_env(), **(env or {})}),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
@@ -210,15 +221,11 @@ class Sandbox(ABC):
         """
         client, self._client = self._client, None
         if client is not None:
-            if self.running:
-                client.shutdown()
             client.close()
         proc, self._proc = self._proc, None
         if proc is not None:
-            try:
-                proc.wait(2.0)
-            except subprocess.TimeoutExpired:
-                pass
+            # No graceful shutdown first: if the tool server exited on its own,
+            # bwrap would return before its init had reaped the rest of the tree.
             _kill_group(proc)
             self._release()
         if self._created_runtime:
@@ -239,8 +246,32 @@ class Sandbox(ABC):
                 pass
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(child) for child in handle.read().split()]
+    except OSError:
+        return []
+
+
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the sandbox's session; with a pid namespace that takes every process in it."""
+    """SIGKILL the sandbox's own process tree and wait until it is gone.
+
+    The direct children of the launcher (bwrap's init in the sandbox's pid
+    namespace) are killed first: the kernel then kills everything in that
+    namespace and the init's exit, which the launcher waits for, completes only
+    once they are all reaped. The session's process group is killed after, for
+    backends without a pid namespace.
+    """
+    for child in _children(proc.pid):
+        try:
+            os.kill(child, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.wait(5.0)
+    except subprocess.TimeoutExpired:
+        pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -29,7 +29,7 @@ from ptyprocess import PtyProcess
 from shared.toolserver.output import CappedBuffer
 
 _MARKER = "__RO_DONE_{nonce}_%d__"
-_ANY_MARKER = re.compile(rb"\n__RO_DONE_[0-9a-f]{16}_\d+__\n")
+_ANY_MARKER = re.compile(rb"\r?\n__RO_DONE_[0-9a-f]{16}_\d+__\r?\n")
 _INTERRUPT_GRACE_S = 1.5
 
 
@@ -81,7 +81,9 @@ class PersistentBash:
         termios.tcsetattr(self.proc.fd, termios.TCSANOW, attrs)
         self._pending.clear()
         nonce = secrets.token_hex(8)
-        self._send(f"unset HISTFILE; set +H +o history; {self._marker_cmd(nonce, '0')}")
+        # stty as a foreground command, so bash also saves these settings as the
+        # tty state it restores after a job dies of a signal (^C)
+        self._send(f"stty -echo -onlcr; unset HISTFILE; set +H +o history; {self._marker_cmd(nonce, '0')}")
         if self._wait_marker(nonce, time.monotonic() + 30, CappedBuffer(1024)) is None:
             self.close()
             raise RuntimeError("bash did not start")
@@ -158,7 +160,7 @@ class PersistentBash:
     ) -> int | None:
         """Read into ``sink`` until this nonce's marker: its status, or None on deadline."""
         assert self.proc is not None
-        pattern = re.compile(rb"\n" + _MARKER.format(nonce=nonce).replace("%d", r"(\d+)").encode() + rb"\n")
+        pattern = re.compile(rb"\r?\n" + _MARKER.format(nonce=nonce).replace("%d", r"(\d+)").encode() + rb"\r?\n")
         keep_back = len(pattern.pattern) + 16
         own = nonce.encode()
         while True:
@@ -203,7 +205,7 @@ class PersistentBash:
         """
         assert self.proc is not None
         nonce = secrets.token_hex(8)
-        own = re.compile("\n" + _MARKER.format(nonce=call_nonce).replace("%d", r"(\d+)") + "\n")
+        own = re.compile("\r?\n" + _MARKER.format(nonce=call_nonce).replace("%d", r"(\d+)") + "\r?\n")
         os.write(self.proc.fd, b"\x03")
         discard = CappedBuffer(self.output_cap)
         for _ in range(4):

@@ -1,0 +1,189 @@
+"""Real bubblewrap sandboxes with the tool server inside: isolation, limits, teardown."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from shared.config import Settings
+from shared.sandbox import Sandbox, SandboxLimits, SandboxSpec, create_sandbox
+
+from .conftest import pid_namespace_members
+
+pytestmark = pytest.mark.usefixtures("require_bwrap")
+
+
+def _pid_ns(box: Sandbox) -> str:
+    result = box.call("bash", {"command": "readlink /proc/self/ns/pid"})
+    assert result.exit_code == 0
+    return result.output.strip()
+
+
+def test_state_persists_across_calls(sandbox: Sandbox) -> None:
+    assert sandbox.call("bash", {"command": "mkdir -p pkg && cd pkg && export TOKEN=abc"}).exit_code == 0
+    result = sandbox.call("bash", {"command": "pwd; echo $TOKEN"})
+    assert result.output == f"{sandbox.workdir}/pkg\nabc\n"
+    assert not sandbox.call("python", {"code": "import os\nvalue = 6 * 7"}).is_error
+    assert sandbox.call("python", {"code": "value, os.getcwd()"}).output == f"(42, '{sandbox.workdir}')\n"
+
+
+def test_tools_share_the_workspace(sandbox: Sandbox, workspace: Path) -> None:
+    sandbox.call("create", {"path": "src/app.py", "file_text": "print('v1')\n"})
+    assert sandbox.call("str_replace", {"path": "src/app.py", "old_str": "v1", "new_str": "v2"}).is_error is False
+    assert sandbox.call("bash", {"command": "python3 src/app.py"}).output == "v2\n"
+    assert (workspace / "src/app.py").read_text() == "print('v2')\n"
+    assert "1\tprint('v2')" in sandbox.call("view", {"path": f"{sandbox.workdir}/src/app.py"}).output
+
+
+def test_bad_calls_are_error_observations(sandbox: Sandbox) -> None:
+    for tool, args in [("nope", {}), ("bash", {}), ("bash", {"command": ["ls"]}), ("view", {"path": "missing"})]:
+        result = sandbox.call(tool, args)
+        assert result.is_error and result.output
+    assert sandbox.call("bash", {"command": "echo alive"}).output == "alive\n"
+
+
+def test_finish(sandbox: Sandbox) -> None:
+    result = sandbox.call("finish", {"answer": "42"})
+    assert result.finished and result.output == "42" and not result.is_error
+
+
+def test_path_escapes_are_refused(sandbox: Sandbox) -> None:
+    sandbox.call("bash", {"command": "ln -s /etc/passwd pw && ln -s / root"})
+    for path in ["/etc/passwd", "../../etc/passwd", "pw", "root/etc/hostname"]:
+        result = sandbox.call("view", {"path": path})
+        assert result.is_error and "outside the workspace" in result.output
+    assert sandbox.call("create", {"path": "root/tmp/evil", "file_text": "x"}).is_error
+
+
+def test_system_is_read_only_and_host_is_hidden(sandbox: Sandbox) -> None:
+    result = sandbox.call("bash", {"command": "touch /usr/x /etc/x 2>&1; ls /root; ls /home 2>&1; touch /tmp/ok ~/ok && echo writable"})
+    assert result.output.count("Read-only file system") == 2
+    assert "writable" in result.output and "No such file" in result.output
+
+
+def test_network_is_blocked(sandbox: Sandbox) -> None:
+    code = (
+        "import socket\n"
+        "try:\n"
+        "    socket.create_connection(('10.255.255.1', 80), timeout=3)\n"
+        "except OSError as exc:\n"
+        "    print('blocked', exc.errno)\n"
+    )
+    assert sandbox.call("python", {"code": code}).output.startswith("blocked")
+    links = sandbox.call("bash", {"command": "cat /proc/net/dev | tail -n +3 | cut -d: -f1"})
+    assert links.output.split() == ["lo"]
+
+
+def test_timeout_leaves_the_shell_usable(sandbox: Sandbox) -> None:
+    sandbox.call("bash", {"command": "cd /tmp"})
+    result = sandbox.call("bash", {"command": "sleep 1000"}, timeout=0.5)
+    assert result.timed_out and result.is_error and "timed out" in result.output
+    assert sandbox.call("bash", {"command": "pwd"}).output == "/tmp\n"
+    stuck = sandbox.call("python", {"code": "import time\ntime.sleep(1000)"}, timeout=0.5)
+    assert stuck.timed_out and "KeyboardInterrupt" in stuck.output
+
+
+def test_output_is_capped(sandbox: Sandbox, sandbox_settings: Settings) -> None:
+    result = sandbox.call("bash", {"command": "seq 1 5000"})
+    assert result.truncated and "truncated" in result.output
+    assert len(result.output.encode()) < sandbox_settings.tool_output_cap_bytes + 200
+    flood = sandbox.call("bash", {"command": "cat /dev/zero | tr '\\0' x"})
+    assert flood.truncated and "exceeded" in flood.output
+    assert sandbox.call("bash", {"command": "echo ok"}).output == "ok\n"
+
+
+def test_memory_limit(workspace: Path, short_dir: Path, sandbox_settings: Settings) -> None:
+    spec = SandboxSpec(limits=SandboxLimits(memory_bytes=512 * 1024**2))
+    box = create_sandbox(spec, workspace, short_dir / "rt", sandbox_settings)
+    result = box.exec(["python3", "-c", "bytearray(2 * 1024**3)"], timeout=30)
+    assert result.exit_code == 1 and "MemoryError" in result.stderr
+
+
+def test_fork_bomb_is_contained(workspace: Path, short_dir: Path, sandbox_settings: Settings) -> None:
+    spec = SandboxSpec(limits=SandboxLimits(processes=32))
+    with create_sandbox(spec, workspace, short_dir / "rt", sandbox_settings) as box:
+        ns = _pid_ns(box)
+        result = box.call("bash", {"command": "bomb() { bomb | bomb & }; bomb; sleep 5"}, timeout=3)
+        assert result.is_error
+        assert len(pid_namespace_members(ns)) <= 40  # 32 processes, plus bwrap's own init
+    assert pid_namespace_members(ns) == []
+
+
+def test_exec_for_setup_and_tests(workspace: Path, short_dir: Path, sandbox_settings: Settings) -> None:
+    box = create_sandbox(SandboxSpec(env={"MODE": "test"}), workspace, short_dir / "rt", sandbox_settings)
+    result = box.exec("echo out; echo err >&2; echo $MODE > marker; exit 3", timeout=30)
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
+    assert (workspace / "marker").read_text() == "test\n"
+    slow = box.exec(["sleep", "1000"], timeout=0.5)
+    assert slow.timed_out and slow.exit_code is None and not slow.ok
+    assert not (short_dir / "rt").exists() or not any((short_dir / "rt").iterdir())
+
+
+def test_stop_kills_everything_it_started_and_nothing_else(
+    workspace: Path, short_dir: Path, sandbox_settings: Settings
+) -> None:
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        box = create_sandbox(SandboxSpec(), workspace, short_dir / "rt", sandbox_settings).start()
+        ns = _pid_ns(box)
+        box.call("bash", {"command": "sleep 1000 & setsid sleep 1000 & nohup sleep 1000 >/dev/null 2>&1 &"})
+        box.call("python", {"code": "import subprocess; p = subprocess.Popen(['sleep', '1000'])"})
+        assert len(pid_namespace_members(ns)) >= 6
+        box.stop()
+        box.stop()  # idempotent
+        assert pid_namespace_members(ns) == []
+        assert not (short_dir / "rt").exists()
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_twenty_sandboxes_at_once(sandbox_settings: Settings) -> None:
+    base = Path(os.path.realpath("/tmp")) / f"sbx20-{os.getpid()}"
+    boxes = []
+    for index in range(20):
+        (base / f"ws{index}").mkdir(parents=True)
+        boxes.append(create_sandbox(SandboxSpec(), base / f"ws{index}", base / f"rt{index}", sandbox_settings))
+    try:
+        with ThreadPoolExecutor(max_workers=20) as pool:
+            list(pool.map(lambda box: box.start(), boxes))
+            outputs = list(
+                pool.map(lambda pair: pair[1].call("bash", {"command": f"echo {pair[0]} > id; cat id; id -u"}),
+                         enumerate(boxes))
+            )
+        # the pool threads that started them have exited: the sandboxes must outlive them
+        namespaces = [_pid_ns(box) for box in boxes]
+        assert [out.output.split()[0] for out in outputs] == [str(i) for i in range(20)]
+        if os.geteuid() == 0:
+            assert len({out.output.split()[1] for out in outputs}) == 20  # one uid per sandbox
+        assert len(set(namespaces)) == 20
+        with ThreadPoolExecutor(max_workers=20) as pool:
+            list(pool.map(lambda box: box.stop(), boxes))
+        for ns in namespaces:
+            assert pid_namespace_members(ns) == []
+        assert sorted(p.name for p in base.iterdir()) == sorted(f"ws{i}" for i in range(20))
+    finally:
+        for box in boxes:
+            box.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_sandbox_outlives_the_thread_that_started_it(
+    workspace: Path, short_dir: Path, sandbox_settings: Settings
+) -> None:
+    import threading
+
+    box = create_sandbox(SandboxSpec(), workspace, short_dir / "rt", sandbox_settings)
+    starter = threading.Thread(target=box.start)
+    starter.start()
+    starter.join()
+    try:
+        assert box.call("bash", {"command": "echo still-here"}).output == "still-here\n"
+    finally:
+        box.stop()
