@@ -1,8 +1,12 @@
-"""A backend process killed mid-rollout: the trajectory re-pins and goes on; counts stay exact."""
+"""A backend process killed mid-request: the trajectory re-pins and goes on; counts stay exact."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
 
 from redis import Redis
 
@@ -12,6 +16,18 @@ from shared.config import Settings
 from shared.keys import Keys
 from workers.rollout.llm_client import LLMClient, Sampling
 from workers.rollout.llm_routing import complete_routed
+
+
+def wait_until_running(backend: CpuBackendProcess) -> None:
+    """Block until the backend reports a request in flight (its vLLM gauge), so the kill lands mid-request."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        metrics = httpx.get(backend.url + "/metrics", timeout=5).text
+        if any(line.startswith("vllm:num_requests_running{") and float(line.rsplit(" ", 1)[1]) >= 1
+               for line in metrics.splitlines()):
+            return
+        time.sleep(0.02)
+    raise AssertionError("the long request never started")
 
 
 def test_killed_backend_fails_over_and_the_trajectory_goes_on(
@@ -29,12 +45,17 @@ def test_killed_backend_fails_over_and_the_trajectory_goes_on(
         assert turns[1].backend_id == first_backend, "sticky: every call of a trajectory hits one backend"
         assert pool.get(first_backend).inflight == 1
 
-        by_id[first_backend].kill()  # mid-rollout
+        # Turn 3 is a long generation; the pinned backend is killed while it runs.
         history = prompt + turns[1].token_ids + [10, 257, 117, 10]
-        after = complete_routed(pool, client, "job-1", history, sampling)
+        long_turn = Sampling(max_tokens=1500, seed=11, ignore_eos=True)
+        with ThreadPoolExecutor(1) as executor:
+            pending = executor.submit(complete_routed, pool, client, "job-1", history, long_turn)
+            wait_until_running(by_id[first_backend])
+            by_id[first_backend].kill()
+            after = pending.result(timeout=120)
 
     assert after.backend_id != first_backend
-    assert len(after.token_ids) == 6 and after.prompt_tokens == len(history)
+    assert len(after.token_ids) == 1500 and after.prompt_tokens == len(history)
     dead = pool.get(first_backend)
     assert not dead.healthy and "probe failed" in dead.unhealthy_reason
     assert dead.inflight == 0 and pool.get(after.backend_id).inflight == 1, "the charge moved with the pin"
