@@ -121,9 +121,9 @@ class Sandbox(ABC):
         if self._proc is not None:
             return self
         self._ensure_runtime_dir()
-        self._acquire()
         log_path = self.runtime_dir / "toolserver.log"
         try:
+            self._acquire()
             argv = self.wrap(self.toolserver_argv(), self.base_env())
             log.debug("starting sandbox: %s", shlex.join(argv))
             with open(log_path, "ab") as log_file:
@@ -139,6 +139,9 @@ class Sandbox(ABC):
             self._client = ToolClient(self.socket_path)
             proc = self._proc
             self._client.wait_ready(self.settings.sandbox_start_timeout_s, alive=lambda: proc.poll() is None)
+        except SandboxError:
+            self.stop()
+            raise
         except (ToolServerError, OSError) as exc:
             detail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
             self.stop()
@@ -227,7 +230,7 @@ class Sandbox(ABC):
             # No graceful shutdown first: if the tool server exited on its own,
             # bwrap would return before its init had reaped the rest of the tree.
             _kill_group(proc)
-            self._release()
+        self._release()
         if self._created_runtime:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
             self._created_runtime = False
