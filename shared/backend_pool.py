@@ -31,6 +31,12 @@ from shared.keys import Keys
 log = logging.getLogger(__name__)
 
 _LUA_DIR = Path(__file__).parent
+# Update fields of a backend only while it is registered: a heartbeat or drain racing a
+# deregistration must not resurrect a half-filled hash.
+_HSET_IF_EXISTS = (
+    "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end "
+    "redis.call('HSET', KEYS[1], unpack(ARGV)) return 1"
+)
 
 
 class NoBackendAvailable(RuntimeError):
@@ -124,6 +130,7 @@ class BackendPool:
         self._release = redis.register_script((_LUA_DIR / "backend_pool_release.lua").read_text())
         self._sync = redis.register_script((_LUA_DIR / "backend_pool_sync.lua").read_text())
         self._reconcile = redis.register_script((_LUA_DIR / "backend_pool_reconcile.lua").read_text())
+        self._hset_if_exists = redis.register_script(_HSET_IF_EXISTS)
         # url/model per backend id: fixed for an id's registration, so acquire needs one round trip.
         self._addresses: dict[str, tuple[str, str, float]] = {}
 
@@ -187,10 +194,9 @@ class BackendPool:
         if fields[0] is None:
             return False
         now = time.time()
-        with self.redis.pipeline() as pipe:
-            pipe.hset(key, "last_heartbeat", now)
-            pipe.zadd(self.keys.backend_heartbeats, {backend_id: now})
-            pipe.execute()
+        if not self._hset_if_exists(keys=[key], args=["last_heartbeat", now]):
+            return False
+        self.redis.zadd(self.keys.backend_heartbeats, {backend_id: now})
         if _text(fields[1]) != "1" and _text(fields[2]).startswith("missed heartbeats"):
             self.set_health(backend_id, True)
         return True
@@ -205,19 +211,16 @@ class BackendPool:
 
     def drain(self, backend_id: str, draining: bool = True) -> bool:
         """Close (or reopen) a backend to new pins; pinned trajectories finish there."""
-        key = self.keys.backend(backend_id)
-        if not self.redis.exists(key):
+        if not self._hset_if_exists(keys=[self.keys.backend(backend_id)], args=["draining", int(draining)]):
             return False
-        self.redis.hset(key, "draining", int(draining))
         self._sync_backend(backend_id)
         return True
 
     def set_health(self, backend_id: str, healthy: bool, reason: str = "") -> bool:
         """Mark a backend (un)healthy; an unhealthy one leaves selection, its routes re-pin."""
-        key = self.keys.backend(backend_id)
-        if not self.redis.exists(key):
+        fields = ["healthy", int(healthy), "unhealthy_reason", "" if healthy else reason]
+        if not self._hset_if_exists(keys=[self.keys.backend(backend_id)], args=fields):
             return False
-        self.redis.hset(key, mapping={"healthy": int(healthy), "unhealthy_reason": "" if healthy else reason})
         self._sync_backend(backend_id)
         if not healthy:
             log.warning("backend %s unhealthy: %s", backend_id, reason)

@@ -44,6 +44,9 @@ def test_register_is_idempotent_per_url_and_lists_state(pool: BackendPool) -> No
     assert pool.deregister(listed.id) is True
     assert pool.backends() == [] and pool.get(listed.id) is None
     assert pool.deregister(listed.id) is False
+    # A beat, drain or health change racing a deregistration must not resurrect the backend.
+    assert not pool.heartbeat(listed.id) and not pool.drain(listed.id) and not pool.set_health(listed.id, False)
+    assert not pool.redis.exists(pool.keys.backend(listed.id))
 
 
 def test_no_backend_raises(pool: BackendPool) -> None:
