@@ -44,6 +44,7 @@ class Submitted:
 class Transition:
     applied: bool
     previous: str  # the status before (applied) or the status that refused the move ("" = no such job)
+    counter: int = 0  # the new value of the counter the move incremented, if it asked for one
 
 
 class JobStore:
@@ -202,16 +203,19 @@ class JobStore:
         new_status: str,
         fields: dict[str, Any] | None = None,
         guard: tuple[str, Any] | None = None,
+        count: str | None = None,
     ) -> Transition:
         """Atomically move a job from one of `allowed_from` ("*" = any live status) to `new_status`.
 
         `guard=(field, value)` also requires that field to hold that value: a stage attempt
         passes its fencing token so a superseded attempt can never move the job on.
+        `count` names a counter field incremented with the move (a stage's attempts).
         """
-        applied, previous = self._transition(
-            keys=[self.keys.job(job_id)], args=self._transition_args(job_id, allowed_from, new_status, fields, guard)
+        reply = self._transition(
+            keys=[self.keys.job(job_id)],
+            args=self._transition_args(job_id, allowed_from, new_status, fields, guard, count),
         )
-        return Transition(applied=bool(applied), previous=_text(previous))
+        return Transition(applied=bool(reply[0]), previous=_text(reply[1]), counter=int(reply[2]) if reply[0] else 0)
 
     def queue_transition(
         self,
@@ -236,6 +240,7 @@ class JobStore:
         new_status: str,
         fields: dict[str, Any] | None,
         guard: tuple[str, Any] | None = None,
+        count: str | None = None,
     ) -> list[Any]:
         now = time.time()
         args: list[Any] = [
@@ -248,6 +253,7 @@ class JobStore:
             self.keys.job_events,
             guard[0] if guard else "",
             str(guard[1]) if guard else "",
+            count or "",
         ]
         for name, value in (fields or {}).items():
             args.extend((name, _encode_field(name, value)))
@@ -264,14 +270,6 @@ class JobStore:
             exists, _ = pipe.execute()
         if not exists:  # the record expired or was never there: don't leave a stub hash behind
             self.redis.delete(self.keys.job(job_id))
-
-    def start_attempt(self, job_id: str, stage: str) -> int:
-        """Count a new attempt at a stage; the count is that attempt's fencing token."""
-        return int(self.redis.hincrby(self.keys.job(job_id), f"attempts:{stage}", 1))
-
-    def attempts(self, job_id: str, stage: str) -> int | None:
-        value = self.redis.hget(self.keys.job(job_id), f"attempts:{stage}")
-        return int(value) if value is not None else None
 
     def cancel(self, job_id: str) -> Transition:
         """Cancel a live job. Queued work is skipped by the worker that dequeues it; running work

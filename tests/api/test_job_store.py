@@ -66,9 +66,9 @@ def test_cancel_racing_a_stage_hand_over_has_exactly_one_winner(redis: Redis, se
 def test_a_superseded_attempt_cannot_move_the_job(redis: Redis, settings: Settings):
     store = JobStore(redis, settings)
     (job,) = store.submit([SPEC])
-    store.transition(job.job_id, ("queued",), "init")
-    first = store.start_attempt(job.job_id, "init")
-    second = store.start_attempt(job.job_id, "init")
+    first = store.transition(job.job_id, ("queued",), "init", count="attempts:init").counter
+    second = store.transition(job.job_id, ("init",), "init", count="attempts:init").counter
+    assert (first, second) == (1, 2)
     stale = store.transition(job.job_id, ("init",), "rollout", guard=("attempts:init", first))
     assert not stale.applied and stale.previous == "superseded"
     assert store.transition(job.job_id, ("init",), "rollout", guard=("attempts:init", second)).applied

@@ -46,17 +46,19 @@ def run_stage(stage: str, job_id: str, worker_name: str | None = None) -> str:
     stage_deadline = now + stage_timeout(spec, stage, st.settings)
     limit = "total" if job_deadline < stage_deadline else "stage"
 
+    # Taking the job counts a new attempt at the stage; the count is this attempt's fencing token.
     taken = st.store.transition(
         job_id,
         STAGE_ENTRY_FROM[stage],
         stage,
         {f"t:{stage}:started": now, f"worker:{stage}": worker_name or st.process_name},
+        count=f"attempts:{stage}",
     )
     if not taken.applied:
         if taken.previous in TERMINAL:
             st.remove_workspace(job_id)
         return f"skipped:{taken.previous or 'missing'}"
-    attempt = st.store.start_attempt(job_id, stage)
+    attempt = taken.counter
 
     ctx = StageContext(
         job_id=job_id,
