@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from shared.config import Settings
-from shared.sandbox import Sandbox, SandboxLimits, SandboxSpec, create_sandbox
+from shared.sandbox import Sandbox, SandboxError, SandboxLimits, SandboxSpec, create_sandbox
 
 from .conftest import pid_namespace_members
 
@@ -45,6 +45,13 @@ def test_bad_calls_are_error_observations(sandbox: Sandbox) -> None:
         result = sandbox.call(tool, args)
         assert result.is_error and result.output
     assert sandbox.call("bash", {"command": "echo alive"}).output == "alive\n"
+
+
+def test_killed_tool_server_is_an_infrastructure_error(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxError):
+        sandbox.call("bash", {"command": "kill -9 $PPID"})
+    sandbox.stop()
+    assert not sandbox.running
 
 
 def test_finish(sandbox: Sandbox) -> None:
