@@ -140,6 +140,29 @@ class Settings(BaseSettings):
     tool_default_timeout_s: float = Field(default=60.0, gt=0)
     tool_max_timeout_s: float = Field(default=600.0, gt=0)
 
+    # --- Agent loop (issue 5) ------------------------------------------------
+    agent_tokenizer: Path | None = Field(
+        default=None,
+        description="Local HF tokenizer dir for chat templates. Unset: cpu_backend_model, else the built tiny model.",
+    )
+    agent_tool_parser: str = Field(default="hermes", description="Tool-call format: hermes or llama3_json.")
+    agent_stop_on_no_tool_call: bool = Field(
+        default=True, description="An assistant turn without a tool call ends the trajectory (else: nudge, go on)."
+    )
+    agent_no_tool_call_message: str = Field(
+        default="No tool call found. Call a tool, or call finish when you are done.",
+        description="The user message sent after a turn without a tool call, when that does not stop the loop.",
+    )
+    agent_max_context_tokens: int = Field(
+        default=32768, gt=0, description="Most tokens of one trajectory (the model's context); jobs can ask for less."
+    )
+    agent_max_tokens_per_turn: int = Field(
+        default=4096, gt=0, description="Generation cap of one turn when the job's sampling sets none."
+    )
+    agent_time_reserve_s: float = Field(
+        default=10.0, ge=0, description="Stop cleanly (time_budget) when less than this is left of the stage."
+    )
+
     # --- Logging -----------------------------------------------------------
     log_level: str = "INFO"
     log_json: bool = False
