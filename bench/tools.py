@@ -121,6 +121,10 @@ def bench_python(calls: int, settings: Settings, work: Path) -> list[str]:
         lines.append(row(f"persistent kernel, {transport}, in process", p50, p99, base))
     p50, p99 = measure(lambda: subprocess.run([sys.executable, "-c", "print(1+1)"], check=True, capture_output=True), max(calls // 4, 20))
     lines.append(row("new `python -c` per call (unsandboxed)", p50, p99, base))
+    box2 = create_sandbox(SandboxSpec(), work / "ws", work / "rt4", settings)
+    p50, p99 = measure(lambda: box2.exec([sys.executable, "-c", "print(1+1)"], timeout=30), max(calls // 4, 20))
+    box2.stop()
+    lines.append(row("new sandboxed `python -c` per call (`Sandbox.exec`)", p50, p99, base))
     return lines
 
 
