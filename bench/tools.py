@@ -48,7 +48,9 @@ class TmuxShell:
     def __init__(self, poll_s: float) -> None:
         self.session = f"bench-{uuid.uuid4().hex[:8]}"
         self.poll_s = poll_s
-        subprocess.run(["tmux", "new-session", "-d", "-s", self.session, "-x", "200", "-y", "50", "bash --norc"], check=True)
+        subprocess.run(
+            ["tmux", "new-session", "-d", "-s", self.session, "-x", "200", "-y", "50", "bash --norc"], check=True
+        )
         self.count = 0
 
     def run(self, command: str) -> str:
@@ -90,7 +92,7 @@ def bench_bash(calls: int, settings: Settings, work: Path) -> list[str]:
         for poll in (0.0, 0.05):
             tmux = TmuxShell(poll)
             try:
-                p50, p99 = measure(lambda: tmux.run("true"), max(calls // 4, 20))
+                p50, p99 = measure(lambda tmux=tmux: tmux.run("true"), max(calls // 4, 20))
             finally:
                 tmux.close()
             label = "busy polling" if poll == 0 else f"{poll * 1000:.0f} ms poll interval"
@@ -116,13 +118,14 @@ def bench_python(calls: int, settings: Settings, work: Path) -> list[str]:
     for transport in ("ipc", "tcp"):
         kernel = PythonKernel(work, env, work / f"k-{transport}", transport=transport)
         kernel.start()
-        p50, p99 = measure(lambda: kernel.run("1+1", 30), calls)
+        p50, p99 = measure(lambda kernel=kernel: kernel.run("1+1", 30), calls)
         kernel.close()
         lines.append(row(f"persistent kernel, {transport}, in process", p50, p99, base))
-    p50, p99 = measure(lambda: subprocess.run([sys.executable, "-c", "print(1+1)"], check=True, capture_output=True), max(calls // 4, 20))
+    fresh = [sys.executable, "-c", "print(1+1)"]
+    p50, p99 = measure(lambda: subprocess.run(fresh, check=True, capture_output=True), max(calls // 4, 20))
     lines.append(row("new `python -c` per call (unsandboxed)", p50, p99, base))
     box2 = create_sandbox(SandboxSpec(), work / "ws", work / "rt4", settings)
-    p50, p99 = measure(lambda: box2.exec([sys.executable, "-c", "print(1+1)"], timeout=30), max(calls // 4, 20))
+    p50, p99 = measure(lambda: box2.exec(fresh, timeout=30), max(calls // 4, 20))
     box2.stop()
     lines.append(row("new sandboxed `python -c` per call (`Sandbox.exec`)", p50, p99, base))
     return lines

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import signal
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -84,10 +84,10 @@ class Sandbox(ABC):
     def toolserver_argv(self) -> list[str]:
         """How to start ``python -m shared.toolserver`` inside the sandbox."""
 
-    def _acquire(self) -> None:
+    def _acquire(self) -> None:  # noqa: B027 - an optional hook
         """Reserve host resources (uids, images) before the first process starts."""
 
-    def _release(self) -> None:
+    def _release(self) -> None:  # noqa: B027 - an optional hook
         """Give back what ``_acquire`` took."""
 
     def _preexec(self) -> Any:
@@ -116,7 +116,7 @@ class Sandbox(ABC):
             self.runtime_dir.mkdir(parents=True, mode=0o700)
             self._created_runtime = True
 
-    def start(self) -> "Sandbox":
+    def start(self) -> Sandbox:
         """Start the sandbox and its tool server; returns once the server answers."""
         if self._proc is not None:
             return self
@@ -235,7 +235,7 @@ class Sandbox(ABC):
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
             self._created_runtime = False
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

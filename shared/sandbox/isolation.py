@@ -49,7 +49,7 @@ class UidSlot:
         self._fd: int | None = lock_fd
 
     @classmethod
-    def acquire(cls, base: int, count: int) -> "UidSlot":
+    def acquire(cls, base: int, count: int) -> UidSlot:
         _LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
         start = random.randrange(count)
         for step in range(count):

@@ -17,7 +17,7 @@ class SandboxLimits(BaseModel):
     processes: int | None = Field(default=None, gt=0)
     file_size_bytes: int | None = Field(default=None, gt=0)
 
-    def resolved(self, settings: Settings) -> "SandboxLimits":
+    def resolved(self, settings: Settings) -> SandboxLimits:
         return SandboxLimits(
             cpu_seconds=self.cpu_seconds or settings.sandbox_cpu_seconds,
             memory_bytes=self.memory_bytes or settings.sandbox_memory_bytes,

@@ -15,7 +15,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m shared.toolserver", description=__doc__)
     parser.add_argument("--socket", required=True, type=Path, help="Unix socket to listen on")
     parser.add_argument("--workspace", required=True, type=Path, help="the only tree file tools may touch")
-    parser.add_argument("--state-dir", type=Path, help="private dir for the shell and kernel (default: next to the socket)")
+    parser.add_argument(
+        "--state-dir", type=Path, help="private dir for the shell and kernel (default: next to the socket)"
+    )
     parser.add_argument("--output-cap", type=int, default=ToolLimits.output_cap)
     parser.add_argument("--hard-output-cap", type=int, default=ToolLimits.hard_output_cap)
     parser.add_argument("--default-timeout", type=float, default=ToolLimits.default_timeout_s)

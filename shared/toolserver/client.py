@@ -51,7 +51,9 @@ class ToolClient:
                 raise ToolServerError("tool server closed the connection")
             return reply
 
-    def call(self, tool: str, args: dict[str, Any], timeout: float | None = None, max_timeout: float = 600.0) -> ToolResult:
+    def call(
+        self, tool: str, args: dict[str, Any], timeout: float | None = None, max_timeout: float = 600.0
+    ) -> ToolResult:
         reply = self.request({"op": "call", "tool": tool, "args": args, "timeout": timeout}, max_timeout)
         if not reply.get("ok"):
             raise ToolServerError(str(reply.get("error")))

@@ -23,7 +23,7 @@ log = logging.getLogger("rollouts.toolserver")
 
 
 class _Handler(socketserver.BaseRequestHandler):
-    server: "ToolServer"
+    server: ToolServer
 
     def handle(self) -> None:
         sock: socket.socket = self.request

@@ -68,7 +68,8 @@ def test_path_escapes_are_refused(sandbox: Sandbox) -> None:
 
 
 def test_system_is_read_only_and_host_is_hidden(sandbox: Sandbox) -> None:
-    result = sandbox.call("bash", {"command": "touch /usr/x /etc/x 2>&1; ls /root; ls /home 2>&1; touch /tmp/ok ~/ok && echo writable"})
+    command = "touch /usr/x /etc/x 2>&1; ls /root; ls /home 2>&1; touch /tmp/ok ~/ok && echo writable"
+    result = sandbox.call("bash", {"command": command})
     assert result.output.count("Read-only file system") == 2
     assert "writable" in result.output and "No such file" in result.output
 

@@ -98,7 +98,8 @@ def test_images_are_fetched_once_even_concurrently(tmp_path: Path) -> None:
 
     cache = ImageCache(tmp_path / "images", fetch=fetch)
     results: list[Path] = []
-    threads = [threading.Thread(target=lambda: results.append(cache.resolve("docker://python:3.11-slim"))) for _ in range(5)]
+    uri = "docker://python:3.11-slim"
+    threads = [threading.Thread(target=lambda: results.append(cache.resolve(uri))) for _ in range(5)]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -17,7 +17,10 @@ def _tree(root: Path) -> dict[str, object]:
         for name in filenames:
             path = Path(dirpath, name)
             key = str(path.relative_to(root))
-            out[key] = ("link", os.readlink(path)) if path.is_symlink() else (path.read_bytes(), os.access(path, os.X_OK))
+            if path.is_symlink():
+                out[key] = ("link", os.readlink(path))
+            else:
+                out[key] = (path.read_bytes(), os.access(path, os.X_OK))
     return out
 
 
@@ -31,7 +34,8 @@ def test_place_files_is_confined(tmp_path: Path) -> None:
 
 def test_agent_diff_applied_to_a_fresh_copy_reproduces_the_work(tmp_path: Path) -> None:
     pristine = tmp_path / "pristine"
-    place_files(pristine, {"pkg/mod.py": "def f():\n    return 1\n", "tests/test_mod.py": "assert True\n", "old.txt": "bye\n"})
+    files = {"pkg/mod.py": "def f():\n    return 1\n", "tests/test_mod.py": "assert True\n", "old.txt": "bye\n"}
+    place_files(pristine, files)
     (pristine / "data.bin").write_bytes(bytes(range(256)))
     agent = tmp_path / "agent"
     copy_workspace(pristine, agent)
