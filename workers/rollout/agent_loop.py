@@ -1,0 +1,230 @@
+"""The multi-turn agent loop: generate from the token record, run tool calls, append the observation delta.
+
+One `AgentLoop` runs one trajectory. Each turn sends the whole token record to the
+backend, appends the returned token IDs and logprobs verbatim, decodes them, parses
+the tool calls, runs them, and appends only the chat-template delta of the
+observation (chat_delta.py). Nothing already in the record is ever re-tokenized, so
+the record is exactly what the model saw and produced, whichever backend served
+which turn.
+
+Stops (recorded as `stop_reason`): the finish tool, a turn without a tool call (if
+configured), max turns, the context (no room for another generation or for the next
+observation; a turn's max_tokens never exceeds what is left), the stage's time
+budget (a clean stop `time_reserve_s` before the deadline), and cancellation or the
+hard deadline (StageInterrupted from `budget.check()`, with the partial record left
+in `loop.trajectory`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from shared.toolserver.result import ToolResult
+from shared.toolserver.schemas import validate_call
+from shared.trajectory import ASSISTANT, OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
+from workers.rollout.chat_delta import ChatRenderer
+from workers.rollout.llm_client import Completion, Sampling
+from workers.rollout.tool_parsers import ParsedCall, ToolParser
+
+FINISH_TOOL = "finish"
+
+Generate = Callable[[list[int], Sampling], Completion]
+RunTool = Callable[[str, dict[str, Any], "float | None"], ToolResult]
+
+
+class Budget(Protocol):
+    """What the loop needs of its stage: StageContext fits."""
+
+    @property
+    def remaining(self) -> float: ...
+
+    def check(self) -> None: ...
+
+
+class BackendProtocolError(RuntimeError):
+    """The backend's answer breaks the token contract (more tokens than asked, logprobs misaligned)."""
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    max_turns: int
+    max_context_tokens: int  # the whole record, prompt included
+    max_tokens_per_turn: int
+    stop_on_no_tool_call: bool = True
+    no_tool_call_message: str = "No tool call found. Call a tool, or call finish when you are done."
+    allowed_tools: tuple[str, ...] = ()
+    time_reserve_s: float = 0.0
+    tool_timeout_s: float = 60.0
+
+
+class _Stop(Exception):
+    def __init__(self, reason: str, detail: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.detail = reason, detail
+
+
+class AgentLoop:
+    """Runs one trajectory; `trajectory` holds the record so far, also when `run` raises."""
+
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        parser: ToolParser,
+        generate: Generate,
+        run_tool: RunTool,
+        config: LoopConfig,
+        sampling: Sampling,
+        budget: Budget,
+    ) -> None:
+        self.renderer = renderer
+        self.parser = parser
+        self.generate = generate
+        self.run_tool = run_tool
+        self.config = config
+        self.sampling = sampling
+        self.budget = budget
+        self.trajectory = Trajectory(tokenizer=str(renderer.tokenizer.name_or_path), tool_parser=parser.name)
+        self.history: list[dict[str, Any]] = []
+        self._special_ids = set(renderer.tokenizer.all_special_ids)
+        self._timings = {"llm_s": 0.0, "tools_s": 0.0, "template_s": 0.0}
+
+    # --- the loop ------------------------------------------------------------------
+    def run(self, messages: list[dict[str, Any]]) -> Trajectory:
+        started = time.perf_counter()
+        try:
+            self._start(messages)
+            while True:
+                self._turn()
+        except _Stop as stop:
+            self.trajectory.stop_reason, self.trajectory.stop_detail = stop.reason, stop.detail
+        finally:
+            self.trajectory.timings = {**self._timings, "total_s": time.perf_counter() - started}
+        self.trajectory.validate()
+        return self.trajectory
+
+    def _start(self, messages: list[dict[str, Any]]) -> None:
+        t0 = time.perf_counter()
+        self.history = self.renderer.prepare(messages)
+        prompt = self.renderer.prompt(self.history)
+        self._timings["template_s"] += time.perf_counter() - t0
+        self.trajectory.append(Turn(role=PROMPT, start=0, end=0, text=prompt.text), prompt.token_ids)
+        if len(prompt.token_ids) >= self.config.max_context_tokens:
+            raise _Stop("context_length", f"the prompt has {len(prompt.token_ids)} tokens")
+
+    def _turn(self) -> None:
+        cfg, record = self.config, self.trajectory
+        self.budget.check()
+        if self.budget.remaining < cfg.time_reserve_s:
+            raise _Stop("time_budget", f"{self.budget.remaining:.1f}s left of the stage")
+        left = cfg.max_context_tokens - len(record.token_ids)
+        if left <= 0:
+            raise _Stop("context_length")
+        asked = min(self.sampling.max_tokens or cfg.max_tokens_per_turn, cfg.max_tokens_per_turn, left)
+        completion = self._generate(replace(self.sampling, max_tokens=asked), asked)
+
+        stopped_on_token = self._ends_with_stop_token(completion)
+        content, stop_text = self.renderer.split_generation(completion.token_ids, stopped_on_token)
+        parsed = self.parser.parse(content)
+        turn = Turn(
+            role=ASSISTANT,
+            start=0,
+            end=0,
+            text=self.renderer.decode(completion.token_ids),
+            backend_id=completion.backend_id,
+            policy_version=completion.model,
+            finish_reason=completion.finish_reason,
+            stop_reason=completion.stop_reason,
+            latency_s=completion.latency_s,
+            cached_tokens=completion.cached_tokens,
+        )
+        record.append(turn, completion.token_ids, completion.logprobs)
+        record.final_text = content
+
+        observation, finished, tools_s = self._run_calls(parsed.calls, turn)
+        if finished:
+            raise _Stop("finish")
+        if not parsed.calls:
+            if cfg.stop_on_no_tool_call:
+                raise _Stop("no_tool_call")
+            observation = [{"role": "user", "content": cfg.no_tool_call_message}]
+        if record.counts.turns >= cfg.max_turns:
+            raise _Stop("max_turns")
+
+        t0 = time.perf_counter()
+        delta = self.renderer.observation(self.history, content, stop_text, observation)
+        self._timings["template_s"] += time.perf_counter() - t0
+        if len(record.token_ids) + len(delta.token_ids) >= cfg.max_context_tokens:
+            raise _Stop("context_length", f"the next observation ({len(delta.token_ids)} tokens) does not fit")
+        self.budget.check()
+        obs_turn = Turn(role=OBSERVATION, start=0, end=0, text=delta.text, messages=observation, duration_s=tools_s)
+        record.append(obs_turn, delta.token_ids)
+        self.history += [{"role": "assistant", "content": content}, *observation]
+
+    # --- pieces ------------------------------------------------------------------
+    def _generate(self, sampling: Sampling, asked: int) -> Completion:
+        t0 = time.perf_counter()
+        completion = self.generate(list(self.trajectory.token_ids), sampling)
+        self._timings["llm_s"] += time.perf_counter() - t0
+        n = len(completion.token_ids)
+        if n > asked or len(completion.logprobs) != n:
+            raise BackendProtocolError(
+                f"backend {completion.backend_id} returned {n} tokens and {len(completion.logprobs)} logprobs "
+                f"for max_tokens={asked}"
+            )
+        return completion
+
+    def _ends_with_stop_token(self, completion: Completion) -> bool:
+        """Did the turn end on an end-of-turn token (EOS or a stop token id) that is in token_ids?"""
+        if completion.finish_reason != "stop" or not completion.token_ids:
+            return False
+        last = completion.token_ids[-1]
+        if isinstance(completion.stop_reason, int):
+            return last == completion.stop_reason
+        return completion.stop_reason is None and last in self._special_ids
+
+    def _run_calls(self, calls: list[ParsedCall], turn: Turn) -> tuple[list[dict[str, Any]], bool, float]:
+        """Run the turn's calls in order (a malformed one is an error observation); stop at finish."""
+        counts = self.trajectory.counts
+        observation: list[dict[str, Any]] = []
+        finished = False
+        started = time.perf_counter()
+        for call in calls:
+            counts.tool_calls += 1
+            record = ToolCallRecord(name=call.name, arguments=call.arguments, raw=call.raw)
+            if call.error is not None:
+                counts.malformed_tool_calls += 1
+                record.error = call.error
+            elif call.name not in self.config.allowed_tools:
+                record.error = f"unknown tool {call.name!r}; available tools: {', '.join(self.config.allowed_tools)}"
+            else:
+                record.error = validate_call(call.name, call.arguments)
+            if record.error is not None:
+                result = ToolResult.error(f"Error: {record.error}")
+            elif call.name == FINISH_TOOL:
+                answer = (call.arguments or {}).get("answer")
+                self.trajectory.answer = answer
+                result = ToolResult(output="Finished.", finished=True)
+                finished = True
+            else:
+                self.budget.check()
+                result = self.run_tool(call.name, call.arguments or {}, self._tool_timeout())
+            record.output, record.is_error = result.output, result.is_error
+            record.exit_code, record.truncated = result.exit_code, result.truncated
+            record.timed_out, record.duration_s = result.timed_out, result.duration_s
+            if result.is_error:
+                counts.tool_errors += 1
+            turn.tool_calls.append(record)
+            observation.append({"role": "tool", "name": call.name or "invalid", "content": result.output})
+            if finished:
+                break
+        elapsed = time.perf_counter() - started
+        self._timings["tools_s"] += elapsed
+        return observation, finished, elapsed
+
+    def _tool_timeout(self) -> float:
+        """The configured tool timeout, but never past the point where the loop must stop."""
+        room = self.budget.remaining - self.config.time_reserve_s
+        return max(1.0, min(self.config.tool_timeout_s, room))

@@ -1,0 +1,129 @@
+"""The rollout stage of an AgentTask: sandbox up, agent loop, collect, sandbox down.
+
+Settings come from three places, most specific first: the task (`max_turns`,
+`max_context_tokens`, `stop_on_no_tool_call`, `tool_parser`), the job
+(`limits.max_turns`, `limits.max_tokens`, `sampling`), then the deployment's Settings.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shared.sandbox import Sandbox, SandboxError, create_sandbox
+from shared.tasks.context import StageContext, StageInterrupted
+from shared.toolserver.result import ToolResult
+from workers.rollout.agent_loop import FINISH_TOOL, AgentLoop, LoopConfig
+from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
+from workers.rollout.llm_client import Completion, Sampling
+from workers.rollout.llm_routing import complete_routed
+from workers.rollout.resources import llm_services, load_tokenizer
+from workers.rollout.tool_parsers import get_parser
+
+if TYPE_CHECKING:
+    from shared.tasks.agentic import AgentTask
+
+
+def loop_config(kind: AgentTask, ctx: StageContext) -> LoopConfig:
+    task, settings = ctx.task, ctx.settings
+    limits = ctx.spec.get("limits") or {}
+    sampling = ctx.spec.get("sampling") or {}
+    context = min(
+        settings.agent_max_context_tokens,
+        limits.get("max_tokens") or settings.agent_max_context_tokens,
+        task.get("max_context_tokens") or settings.agent_max_context_tokens,
+    )
+    return LoopConfig(
+        max_turns=task.get("max_turns") or limits.get("max_turns") or 16,
+        max_context_tokens=context,
+        max_tokens_per_turn=sampling.get("max_tokens") or settings.agent_max_tokens_per_turn,
+        stop_on_no_tool_call=task.get("stop_on_no_tool_call", settings.agent_stop_on_no_tool_call),
+        no_tool_call_message=settings.agent_no_tool_call_message,
+        allowed_tools=tuple(kind.tools),
+        time_reserve_s=settings.agent_time_reserve_s,
+        tool_timeout_s=settings.tool_default_timeout_s,
+    )
+
+
+def sampling_from_spec(spec: dict[str, Any], max_tokens: int) -> Sampling:
+    """The job's sampling parameters under vLLM's names; max_tokens is capped per turn by the loop."""
+    sampling = spec.get("sampling") or {}
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=sampling.get("temperature", 1.0),
+        top_p=sampling.get("top_p", 1.0),
+        top_k=sampling.get("top_k", -1),
+        seed=sampling.get("seed"),
+        stop_token_ids=tuple(sampling.get("stop_token_ids") or ()),
+    )
+
+
+def run_agent_task(kind: AgentTask, ctx: StageContext) -> dict[str, Any]:
+    """Run `kind`'s agent on this job; returns the trajectory dict (docs/TRAJECTORY.md)."""
+    settings = ctx.settings
+    llm = llm_services()
+    parser = get_parser(ctx.task.get("tool_parser") or settings.agent_tool_parser)
+    tools = kind.tool_schemas()
+    renderer = ChatRenderer(load_tokenizer(settings), tools, tool_instructions_json(tools, parser.call_format))
+    config = loop_config(kind, ctx)
+    group_id = ctx.spec.get("group_id")
+
+    def generate(prompt: list[int], sampling: Sampling) -> Completion:
+        return complete_routed(llm.pool, llm.client, ctx.job_id, prompt, sampling, group_id=group_id)
+
+    sandbox = _start_sandbox(kind, ctx) if any(name != FINISH_TOOL for name in kind.tools) else None
+    loop = AgentLoop(
+        renderer, parser, generate, _tool_runner(sandbox, ctx), config,
+        sampling_from_spec(ctx.spec, config.max_tokens_per_turn), ctx,
+    )  # fmt: skip
+    try:
+        trajectory = loop.run(kind.messages(ctx.task))
+        ctx.check()
+        trajectory.extra = kind.collect(ctx, sandbox)
+    except StageInterrupted as stop:
+        _keep_partial(ctx, loop, stop.reason, None)
+        raise
+    except Exception as exc:
+        if ctx.interrupted is not None:  # the sandbox was killed under a tool call by the interruption
+            _keep_partial(ctx, loop, ctx.interrupted, None)
+            raise StageInterrupted(ctx.interrupted) from exc
+        _keep_partial(ctx, loop, "error", f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        llm.pool.release(ctx.job_id)
+        if sandbox is not None:
+            sandbox.stop()
+    return trajectory.to_dict()
+
+
+def _start_sandbox(kind: AgentTask, ctx: StageContext) -> Sandbox:
+    # Node-local and short: the tool server's Unix socket path must fit in 108 bytes.
+    runtime_dir = Path(tempfile.gettempdir()) / f"ro-{uuid.uuid4().hex[:12]}"
+    sandbox = create_sandbox(kind.sandbox_spec(ctx.task, ctx.settings), ctx.workspace, runtime_dir, ctx.settings)
+    ctx.on_cleanup(sandbox.stop)
+    ctx.on_interrupt(lambda _reason: sandbox.stop())  # unblocks a tool call the cancel must not wait for
+    ctx.workspace.mkdir(parents=True, exist_ok=True)
+    sandbox.start()
+    return sandbox
+
+
+def _tool_runner(sandbox: Sandbox | None, ctx: StageContext):  # -> RunTool
+    def run_tool(name: str, args: dict[str, Any], timeout: float | None) -> ToolResult:
+        if sandbox is None:
+            return ToolResult.error(f"tool {name} needs a sandbox, and this task has none")
+        try:
+            return sandbox.call(name, args, timeout)
+        except SandboxError:
+            ctx.check()  # stopped by an interruption: say so, not "sandbox failed"
+            raise
+
+    return run_tool
+
+
+def _keep_partial(ctx: StageContext, loop: AgentLoop, reason: str, detail: str | None) -> None:
+    """Leave the record so far in the job's partial result (cancelled, timed out, failed)."""
+    record = loop.trajectory
+    record.stop_reason, record.stop_detail = reason, detail
+    ctx.partial["trajectory"] = record.to_dict()

@@ -1,0 +1,146 @@
+"""Chat-template rendering as token deltas: the prompt once, then only what each observation adds.
+
+The model's own tokens are never re-tokenized. After a generation, the tokens that
+follow it are the difference between two renderings of the conversation by the
+tokenizer's chat template:
+
+    before = render(history + [assistant], add_generation_prompt=False)
+    after  = render(history + [assistant] + observation, add_generation_prompt=True)
+    delta  = after[len(before):]              (checked: `after` starts with `before`)
+
+plus whatever the template writes to close the assistant turn that the model did not
+generate itself (the "\\n" after ChatML's <|im_end|>, or the whole closing when the
+generation hit max_tokens). Every check that could let the token record drift from the
+rendered conversation raises ChatTemplateError instead: a template that re-renders past
+turns differently (it strips reasoning, trims whitespace) or text that does not survive
+encode/decode cannot give a clean delta, and training on a silently wrong record is
+worse than a failed job.
+
+Works with any Hugging Face tokenizer that has a chat template; templates that ignore
+`tools` get the tool list in the system message, written by the tool-call parser.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+class ChatTemplateError(RuntimeError):
+    """The chat template cannot give a clean token delta for this conversation."""
+
+
+@dataclass
+class Delta:
+    token_ids: list[int]
+    text: str
+
+
+def template_source(tokenizer: Any) -> str:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        return "\n".join(str(t) for t in template.values())
+    return template or ""
+
+
+class ChatRenderer:
+    """Renders one conversation's prompt and observation deltas with one tokenizer (thread-safe: no state)."""
+
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None, tool_instructions: str = "") -> None:
+        source = template_source(tokenizer)
+        if not source:
+            raise ChatTemplateError(f"tokenizer {tokenizer.name_or_path!r} has no chat template")
+        self.tokenizer = tokenizer
+        self.tools = tools or None
+        # A template that never looks at `tools` would drop them silently: say them in the system message.
+        self.template_takes_tools = "tools" in source
+        self.tool_instructions = tool_instructions if self.tools and not self.template_takes_tools else ""
+
+    # --- rendering ---------------------------------------------------------------
+    def prepare(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The task's messages as the template will see them (tool instructions added where needed)."""
+        messages = [dict(m) for m in messages]
+        if self.tool_instructions:
+            if messages and messages[0].get("role") == "system":
+                messages[0]["content"] = f"{messages[0]['content']}\n\n{self.tool_instructions}"
+            else:
+                messages.insert(0, {"role": "system", "content": self.tool_instructions})
+        return messages
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except Exception as exc:  # jinja raises its own errors (raise_exception in templates)
+            raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+        return text
+
+    def encode(self, text: str) -> list[int]:
+        """Tokenize template text (special tokens in it become their ids); it must decode back exactly."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        back = self.decode(ids)
+        if back != text:
+            raise ChatTemplateError(
+                f"text does not survive encode/decode with {self.tokenizer.name_or_path!r}: "
+                f"{text[:200]!r} came back as {back[:200]!r}"
+            )
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    # --- the two token pieces the loop needs ----------------------------------------
+    def prompt(self, messages: list[dict[str, Any]]) -> Delta:
+        """The first prompt: system and user messages, tools, and the generation prompt."""
+        text = self.render(messages, add_generation_prompt=True)
+        return Delta(self.encode(text), text)
+
+    def split_generation(self, token_ids: list[int], stopped_on_token: bool) -> tuple[str, str]:
+        """(content, stop text): the message content the model wrote, and its end-of-turn token's text."""
+        if stopped_on_token and token_ids:
+            return self.decode(token_ids[:-1]), self.decode(token_ids[-1:])
+        return self.decode(token_ids), ""
+
+    def observation(
+        self,
+        history: list[dict[str, Any]],
+        content: str,
+        stop_text: str,
+        observation: list[dict[str, Any]],
+    ) -> Delta:
+        """The tokens between a generation and the next one.
+
+        `history` is the conversation before the assistant turn (as rendered so far),
+        `content`/`stop_text` what the model generated, `observation` the new messages
+        (tool results, or a user nudge).
+        """
+        assistant = {"role": "assistant", "content": content}
+        opened = self.render(history, add_generation_prompt=True)
+        before = self.render([*history, assistant], add_generation_prompt=False)
+        if not before.startswith(opened + content):
+            raise ChatTemplateError(
+                "the template does not render the assistant turn as generation prompt + generated text "
+                f"(it rewrites the message): expected it to start with ...{(opened + content)[-120:]!r}, "
+                f"got ...{before[len(opened) - 20 : len(opened) + len(content) + 40]!r}"
+            )
+        closing = before[len(opened) + len(content) :]
+        if not closing.startswith(stop_text):
+            raise ChatTemplateError(
+                f"the model ended its turn with {stop_text!r} but the template closes it with {closing!r}"
+            )
+        after = self.render([*history, assistant, *observation], add_generation_prompt=True)
+        if not after.startswith(before):
+            raise ChatTemplateError(
+                "adding the observation changes how earlier turns render: no clean delta "
+                f"(differs after ...{before[-80:]!r})"
+            )
+        text = closing[len(stop_text) :] + after[len(before) :]
+        return Delta(self.encode(text), text)
+
+
+def tool_instructions_json(tools: list[dict[str, Any]], call_format: str) -> str:
+    """The tool list for templates that ignore `tools`: the schemas as JSON, and how to call one."""
+    listing = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+    return f"You can call these tools (JSON schemas):\n<tools>\n{listing}\n</tools>\n\n{call_format}"
