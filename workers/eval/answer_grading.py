@@ -1,0 +1,68 @@
+"""Rewards of answer tasks (math, STEM): extract the answer, compare it, say what happened.
+
+Each grader returns the reward and the details a user needs to trust it:
+what was extracted and from where, the reference, and how they compared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.eval.answers import boxed_answer, choice_letter, stated_answer
+from workers.eval.math_equiv import CHECK_TIMEOUT_S, equivalent
+from workers.eval.units import UnitError, parse_quantity, same_quantity
+
+DEFAULT_REL_TOL = 0.01
+
+
+def grade_math(final_text: str, answer: str | None, reference: str, timeout: float = CHECK_TIMEOUT_S) -> dict[str, Any]:
+    """1.0 if the boxed (or finish) answer is mathematically equivalent to `reference`."""
+    found = boxed_answer(final_text, answer)
+    details: dict[str, Any] = {"extracted": found.text, "source": found.source, "reference": reference}
+    if found.text is None:
+        return {"reward": 0.0, **details, "match": "no answer: no \\boxed{} and no finish answer"}
+    verdict = equivalent(found.text, reference, timeout)
+    return {"reward": 1.0 if verdict.equivalent else 0.0, **details, "match": verdict.reason}
+
+
+def grade_choice(final_text: str, answer: str | None, choices: dict[str, str], reference: str) -> dict[str, Any]:
+    """1.0 if the picked letter is the reference letter."""
+    found = choice_letter(final_text, answer, choices)
+    details: dict[str, Any] = {"extracted": found.text, "source": found.source, "reference": reference}
+    if found.text is None:
+        return {"reward": 0.0, **details, "match": "no choice letter found"}
+    right = found.text == reference
+    return {"reward": 1.0 if right else 0.0, **details, "match": "letter" if right else "different"}
+
+
+def grade_value(
+    final_text: str,
+    answer: str | None,
+    reference: str,
+    rel_tol: float = DEFAULT_REL_TOL,
+    timeout: float = CHECK_TIMEOUT_S,
+) -> dict[str, Any]:
+    """1.0 if the stated value equals `reference`: as quantities with units where the reference
+    is a number (within `rel_tol`; a bare number is read in the reference's unit), else by
+    mathematical equivalence."""
+    found = stated_answer(final_text, answer)
+    details: dict[str, Any] = {"extracted": found.text, "source": found.source, "reference": reference}
+    if found.text is None:
+        return {"reward": 0.0, **details, "match": "no answer found"}
+    try:
+        expected = parse_quantity(reference)
+    except UnitError:
+        expected = None
+    if expected is not None:
+        try:
+            given = parse_quantity(found.text)
+        except UnitError as exc:
+            given = None
+            unit_error = str(exc)
+        if given is not None:
+            same = same_quantity(given, expected, rel_tol)
+            return {"reward": 1.0 if same else 0.0, **details, "match": "quantity" if same else "different"}
+        if expected.has_unit:
+            return {"reward": 0.0, **details, "match": f"unreadable quantity: {unit_error}"}
+    verdict = equivalent(found.text, reference, timeout)
+    return {"reward": 1.0 if verdict.equivalent else 0.0, **details, "match": verdict.reason}

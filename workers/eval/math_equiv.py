@@ -1,0 +1,280 @@
+"""Mathematical equivalence of two answers (LaTeX or plain), decided with sympy.
+
+An answer is parsed into a structure first (a union of intervals, a tuple, a
+set, an equation, or one expression), then elements are compared by value:
+exactly with ``simplify(a - b) == 0``, or numerically within a relative 1e-6
+for decimals. Text that does not parse is compared as normalized text, so
+"\\text{Monday}" still matches "Monday".
+
+sympy can run for a very long time (or exhaust memory) on adversarial input
+such as ``9^{9^{9^9}}``; `equivalent` therefore decides in a forked child
+with a time limit, and an undecided comparison counts as not equivalent, with
+the reason reported.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+from dataclasses import dataclass
+from tokenize import TokenError
+from typing import Any
+
+import sympy
+from sympy.parsing.sympy_parser import (
+    convert_xor,
+    implicit_multiplication_application,
+    parse_expr,
+    standard_transformations,
+)
+
+from workers.eval.latex import drop_text, strip_decorations, to_sympy_syntax, unwrap_text
+
+MAX_ANSWER_CHARS = 400
+REL_TOL = 1e-6
+MAX_EXPONENT = 10_000
+CHECK_TIMEOUT_S = 10.0
+_TRANSFORMS = (*standard_transformations, implicit_multiplication_application, convert_xor)
+_LOCALS = {"e": sympy.E, "i": sympy.I, "pi": sympy.pi, "oo": sympy.oo, "E": sympy.E, "I": sympy.I}
+_OPEN = {"(": ")", "[": "]", "{": "}"}
+_UNDECIDED = "undecided"
+
+
+@dataclass
+class Verdict:
+    equivalent: bool
+    reason: str  # "exact", "numeric", "text", "different", or why it could not be decided
+
+
+def equivalent(answer: str, reference: str, timeout: float = CHECK_TIMEOUT_S) -> Verdict:
+    """Whether `answer` means the same as `reference`, decided within `timeout` seconds."""
+    if len(answer) > MAX_ANSWER_CHARS:
+        return Verdict(False, f"answer longer than {MAX_ANSWER_CHARS} characters")
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(sender, answer, reference))
+    child.start()
+    sender.close()
+    try:
+        if receiver.poll(timeout):
+            verdict: Verdict = receiver.recv()
+            return verdict
+        return Verdict(False, f"equivalence check exceeded {timeout:g}s")
+    except EOFError:
+        return Verdict(False, "equivalence check crashed (memory limit?)")
+    finally:
+        receiver.close()
+        child.kill()
+        child.join()
+
+
+def _child(sender: Any, answer: str, reference: str) -> None:
+    try:
+        sender.send(compare(answer, reference))
+    except Exception as exc:  # noqa: BLE001 - any failure to decide is reported, not raised
+        sender.send(Verdict(False, f"{type(exc).__name__}: {exc}"))
+    finally:
+        sender.close()
+
+
+def compare(answer: str, reference: str) -> Verdict:
+    """The comparison itself, in-process and without a time limit (use `equivalent`)."""
+    a, b = strip_decorations(answer), strip_decorations(reference)
+    if _text_key(a) == _text_key(b):
+        return Verdict(True, "text")
+    result = _compare_structures(_structure(a), _structure(b))
+    if result is None:
+        return Verdict(False, "different")
+    return Verdict(True, result)
+
+
+def _text_key(text: str) -> str:
+    return re.sub(r"\s+", "", unwrap_text(text)).lower()
+
+
+# --- structure ----------------------------------------------------------------
+
+
+def split_top_level(text: str, separator: str = ",") -> list[str]:
+    """Split at `separator` outside any brackets."""
+    parts, depth, current = [], 0, []
+    for char in text:
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        if char == separator and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return [p.strip() for p in parts]
+
+
+def _outer_brackets(text: str) -> tuple[str, str, str] | None:
+    """(open, close, inside) if one bracket pair encloses the whole text (intervals may mix kinds)."""
+    text = text.replace("\\{", "{").replace("\\}", "}")
+    if len(text) < 2 or text[0] not in _OPEN or text[-1] not in ")]}":
+        return None
+    depth = 0
+    for i, char in enumerate(text):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+            if depth == 0 and i != len(text) - 1:
+                return None
+    return text[0], text[-1], text[1:-1]
+
+
+def _structure(text: str) -> Any:
+    """("union", [...]) | ("seq", open, close, [...]) | ("eq", lhs, rhs) | ("expr", text)."""
+    if "\\cup" in text:
+        return ("union", [_structure(p.strip()) for p in text.split("\\cup")])
+    if re.fullmatch(r"\d{1,3}(,\d{3})+(\.\d+)?", text):
+        return ("expr", text.replace(",", ""))  # 1,000,000
+    brackets = _outer_brackets(text)
+    inside = brackets[2] if brackets else text
+    parts = split_top_level(inside)
+    if len(parts) > 1 or (brackets and brackets[0] == "{" and brackets[1] == "}"):
+        open_, close = (brackets[0], brackets[1]) if brackets else ("", "")
+        return ("seq", open_, close, [_structure(p) for p in parts])
+    if brackets and brackets[0] == "(" and brackets[1] == ")":
+        return _structure(inside)
+    lhs_rhs = split_top_level(text, "=")
+    if len(lhs_rhs) == 2:
+        return ("eq", lhs_rhs[0], lhs_rhs[1])
+    return ("expr", text)
+
+
+def _named_value(structure: Any) -> Any:
+    """``x = 5`` answers 5: the right-hand side of an equation whose left side is one variable."""
+    if structure[0] == "eq" and re.fullmatch(r"[a-zA-Z](_\{?\w+\}?)?", structure[1]):
+        return _structure(structure[2])
+    return None
+
+
+def _compare_structures(a: Any, b: Any) -> str | None:
+    """How a and b were found equal ("exact", "numeric", "text"), or None if they are not."""
+    if a[0] == "expr" and b[0] == "seq" and len(b[3]) == 1:
+        return _compare_structures(a, b[3][0])
+    if b[0] == "expr" and a[0] == "seq" and len(a[3]) == 1:
+        return _compare_structures(a[3][0], b)
+    if a[0] != b[0]:
+        if a[0] == "eq" and _named_value(a) is not None:
+            return _compare_structures(_named_value(a), b)
+        if b[0] == "eq" and _named_value(b) is not None:
+            return _compare_structures(a, _named_value(b))
+        return None
+    if a[0] == "expr":
+        return _compare_values(a[1], b[1])
+    if a[0] == "eq":
+        return _compare_equations(a[1], a[2], b[1], b[2])
+    if a[0] == "union":
+        return _compare_unordered(a[1], b[1])
+    _, a_open, a_close, a_items = a
+    _, b_open, b_close, b_items = b
+    if len(a_items) != len(b_items):
+        return None
+    # Sets and bare lists ("1, 2" for "all solutions") are unordered; tuples and intervals are not.
+    if {a_open, b_open} <= {"{", ""}:
+        return _compare_unordered(a_items, b_items)
+    bare = {a_open, b_open} == {"(", ""} and {a_close, b_close} == {")", ""}
+    if (a_open, a_close) != (b_open, b_close) and not bare:
+        return None
+    reasons = [_compare_structures(x, y) for x, y in zip(a_items, b_items)]
+    return None if None in reasons else _weakest(reasons)
+
+
+def _compare_unordered(a_items: list[Any], b_items: list[Any]) -> str | None:
+    if len(a_items) != len(b_items):
+        return None
+    remaining = list(b_items)
+    reasons = []
+    for item in a_items:
+        for j, other in enumerate(remaining):
+            reason = _compare_structures(item, other)
+            if reason is not None:
+                reasons.append(reason)
+                del remaining[j]
+                break
+        else:
+            return None
+    return _weakest(reasons)
+
+
+def _weakest(reasons: list[str]) -> str:
+    for reason in ("numeric", "text"):
+        if reason in reasons:
+            return reason
+    return "exact"
+
+
+# --- values -----------------------------------------------------------------
+
+
+def parse_value(text: str) -> sympy.Expr:
+    """One LaTeX or plain expression as sympy; raises ValueError/SyntaxError/TypeError if it is not one."""
+    syntax = to_sympy_syntax(drop_text(text))
+    if not syntax.strip():
+        raise ValueError("empty expression")
+    unevaluated = parse_expr(syntax, local_dict=dict(_LOCALS), transformations=_TRANSFORMS, evaluate=False)
+    if not isinstance(unevaluated, sympy.Basic):
+        raise TypeError(f"not an expression: {text!r}")
+    _refuse_huge_powers(unevaluated)
+    return parse_expr(syntax, local_dict=dict(_LOCALS), transformations=_TRANSFORMS, evaluate=True)
+
+
+def _refuse_huge_powers(expr: sympy.Basic) -> None:
+    """Refuse power towers and huge integer exponents before sympy tries to evaluate them."""
+    for node in sympy.preorder_traversal(expr):
+        if isinstance(node, sympy.Pow):
+            exponent = node.exp
+            if isinstance(exponent, sympy.Pow) and exponent.is_number:
+                raise ValueError("power tower too large to check")
+            if exponent.is_Number and abs(exponent) > MAX_EXPONENT:
+                raise ValueError("exponent too large to check")
+
+
+def _compare_values(a_text: str, b_text: str) -> str | None:
+    if _text_key(a_text) == _text_key(b_text):
+        return "text"
+    try:
+        a, b = parse_value(a_text), parse_value(b_text)
+    except (ValueError, SyntaxError, TypeError, TokenError, AttributeError, NameError):
+        return None
+    return _same_value(a, b)
+
+
+def _same_value(a: sympy.Basic, b: sympy.Basic) -> str | None:
+    if a == b:
+        return "exact"
+    if isinstance(a, sympy.Expr) and isinstance(b, sympy.Expr):
+        try:
+            if sympy.simplify(a - b) == 0:
+                return "exact"
+        except (TypeError, ValueError, NotImplementedError):
+            pass
+        if not a.free_symbols and not b.free_symbols:
+            try:
+                x, y = complex(sympy.N(a, 30)), complex(sympy.N(b, 30))
+            except (TypeError, ValueError):
+                return None
+            if abs(x - y) <= REL_TOL * max(1.0, abs(y)):
+                return "numeric"
+    return None
+
+
+def _compare_equations(a_lhs: str, a_rhs: str, b_lhs: str, b_rhs: str) -> str | None:
+    """Equations are equal if their (lhs - rhs) differ by a nonzero constant factor."""
+    try:
+        a = parse_value(a_lhs) - parse_value(a_rhs)
+        b = parse_value(b_lhs) - parse_value(b_rhs)
+    except (ValueError, SyntaxError, TypeError, TokenError, AttributeError, NameError):
+        return _compare_values(f"{a_lhs}={a_rhs}", f"{b_lhs}={b_rhs}")
+    if b == 0:
+        return "exact" if a == 0 else None
+    ratio = sympy.simplify(a / b)
+    return "exact" if ratio.free_symbols == set() and ratio != 0 else None
+
