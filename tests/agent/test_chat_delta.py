@@ -1,0 +1,126 @@
+"""Chat-template deltas: the record decodes to the rendered conversation, or the renderer refuses loudly."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from shared.toolserver.schemas import TOOL_SCHEMAS
+from workers.rollout.chat_delta import ChatRenderer, ChatTemplateError, tool_instructions_json
+from workers.rollout.tool_parsers import get_parser
+
+TOOLS = [s for s in TOOL_SCHEMAS if s["function"]["name"] in ("bash", "finish")]
+TASK = [{"role": "system", "content": "You are careful."}, {"role": "user", "content": "List the files."}]
+
+# A template in the Qwen/Hermes style that renders `tools` itself and groups consecutive
+# tool results into one user turn: the delta must cover the whole group.
+TOOLS_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\\n' }}"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content + '\\n\\n' }}{% endif %}"
+    "{{ '# Tools\\n<tools>' }}{% for t in tools %}{{ '\\n' + (t | tojson) }}{% endfor %}{{ '\\n</tools><|im_end|>\\n' }}"
+    "{% elif messages[0].role == 'system' %}{{ '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'system' %}"
+    "{% elif m.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{ '<|im_start|>user' }}{% endif %}"
+    "{{ '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ '<|im_end|>\\n' }}{% endif %}"
+    "{% else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Re-renders past assistant turns (drops their reasoning) once they are no longer last.
+REWRITING_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
+    "{% if m.role == 'assistant' and not loop.last %}{{ m.content.split('</think>')[-1] }}"
+    "{% else %}{{ m.content }}{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Trims the assistant's text: what the model generated is not what the template shows.
+TRIMMING_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
+    "{% if m.role == 'assistant' %}{{ m.content | trim }}{% else %}{{ m.content }}{% endif %}"
+    "{{ '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+def with_template(tokenizer: Any, template: str) -> Any:
+    clone = copy.deepcopy(tokenizer)
+    clone.chat_template = template
+    return clone
+
+
+def generate(renderer: ChatRenderer, content: str, eos: bool = True) -> tuple[list[int], str, str]:
+    """What a model would return for `content`: its token ids, content and stop text."""
+    ids = renderer.tokenizer.encode(content, add_special_tokens=False)
+    if eos:
+        ids.append(renderer.tokenizer.eos_token_id)
+    text, stop = renderer.split_generation(ids, stopped_on_token=eos)
+    return ids, text, stop
+
+
+def test_a_template_without_tools_gets_them_in_the_system_message(tokenizer: Any) -> None:
+    parser = get_parser("hermes")
+    renderer = ChatRenderer(tokenizer, TOOLS, tool_instructions_json(TOOLS, parser.call_format))
+    assert not renderer.template_takes_tools
+    messages = renderer.prepare(TASK)
+    prompt = renderer.prompt(messages)
+    assert prompt.text.startswith("<|im_start|>system\nYou are careful.\n\nYou can call these tools")
+    assert '"name": "bash"' in prompt.text and "<tool_call>" in prompt.text
+    assert prompt.text.endswith("<|im_start|>assistant\n")
+    assert renderer.decode(prompt.token_ids) == prompt.text
+    assert TASK[0]["content"] == "You are careful.", "the task's messages are not modified"
+
+
+def test_a_template_with_tools_renders_them_itself(tokenizer: Any) -> None:
+    renderer = ChatRenderer(with_template(tokenizer, TOOLS_TEMPLATE), TOOLS, "unused instructions")
+    assert renderer.template_takes_tools and renderer.prepare(TASK) == TASK
+    prompt = renderer.prompt(TASK)
+    assert "# Tools\n<tools>\n" in prompt.text and "unused" not in prompt.text
+
+
+@pytest.mark.parametrize("template", [None, TOOLS_TEMPLATE])
+@pytest.mark.parametrize("eos", [True, False])
+def test_prompt_generations_and_deltas_decode_to_the_rendered_conversation(tokenizer: Any, template, eos: bool) -> None:
+    tok = with_template(tokenizer, template) if template else tokenizer
+    renderer = ChatRenderer(tok, TOOLS, tool_instructions_json(TOOLS, "call tools"))
+    history = renderer.prepare(TASK)
+    record = list(renderer.prompt(history).token_ids)
+    for turn in range(3):
+        ids, content, stop = generate(renderer, f'<tool_call>{{"name": "bash", "arguments": {{"command": "ls {turn}"}}}}</tool_call>', eos)
+        record += ids
+        observation = [{"role": "tool", "name": "bash", "content": f"a{turn}.txt"}, {"role": "tool", "name": "bash", "content": "ünïcode ✓"}]
+        delta = renderer.observation(history, content, stop, observation)
+        record += delta.token_ids
+        history = [*history, {"role": "assistant", "content": content}, *observation]
+        # The whole record, decoded, is the conversation as the template renders it from scratch.
+        assert renderer.decode(record) == renderer.render(history, add_generation_prompt=True)
+    if not eos:
+        assert delta.text.startswith("<|im_end|>\n"), "a cut-off turn is closed by template tokens"
+
+
+def test_a_template_that_rewrites_past_turns_has_no_clean_delta(tokenizer: Any) -> None:
+    renderer = ChatRenderer(with_template(tokenizer, REWRITING_TEMPLATE))
+    _, content, stop = generate(renderer, "<think>hmm</think>ls")
+    with pytest.raises(ChatTemplateError, match="no clean delta"):
+        renderer.observation(TASK, content, stop, [{"role": "user", "content": "go on"}])
+
+
+def test_a_template_that_trims_the_generation_is_refused(tokenizer: Any) -> None:
+    renderer = ChatRenderer(with_template(tokenizer, TRIMMING_TEMPLATE))
+    _, content, stop = generate(renderer, "  ls  ")
+    with pytest.raises(ChatTemplateError, match="rewrites the message"):
+        renderer.observation(TASK, content, stop, [{"role": "user", "content": "go on"}])
+
+
+def test_an_end_of_turn_token_the_template_does_not_use_is_refused(tokenizer: Any) -> None:
+    renderer = ChatRenderer(tokenizer)
+    with pytest.raises(ChatTemplateError, match="closes it with"):
+        renderer.observation(TASK, "ls", "<|endoftext|>", [{"role": "user", "content": "go on"}])
+
+
+def test_a_tokenizer_without_a_chat_template_is_refused(tokenizer: Any) -> None:
+    with pytest.raises(ChatTemplateError, match="no chat template"):
+        ChatRenderer(with_template(tokenizer, ""))

@@ -1,0 +1,130 @@
+"""A scripted stand-in for a vLLM backend: deterministic multi-turn agent behaviour for tests.
+
+The tiny random CPU model almost never writes a valid tool call, so the loop's
+tool-call paths (a call every turn, malformed calls, finish) are driven by this
+server instead. It speaks the same `/v1/completions` protocol (token-ID prompt in,
+`token_ids` and `logprobs` out, `finish_reason`/`stop_reason`), and is stateless:
+
+- the script is chosen by a marker `[script:NAME]` anywhere in the prompt's text;
+- the turn is the number of assistant headers in the prompt, minus one;
+- the reply is that turn's text, tokenized with the real tokenizer, plus EOS,
+  cut to the request's `max_tokens` (then `finish_reason: length`, no EOS).
+
+Logprobs are deterministic made-up values. Every request and response is kept in
+`exchanges` so tests compare the trajectory with exactly what was served.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+MARKER = re.compile(r"\[script:([A-Za-z0-9_-]+)\]")
+ASSISTANT_HEADER = "<|im_start|>assistant"
+
+
+@dataclass
+class Exchange:
+    prompt: list[int]
+    max_tokens: int
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+@dataclass
+class ScriptedLLM:
+    tokenizer: Any
+    scripts: dict[str, list[str]] = field(default_factory=dict)
+    model: str = "scripted-policy-v1"
+    exchanges: list[Exchange] = field(default_factory=list)
+    _server: ThreadingHTTPServer | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "not started"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        prompt = [int(t) for t in body["prompt"]]
+        text = self.tokenizer.decode(prompt, skip_special_tokens=False)
+        found = MARKER.search(text)
+        if found is None or found.group(1) not in self.scripts:
+            raise LookupError(f"no script marker in the prompt: {text[-200:]!r}")
+        script = self.scripts[found.group(1)]
+        turn = text.count(ASSISTANT_HEADER) - 1
+        reply = script[min(turn, len(script) - 1)]
+        ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        max_tokens = int(body.get("max_tokens") or 16)
+        finish = "stop"
+        if len(ids) > max_tokens:
+            ids, finish = ids[:max_tokens], "length"
+        logprobs = [-((token * 7 + position) % 13 + 1) / 8.0 for position, token in enumerate(ids)]
+        with self._lock:
+            self.exchanges.append(Exchange(prompt, max_tokens, ids, logprobs, finish))
+        return {
+            "id": f"cmpl-{len(self.exchanges)}",
+            "object": "text_completion",
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": self.tokenizer.decode(ids, skip_special_tokens=True),
+                    "token_ids": ids,
+                    "logprobs": {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": logprobs},
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                }
+            ],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)},
+        }
+
+    def start(self) -> ScriptedLLM:
+        llm = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, status: int, payload: Any) -> None:
+                body = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                if self.path == "/health":
+                    self._send(200, {})
+                elif self.path == "/v1/models":
+                    self._send(200, {"object": "list", "data": [{"id": llm.model, "object": "model"}]})
+                else:
+                    self._send(404, {"error": {"message": "not found"}})
+
+            def do_POST(self) -> None:
+                if self.path != "/v1/completions":
+                    self._send(404, {"error": {"message": "not found"}})
+                    return
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                try:
+                    self._send(200, llm.complete(body))
+                except LookupError as exc:
+                    self._send(400, {"error": {"message": str(exc), "type": "BadRequestError"}})
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True, name="scripted-llm").start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
