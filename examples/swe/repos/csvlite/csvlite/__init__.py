@@ -1,0 +1,1 @@
+"""csvlite: a tiny example project."""

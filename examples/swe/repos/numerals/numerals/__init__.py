@@ -1,0 +1,1 @@
+"""numerals: a tiny example project."""

@@ -1,0 +1,1 @@
+"""slugkit: a tiny example project."""

@@ -1,0 +1,9 @@
+from slugkit.core import slugify
+
+
+def test_simple_word():
+    assert slugify("hello") == "hello"
+
+
+def test_lowercases():
+    assert slugify("ABC") == "abc"

@@ -1,0 +1,1 @@
+"""statsmini: a tiny example project."""

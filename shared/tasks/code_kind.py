@@ -1,0 +1,123 @@
+"""The `code` kind: the agent writes a solution file; hidden tests judge it in a fresh sandbox.
+
+Task fields: `prompt` (the problem), `tests` (stdin/stdout cases and/or assert
+snippets) and/or `test_code` (a pytest-style module), `entry_file` (default
+solution.py), `starter_code`, `files` (more init files), `scoring` ("fraction"
+or "all"), `timeout_s` per test, `memory_mb` per test process.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from shared.config import Settings
+from shared.sandbox.spec import SandboxLimits, SandboxSpec
+from shared.sandbox.workspace import place_files
+from shared.tasks.agentic import AgentTask
+from shared.tasks.base import TaskValidationError
+from shared.tasks.context import StageContext
+from shared.tasks.kind_support import agent_env, optional_number, read_agent_file, relative_path, require_str
+from shared.tasks.registry import register
+
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_MEMORY_MB = 512
+MAX_SOLUTION_BYTES = 1024 * 1024
+
+SYSTEM_PROMPT = (
+    "You are a programming agent working in a sandbox with bash, a Python interpreter and file tools. "
+    "Write your solution to the file `{entry}` in the workspace (the create tool writes a whole file). "
+    "Test it yourself; hidden tests will be run against `{entry}` after you finish. "
+    "Call finish when the file holds your final solution."
+)
+
+
+@register
+class CodeKind(AgentTask):
+    name = "code"
+    tools: ClassVar[tuple[str, ...]] = ("bash", "python", "view", "create", "str_replace", "finish")
+
+    def validate(self, task: dict[str, Any]) -> None:
+        super().validate(task)
+        from workers.eval.code_tests import parse_tests
+
+        require_str(task, "prompt")
+        relative_path(task, "entry_file", "solution.py")
+        try:
+            parse_tests(task)
+        except ValueError as exc:
+            raise TaskValidationError(str(exc)) from None
+        if task.get("scoring", "fraction") not in ("fraction", "all"):
+            raise TaskValidationError('task.scoring: "fraction" (share of tests passed) or "all" (all or nothing)')
+        optional_number(task, "timeout_s", 0.1, 600)
+        optional_number(task, "memory_mb", 32, 64 * 1024)
+        files = task.get("files", {})
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            raise TaskValidationError("task.files: a map of relative path -> text")
+        if "starter_code" in task and not isinstance(task["starter_code"], str):
+            raise TaskValidationError("task.starter_code: a string")
+
+    # --- the agent's side ---------------------------------------------------
+    def messages(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        entry = task.get("entry_file", "solution.py")
+        system = task.get("system_prompt") or SYSTEM_PROMPT.format(entry=entry)
+        return [{"role": "system", "content": system}, {"role": "user", "content": task["prompt"]}]
+
+    def sandbox_spec(self, task: dict[str, Any], settings: Settings) -> SandboxSpec:
+        return SandboxSpec(env=agent_env(settings))
+
+    def init_files(self, task: dict[str, Any]) -> dict[str, str]:
+        """The init state: extra files, and the starter code at the entry file."""
+        files = dict(task.get("files") or {})
+        if "starter_code" in task:
+            files[task.get("entry_file", "solution.py")] = task["starter_code"]
+        return files
+
+    def prepare_workspace(self, ctx: StageContext) -> dict[str, Any]:
+        ctx.workspace.mkdir(parents=True, exist_ok=True)
+        files = self.init_files(ctx.task)
+        place_files(ctx.workspace, files)
+        return {"files": sorted(files)}
+
+    def collect(self, ctx: StageContext, sandbox: Any) -> dict[str, Any]:
+        """The solution file as the agent left it (only this file is judged)."""
+        entry = ctx.task.get("entry_file", "solution.py")
+        try:
+            return {"solution": read_agent_file(ctx.workspace, entry, MAX_SOLUTION_BYTES)}
+        except ValueError as exc:
+            return {"solution": None, "solution_error": str(exc)}
+
+    # --- judging ------------------------------------------------------------
+    def eval_spec(self, task: dict[str, Any]) -> SandboxSpec:
+        timeout = float(task.get("timeout_s", DEFAULT_TIMEOUT_S))
+        limits = SandboxLimits(
+            memory_bytes=int(task.get("memory_mb", DEFAULT_MEMORY_MB)) * 1024 * 1024,
+            cpu_seconds=math.ceil(timeout) + 1,
+        )
+        return SandboxSpec(limits=limits)
+
+    def evaluate(self, ctx: StageContext) -> dict[str, Any]:
+        from workers.eval.code_tests import parse_tests, populate, run_tests, summary
+        from workers.eval.fresh_sandbox import fresh_sandbox, sandbox_python
+
+        task = ctx.task
+        extra = (ctx.outputs.get("rollout") or {}).get("extra") or {}
+        solution = extra.get("solution")
+        tests = parse_tests(task)
+        scoring = task.get("scoring", "fraction")
+        if not isinstance(solution, str):
+            reason = extra.get("solution_error") or f"the agent left no {task.get('entry_file', 'solution.py')}"
+            return {"reward": 0.0, "passed": 0, "total": len(tests.cases), "scoring": scoring, "error": reason}
+        entry = task.get("entry_file", "solution.py")
+        python = sandbox_python(ctx.settings, task)
+        timeout = float(task.get("timeout_s", DEFAULT_TIMEOUT_S))
+        with fresh_sandbox(
+            self.eval_spec(task),
+            ctx.settings,
+            python,
+            ctx.check,
+            lambda: ctx.remaining,
+            lambda ws: populate(ws, tests, self.init_files(task), entry, solution),
+        ) as box:
+            results = run_tests(box, tests, entry, python, timeout)
+        return summary(results, scoring)

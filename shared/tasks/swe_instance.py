@@ -1,0 +1,177 @@
+"""SWE-bench-style instances: reading the dict, and making the repository at its base commit.
+
+Accepted field names are SWE-bench's (also SWE-Gym's), with R2E-Gym's
+aliases: `repo_name` for `repo`, `commit_hash` for `base_commit`,
+`docker_image`/`image_name` for `image`. FAIL_TO_PASS and PASS_TO_PASS may
+be lists or JSON-encoded lists (as SWE-bench stores them).
+
+The repository comes from `repo_path`, on storage the workers see: either a
+git repository (the tree at `base_commit` is exported) or a directory of plain
+files (the tree itself, whose snapshot commit must hash to `base_commit`). In
+both cases the workspace gets a fresh one-commit repository with a fixed
+author and date: no history, so no later commit (the fix) to read, and the
+same bytes every time, so eval rebuilds exactly what init built.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.tasks.base import TaskValidationError
+
+SNAPSHOT_MESSAGE = "base"
+_SNAPSHOT_ENV = {
+    "GIT_AUTHOR_NAME": "rollouts",
+    "GIT_AUTHOR_EMAIL": "rollouts@localhost",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_COMMITTER_NAME": "rollouts",
+    "GIT_COMMITTER_EMAIL": "rollouts@localhost",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+}
+_SKIP = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache")
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class SweInstance:
+    instance_id: str
+    repo: str
+    base_commit: str
+    problem_statement: str
+    test_patch: str
+    fail_to_pass: tuple[str, ...]
+    pass_to_pass: tuple[str, ...]
+    repo_path: str | None
+    image: str | None
+
+    @classmethod
+    def from_task(cls, task: dict[str, Any]) -> "SweInstance":
+        """Read and check an instance dict; raises TaskValidationError naming the field."""
+
+        def text(field: str, *aliases: str, required: bool = True) -> str | None:
+            for name in (field, *aliases):
+                if task.get(name) is not None:
+                    value = task[name]
+                    if not isinstance(value, str) or (required and not value.strip()):
+                        raise TaskValidationError(f"task.{name}: a non-empty string")
+                    return value
+            if required:
+                raise TaskValidationError(f"task.{field}: required")
+            return None
+
+        fail_to_pass = _test_list(task, "FAIL_TO_PASS")
+        if not fail_to_pass:
+            raise TaskValidationError("task.FAIL_TO_PASS: at least one test that the fix makes pass")
+        return cls(
+            instance_id=text("instance_id") or "",
+            repo=text("repo", "repo_name") or "",
+            base_commit=text("base_commit", "commit_hash") or "",
+            problem_statement=text("problem_statement") or "",
+            test_patch=text("test_patch", required=False) or "",
+            fail_to_pass=fail_to_pass,
+            pass_to_pass=_test_list(task, "PASS_TO_PASS"),
+            repo_path=text("repo_path", required=False),
+            image=text("image", "docker_image", "image_name", required=False),
+        )
+
+    def source(self) -> Path:
+        """Where the repository is read from; raises TaskValidationError if nowhere."""
+        if not self.repo_path:
+            raise TaskValidationError(
+                f"task.repo_path: required with the local sandbox backend (no local copy of {self.repo!r})"
+            )
+        path = Path(self.repo_path)
+        candidates = [path] if path.is_absolute() else [Path.cwd() / path, _PROJECT_ROOT / path]
+        for candidate in candidates:
+            if candidate.is_dir():
+                return candidate
+        raise TaskValidationError(f"task.repo_path: {self.repo_path!r} is not a directory here")
+
+    @property
+    def test_files(self) -> list[str]:
+        """Files the test patch touches: restored from the task before tests run."""
+        return patch_paths(self.test_patch)
+
+
+def _test_list(task: dict[str, Any], field: str) -> tuple[str, ...]:
+    value = task.get(field, [])
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else []
+        except json.JSONDecodeError:
+            raise TaskValidationError(f"task.{field}: a list of test ids (or its JSON)") from None
+    if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
+        raise TaskValidationError(f"task.{field}: a list of test ids")
+    return tuple(value)
+
+
+def patch_paths(patch: str) -> list[str]:
+    """Every path a git patch touches (old and new names)."""
+    paths: list[str] = []
+    for line in patch.splitlines():
+        if line.startswith("diff --git "):
+            parts = line[len("diff --git ") :].split(" b/", 1)
+            for part in (parts[0][2:] if parts[0].startswith("a/") else parts[0], parts[-1]):
+                if part and part not in paths:
+                    paths.append(part)
+        elif line.startswith(("+++ b/", "--- a/")):
+            part = line[6:]
+            if part not in paths:
+                paths.append(part)
+    return paths
+
+
+def git(cwd: Path, *args: str, stdin: bytes | None = None) -> bytes:
+    """Host git on a repository this process made (never on one an agent touched)."""
+    cmd = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.autocrlf=false", "-c", "init.defaultBranch=main"]
+    done = subprocess.run([*cmd, *args], cwd=cwd, input=stdin, capture_output=True, env={**os.environ, **_SNAPSHOT_ENV})
+    if done.returncode != 0:
+        raise RuntimeError(f"git {args[0]} failed in {cwd}: {done.stderr.decode(errors='replace').strip()}")
+    return done.stdout
+
+
+def snapshot_commit(tree: Path) -> str:
+    """Make `tree` a one-commit repository with fixed author, date and message; returns the hash."""
+    git(tree, "init", "-q")
+    git(tree, "add", "-A", "--force", ".")
+    git(tree, "commit", "-q", "--allow-empty", "-m", SNAPSHOT_MESSAGE)
+    return git(tree, "rev-parse", "HEAD").decode().strip()
+
+
+def materialize(instance: SweInstance, dest: Path) -> str:
+    """Write the repository at base_commit into the empty directory `dest`; returns its commit.
+
+    Raises RuntimeError if a plain-file source no longer hashes to base_commit
+    (the files were edited after the instance was made).
+    """
+    source = instance.source()
+    dest.mkdir(parents=True, exist_ok=True)
+    if (source / ".git").exists() or (source / "HEAD").is_file() and (source / "objects").is_dir():
+        archive = git(source, "archive", "--format=tar", instance.base_commit)
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(dest, filter="data")
+        return snapshot_commit(dest)
+    shutil.copytree(source, dest, symlinks=True, ignore=_SKIP, dirs_exist_ok=True)
+    commit = snapshot_commit(dest)
+    if commit != instance.base_commit:
+        raise RuntimeError(
+            f"{instance.instance_id}: the files under {source} hash to {commit}, not base_commit "
+            f"{instance.base_commit}; rebuild the instance (examples/swe/build.py)"
+        )
+    return commit
+
+
+def check_test_patch(instance: SweInstance, repo: Path) -> None:
+    """The test patch must apply to the clean base: a broken task fails at init, not as a reward of 0."""
+    if instance.test_patch.strip():
+        git(repo, "apply", "--check", "--whitespace=nowarn", "-", stdin=instance.test_patch.encode())

@@ -1,0 +1,111 @@
+"""The `swe` kind: fix a repository so its failing tests pass, judged like SWE-bench.
+
+init makes the repository at base_commit in the workspace; the agent edits it
+with bash and the file tools; `collect` takes the agent's diff against a fresh
+copy of the base (computed by git outside the agent's tree, so its .git,
+hooks and config are never used); eval applies that diff to another fresh copy
+in a fresh sandbox, restores the tests from the task and runs FAIL_TO_PASS and
+PASS_TO_PASS (workers/eval/swe_resolve.py). `image` is for the Singularity
+backend; the local backend ignores it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar
+
+from shared.config import Settings
+from shared.sandbox.spec import SandboxLimits, SandboxSpec
+from shared.sandbox.workspace import WorkspaceError, workspace_diff
+from shared.tasks.agentic import AgentTask
+from shared.tasks.context import StageContext
+from shared.tasks.kind_support import agent_env, optional_number
+from shared.tasks.registry import register
+from shared.tasks.swe_instance import SweInstance, check_test_patch, materialize
+
+DEFAULT_TEST_TIMEOUT_S = 300.0
+DEFAULT_MEMORY_MB = 4096
+MAX_DIFF_BYTES = 2 * 1024 * 1024
+_CACHE_CLEANUP = "find . -name __pycache__ -type d -prune -exec rm -rf {} + ; rm -rf .pytest_cache; true"
+
+SYSTEM_PROMPT = (
+    "You are a software engineer. The repository is checked out in your working directory "
+    "(a git repository). Fix the issue the user describes by editing the source code with the "
+    "bash and file tools; run the tests with `python -m pytest` to check your work. Do not edit "
+    "the tests: they are restored before your change is judged. Call finish when you are done."
+)
+
+
+@register
+class SweKind(AgentTask):
+    name = "swe"
+    tools: ClassVar[tuple[str, ...]] = ("bash", "view", "create", "str_replace", "finish")
+
+    def validate(self, task: dict[str, Any]) -> None:
+        super().validate(task)
+        SweInstance.from_task(task)
+        optional_number(task, "test_timeout_s", 1, 3600)
+        optional_number(task, "memory_mb", 64, 256 * 1024)
+
+    # --- the agent's side ---------------------------------------------------
+    def messages(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        instance = SweInstance.from_task(task)
+        system = task.get("system_prompt") or SYSTEM_PROMPT
+        user = f"Repository: {instance.repo}\n\n<issue>\n{instance.problem_statement.strip()}\n</issue>"
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+    def sandbox_spec(self, task: dict[str, Any], settings: Settings) -> SandboxSpec:
+        return SandboxSpec(image=SweInstance.from_task(task).image, env=agent_env(settings))
+
+    def prepare_workspace(self, ctx: StageContext) -> dict[str, Any]:
+        instance = SweInstance.from_task(ctx.task)
+        if ctx.workspace.exists():  # a re-run of init after a crash: start from nothing
+            shutil.rmtree(ctx.workspace)
+        commit = materialize(instance, ctx.workspace)
+        check_test_patch(instance, ctx.workspace)
+        return {"commit": commit, "instance_id": instance.instance_id}
+
+    def collect(self, ctx: StageContext, sandbox: Any) -> dict[str, Any]:
+        """The agent's changes as a binary git diff against a fresh copy of the base."""
+        if sandbox is not None:
+            sandbox.exec(_CACHE_CLEANUP, timeout=60)  # test caches are not part of the fix
+        instance = SweInstance.from_task(ctx.task)
+        with tempfile.TemporaryDirectory(prefix="ro-base-") as tmp:
+            base = Path(tmp) / "base"
+            materialize(instance, base)
+            try:
+                diff = workspace_diff(base, ctx.workspace)
+            except WorkspaceError as exc:
+                return {"diff": None, "diff_error": str(exc)}
+        if len(diff) > MAX_DIFF_BYTES:
+            return {"diff": None, "diff_error": f"the diff is {len(diff)} bytes, over {MAX_DIFF_BYTES}"}
+        return {"diff": diff.decode("utf-8", errors="replace")}
+
+    # --- judging ------------------------------------------------------------
+    def eval_spec(self, task: dict[str, Any]) -> SandboxSpec:
+        memory = int(task.get("memory_mb", DEFAULT_MEMORY_MB)) * 1024 * 1024
+        return SandboxSpec(image=SweInstance.from_task(task).image, limits=SandboxLimits(memory_bytes=memory))
+
+    def evaluate(self, ctx: StageContext) -> dict[str, Any]:
+        from workers.eval.fresh_sandbox import fresh_sandbox, sandbox_python
+        from workers.eval.swe_resolve import resolve
+
+        instance = SweInstance.from_task(ctx.task)
+        extra = (ctx.outputs.get("rollout") or {}).get("extra") or {}
+        diff = extra.get("diff")
+        if not isinstance(diff, str):
+            error = extra.get("diff_error") or "the rollout produced no diff"
+            return {"reward": 0.0, "instance_id": instance.instance_id, "resolved": False, "error": error}
+        python = sandbox_python(ctx.settings, ctx.task)
+        timeout = float(ctx.task.get("test_timeout_s", DEFAULT_TEST_TIMEOUT_S))
+        with fresh_sandbox(
+            self.eval_spec(ctx.task),
+            ctx.settings,
+            python,
+            ctx.check,
+            lambda: ctx.remaining,
+            lambda ws: materialize(instance, ws),
+        ) as box:
+            return resolve(box, instance, diff, python, timeout)

@@ -1,0 +1,140 @@
+"""Resolve a SWE-bench-style instance: the agent's diff on a fresh checkout, tests from the task.
+
+Like SWE-bench's harness: apply the agent's patch to the repository at the
+base commit, put every test file the test patch touches (and every test file
+the agent's patch touched) back to its base version, apply the test patch,
+run the tests, and call the instance resolved only if every FAIL_TO_PASS and
+every PASS_TO_PASS test passes. So an agent that edits or deletes tests
+changes nothing. Everything after the fresh checkout runs inside the eval
+sandbox (the agent's patch is untrusted: symlinks, hooks, odd paths).
+
+Per-test outcomes come from pytest's JUnit XML report (xunit1, which keeps
+file paths), not from the text output that the code under test can print into.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from shared.sandbox import SandboxError
+from shared.tasks.swe_instance import SweInstance, patch_paths
+from workers.eval.fresh_sandbox import EvalBox
+
+GIT_TIMEOUT_S = 120.0
+MAX_REPORT_BYTES = 20 * 1024 * 1024
+PASSING = {"passed", "xfailed"}
+_TEST_PATH = re.compile(r"(^|/)(tests?|testing)/|(^|/)test_[^/]*\.py$|_tests?\.py$|(^|/)conftest\.py$|(^|/)(pytest|tox)\.ini$")
+
+
+def is_test_path(path: str) -> bool:
+    """Paths that decide test outcomes rather than implement the fix."""
+    return bool(_TEST_PATH.search(path))
+
+
+def restore_set(instance: SweInstance, agent_diff: str) -> list[str]:
+    """Files put back to the base commit before the test patch: the test patch's own, and any
+    test file the agent touched."""
+    paths = list(instance.test_files)
+    for path in patch_paths(agent_diff):
+        if is_test_path(path) and path not in paths:
+            paths.append(path)
+    return paths
+
+
+def resolve(box: EvalBox, instance: SweInstance, agent_diff: str, python: str, test_timeout_s: float) -> dict[str, Any]:
+    """Judge the diff in `box` (a fresh sandbox over the repository at base); returns reward and details."""
+    details: dict[str, Any] = {"instance_id": instance.instance_id, "resolved": False}
+    pytest_check = box.run([python, "-m", "pytest", "--version"], GIT_TIMEOUT_S)
+    if not pytest_check.ok:
+        raise SandboxError(f"pytest is not available to {python} in the eval sandbox: {pytest_check.stderr[-500:]}")
+
+    touched = patch_paths(agent_diff)
+    details["files_changed"] = touched
+    if any(p == ".git" or p.startswith(".git/") for p in touched):
+        return {"reward": 0.0, **details, "patch_applied": False, "error": "the agent's patch touches .git"}
+    if agent_diff.strip():
+        (box.runtime / "agent.diff").write_text(agent_diff)
+        applied = box.run(
+            ["git", "apply", "--binary", "--whitespace=nowarn", str(box.runtime / "agent.diff")], GIT_TIMEOUT_S
+        )
+        if not applied.ok:
+            error = f"the agent's patch does not apply: {(applied.stderr or applied.stdout)[-1000:]}"
+            return {"reward": 0.0, **details, "patch_applied": False, "error": error}
+    details["patch_applied"] = True
+
+    restored = restore_set(instance, agent_diff)
+    details["restored_test_files"] = restored
+    (box.runtime / "test.patch").write_text(instance.test_patch)
+    script = [f"rm -rf -- {shlex.quote(p)}; git cat-file -e HEAD:{shlex.quote(p)} 2>/dev/null && git checkout -q HEAD -- {shlex.quote(p)}; true" for p in restored]
+    if instance.test_patch.strip():
+        script.append(f"git apply --whitespace=nowarn {shlex.quote(str(box.runtime / 'test.patch'))}")
+    prepared = box.run("set -e\n" + "\n".join(script or ["true"]), GIT_TIMEOUT_S)
+    if not prepared.ok:
+        # It applied to the clean base at init; only the agent's changes can have broken it.
+        error = f"the test patch no longer applies after the agent's changes: {prepared.stderr[-1000:]}"
+        return {"reward": 0.0, **details, "error": error}
+
+    tests = {"FAIL_TO_PASS": list(instance.fail_to_pass), "PASS_TO_PASS": list(instance.pass_to_pass)}
+    outcomes, run_info = run_pytest(box, [*instance.fail_to_pass, *instance.pass_to_pass], python, test_timeout_s)
+    details.update(run_info)
+    for group, ids in tests.items():
+        details[group] = {test: outcomes.get(test, "missing") for test in ids}
+    resolved = all(outcome in PASSING for group in tests for outcome in details[group].values())
+    details["resolved"] = resolved
+    return {"reward": 1.0 if resolved else 0.0, **details}
+
+
+def run_pytest(box: EvalBox, test_ids: list[str], python: str, timeout_s: float) -> tuple[dict[str, str], dict[str, Any]]:
+    """Run the files holding `test_ids` once; outcome per node id from the JUnit report."""
+    files = sorted({test.split("::", 1)[0] for test in test_ids})
+    report = box.runtime / "report.xml"
+    argv = [
+        python, "-m", "pytest", "--rootdir=.", "-p", "no:cacheprovider", "-o", "addopts=",
+        "-o", "junit_family=xunit1", f"--junitxml={report}", "-q", "--tb=short", "--", *files,
+    ]  # fmt: skip
+    result = box.run(argv, timeout_s)
+    info: dict[str, Any] = {"test_exit_code": result.exit_code, "test_timed_out": result.timed_out}
+    outcomes = parse_junit(report)
+    if not outcomes:
+        info["test_output"] = (result.stdout + result.stderr)[-2000:]
+    return outcomes, info
+
+
+def parse_junit(report: Path) -> dict[str, str]:
+    """node id -> passed | failed | error | skipped | xfailed, from an xunit1 report ({} if none)."""
+    try:
+        fd = os.open(report, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return {}
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(MAX_REPORT_BYTES)
+    try:
+        root = ET.fromstring(data)
+    except ET.ParseError:
+        return {}
+    outcomes: dict[str, str] = {}
+    for case in root.iter("testcase"):
+        node_id = _node_id(case.get("file") or "", case.get("classname") or "", case.get("name") or "")
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "failed" if child.tag == "failure" else "error"
+                break
+            if child.tag == "skipped":
+                outcome = "xfailed" if (child.get("type") or "") == "pytest.xfail" else "skipped"
+        previous = outcomes.get(node_id)
+        if previous is None or previous in PASSING:  # a teardown error after a pass still fails the test
+            outcomes[node_id] = outcome
+    return outcomes
+
+
+def _node_id(file: str, classname: str, name: str) -> str:
+    module = file[:-3].replace("/", ".") if file.endswith(".py") else ""
+    rest = classname[len(module) + 1 :] if module and classname.startswith(module + ".") else ""
+    parts = [file, *[p for p in rest.split(".") if p], name]
+    return "::".join(parts)
