@@ -8,7 +8,13 @@ from collections.abc import Iterable
 from shared.tasks.base import TaskKind
 
 _KINDS: dict[str, TaskKind] = {}
-_BUILTIN_MODULES = ("shared.tasks.demo",)
+_BUILTIN_MODULES = (
+    "shared.tasks.demo",
+    "shared.tasks.math_kind",
+    "shared.tasks.stem_kind",
+    "shared.tasks.code_kind",
+    "shared.tasks.swe_kind",
+)
 
 
 def register(cls: type[TaskKind]) -> type[TaskKind]:
