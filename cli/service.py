@@ -12,6 +12,7 @@ from cli.stack import Stack, StackError
 from cli.tracking import follow, read_jobs, submit_all, summary_table, write_results
 from shared.config import STAGES, get_settings
 from shared.logs import setup_logging
+from shared.tasks import get_kind, load_task_modules
 
 
 def _concurrency(init: int | None, rollout: int | None, eval_: int | None) -> dict[str, int]:
@@ -34,10 +35,13 @@ def concurrency_options(fn):  # type: ignore[no-untyped-def]
 @click.command()
 @click.option("--port", type=int, default=None, help="API port (default: ROLLOUTS_API_PORT or 8000).")
 @click.option("--workers-per-stage", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--cpu-backend/--no-cpu-backend", default=True, show_default=True,
+              help="Start the CPU model backend and register it (off when you register vLLM servers).")
 @concurrency_options
 def up(
     port: int | None,
     workers_per_stage: int,
+    cpu_backend: bool,
     init_concurrency: int | None,
     rollout_concurrency: int | None,
     eval_concurrency: int | None,
@@ -50,6 +54,7 @@ def up(
         concurrency=_concurrency(init_concurrency, rollout_concurrency, eval_concurrency),
         workers_per_stage=workers_per_stage,
         persistent_redis=True,
+        cpu_backend=cpu_backend,
     )
     try:
         stack.start()
@@ -99,6 +104,19 @@ def worker(stage: str, concurrency: int | None, drain_timeout: float | None) -> 
     run_worker(stage, concurrency, drain_timeout)
 
 
+def _needs_llm(jobs: list[dict], task_modules: list[str]) -> bool:
+    """Whether any job's kind runs an agent, so the embedded stack needs a model backend."""
+    load_task_modules(task_modules)
+    kinds = {job.get("task", {}).get("kind") for job in jobs if isinstance(job, dict)}
+    for kind in kinds:
+        try:
+            if get_kind(str(kind)).uses_llm:
+                return True
+        except KeyError:
+            continue  # the API rejects unknown kinds with a clear message
+    return False
+
+
 @click.command()
 @click.argument("jobs_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), help="Write every finished job as JSONL.")
@@ -124,6 +142,7 @@ def run(
         api_port=0,
         concurrency=_concurrency(init_concurrency, rollout_concurrency, eval_concurrency),
         log_dir=log_dir,
+        cpu_backend=_needs_llm(jobs, settings.task_modules),
     )
     click.echo(f"starting the stack (logs in {log_dir}) ...", err=True)
     try:

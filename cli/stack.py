@@ -35,6 +35,7 @@ class Stack:
         workers_per_stage: int = 1,
         log_dir: Path | None = None,
         persistent_redis: bool = False,
+        cpu_backend: bool = False,
         extra_env: dict[str, str] | None = None,
     ) -> None:
         self.settings = settings
@@ -43,10 +44,12 @@ class Stack:
         self.workers_per_stage = workers_per_stage
         self.log_dir = log_dir
         self.persistent_redis = persistent_redis
+        self.cpu_backend = cpu_backend
         self.extra_env = extra_env or {}
         self.redis: EmbeddedRedis | None = None
         self.redis_url = settings.redis_url
         self.api: subprocess.Popen[bytes] | None = None
+        self.backend: subprocess.Popen[bytes] | None = None
         self.workers: dict[str, list[subprocess.Popen[bytes]]] = {stage: [] for stage in STAGES}
         self._logs: list[IO[bytes]] = []
 
@@ -75,6 +78,8 @@ class Stack:
                 self.api_port = free_port()
             self.start_api()
             self._wait_for_api(timeout)
+            if self.cpu_backend:
+                self.start_cpu_backend()
             for stage in STAGES:
                 for _ in range(self.workers_per_stage):
                     self.start_worker(stage)
@@ -86,6 +91,28 @@ class Stack:
     def start_api(self) -> subprocess.Popen[bytes]:
         self.api = self._spawn("api", [sys.executable, "-m", "cli", "api", "--port", str(self.api_port)])
         return self.api
+
+    def start_cpu_backend(self, timeout: float = 180.0) -> subprocess.Popen[bytes]:
+        """The embedded default's LLM: the CPU backend, registered with this stack's API."""
+        argv = [sys.executable, "-m", "cli", "cpu-backend", "--port", str(free_port()), "--register"]
+        self.backend = self._spawn("cpu-backend", argv)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.backend.poll() is not None:
+                raise StackError(f"the CPU backend exited with code {self.backend.returncode}")
+            try:
+                backends = httpx.get(f"{self.api_url}/v1/backends", headers=self._auth, timeout=2.0).json()
+                if any(b.get("healthy") for b in backends.get("backends", [])):
+                    return self.backend
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+            time.sleep(0.25)
+        raise StackError(f"the CPU backend did not register within {timeout:.0f}s")
+
+    @property
+    def _auth(self) -> dict[str, str]:
+        token = self.settings.token or next(iter(self.settings.api_tokens), None)
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def start_worker(self, stage: str, concurrency: int | None = None) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", f"workers.{stage}"]
@@ -136,7 +163,8 @@ class Stack:
 
     # --- run and stop -----------------------------------------------------
     def children(self) -> list[subprocess.Popen[bytes]]:
-        return [p for procs in self.workers.values() for p in procs] + ([self.api] if self.api else [])
+        others = [p for p in (self.backend, self.api) if p is not None]
+        return [p for procs in self.workers.values() for p in procs] + others
 
     def wait(self) -> int:
         """Block until a child exits; returns its exit code."""
@@ -150,6 +178,8 @@ class Stack:
     def stop(self, timeout: float = 40.0) -> None:
         workers = [p for procs in self.workers.values() for p in procs]
         _terminate(workers, timeout)
+        if self.backend is not None:  # deregisters itself on SIGTERM, so the API must still be up
+            _terminate([self.backend], 15.0)
         if self.api is not None:
             _terminate([self.api], 10.0)
         if self.redis is not None:

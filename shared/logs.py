@@ -37,3 +37,5 @@ def setup_logging(settings: Settings) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level.upper())
+    # Per-request client logs (health probes every few seconds) drown everything else at INFO.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))

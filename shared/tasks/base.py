@@ -21,6 +21,7 @@ class TaskKind:
     """
 
     name: ClassVar[str]
+    uses_llm: ClassVar[bool] = False  # True where the rollout calls an LLM backend (the agent loop)
 
     def validate(self, task: dict[str, Any]) -> None:
         """Called by the API before anything is stored: raise TaskValidationError to reject."""

@@ -23,6 +23,7 @@ from rq import Queue
 from rq.registry import clean_registries
 from rq.worker_registration import clean_worker_registry
 
+from shared.backend_pool import BackendPool
 from shared.config import STAGES, Settings
 from shared.jobs.queues import queue_name
 from workers.runtime.slots import SlotWorker
@@ -60,6 +61,7 @@ class WorkerProcess:
             for index in range(self.concurrency)
         ]
         self._all_queues = [Queue(queue_name(s), connection=self.state.redis) for s in STAGES]
+        self._pool = BackendPool(self.state.redis, self.state.store.keys, settings)
         self._threads: list[threading.Thread] = []
         self._pubsub: PubSub | None = None
         self._pubsub_thread: PubSubWorkerThread | None = None
@@ -163,6 +165,11 @@ class WorkerProcess:
             self.state.store.trim_indexes()
         except Exception:
             log.exception("trimming job indexes failed")
+        try:
+            # Drop silent or failing LLM backends, reap leases of crashed rollouts, fix counts.
+            self._pool.maintain()
+        except Exception:
+            log.exception("backend pool maintenance failed")
 
     def _start_events_listener(self) -> None:
         """One subscription per process delivers cancels to running stages at once."""
