@@ -84,6 +84,11 @@ class Sandbox(ABC):
     def toolserver_argv(self) -> list[str]:
         """How to start ``python -m shared.toolserver`` inside the sandbox."""
 
+    @property
+    def launcher_reaps(self) -> bool:
+        """Whether the launched process exits, after its tree is gone, once its init is killed."""
+        return True
+
     def _acquire(self) -> None:  # noqa: B027 - an optional hook
         """Reserve host resources (uids, images) before the first process starts."""
 
@@ -196,7 +201,7 @@ class Sandbox(ABC):
                     code: int | None = proc.wait(timeout)
                 except subprocess.TimeoutExpired:
                     timed_out = True
-                    _kill_group(proc)
+                    _kill_group(proc, self.launcher_reaps)
                     code = None
                 stdout, cut_out = _read_capped(out, cap)
                 stderr, cut_err = _read_capped(err, cap)
@@ -229,7 +234,7 @@ class Sandbox(ABC):
         if proc is not None:
             # No graceful shutdown first: if the tool server exited on its own,
             # bwrap would return before its init had reaped the rest of the tree.
-            _kill_group(proc)
+            _kill_group(proc, self.launcher_reaps)
         self._release()
         if self._created_runtime:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
@@ -249,32 +254,51 @@ class Sandbox(ABC):
                 pass
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            return [int(child) for child in handle.read().split()]
-    except OSError:
-        return []
+def _descendants(root: int) -> list[int]:
+    """Every live descendant of ``root``, parents before children (one /proc scan)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found, queue = [], [root]
+    while queue:
+        for child in children.get(queue.pop(0), []):
+            found.append(child)
+            queue.append(child)
+    return found
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes], launcher_reaps: bool = True) -> None:
     """SIGKILL the sandbox's own process tree and wait until it is gone.
 
-    The direct children of the launcher (bwrap's init in the sandbox's pid
-    namespace) are killed first: the kernel then kills everything in that
-    namespace and the init's exit, which the launcher waits for, completes only
-    once they are all reaped. The session's process group is killed after, for
-    backends without a pid namespace.
+    The launcher's descendants are found by parentage (never by name) and
+    killed; with bwrap that includes its init in the sandbox's pid namespace, so
+    the kernel kills everything in that namespace, and bwrap, which waits for
+    its init, returns only once they are all reaped. Without a pid namespace
+    (the unisolated fallback) the descendant walk is what reaches background
+    jobs that bash put in process groups of their own, and the launcher (the
+    tool server itself) does not exit on its own (``launcher_reaps`` False).
     """
-    for child in _children(proc.pid):
+    for _ in range(3):
+        tree = _descendants(proc.pid)
+        if not tree:
+            break
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    if launcher_reaps:
         try:
-            os.kill(child, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            proc.wait(5.0)
+        except subprocess.TimeoutExpired:
             pass
-    try:
-        proc.wait(5.0)
-    except subprocess.TimeoutExpired:
-        pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

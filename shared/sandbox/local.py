@@ -132,11 +132,17 @@ class LocalSandbox(Sandbox):
         return self.settings.sandbox_workdir if self.isolated else str(self.workspace)
 
     @property
+    def launcher_reaps(self) -> bool:
+        return self.isolated  # bwrap waits for its init; the fallback's launcher is the server
+
+    @property
     def uid(self) -> int | None:
         return self._slot.uid if self._slot is not None else None
 
     def _acquire(self) -> None:
-        if os.geteuid() != 0 or self._slot is not None:
+        # Unisolated, the sandbox keeps the worker's uid: the host paths it needs
+        # (the venv, the workspace) are not necessarily reachable by another uid.
+        if not self.isolated or os.geteuid() != 0 or self._slot is not None:
             return
         self._slot = UidSlot.acquire(self.settings.sandbox_uid_base, self.settings.sandbox_uid_slots)
         chown_tree(self.workspace, self._slot.uid, self._slot.uid)
@@ -172,7 +178,4 @@ class LocalSandbox(Sandbox):
                 uid=self.uid,
                 ro_paths=readonly_paths(),
             )
-        prefix = ["env", "-i", "-C", str(self.workspace), *(f"{k}={v}" for k, v in env.items())]
-        if self.uid is not None:
-            prefix = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", *prefix]
-        return [*prefix, *argv]
+        return ["env", "-i", "-C", str(self.workspace), *(f"{k}={v}" for k, v in env.items()), *argv]
