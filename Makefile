@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up a fresh machine first (scripts/setup.sh).
-.PHONY: setup demo test bench
+.PHONY: setup demo test
 
 setup:
 	@bash scripts/setup.sh
@@ -9,6 +9,3 @@ demo: setup
 
 test: setup
 	.venv/bin/python -m pytest -q
-
-bench: setup
-	.venv/bin/python -m bench
