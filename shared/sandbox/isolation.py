@@ -35,8 +35,12 @@ def rlimit_preexec(limits: SandboxLimits) -> Callable[[], None]:
 
     def apply() -> None:
         for kind, value in pairs:
-            if value is not None:
-                resource.setrlimit(kind, (value, value))
+            if value is None:
+                continue
+            _, hard = resource.getrlimit(kind)
+            if hard != resource.RLIM_INFINITY:
+                value = min(value, hard)  # an unprivileged worker cannot raise its hard limit
+            resource.setrlimit(kind, (value, value))
 
     return apply
 
