@@ -1,0 +1,1 @@
+"""Batches: GRPO groups, DAPO dynamic sampling with asynchronous replenishment, streamed results."""

@@ -1,0 +1,78 @@
+"""The event-driven half of dynamic sampling: called wherever a job reaches a terminal status.
+
+The stage runner (done, failed, timed_out), rq's failure callback (worker lost
+for good) and every cancel call `on_job_terminal`. For a job of a batch group
+it records the sample; when that completes the group, the Lua script has
+already decided the outcome and reserved the next prompts, and this side
+submits their jobs at once (asynchronous replenishment) or, when the batch
+just closed with on_target=cancel, cancels the groups still running.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+from shared.batches.spec import parse_group_id
+from shared.batches.store import BatchStore, Recorded, closes_groups
+from shared.codec import unpack
+from shared.jobs.status import TERMINAL
+from shared.jobs.store import JobStore
+
+log = logging.getLogger("rollouts.batches")
+_stores: weakref.WeakKeyDictionary[JobStore, BatchStore] = weakref.WeakKeyDictionary()
+
+
+def batch_store(jobs: JobStore) -> BatchStore:
+    """One BatchStore per JobStore (its Lua scripts are registered once per process)."""
+    store = _stores.get(jobs)
+    if store is None:
+        store = _stores[jobs] = BatchStore(jobs)
+    return store
+
+
+def on_job_terminal(jobs: JobStore, job_id: str) -> None:
+    """Never raises: a terminal move must not fail because of a batch; the sweep repairs a miss."""
+    try:
+        record_job(batch_store(jobs), job_id)
+    except Exception:
+        log.exception("job %s: recording its batch group failed; the batch sweep will retry", job_id)
+
+
+def record_job(batches: BatchStore, job_id: str) -> Recorded | None:
+    """Record a terminal job of a batch group and act on what that decided; None for other jobs."""
+    fields = ("group_id", "sample_index", "status", "out:eval", "error")
+    group_raw, sample_raw, status_raw, evaluation_raw, error_raw = batches.redis.hmget(
+        batches.jobs.keys.job(job_id), fields
+    )
+    parsed = parse_group_id(group_raw.decode() if group_raw else None)
+    status = status_raw.decode() if status_raw else ""
+    if parsed is None or status not in TERMINAL or sample_raw is None:
+        return None
+    batch_id, k = parsed
+    reward = None
+    if status == "done":
+        reward = (unpack(evaluation_raw) or {}).get("reward")
+    error = unpack(error_raw) if error_raw else None
+    message = f"{error.get('type', 'error')}: {error.get('message', '')}" if isinstance(error, dict) else ""
+    if status != "done" and not message:
+        message = status
+    recorded = batches.record(batch_id, k, int(sample_raw), job_id, status, reward, message)
+    if recorded.group_complete:
+        batches.launch(batch_id, list(recorded.reserved))
+        if recorded.closed_batch:
+            head = batches.head(batch_id)
+            if head is not None and closes_groups(head):
+                cancel_groups(batches, batch_id, batches.in_flight_groups(batch_id))
+    return recorded
+
+
+def cancel_groups(batches: BatchStore, batch_id: str, prompt_indices: list[int]) -> int:
+    """Cancel every live job of these groups and record each; returns how many were cancelled."""
+    cancelled = 0
+    for k in prompt_indices:
+        for job_id in batches.group_job_ids(batch_id, k):
+            if batches.jobs.cancel(job_id).applied:
+                cancelled += 1
+                record_job(batches, job_id)
+    return cancelled

@@ -1,0 +1,61 @@
+"""Repair what a crash left half done; run from the worker supervisors' maintenance.
+
+Every step is idempotent, so overlapping sweeps or a sweep racing the hook
+change nothing twice: groups reserved but never submitted are submitted (same
+idempotency keys), terminal jobs whose hook never ran are recorded (a sample
+counts once), and a closed batch's groups that still run are cancelled.
+"""
+
+from __future__ import annotations
+
+import time
+
+from shared.batches.hook import cancel_groups, record_job
+from shared.batches.store import BatchStore, closes_groups
+from shared.jobs.status import TERMINAL
+
+# A reservation younger than this is most likely being submitted right now by the process that made it.
+LAUNCH_GRACE_S = 10.0
+
+
+def sweep(batches: BatchStore, launch_grace_s: float = LAUNCH_GRACE_S) -> dict[str, int]:
+    """One pass over the live batches; returns what it repaired (for logs and tests)."""
+    repaired = {"launched": 0, "recorded": 0, "cancelled": 0}
+    for raw in batches.redis.smembers(batches.keys.live):
+        batch_id = raw.decode()
+        head = batches.head(batch_id)
+        if head is None:
+            batches.redis.srem(batches.keys.live, batch_id)
+            continue
+        stale = batches.redis.zrangebyscore(batches.keys.launching(batch_id), "-inf", time.time() - launch_grace_s)
+        if stale:
+            batches.launch(batch_id, [int(k) for k in stale])
+            repaired["launched"] += len(stale)
+        if head["status"] == "running":
+            batches.launch(batch_id, batches.fill(batch_id))
+        for k in batches.in_flight_groups(batch_id):
+            repaired["recorded"] += _record_missed(batches, batch_id, k)
+        head = batches.head(batch_id) or head
+        if closes_groups(head):
+            repaired["cancelled"] += cancel_groups(batches, batch_id, batches.in_flight_groups(batch_id))
+        if head["status"] != "running" and not batches.in_flight_groups(batch_id):
+            batches.redis.srem(batches.keys.live, batch_id)
+    return repaired
+
+
+def _record_missed(batches: BatchStore, batch_id: str, k: int) -> int:
+    job_ids = batches.group_job_ids(batch_id, k)
+    seen = {s.get("job_id") for s in batches.group(batch_id, k)["samples"].values()}
+    missed = [
+        job_id
+        for job_id, status in zip(job_ids, batches.jobs.statuses(job_ids))
+        if status in TERMINAL and job_id not in seen
+    ]
+    return sum(1 for job_id in missed if (r := record_job(batches, job_id)) is not None and r.recorded)
+
+
+def sweep_once(batches: BatchStore, interval_s: float) -> dict[str, int] | None:
+    """Sweep unless another process did within `interval_s` (one sweeper per interval fleet-wide)."""
+    if not batches.redis.set(batches.keys.sweep_lock, "1", nx=True, ex=max(1, int(interval_s))):
+        return None
+    return sweep(batches)
