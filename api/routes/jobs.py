@@ -14,6 +14,7 @@ from api.deps import require_auth
 from api.errors import describe_errors, validation_response
 from api.negotiation import respond
 from api.schemas import Cancelled, JobList, JobSummary, JobView, Submitted
+from shared.batches.hook import on_job_terminal
 from shared.codec import unpack
 from shared.jobs.spec import JobRequest
 from shared.jobs.status import ALL_STATUSES, TERMINAL
@@ -198,4 +199,5 @@ def cancel_job(job_id: str, store: JobStore = Depends(get_store)) -> JSONRespons
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with id {job_id!r}")
         assert moved.previous in TERMINAL
         raise HTTPException(status.HTTP_409_CONFLICT, detail=f"job {job_id} is already {moved.previous}")
+    on_job_terminal(store, job_id)  # a batch group may now be complete
     return JSONResponse({"id": job_id, "status": "cancelled", "previous": moved.previous})

@@ -8,11 +8,15 @@ counts once), and a closed batch's groups that still run are cancelled.
 
 from __future__ import annotations
 
+import logging
 import time
 
-from shared.batches.hook import cancel_groups, record_job
+from shared.batches.hook import batch_store, cancel_groups, record_job
 from shared.batches.store import BatchStore, closes_groups
 from shared.jobs.status import TERMINAL
+from shared.jobs.store import JobStore
+
+log = logging.getLogger("rollouts.batches")
 
 # A reservation younger than this is most likely being submitted right now by the process that made it.
 LAUNCH_GRACE_S = 10.0
@@ -59,3 +63,14 @@ def sweep_once(batches: BatchStore, interval_s: float) -> dict[str, int] | None:
     if not batches.redis.set(batches.keys.sweep_lock, "1", nx=True, ex=max(1, int(interval_s))):
         return None
     return sweep(batches)
+
+
+def sweep_batches(jobs: JobStore, interval_s: float) -> None:
+    """The maintenance entry point: never raises (a failed sweep is retried next interval)."""
+    try:
+        repaired = sweep_once(batch_store(jobs), interval_s)
+    except Exception:
+        log.exception("batch sweep failed")
+        return
+    if repaired and any(repaired.values()):
+        log.warning("batch sweep repaired %s", repaired)

@@ -16,6 +16,7 @@ from typing import Any
 from redis import Redis
 from rq.job import Job
 
+from shared.batches.hook import on_job_terminal
 from shared.config import get_settings
 from shared.jobs.queues import parse_rq_job_id
 from shared.jobs.store import JobStore
@@ -36,4 +37,5 @@ def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: Bas
         "message": f"the {stage} worker stopped without finishing the job ({exc_type.__name__}); no retries left",
     }
     if store.transition(job_id, (stage,), "failed", {"error": error}).applied:
+        on_job_terminal(store, job_id)
         shutil.rmtree(store.settings.workspaces / job_id, ignore_errors=True)

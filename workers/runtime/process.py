@@ -24,6 +24,7 @@ from rq.registry import clean_registries
 from rq.worker_registration import clean_worker_registry
 
 from shared.backend_pool import BackendPool
+from shared.batches.sweep import sweep_batches
 from shared.config import STAGES, Settings
 from shared.jobs.queues import queue_name
 from workers.runtime.slots import SlotWorker
@@ -170,6 +171,7 @@ class WorkerProcess:
             self._pool.maintain()
         except Exception:
             log.exception("backend pool maintenance failed")
+        sweep_batches(self.state.store, self.settings.maintenance_interval_s)
 
     def _start_events_listener(self) -> None:
         """One subscription per process delivers cancels to running stages at once."""

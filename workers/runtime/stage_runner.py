@@ -14,6 +14,7 @@ from typing import Any
 
 from rq.timeouts import JobTimeoutException
 
+from shared.batches.hook import on_job_terminal
 from shared.config import STAGES
 from shared.jobs.queues import enqueue_stage, stage_timeout, total_timeout
 from shared.jobs.status import NEXT_STAGE, STAGE_ENTRY_FROM, TERMINAL
@@ -121,6 +122,7 @@ def _hand_on(st: WorkerState, ctx: StageContext, output: dict[str, Any]) -> str:
     if next_stage is None:
         moved = st.store.transition(job_id, (stage,), "done", fields, guard)
         if moved.applied:
+            on_job_terminal(st.store, job_id)
             st.remove_workspace(job_id)
             return "done"
         return _lost_race(st, job_id, moved.previous)
@@ -180,6 +182,8 @@ def _finish(
     moved = st.store.transition(job_id, "*", status, fields, guard)
     if not moved.applied and moved.previous == "superseded":
         return "superseded"
+    if moved.applied:
+        on_job_terminal(st.store, job_id)
     st.remove_workspace(job_id)
     return status
 
