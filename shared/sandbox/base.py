@@ -285,6 +285,7 @@ def _kill_group(proc: subprocess.Popen[bytes], launcher_reaps: bool = True) -> N
     jobs that bash put in process groups of their own, and the launcher (the
     tool server itself) does not exit on its own (``launcher_reaps`` False).
     """
+    namespaces = _foreign_pid_namespaces(_descendants(proc.pid))
     for _ in range(3):
         tree = _descendants(proc.pid)
         if not tree:
@@ -308,6 +309,40 @@ def _kill_group(proc: subprocess.Popen[bytes], launcher_reaps: bool = True) -> N
     except ProcessLookupError:
         pass
     proc.wait()
+    _wait_namespaces_empty(namespaces, timeout=5.0)
+
+
+def _foreign_pid_namespaces(pids: list[int]) -> set[str]:
+    """The pid namespaces (other than ours) these processes live in."""
+    own = os.readlink("/proc/self/ns/pid")
+    found = set()
+    for pid in pids:
+        try:
+            found.add(os.readlink(f"/proc/{pid}/ns/pid"))
+        except OSError:
+            continue
+    found.discard(own)
+    return found
+
+
+def _wait_namespaces_empty(namespaces: set[str], timeout: float) -> None:
+    """Wait until no process is left in these pid namespaces (tasks still being torn down)."""
+    deadline = time.monotonic() + timeout
+    while namespaces and time.monotonic() < deadline:
+        busy = False
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.readlink(f"/proc/{entry}/ns/pid") in namespaces:
+                        busy = True
+                        break
+                except OSError:
+                    continue
+        if not busy:
+            return
+        time.sleep(0.01)
+    if namespaces:
+        log.warning("processes still in pid namespace(s) %s after stop", ", ".join(sorted(namespaces)))
 
 
 def _read_capped(handle: Any, cap: int) -> tuple[str, bool]:
