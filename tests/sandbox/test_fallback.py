@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from shared.config import Settings
-from shared.sandbox import SandboxError, SandboxSpec, create_sandbox
-from shared.sandbox import local
+from shared.sandbox import SandboxError, SandboxSpec, create_sandbox, local
 
 
 def _running(pid: int) -> bool:
