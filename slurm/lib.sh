@@ -1,0 +1,133 @@
+# Shared by every slurm/*.sbatch script and slurm/stack.sh; sourced, never run.
+#
+# Slurm copies a batch script into its spool directory before running it, so a
+# script cannot find this file next to itself: it uses ROLLOUTS_HOME (the
+# repository or installed tree), which defaults to the directory sbatch was run
+# from. Settings come from the environment first, then from the KEY=value file
+# named by ROLLOUTS_CONFIG (the same file and precedence the Python code uses).
+# Services publish their address as "<name>.env" in ROLLOUTS_RUN_DIR (shared
+# storage), and the jobs that need them wait for that file.
+
+# Reads KEY=value lines (comments and blanks skipped, one layer of quotes removed)
+# into the environment, leaving variables that are already set alone: env wins.
+rollouts_load_env_file() {
+  local file=$1 line key value
+  while IFS= read -r line || [ -n "$line" ]; do
+    line=${line#"${line%%[![:space:]]*}"}
+    case $line in '' | '#'*) continue ;; esac
+    line=${line#export }
+    key=${line%%=*}
+    value=${line#*=}
+    [[ $key =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || continue
+    if [[ $value =~ ^\"(.*)\"$ || $value =~ ^\'(.*)\'$ ]]; then
+      value=${BASH_REMATCH[1]}
+    fi
+    [ -n "${!key+set}" ] || export "$key=$value"
+  done < "$file"
+}
+
+rollouts_log() {
+  echo "[$(date -u +%FT%TZ) ${SLURM_JOB_ID:-local}${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID} $(hostname)] $*" >&2
+}
+
+# Common start of every job: config, paths, the Python to run, the working directory.
+rollouts_setup() {
+  export ROLLOUTS_HOME=${ROLLOUTS_HOME:-${SLURM_SUBMIT_DIR:-$PWD}}
+  if [ -n "${ROLLOUTS_CONFIG:-}" ]; then
+    [ -r "$ROLLOUTS_CONFIG" ] || { rollouts_log "ROLLOUTS_CONFIG=$ROLLOUTS_CONFIG is not readable"; exit 2; }
+    export ROLLOUTS_CONFIG=$(realpath "$ROLLOUTS_CONFIG")
+    rollouts_load_env_file "$ROLLOUTS_CONFIG"
+  fi
+  local state=${ROLLOUTS_STATE_DIR:-${XDG_STATE_HOME:-$HOME/.local/state}/rollouts}
+  export ROLLOUTS_RUN_DIR=${ROLLOUTS_RUN_DIR:-$state/slurm}
+  mkdir -p "$ROLLOUTS_RUN_DIR"
+  # A command prefix, so the service image works too: "apptainer exec service.sif python".
+  if [ -z "${ROLLOUTS_PYTHON:-}" ]; then
+    ROLLOUTS_PYTHON=python3
+    [ -x "$ROLLOUTS_HOME/.venv/bin/python" ] && ROLLOUTS_PYTHON=$ROLLOUTS_HOME/.venv/bin/python
+  fi
+  export ROLLOUTS_PYTHON
+  cd "$ROLLOUTS_HOME"
+}
+
+rollouts_free_port() {
+  $ROLLOUTS_PYTHON -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
+}
+
+# The name other nodes reach this one by; override where `hostname` is not routable.
+rollouts_host() {
+  echo "${ROLLOUTS_SLURM_ADVERTISE_HOST:-$(hostname)}"
+}
+
+# Writes "<name>.env" atomically (VAR=value plus the job id that owns it) and removes
+# it when this job exits, so a stopped service is never found by a new worker.
+rollouts_publish() {
+  local name=$1 var=$2 value=$3 file=$ROLLOUTS_RUN_DIR/$1.env
+  printf '%s=%s\nROLLOUTS_SLURM_%s_JOB=%s\n' "$var" "$value" "${name^^}" "${SLURM_JOB_ID:-}" > "$file.tmp.$$"
+  mv -f "$file.tmp.$$" "$file"
+  trap "rm -f '$file'" EXIT
+  rollouts_log "published $var=$value in $file"
+}
+
+# Waits until VAR is known: set already (config or env), or published by a running job.
+# A file whose job is no longer running is stale (that job was SIGKILLed): keep waiting.
+rollouts_wait_for() {
+  local name=$1 var=$2 file=$ROLLOUTS_RUN_DIR/$1.env
+  local deadline=$((SECONDS + ${ROLLOUTS_SLURM_WAIT_S:-900})) owner
+  [ -n "${!var:-}" ] && return 0
+  rollouts_log "waiting for $file"
+  while [ $SECONDS -lt $deadline ]; do
+    if [ -r "$file" ]; then
+      owner=$(sed -n "s/^ROLLOUTS_SLURM_${name^^}_JOB=//p" "$file")
+      if [ -z "$owner" ] || [ -n "$(squeue -h -j "$owner" -t RUNNING -o %i 2>/dev/null)" ]; then
+        rollouts_load_env_file "$file"
+        rollouts_log "found $var=${!var}"
+        return 0
+      fi
+    fi
+    sleep "${ROLLOUTS_SLURM_POLL_S:-3}"
+  done
+  rollouts_log "gave up waiting for $file"
+  exit 3
+}
+
+# Polls a URL until it answers 200, or fails as soon as process $2 exits.
+rollouts_wait_http() {
+  local url=$1 pid=$2 deadline=$((SECONDS + ${3:-600}))
+  while [ $SECONDS -lt $deadline ]; do
+    kill -0 "$pid" 2>/dev/null || { rollouts_log "process $pid exited before $url answered"; return 1; }
+    $ROLLOUTS_PYTHON -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' "$url" \
+      2>/dev/null && return 0
+    sleep 1
+  done
+  rollouts_log "$url did not answer within ${3:-600}s"
+  return 1
+}
+
+# Runs until process $1 exits, forwarding SIGTERM/SIGINT to it. With --signal=B:... only
+# this shell is signalled; with a plain scancel every process is, and forwarding again is
+# harmless. Returns the process's exit status.
+rollouts_forward_and_wait() {
+  local pid=$1 rc=0
+  trap "kill -TERM $pid 2>/dev/null" TERM INT
+  while :; do
+    rc=0
+    wait "$pid" || rc=$?
+    kill -0 "$pid" 2>/dev/null || break
+  done
+  trap - TERM INT
+  return "$rc"
+}
+
+# The body of init.sbatch, rollout.sbatch and eval.sbatch. The worker replaces this shell
+# (exec), so the signals meant for the batch shell (--signal=B:TERM@..., scancel --batch)
+# reach the worker itself and nothing else: it stops taking jobs, lets running ones finish
+# for drain_timeout_s, hands the rest back to the stage's queue and exits 0.
+rollouts_run_worker() {
+  local stage=$1
+  rollouts_setup
+  rollouts_wait_for redis ROLLOUTS_REDIS_URL
+  rollouts_log "starting the $stage worker: $ROLLOUTS_PYTHON -m cli worker $stage ${ROLLOUTS_SLURM_WORKER_ARGS:-}"
+  # shellcheck disable=SC2086 # a command prefix and extra options, split on purpose
+  exec $ROLLOUTS_PYTHON -m cli worker "$stage" ${ROLLOUTS_SLURM_WORKER_ARGS:-}
+}
