@@ -107,5 +107,6 @@ class SweKind(AgentTask):
             ctx.check,
             lambda: ctx.remaining,
             lambda ws: materialize(instance, ws),
+            needs=("pytest",),
         ) as box:
             return resolve(box, instance, diff, python, timeout)

@@ -68,8 +68,12 @@ def fresh_sandbox(
     check: Callable[[], None],
     remaining: Callable[[], float],
     populate: Callable[[Path], None],
+    needs: tuple[str, ...] = (),
 ) -> Iterator[EvalBox]:
-    """A new directory filled by `populate(workspace)`, a sandbox over it, probed; removed afterwards."""
+    """A new directory filled by `populate(workspace)`, a sandbox over it, probed; removed afterwards.
+
+    The probe also imports `needs` (e.g. pytest): a missing test runner is the deployment's fault.
+    """
     base = Path(tempfile.mkdtemp(prefix="ro-ev-"))
     workspace, runtime = base / "ws", base / "rt"
     workspace.mkdir()
@@ -79,10 +83,12 @@ def fresh_sandbox(
         populate(workspace)
         sandbox = create_sandbox(spec, workspace, runtime, settings)
         box = EvalBox(sandbox, workspace, runtime, check, remaining)
-        probe = box.run([python, "-c", "print('ready')"], PROBE_TIMEOUT_S)
+        imports = "".join(f"import {module}; " for module in needs)
+        probe = box.run([python, "-c", f"{imports}print('ready')"], PROBE_TIMEOUT_S)
         if not probe.ok or probe.stdout.strip() != "ready":
+            wanted = f" with {', '.join(needs)}" if needs else ""
             raise SandboxError(
-                f"eval sandbox cannot run {python}: exit {probe.exit_code}, timed out {probe.timed_out}: "
+                f"eval sandbox cannot run {python}{wanted}: exit {probe.exit_code}, timed out {probe.timed_out}: "
                 f"{(probe.stderr or probe.stdout)[-1000:]}"
             )
         yield box

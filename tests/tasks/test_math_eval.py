@@ -1,0 +1,101 @@
+"""Math answers: equivalence by value (not by string), extraction from the trajectory, malformed input."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.tasks import get_kind, load_task_modules
+from workers.eval.answer_grading import grade_math
+from workers.eval.latex import last_boxed
+from workers.eval.math_equiv import equivalent
+
+from .conftest import MakeCtx, rollout
+
+load_task_modules()
+
+EQUIVALENT = [
+    ("1/2", "0.5"),
+    ("\\frac{1}{2}", "0.5"),
+    ("\\dfrac12", "1/2"),
+    ("0.50", "\\tfrac{1}{2}"),
+    ("2\\sqrt{2}", "\\sqrt{8}"),
+    ("\\frac{\\sqrt{3}+1}{2}", "\\frac{1}{\\sqrt{3}-1}"),
+    ("\\sqrt[3]{27}", "3"),
+    ("(-\\infty, -1] \\cup [3, \\infty)", "[3,\\infty)\\cup(-\\infty,-1]"),
+    ("\\left( -3, 3 \\right)", "(-3,3)"),
+    ("x = 4", "4"),
+    ("\\{3, 2\\}", "2, 3"),
+    ("y = 2x + 1", "2x - y + 1 = 0"),
+    ("9\\pi", "\\pi \\cdot 9"),
+    ("720^\\circ", "720"),
+    ("12\\%", "12"),
+    ("1,000", "1000"),
+    ("0.333333333", "\\frac{1}{3}"),
+    ("\\text{Monday}", "monday"),
+    ("e^{2}", "\\exp(2)"),
+    ("(x+1)^2", "x^2 + 2x + 1"),
+]
+
+DIFFERENT = [
+    ("0.33", "\\frac{1}{3}"),
+    ("(1, 3]", "[1, 3)"),
+    ("(2, 3)", "(3, 2)"),
+    ("2", "2, 3"),
+    ("3\\pi", "9\\pi"),
+    ("\\sqrt{2}", "1.41"),
+    ("y = 2x", "y = 2x + 1"),
+]
+
+
+@pytest.mark.parametrize(("answer", "reference"), EQUIVALENT)
+def test_equivalent_forms(answer: str, reference: str) -> None:
+    verdict = equivalent(answer, reference)
+    assert verdict.equivalent, verdict.reason
+
+
+@pytest.mark.parametrize(("answer", "reference"), DIFFERENT)
+def test_different_values(answer: str, reference: str) -> None:
+    assert not equivalent(answer, reference).equivalent
+
+
+@pytest.mark.parametrize("malformed", ["", "\\frac{1}{", "((", "\\unknownmacro{3}", "x" * 1000, "9^{9^{9^{9}}}", "2^{99999999}"])
+def test_malformed_answers_are_wrong_not_errors(malformed: str) -> None:
+    verdict = equivalent(malformed, "1")
+    assert not verdict.equivalent and verdict.reason
+
+
+def test_a_check_that_runs_too_long_is_undecided() -> None:
+    verdict = equivalent("\\sin(x)^{40} + \\cos(x)^{40}", "\\cos(x)^{40} + \\sin(x)^{39}\\sin(x)", timeout=0.001)
+    assert not verdict.equivalent and "exceeded" in verdict.reason
+
+
+def test_last_boxed_matches_braces() -> None:
+    assert last_boxed("first \\boxed{1} then \\boxed{\\frac{a}{b}}") == "\\frac{a}{b}"
+    assert last_boxed("\\boxed 5 done") == "5"
+    assert last_boxed("no box here") is None
+    assert last_boxed("\\boxed{unclosed") is None
+
+
+def test_answer_sources_in_order() -> None:
+    assert grade_math("so \\boxed{2}", "\\boxed{0.5}", "1/2")["source"] == "finish.boxed"
+    found = grade_math("the answer is \\boxed{\\frac{1}{2}}", None, "0.5")
+    assert found["reward"] == 1.0 and found["source"] == "final_text.boxed"
+    assert grade_math("I think", "0.5", "1/2")["source"] == "finish"
+    missing = grade_math("no answer at all", None, "1/2")
+    assert missing["reward"] == 0.0 and missing["extracted"] is None and "no answer" in missing["match"]
+
+
+def test_math_kind_evaluate(make_ctx: MakeCtx) -> None:
+    kind = get_kind("math")
+    task = {"kind": "math", "problem": "What is 1/3 + 1/6?", "answer": "\\frac{1}{2}"}
+    kind.validate(task)
+    right = kind.evaluate(make_ctx(task, outputs=rollout("We get \\boxed{0.5}.")))
+    wrong = kind.evaluate(make_ctx(task, outputs=rollout("", "\\boxed{1/3}")))
+    assert right["reward"] == 1.0 and right["extracted"] == "0.5"
+    assert wrong["reward"] == 0.0 and wrong["extracted"] == "1/3"
+
+
+def test_math_kind_numeric_reference(make_ctx: MakeCtx) -> None:
+    task = {"kind": "math", "problem": "Half of one?", "answer": 0.5}
+    get_kind("math").validate(task)
+    assert get_kind("math").evaluate(make_ctx(task, outputs=rollout("\\boxed{\\frac12}")))["reward"] == 1.0

@@ -1,0 +1,148 @@
+"""SWE instances: the repository at base_commit, the agent's diff judged on a fresh copy with the
+task's tests restored (editing or deleting tests earns nothing), SWE-bench style resolution."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shared.sandbox import SandboxSpec, create_sandbox
+from shared.tasks import TaskValidationError, get_kind, load_task_modules
+from shared.tasks.swe_instance import SweInstance, materialize
+
+from .conftest import EXAMPLES, MakeCtx, example_rows, rollout
+
+load_task_modules()
+pytestmark = pytest.mark.usefixtures("require_bwrap")
+
+TASK = example_rows("swe.jsonl")[0]["task"]  # slugkit: slugify keeps repeated and edge dashes
+FIX = ('"[^a-z0-9]", "-", text).replace("--", "-")', '"[^a-z0-9]+", "-", text).strip("-")')
+CHEAT_TESTS = "def test_collapses_separators():\n    pass\n\n\ndef test_strips_edges():\n    pass\n"
+
+
+def _rollout(make_ctx: MakeCtx, tmp_path: Path, edits: list[tuple[str, dict]]) -> dict:
+    """init, then the given tool calls in a real sandbox over the workspace, then collect."""
+    kind = get_kind("swe")
+    ctx = make_ctx(TASK, stage="init")
+    init = kind.init(ctx)
+    assert init["commit"] == TASK["base_commit"]
+    box = create_sandbox(kind.sandbox_spec(TASK, ctx.settings), ctx.workspace, tmp_path / "rt", ctx.settings)
+    with box:
+        for tool, args in edits:
+            result = box.call(tool, args)
+            assert not result.is_error, result.output
+        return kind.collect(ctx, box)
+
+
+def _evaluate(make_ctx: MakeCtx, extra: dict) -> dict:
+    return get_kind("swe").evaluate(make_ctx(TASK, outputs=rollout(**extra)))
+
+
+def test_agent_fix_resolves(make_ctx: MakeCtx, tmp_path: Path) -> None:
+    extra = _rollout(
+        make_ctx, tmp_path,
+        [
+            ("bash", {"command": "git status --short && python -m pytest -q tests >/dev/null; true"}),
+            ("str_replace", {"path": "slugkit/core.py", "old_str": FIX[0], "new_str": FIX[1]}),
+        ],
+    )  # fmt: skip
+    assert "slugkit/core.py" in extra["diff"] and ".pytest_cache" not in extra["diff"]
+    result = _evaluate(make_ctx, extra)
+    assert result["reward"] == 1.0 and result["resolved"] is True
+    assert set(result["FAIL_TO_PASS"].values()) == {"passed"} and set(result["PASS_TO_PASS"].values()) == {"passed"}
+
+
+def test_editing_the_tests_earns_nothing(make_ctx: MakeCtx, tmp_path: Path) -> None:
+    extra = _rollout(make_ctx, tmp_path, [("create", {"path": "tests/test_core.py", "file_text": CHEAT_TESTS})])
+    result = _evaluate(make_ctx, extra)
+    assert result["reward"] == 0.0 and result["patch_applied"] is True
+    assert result["restored_test_files"] == ["tests/test_core.py"]
+    assert set(result["FAIL_TO_PASS"].values()) == {"failed"}
+    assert set(result["PASS_TO_PASS"].values()) == {"passed"}  # the original tests are back
+
+
+def test_a_conftest_that_drops_tests_is_removed(make_ctx: MakeCtx, tmp_path: Path) -> None:
+    hook = "import pytest\n\n\ndef pytest_collection_modifyitems(items):\n    items.clear()\n"
+    extra = _rollout(make_ctx, tmp_path, [("create", {"path": "conftest.py", "file_text": hook})])
+    result = _evaluate(make_ctx, extra)
+    assert "conftest.py" in result["restored_test_files"] and result["reward"] == 0.0
+    assert set(result["PASS_TO_PASS"].values()) == {"passed"}
+
+
+def test_deleting_the_tests_earns_nothing(make_ctx: MakeCtx, tmp_path: Path) -> None:
+    extra = _rollout(make_ctx, tmp_path, [("bash", {"command": "git rm -q -r tests"})])
+    result = _evaluate(make_ctx, extra)
+    assert result["reward"] == 0.0 and set(result["PASS_TO_PASS"].values()) == {"passed"}
+
+
+def test_reference_patch_resolves_and_empty_diff_does_not(make_ctx: MakeCtx) -> None:
+    assert _evaluate(make_ctx, {"diff": TASK["patch"]})["reward"] == 1.0
+    empty = _evaluate(make_ctx, {"diff": ""})
+    assert empty["reward"] == 0.0 and set(empty["FAIL_TO_PASS"].values()) == {"failed"}
+
+
+def test_bad_diffs(make_ctx: MakeCtx) -> None:
+    garbage = _evaluate(make_ctx, {"diff": "diff --git a/x b/x\nnot a patch\n"})
+    assert garbage["reward"] == 0.0 and garbage["patch_applied"] is False and "does not apply" in garbage["error"]
+    git_dir = "diff --git a/.git/config b/.git/config\n--- a/.git/config\n+++ b/.git/config\n@@ -1 +1 @@\n-a\n+b\n"
+    assert "touches .git" in _evaluate(make_ctx, {"diff": git_dir})["error"]
+    missing = _evaluate(make_ctx, {"diff": None, "diff_error": "the diff is too large"})
+    assert missing["reward"] == 0.0 and missing["error"] == "the diff is too large"
+
+
+def test_edited_source_files_no_longer_match_base_commit(tmp_path: Path) -> None:
+    source = tmp_path / "repo"
+    shutil.copytree(EXAMPLES / "swe" / "repos" / "slugkit", source)
+    (source / "README.md").write_text("changed\n")
+    instance = SweInstance.from_task({**TASK, "repo_path": str(source)})
+    with pytest.raises(RuntimeError, match="not base_commit"):
+        materialize(instance, tmp_path / "out")
+
+
+def test_git_repository_source_is_exported_without_history(tmp_path: Path) -> None:
+    source = tmp_path / "upstream"
+    shutil.copytree(EXAMPLES / "swe" / "repos" / "slugkit", source)
+    from shared.tasks.swe_instance import git, snapshot_commit
+
+    first = snapshot_commit(source)
+    (source / "slugkit" / "core.py").write_text("# the fix, committed later\n")
+    git(source, "commit", "-q", "-am", "fix")
+    instance = SweInstance.from_task({**TASK, "repo_path": str(source), "base_commit": first})
+    out = tmp_path / "out"
+    materialize(instance, out)
+    assert "replace" in (out / "slugkit" / "core.py").read_text()
+    assert git(out, "rev-list", "--all", "--count").decode().strip() == "1"
+
+
+def test_swe_bench_style_fields_and_aliases(task_settings) -> None:
+    row = {
+        "instance_id": "owner__name-1",
+        "repo_name": "owner/name",
+        "commit_hash": "abc",
+        "problem_statement": "it breaks",
+        "FAIL_TO_PASS": '["tests/test_a.py::test_x"]',
+        "PASS_TO_PASS": "[]",
+        "docker_image": "docker://example/img",
+    }
+    instance = SweInstance.from_task(row)
+    assert (instance.repo, instance.base_commit, instance.image) == ("owner/name", "abc", "docker://example/img")
+    assert instance.fail_to_pass == ("tests/test_a.py::test_x",) and instance.pass_to_pass == ()
+    assert get_kind("swe").sandbox_spec(row, task_settings).image == "docker://example/img"
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"instance_id": None}, "task.instance_id"),
+        ({"base_commit": None}, "task.base_commit"),
+        ({"FAIL_TO_PASS": []}, "task.FAIL_TO_PASS"),
+        ({"PASS_TO_PASS": "not json"}, "task.PASS_TO_PASS"),
+        ({"test_timeout_s": 0}, "task.test_timeout_s"),
+    ],
+)
+def test_validation_names_the_field(change: dict, field: str) -> None:
+    task = {k: v for k, v in {**TASK, **change}.items() if v is not None}
+    with pytest.raises(TaskValidationError, match=field):
+        get_kind("swe").validate(task)
