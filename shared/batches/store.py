@@ -277,3 +277,29 @@ def decode_group(raw: dict[bytes, bytes]) -> dict[str, Any]:
         else:
             group[name] = value
     return group
+
+
+def group_views(batches: BatchStore, batch_id: str, indices: list[int], with_results: bool = False) -> list[dict[str, Any]]:
+    """The public view of these completed groups; `with_results` embeds each sample's trajectory and evaluation."""
+    from shared.batches.views import group_view
+
+    head = batches.head(batch_id)
+    if head is None or not indices:
+        return []
+    groups = batches.groups(batch_id, indices)
+    prompts = batches.prompts(batch_id, indices)
+    results: dict[str, dict[str, Any] | None] | None = None
+    if with_results:
+        job_ids = [s["job_id"] for g in groups for s in g["samples"].values() if s.get("job_id")]
+        results = {}
+        for job_id, record in zip(job_ids, batches.jobs.get_many(job_ids)):
+            results[job_id] = _result(record)
+    return [group_view(head, k, g, p, results) for k, g, p in zip(indices, groups, prompts)]
+
+
+def _result(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What GET /v1/jobs/{id} calls `result`: the trajectory and the evaluation of a done job."""
+    if record is None or record.get("status") != "done":
+        return None
+    evaluation = record.get("out:eval") or {}
+    return {"reward": evaluation.get("reward"), "trajectory": record.get("out:rollout") or {}, "evaluation": evaluation}

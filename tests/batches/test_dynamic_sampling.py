@@ -12,6 +12,7 @@ from shared.batches.store import BatchStore
 from shared.batches.sweep import sweep
 from shared.config import Settings
 from shared.jobs.store import JobStore
+from tests.batches.driving import finish_group, finish_job
 
 INFORMATIVE = [0.0, 1.0, 1.0, 0.0]
 UNIFORM = [1.0, 1.0, 1.0, 1.0]
@@ -29,21 +30,6 @@ def pool(pattern: list[list[float]]) -> list[dict]:
 def create(batches: BatchStore, prompts: list[dict], **options: object) -> str:
     request = BatchRequest(prompts=prompts, n_samples=4, **options)
     return batches.create(request, prompts)
-
-
-def finish_job(batches: BatchStore, job_id: str, status: str = "done", reward: float | None = None) -> None:
-    fields = {"out:eval": {"reward": reward}} if status == "done" else {"error": {"type": "boom", "message": "x"}}
-    assert batches.jobs.transition(job_id, "*", status, fields).applied
-    record_job(batches, job_id)
-
-
-def finish_group(batches: BatchStore, batch_id: str, k: int, status: str = "done") -> None:
-    for job_id in batches.group_job_ids(batch_id, k):
-        record = batches.jobs.get(job_id)
-        assert record is not None
-        rewards = record["spec"]["task"]["rewards"]
-        if record["status"] not in ("done", "failed", "cancelled", "timed_out"):
-            finish_job(batches, job_id, status, rewards[record["sample_index"]])
 
 
 def test_uniform_groups_are_filtered_and_replaced_until_exactly_the_target(batches):

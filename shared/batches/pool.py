@@ -1,0 +1,90 @@
+"""Read and check a batch's prompt pool: inline items or a JSONL file the server can read.
+
+Every item is checked before anything is stored (its shape, and its task by
+its kind's own validate), so a batch never starts with a prompt that would
+fail every sample; each problem names the item (`prompts[3].task` or
+`prompts_path:12`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from shared.batches.spec import BatchRequest, PoolItem, normalise_pool_item
+from shared.tasks import TaskValidationError, get_kind
+
+MAX_POOL = 1_000_000
+MAX_PROBLEMS = 20
+
+
+def load_pool(request: BatchRequest) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """(pool items as plain dicts, problems as {field, message}); nothing is usable unless problems is empty."""
+    if request.prompts is not None:
+        raw = [(f"body.prompts[{i}]", item) for i, item in enumerate(request.prompts)]
+    else:
+        raw, problem = _read_jsonl(Path(request.prompts_path or ""))
+        if problem:
+            return [], [problem]
+    if len(raw) > MAX_POOL:
+        return [], [{"field": "body.prompts", "message": f"{len(raw)} prompts; the limit is {MAX_POOL}"}]
+    items: list[dict[str, Any]] = []
+    problems: list[dict[str, str]] = []
+    for where, item in raw:
+        checked = _check(where, item)
+        if isinstance(checked, str):
+            problems.append({"field": where, "message": checked})
+            if len(problems) >= MAX_PROBLEMS:
+                break
+        else:
+            items.append(checked)
+    return items, problems
+
+
+def _read_jsonl(path: Path) -> tuple[list[tuple[str, Any]], dict[str, str] | None]:
+    field = "body.prompts_path"
+    if not path.is_absolute():
+        return [], {"field": field, "message": "must be an absolute path on the server"}
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        return [], {"field": field, "message": f"cannot read {path}: {exc.strerror or type(exc).__name__}"}
+    raw: list[tuple[str, Any]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            raw.append((f"{field}:{number}", orjson.loads(line)))
+        except orjson.JSONDecodeError:
+            return [], {"field": f"{field}:{number}", "message": "not valid JSON"}
+    if not raw:
+        return [], {"field": field, "message": f"{path} holds no prompts"}
+    return raw, None
+
+
+def _check(where: str, item: Any) -> dict[str, Any] | str:
+    """The item as stored, or why it is refused."""
+    try:
+        parsed = PoolItem.model_validate(normalise_pool_item(item))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        path = ".".join(str(part) for part in first.get("loc", ()))
+        return f"{path}: {first.get('msg', 'invalid')}" if path else first.get("msg", "invalid")
+    kind = parsed.task.get("kind")
+    if not isinstance(kind, str) or not kind:
+        return "task.kind is required and must be a non-empty string"
+    try:
+        get_kind(kind).validate(parsed.task)
+    except KeyError as exc:
+        return f"task.kind: {exc.args[0]}"
+    except TaskValidationError as exc:
+        return f"task: {exc}"
+    stored: dict[str, Any] = {"task": parsed.task, "metadata": parsed.metadata}
+    for name in ("sampling", "limits"):
+        value = getattr(parsed, name)
+        if value is not None:
+            stored[name] = value.model_dump(mode="json")
+    return stored
