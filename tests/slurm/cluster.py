@@ -145,9 +145,9 @@ class SlurmCluster:
 
     # --- use --------------------------------------------------------------
     def run(self, argv: list[str], env: dict[str, str] | None = None, check: bool = True,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+            cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(argv, env={**self.env, **(env or {})}, capture_output=True, text=True,
-                                cwd=cwd, timeout=120)
+                                cwd=cwd, timeout=timeout)
         if check and result.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr or result.stdout}")
         return result

@@ -1,0 +1,85 @@
+"""slurm/stack.sh as an operator runs it: Redis, the API, the stage arrays and a model backend as
+jobs with dependencies, a batch through them, scaling up, and an ordered shutdown.
+
+The vLLM job runs the real slurm/vllm.sbatch with its serve command pointed at the CPU backend
+(which speaks vLLM's protocol), so its wait/register/heartbeat/deregister path runs under Slurm.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import httpx
+
+from tests.slurm.conftest import REPO, job_env
+from tests.support.waiting import trace, wait_for, wait_status
+
+STAND_IN = "$ROLLOUTS_PYTHON -m cli cpu-backend --host 0.0.0.0 --port $PORT"
+
+
+def _stack(slurm, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return slurm.run([str(REPO / "slurm" / "stack.sh"), *args], env=job_env(config), timeout=300)
+
+
+def _published(run_dir: Path, name: str) -> dict[str, str]:
+    path = run_dir / f"{name}.env"
+    if not path.exists():
+        return {}
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def _backends(api: httpx.Client) -> list[dict]:
+    return api.get("/v1/backends").json()["backends"]
+
+
+def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_config, tmp_path, trace_dir):
+    run_dir = tmp_path / "run"
+    config = write_config(
+        ROLLOUTS_SLURM_SBATCH_ARGS=f"--partition={slurm.partition} --time=10",
+        ROLLOUTS_SLURM_VLLM_SBATCH_ARGS="--gres=none --cpus-per-task=1",  # no GPUs here
+        ROLLOUTS_VLLM_MODEL="tiny-stand-in",
+        ROLLOUTS_VLLM_COMMAND=STAND_IN,
+        ROLLOUTS_DRAIN_TIMEOUT_S="3",
+    )
+    _stack(slurm, config, "up", "--init", "1", "--rollout", "1", "--eval", "1", "--vllm", "1")
+    roles = dict(line.split() for line in (run_dir / "jobs").read_text().splitlines())
+    assert set(roles) == {"redis", "api", "init", "rollout", "eval", "vllm"}
+    added = None
+    try:
+        api_url = wait_for(lambda: _published(run_dir, "api").get("ROLLOUTS_API_URL"), timeout=90,
+                           what="the API job to publish its address")
+        assert _published(run_dir, "redis")["ROLLOUTS_REDIS_URL"].startswith("redis://")
+        api = httpx.Client(base_url=api_url, timeout=10.0)
+
+        backend = wait_for(lambda: next((b for b in _backends(api) if b["healthy"]), None), timeout=150,
+                           what="the vLLM job's backend to register")
+        assert backend["model"] == "tiny-stand-in" and backend["labels"]["slurm_job"].startswith(roles["vllm"])
+
+        _stack(slurm, config, "add", "rollout", "2")  # scale up: another array
+        added = (run_dir / "jobs").read_text().splitlines()[-1].split()[1]
+        wait_for(lambda: list(slurm.tasks(added).values()) == ["RUNNING"] * 2, timeout=60, what="the added tasks")
+        wait_for(lambda: api.get("/v1/status").json()["stages"]["rollout"]["processes"] == 3, timeout=90,
+                 what="three rollout workers")
+
+        jobs = [{"task": {"kind": "scripted", "trace": str(trace_dir), "sleep": {"rollout": 0.5}}}] * 6
+        ids = api.post("/v1/jobs", json=jobs).json()["job_ids"]
+        for job_id in ids:
+            assert wait_status(api, job_id, timeout=90)["status"] == "done"
+            assert sum(l.startswith("eval end") for l in trace(trace_dir, job_id)) == 1
+
+        # The backend job's batch shell gets SIGTERM (time limit, `stack.sh down`): it deregisters
+        # before stopping its server, so the pool forgets it at once instead of marking it unhealthy.
+        slurm.run(["scancel", "--batch", "--signal=TERM", roles["vllm"]])
+        wait_for(lambda: not _backends(api), timeout=30, what="the backend to deregister")
+        wait_for(lambda: not slurm.tasks(roles["vllm"]), timeout=30, what="the vLLM job to end")
+        assert slurm.job_state(f"{roles['vllm']}_0") == "COMPLETED"
+    finally:
+        down = _stack(slurm, config, "down")
+
+    assert "stack stopped" in down.stderr
+    for job_id in [*roles.values(), added]:
+        assert job_id is not None
+        assert not slurm.tasks(job_id), f"job {job_id} still queued after down"
+    assert not (run_dir / "api.env").exists() and not (run_dir / "redis.env").exists()
+    assert list((run_dir / "redis").glob("appendonly*")), "Redis kept no data on shared storage"
