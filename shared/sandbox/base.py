@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
@@ -34,13 +35,21 @@ _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes; the kernel's ipc sockets add a 
 
 
 # bwrap --die-with-parent (PR_SET_PDEATHSIG) fires when the *thread* that forked
-# it exits, so every sandbox process is spawned from this one long-lived thread:
-# a sandbox started from a short-lived worker thread would otherwise die with it.
-_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner")
+# it exits, so every sandbox process is spawned from one long-lived thread per
+# process: a sandbox started from a short-lived worker thread would otherwise die
+# with it. Per process, because a forked child (rq's work horse) inherits the
+# executor but not its thread.
+_spawner: tuple[int, ThreadPoolExecutor] | None = None
+_spawner_lock = threading.Lock()
 
 
 def _spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-    return _SPAWNER.submit(subprocess.Popen, argv, **kwargs).result()
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None or _spawner[0] != os.getpid():
+            _spawner = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner"))
+        executor = _spawner[1]
+    return executor.submit(subprocess.Popen, argv, **kwargs).result()
 
 
 class SandboxError(RuntimeError):

@@ -195,3 +195,27 @@ def test_sandbox_outlives_the_thread_that_started_it(
         assert box.call("bash", {"command": "echo still-here"}).output == "still-here\n"
     finally:
         box.stop()
+
+
+def _start_and_call_in_child(workspace: Path, runtime_dir: Path, settings: Settings, out: object) -> None:
+    with create_sandbox(SandboxSpec(), workspace, runtime_dir, settings) as box:
+        out.put(box.call("bash", {"command": "echo from-child"}).output)  # type: ignore[attr-defined]
+
+
+def test_sandboxes_start_in_a_forked_child(workspace: Path, short_dir: Path, sandbox_settings: Settings) -> None:
+    """rq forks a work horse per job: the child must not reuse the parent's spawner thread."""
+    import multiprocessing
+
+    with create_sandbox(SandboxSpec(), workspace, short_dir / "rt", sandbox_settings) as box:
+        assert box.call("bash", {"command": "true"}).exit_code == 0
+        context = multiprocessing.get_context("fork")
+        out = context.Queue()
+        args = (workspace, short_dir / "rt2", sandbox_settings, out)
+        child = context.Process(target=_start_and_call_in_child, args=args)
+        child.start()
+        try:
+            child.join(30)
+            assert child.exitcode == 0 and out.get(timeout=5) == "from-child\n"
+        finally:
+            child.kill()
+            child.join()
