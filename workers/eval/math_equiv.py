@@ -7,9 +7,12 @@ for decimals. Text that does not parse is compared as normalized text, so
 "\\text{Monday}" still matches "Monday".
 
 sympy can run for a very long time (or exhaust memory) on adversarial input
-such as ``9^{9^{9^9}}``; `equivalent` therefore decides in a forked child
-with a time limit, and an undecided comparison counts as not equivalent, with
-the reason reported.
+such as ``9^{9^{9^9}}``: huge powers are refused before sympy sees them, and
+`equivalent` decides in a child process with a time limit. The children come
+from a forkserver that preloaded sympy (fast, and never a fork of a worker
+process whose other threads may hold locks). A check that still overruns, or
+a child that dies, raises EquivalenceUndecided: the job fails as an
+evaluation error instead of recording a reward of 0 that nobody decided.
 """
 
 from __future__ import annotations
@@ -33,11 +36,14 @@ from workers.eval.latex import drop_text, strip_decorations, to_sympy_syntax, un
 MAX_ANSWER_CHARS = 400
 REL_TOL = 1e-6
 MAX_EXPONENT = 10_000
-CHECK_TIMEOUT_S = 10.0
+CHECK_TIMEOUT_S = 20.0
 _TRANSFORMS = (*standard_transformations, implicit_multiplication_application, convert_xor)
 _LOCALS = {"e": sympy.E, "i": sympy.I, "pi": sympy.pi, "oo": sympy.oo, "E": sympy.E, "I": sympy.I}
 _OPEN = {"(": ")", "[": "]", "{": "}"}
-_UNDECIDED = "undecided"
+
+
+class EquivalenceUndecided(RuntimeError):
+    """The check did not finish (time limit, or its process died): an evaluation error, not a 0."""
 
 
 @dataclass
@@ -50,7 +56,7 @@ def equivalent(answer: str, reference: str, timeout: float = CHECK_TIMEOUT_S) ->
     """Whether `answer` means the same as `reference`, decided within `timeout` seconds."""
     if len(answer) > MAX_ANSWER_CHARS:
         return Verdict(False, f"answer longer than {MAX_ANSWER_CHARS} characters")
-    context = multiprocessing.get_context("fork")
+    context = _context()
     receiver, sender = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(sender, answer, reference))
     child.start()
@@ -59,13 +65,25 @@ def equivalent(answer: str, reference: str, timeout: float = CHECK_TIMEOUT_S) ->
         if receiver.poll(timeout):
             verdict: Verdict = receiver.recv()
             return verdict
-        return Verdict(False, f"equivalence check exceeded {timeout:g}s")
+        raise EquivalenceUndecided(f"comparing {answer[:80]!r} with {reference[:80]!r} took over {timeout:g}s")
     except EOFError:
-        return Verdict(False, "equivalence check crashed (memory limit?)")
+        raise EquivalenceUndecided(f"the equivalence check died (exit code {child.exitcode})") from None
     finally:
         receiver.close()
         child.kill()
         child.join()
+
+
+_FORKSERVER: Any = None
+
+
+def _context() -> Any:
+    global _FORKSERVER
+    if _FORKSERVER is None:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["sympy", "workers.eval.math_equiv"])
+        _FORKSERVER = context
+    return _FORKSERVER
 
 
 def _child(sender: Any, answer: str, reference: str) -> None:
