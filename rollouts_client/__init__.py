@@ -1,0 +1,31 @@
+"""The trainer's client of the rollout service: sync and async, typed results, training tensors.
+
+    from rollouts_client import RolloutClient, groups_to_tensors
+
+    with RolloutClient("http://api:8000", token="...") as client:
+        batch = client.submit_batch(prompts, n_samples=8, min_informative_groups=32)
+        for group in client.iter_groups(batch.id):  # as each group completes
+            ...
+"""
+
+from rollouts_client.aio import AsyncRolloutClient
+from rollouts_client.errors import ApiError, WaitTimeout
+from rollouts_client.models import Batch, BatchCounts, Group, GroupPage, Job, Sample
+from rollouts_client.sync import RolloutClient
+from rollouts_client.training import groups_to_tensors
+from rollouts_client.wire import RetryPolicy
+
+__all__ = [
+    "ApiError",
+    "AsyncRolloutClient",
+    "Batch",
+    "BatchCounts",
+    "Group",
+    "GroupPage",
+    "Job",
+    "RetryPolicy",
+    "RolloutClient",
+    "Sample",
+    "WaitTimeout",
+    "groups_to_tensors",
+]

@@ -1,0 +1,185 @@
+"""AsyncRolloutClient: the same API as RolloutClient for asyncio trainers (httpx.AsyncClient)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from rollouts_client.errors import WaitTimeout
+from rollouts_client.models import Batch, Group, GroupPage, Job
+from rollouts_client.wire import RetryPolicy, SseParser, batch_body, decode, headers
+
+LIST_CHUNK = 500
+
+
+class AsyncRolloutClient:
+    """See RolloutClient; every method is a coroutine and the iterators are async."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        msgpack: bool = True,
+        retry: RetryPolicy | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.retry = retry or RetryPolicy()
+        self.http = httpx.AsyncClient(
+            base_url=base_url, headers=headers(token, msgpack), timeout=timeout, transport=transport
+        )
+
+    async def __aenter__(self) -> AsyncRolloutClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        delays = iter(self.retry.delays())
+        while True:
+            error: Exception | None = None
+            response: httpx.Response | None = None
+            try:
+                response = await self.http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                error = exc
+            delay = next(delays, None) if self.retry.retryable(method, error, response) else None
+            if delay is None:
+                if error is not None:
+                    raise error
+                assert response is not None
+                return response
+            await asyncio.sleep(delay)
+
+    # --- jobs -------------------------------------------------------------------
+    async def submit_jobs(self, jobs: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
+        return decode(await self.request("POST", "/v1/jobs", json=jobs), (202,))["job_ids"]
+
+    async def get_job(self, job_id: str) -> Job:
+        return Job.from_api(decode(await self.request("GET", f"/v1/jobs/{job_id}")))
+
+    async def job_summaries(self, job_ids: list[str]) -> list[Job]:
+        out: list[Job] = []
+        for start in range(0, len(job_ids), LIST_CHUNK):
+            chunk = job_ids[start : start + LIST_CHUNK]
+            params = {"ids": ",".join(chunk), "limit": len(chunk)}
+            page = decode(await self.request("GET", "/v1/jobs", params=params))
+            out.extend(Job.from_api(j) for j in page["jobs"])
+        return out
+
+    async def wait_jobs(self, job_ids: list[str], timeout: float | None = None, poll_s: float = 0.5) -> list[Job]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pending = list(dict.fromkeys(job_ids))
+        while pending:
+            pending = [j.id for j in await self.job_summaries(pending) if not j.finished]
+            if not pending:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"{len(pending)} of {len(job_ids)} jobs still running after {timeout}s")
+            await asyncio.sleep(poll_s)
+        return list(await asyncio.gather(*(self.get_job(job_id) for job_id in job_ids)))
+
+    async def cancel_job(self, job_id: str) -> bool:
+        response = await self.request("DELETE", f"/v1/jobs/{job_id}")
+        if response.status_code == 409:
+            return False
+        decode(response)
+        return True
+
+    # --- batches ----------------------------------------------------------------
+    async def submit_batch(
+        self,
+        prompts: list[dict[str, Any]] | None = None,
+        *,
+        prompts_path: str | None = None,
+        n_samples: int = 8,
+        min_informative_groups: int | None = None,
+        **options: Any,
+    ) -> Batch:
+        body = batch_body(prompts, prompts_path, n_samples, min_informative_groups, options)
+        return Batch.from_api(decode(await self.request("POST", "/v1/batches", json=body), (202,)))
+
+    async def get_batch(self, batch_id: str) -> Batch:
+        return Batch.from_api(decode(await self.request("GET", f"/v1/batches/{batch_id}")))
+
+    async def cancel_batch(self, batch_id: str) -> Batch | None:
+        response = await self.request("DELETE", f"/v1/batches/{batch_id}")
+        if response.status_code == 409:
+            return None
+        return Batch.from_api(decode(response))
+
+    async def groups(self, batch_id: str, after: str = "0-0", wait: float = 20.0, results: bool = False) -> GroupPage:
+        params = {"after": after, "wait": wait, "results": str(results).lower()}
+        response = await self.request("GET", f"/v1/batches/{batch_id}/groups", params=params, timeout=wait + 30)
+        return GroupPage.from_api(decode(response))
+
+    async def iter_groups(
+        self, batch_id: str, *, results: bool = True, timeout: float | None = None, after: str = "0-0"
+    ) -> AsyncIterator[Group]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cursor = after
+        while True:
+            wait = 20.0 if deadline is None else max(0.0, min(20.0, deadline - time.monotonic()))
+            page = await self.groups(batch_id, cursor, wait, results)
+            for group in page.groups:
+                yield group
+            cursor = page.cursor
+            if page.done:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"batch {batch_id} still running after {timeout}s")
+
+    async def iter_events(
+        self, batch_id: str, *, results: bool = False, timeout: float | None = None
+    ) -> AsyncIterator[Group]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last_id = "0-0"
+        delays = iter(self.retry.delays())
+        while True:
+            try:
+                async with self.http.stream(
+                    "GET",
+                    f"/v1/batches/{batch_id}/events",
+                    params={"results": str(results).lower()},
+                    headers={"Accept": "text/event-stream", "Last-Event-ID": last_id},
+                    timeout=httpx.Timeout(self.http.timeout.connect, read=60.0),
+                ) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                        decode(response)
+                    parser = SseParser()
+                    async for line in response.aiter_lines():
+                        if deadline is not None and time.monotonic() >= deadline:
+                            raise WaitTimeout(f"batch {batch_id} still running after {timeout}s")
+                        event = parser.feed(line)
+                        if event is None:
+                            continue
+                        name, event_id, data = event
+                        if name == "end":
+                            return
+                        last_id = event_id or last_id
+                        yield Group.from_api(data)
+            except httpx.TransportError:
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
+
+    async def wait_batch(self, batch_id: str, timeout: float | None = None) -> Batch:
+        async for _ in self.iter_groups(batch_id, results=False, timeout=timeout):
+            pass
+        return await self.get_batch(batch_id)
+
+    async def collect_groups(
+        self, batch_id: str, *, results: bool = True, timeout: float | None = None
+    ) -> list[Group]:
+        return [group async for group in self.iter_groups(batch_id, results=results, timeout=timeout)]

@@ -1,0 +1,192 @@
+"""RolloutClient: the synchronous client a trainer imports (httpx)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from rollouts_client.errors import WaitTimeout
+from rollouts_client.models import Batch, Group, GroupPage, Job
+from rollouts_client.wire import RetryPolicy, SseParser, batch_body, decode, headers
+
+LIST_CHUNK = 500
+
+
+class RolloutClient:
+    """Submit jobs and batches, wait for them, stream a batch's groups, cancel.
+
+    Responses come as msgpack by default (`msgpack=False` for JSON); connection
+    errors and 503s are retried (see RetryPolicy).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        msgpack: bool = True,
+        retry: RetryPolicy | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.retry = retry or RetryPolicy()
+        self.http = httpx.Client(
+            base_url=base_url, headers=headers(token, msgpack), timeout=timeout, transport=transport
+        )
+
+    def __enter__(self) -> RolloutClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        delays = iter(self.retry.delays())
+        while True:
+            error: Exception | None = None
+            response: httpx.Response | None = None
+            try:
+                response = self.http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                error = exc
+            delay = next(delays, None) if self.retry.retryable(method, error, response) else None
+            if delay is None:
+                if error is not None:
+                    raise error
+                assert response is not None
+                return response
+            time.sleep(delay)
+
+    # --- jobs -------------------------------------------------------------------
+    def submit_jobs(self, jobs: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
+        """Submit one job or a list; returns their ids (an idempotency key answers with the existing job)."""
+        return decode(self.request("POST", "/v1/jobs", json=jobs), (202,))["job_ids"]
+
+    def get_job(self, job_id: str) -> Job:
+        return Job.from_api(decode(self.request("GET", f"/v1/jobs/{job_id}")))
+
+    def job_summaries(self, job_ids: list[str]) -> list[Job]:
+        """Status and reward of many jobs in few requests (no trajectories)."""
+        out: list[Job] = []
+        for start in range(0, len(job_ids), LIST_CHUNK):
+            chunk = job_ids[start : start + LIST_CHUNK]
+            page = decode(self.request("GET", "/v1/jobs", params={"ids": ",".join(chunk), "limit": len(chunk)}))
+            out.extend(Job.from_api(j) for j in page["jobs"])
+        return out
+
+    def wait_jobs(self, job_ids: list[str], timeout: float | None = None, poll_s: float = 0.5) -> list[Job]:
+        """Block until every job is terminal; the full records, in the order given. WaitTimeout past `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pending = list(dict.fromkeys(job_ids))
+        while pending:
+            pending = [j.id for j in self.job_summaries(pending) if not j.finished]
+            if not pending:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"{len(pending)} of {len(job_ids)} jobs still running after {timeout}s")
+            time.sleep(poll_s)
+        return [self.get_job(job_id) for job_id in job_ids]
+
+    def cancel_job(self, job_id: str) -> bool:
+        """True when cancelled now, False when it had already finished."""
+        response = self.request("DELETE", f"/v1/jobs/{job_id}")
+        if response.status_code == 409:
+            return False
+        decode(response)
+        return True
+
+    # --- batches ----------------------------------------------------------------
+    def submit_batch(
+        self,
+        prompts: list[dict[str, Any]] | None = None,
+        *,
+        prompts_path: str | None = None,
+        n_samples: int = 8,
+        min_informative_groups: int | None = None,
+        **options: Any,
+    ) -> Batch:
+        """Options: sampling, limits, max_groups_in_flight, on_target, advantages, reward_epsilon, metadata."""
+        body = batch_body(prompts, prompts_path, n_samples, min_informative_groups, options)
+        return Batch.from_api(decode(self.request("POST", "/v1/batches", json=body), (202,)))
+
+    def get_batch(self, batch_id: str) -> Batch:
+        return Batch.from_api(decode(self.request("GET", f"/v1/batches/{batch_id}")))
+
+    def cancel_batch(self, batch_id: str) -> Batch | None:
+        """The batch after cancelling, or None when it had already finished."""
+        response = self.request("DELETE", f"/v1/batches/{batch_id}")
+        if response.status_code == 409:
+            return None
+        return Batch.from_api(decode(response))
+
+    def groups(self, batch_id: str, after: str = "0-0", wait: float = 20.0, results: bool = False) -> GroupPage:
+        """One long-poll: groups completed after `after`, waiting up to `wait` s for the first."""
+        params = {"after": after, "wait": wait, "results": str(results).lower()}
+        response = self.request("GET", f"/v1/batches/{batch_id}/groups", params=params, timeout=wait + 30)
+        return GroupPage.from_api(decode(response))
+
+    def iter_groups(
+        self, batch_id: str, *, results: bool = True, timeout: float | None = None, after: str = "0-0"
+    ) -> Iterator[Group]:
+        """Every reported group once, as soon as it completes, until the batch ends (long-poll)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cursor = after
+        while True:
+            wait = 20.0 if deadline is None else max(0.0, min(20.0, deadline - time.monotonic()))
+            page = self.groups(batch_id, cursor, wait, results)
+            yield from page.groups
+            cursor = page.cursor
+            if page.done:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"batch {batch_id} still running after {timeout}s")
+
+    def iter_events(self, batch_id: str, *, results: bool = False, timeout: float | None = None) -> Iterator[Group]:
+        """The same groups over server-sent events; a dropped connection resumes after the last event."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last_id = "0-0"
+        delays = iter(self.retry.delays())
+        while True:
+            try:
+                with self.http.stream(
+                    "GET",
+                    f"/v1/batches/{batch_id}/events",
+                    params={"results": str(results).lower()},
+                    headers={"Accept": "text/event-stream", "Last-Event-ID": last_id},
+                    timeout=httpx.Timeout(self.http.timeout.connect, read=60.0),
+                ) as response:
+                    if response.status_code != 200:
+                        response.read()
+                        decode(response)
+                    parser = SseParser()
+                    for line in response.iter_lines():
+                        if deadline is not None and time.monotonic() >= deadline:
+                            raise WaitTimeout(f"batch {batch_id} still running after {timeout}s")
+                        event = parser.feed(line)
+                        if event is None:
+                            continue
+                        name, event_id, data = event
+                        if name == "end":
+                            return
+                        last_id = event_id or last_id
+                        yield Group.from_api(data)
+            except httpx.TransportError:
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                time.sleep(delay)
+
+    def wait_batch(self, batch_id: str, timeout: float | None = None) -> Batch:
+        """Block until the batch closes (target met, pool exhausted or cancelled)."""
+        for _ in self.iter_groups(batch_id, results=False, timeout=timeout):
+            pass
+        return self.get_batch(batch_id)
+
+    def collect_groups(self, batch_id: str, *, results: bool = True, timeout: float | None = None) -> list[Group]:
+        return list(self.iter_groups(batch_id, results=results, timeout=timeout))

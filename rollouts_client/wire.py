@@ -1,0 +1,94 @@
+"""What the sync and async clients share: headers, body decoding, retry policy, SSE parsing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgpack
+import orjson
+
+from rollouts_client.errors import ApiError
+
+MSGPACK = "application/msgpack"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Connection errors and 503s are retried with exponential backoff.
+
+    A POST is retried only when the request cannot have reached the server
+    (connect errors): a lost answer to a POST that did arrive would submit twice.
+    """
+
+    retries: int = 5
+    first_delay_s: float = 0.2
+    max_delay_s: float = 5.0
+
+    def delays(self) -> Iterable[float]:
+        delay = self.first_delay_s
+        for _ in range(self.retries):
+            yield delay
+            delay = min(delay * 2, self.max_delay_s)
+
+    @staticmethod
+    def retryable(method: str, exc: Exception | None, response: httpx.Response | None) -> bool:
+        if response is not None:
+            return response.status_code == 503
+        if method == "POST":
+            return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+        return isinstance(exc, httpx.TransportError)
+
+
+def headers(token: str | None, msgpack_responses: bool) -> dict[str, str]:
+    out = {"Accept": MSGPACK if msgpack_responses else "application/json"}
+    if token:
+        out["Authorization"] = f"Bearer {token}"
+    return out
+
+
+def decode(response: httpx.Response, expected: tuple[int, ...] = (200,)) -> Any:
+    """The body as Python values (msgpack or JSON by content type); ApiError on any other status."""
+    if response.status_code not in expected:
+        raise ApiError(response)
+    if response.headers.get("content-type", "").startswith(MSGPACK):
+        return msgpack.unpackb(response.content, raw=False, strict_map_key=False)
+    return orjson.loads(response.content)
+
+
+class SseParser:
+    """Feed lines of a text/event-stream; yields (event, id, data) for each complete event."""
+
+    def __init__(self) -> None:
+        self._fields: dict[str, str] = {}
+
+    def feed(self, line: str) -> tuple[str, str, Any] | None:
+        if line.startswith(":"):
+            return None  # a keep-alive comment
+        if line:
+            name, _, value = line.partition(":")
+            self._fields[name] = value[1:] if value.startswith(" ") else value
+            return None
+        fields, self._fields = self._fields, {}
+        if "data" not in fields:
+            return None
+        return fields.get("event", "message"), fields.get("id", ""), orjson.loads(fields["data"])
+
+
+def batch_body(
+    prompts: list[dict[str, Any]] | None,
+    prompts_path: str | None,
+    n_samples: int,
+    min_informative_groups: int | None,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"n_samples": n_samples, **options}
+    if prompts is not None:
+        body["prompts"] = prompts
+    if prompts_path is not None:
+        body["prompts_path"] = prompts_path
+    if min_informative_groups is not None:
+        body["min_informative_groups"] = min_informative_groups
+    return body

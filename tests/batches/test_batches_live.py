@@ -1,0 +1,61 @@
+"""DAPO through the real service: workers run dapo_sim jobs, the hook replenishes from the stage runner."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from cli.stack import Stack
+from rollouts_client import RolloutClient
+from tests.batches.live import start_stack
+
+SLOW_INFORMATIVE = {"kind": "dapo_sim", "rewards": [0.0, 1.0], "rollout_s": 4.0}
+FAST_INFORMATIVE = {"kind": "dapo_sim", "rewards": [1.0, 0.0], "rollout_s": 0.1}
+FAST_UNIFORM = {"kind": "dapo_sim", "reward": 1.0, "rollout_s": 0.1}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    stack = start_stack(tmp_path_factory.mktemp("batches-live"))
+    yield stack
+    stack.stop(timeout=10)
+
+
+def test_uniform_prompts_are_replaced_while_slow_groups_still_run(stack):
+    # the target needs the two slow groups: only four prompts of the pool are informative
+    pool = [SLOW_INFORMATIVE, SLOW_INFORMATIVE] + [FAST_UNIFORM, FAST_UNIFORM, FAST_INFORMATIVE] * 2 + [FAST_UNIFORM] * 3
+    with RolloutClient(stack.api_url) as client:
+        batch = client.submit_batch(pool, n_samples=2, min_informative_groups=4, max_groups_in_flight=4)
+        groups = list(client.iter_groups(batch.id, results=False, timeout=120))
+        final = client.get_batch(batch.id)
+        # every group launched, with its launch and completion times (the used ones come back above)
+        api = httpx.Client(base_url=stack.api_url)
+    assert final.status == "completed" and final.counts.used == 4 == len(groups)
+    assert all(g.outcome == "informative" and g.used for g in groups)
+    assert len({g.prompt_index for g in groups}) == 4
+    assert final.counts.filtered >= 1 and final.counts.filtered + final.counts.late == final.counts.launched - 4
+    slow = [g for g in groups if g.prompt_index in (0, 1)]
+    assert len(slow) == 2, "the slow informative groups count toward the target"
+    slow_end = min(g.completed_at for g in slow)
+    replacements = [g for g in groups if g.prompt_index >= 4]
+    assert replacements, "a prompt after the first four was launched and used"
+    # asynchronous replenishment: replacements were launched, ran and completed while the slow groups ran
+    assert max(g.launched_at for g in replacements) < slow_end
+    assert groups[0].completed_at < slow_end and groups[0].prompt_index >= 2
+    # filtered groups' jobs really ran to the end with equal rewards
+    jobs = api.get("/v1/jobs", params={"group_id": f"b.{batch.id}.2"}).json()["jobs"]
+    api.close()
+    assert [j["status"] for j in jobs] == ["done", "done"] and {j["reward"] for j in jobs} == {1.0}
+
+
+def test_all_prompts_mode_reports_every_group_with_advantages(stack):
+    pool = [FAST_UNIFORM, FAST_INFORMATIVE, FAST_INFORMATIVE]
+    with RolloutClient(stack.api_url) as client:
+        batch = client.submit_batch(pool, n_samples=2, advantages="mean")
+        groups = sorted(client.collect_groups(batch.id, timeout=120), key=lambda g: g.prompt_index)
+        final = client.get_batch(batch.id)
+    assert final.status == "completed" and final.mode == "all" and final.counts.used == 3
+    assert [g.outcome for g in groups] == ["uniform", "informative", "informative"]
+    assert groups[0].advantages == [0.0, 0.0] and groups[1].advantages == [0.5, -0.5]
