@@ -37,6 +37,9 @@ class JobView(BaseModel):
     timings: dict[str, StageTimings] = Field(default_factory=dict, description="Unix times per stage.")
     attempts: dict[str, int] = Field(default_factory=dict, description="Times each stage was started.")
     workers: dict[str, str] = Field(default_factory=dict, description="The worker that ran each stage last.")
+    lost: dict[str, int] = Field(
+        default_factory=dict, description="Times a stage's worker died (or lost Redis) mid-job and it was re-queued."
+    )
     result: JobResult | None = Field(default=None, description="Present once the job is done.")
     error: dict[str, Any] | None = Field(default=None, description="Why it failed, timed out or was cancelled.")
     partial: dict[str, Any] | None = Field(default=None, description="What a stage had when it was cut short.")

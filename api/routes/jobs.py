@@ -109,6 +109,7 @@ def job_view(record: dict[str, Any]) -> dict[str, Any]:
         "timings": record["timings"],
         "attempts": record["attempts"],
         "workers": record["workers"],
+        "lost": record["lost"],
         "result": None,
         "error": record.get("error"),
         "partial": record.get("partial"),

@@ -19,6 +19,9 @@ def test_a_job_goes_through_every_stage_and_back(make_stack, trace_dir):
     record = wait_status(api, job_id)
 
     assert record["status"] == "done", record
+    assert record["lost"] == {}, "rq saw a stage fail and re-ran it"
+    stages = api.get("/v1/status").json()["stages"]
+    assert all(stages[s]["failed"] == 0 for s in stages), "rq recorded a failed stage run"
     assert record["result"]["reward"] == 0.5
     # state crossed stages through the workspace: rollout read what init wrote
     assert record["result"]["trajectory"]["saw"] == "prepared by init"
@@ -51,6 +54,9 @@ def test_a_hundred_jobs_submitted_at_once_all_finish(make_stack):
 
     rows = wait_for(all_done, timeout=120, what="100 jobs to finish")
     assert [r["status"] for r in rows].count("done") == 100
+    stages = api.get("/v1/status").json()["stages"]
+    assert all(stages[s]["failed"] == 0 for s in stages), "rq recorded failed stage runs"
+    assert all(api.get(f"/v1/jobs/{i}").json()["lost"] == {} for i in ids[:10])
     assert all(r["reward"] == 1.0 for r in rows)
     group = api.get("/v1/jobs", params={"group_id": "g3"}).json()["jobs"]
     assert [r["sample_index"] for r in group] == [0, 1, 2, 3]

@@ -33,6 +33,7 @@ def test_a_job_whose_worker_is_killed_is_picked_up_again_and_finishes(make_stack
 
     assert record["status"] == "done", record
     assert record["attempts"][stage] == 2
+    assert record["lost"] == {stage: 1}
     lines = trace(trace_dir, job_id)
     second = [l for l in lines if l.startswith(f"{stage} start attempt=2")]
     assert len(second) == 1 and f"pid={pid}" not in second[0]

@@ -1,19 +1,27 @@
 """rq's failure callback: what happens to the job record when rq, not the runner, sees a failure.
 
-The stage runner catches every exception itself, so rq reports a failure only
-when a worker vanished mid-job (an abandoned job found by registry cleanup) or
-its own machinery broke. rq then re-queues the job while it has retries left
-(the runner re-takes a job whose status is its own stage); after the last one
-the record is marked failed, so a job is never silently lost.
+The stage runner catches every exception a task raises, so rq reports a
+failure only when
+- a worker vanished mid-job (an abandoned job found by registry cleanup), or
+  Redis was unreachable past the client's retries: rq re-queues the job while
+  it has retries left (the runner re-takes a job whose status is its own
+  stage), and after the last one the record is marked failed;
+- the runner itself raised (a bug): the job fails at once with the traceback,
+  rather than being retried into the same bug.
+Either way a job is never silently lost.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+import traceback
 from typing import Any
 
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rq.exceptions import AbandonedJobError
 from rq.job import Job
 
 from shared.batches.hook import on_job_terminal
@@ -24,9 +32,23 @@ from shared.jobs.store import JobStore
 log = logging.getLogger("rollouts.worker")
 
 
+RETRYABLE = (AbandonedJobError, RedisConnectionError, RedisTimeoutError)
+
+
 def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: BaseException, tb: Any) -> None:
     job_id, stage = parse_rq_job_id(job.id)
     store = JobStore(connection, get_settings())
+    if not issubclass(exc_type, RETRYABLE):
+        error = {
+            "stage": stage,
+            "type": "internal_error",
+            "message": f"{exc_type.__name__}: {exc_value}",
+            "traceback": "".join(traceback.format_exception(exc_type, exc_value, tb)) if tb else "",
+        }
+        log.error("job %s: the %s stage runner raised %s; failing the job", job_id, stage, exc_type.__name__)
+        job.retries_left = 0  # rq decides on retries after this callback, with this same job object
+        _fail(store, job_id, stage, error)
+        return
     if job.retries_left:
         log.warning("job %s: %s worker lost (%s); re-queued, %d retries left", job_id, stage, exc_type.__name__, job.retries_left)
         connection.hincrby(store.keys.job(job_id), f"lost:{stage}", 1)
@@ -36,6 +58,10 @@ def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: Bas
         "type": "worker_lost" if exc_type.__name__ == "AbandonedJobError" else exc_type.__name__,
         "message": f"the {stage} worker stopped without finishing the job ({exc_type.__name__}); no retries left",
     }
+    _fail(store, job_id, stage, error)
+
+
+def _fail(store: JobStore, job_id: str, stage: str, error: dict[str, Any]) -> None:
     if store.transition(job_id, (stage,), "failed", {"error": error}).applied:
         on_job_terminal(store, job_id)
         shutil.rmtree(store.settings.workspaces / job_id, ignore_errors=True)

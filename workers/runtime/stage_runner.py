@@ -132,7 +132,7 @@ def _hand_on(st: WorkerState, ctx: StageContext, output: dict[str, Any]) -> str:
         # cancelled or already taken and skips it. One transaction, so never the reverse.
         enqueue_stage(pipe, next_stage, [(job_id, ctx.spec)], st.settings, st.redis)
         st.store.queue_transition(pipe, job_id, (stage,), next_stage, fields, guard)
-        applied, previous = pipe.execute()[-1]
+        applied, previous = pipe.execute()[-1][:2]
     if applied:
         return f"queued:{next_stage}"
     return _lost_race(st, job_id, previous.decode() if isinstance(previous, bytes) else previous)
