@@ -237,13 +237,14 @@ class Sandbox(ABC):
         pid namespace the backend put it in), never processes found by name.
         """
         client, self._client = self._client, None
-        if client is not None:
-            client.close()
         proc, self._proc = self._proc, None
         if proc is not None:
             # No graceful shutdown first: if the tool server exited on its own,
             # bwrap would return before its init had reaped the rest of the tree.
+            # Killing first also ends a call another thread is blocked in.
             _kill_group(proc, self.launcher_reaps)
+        if client is not None:
+            client.close()
         self._release()
         if self._created_runtime:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)

@@ -54,6 +54,41 @@ def test_killed_tool_server_is_an_infrastructure_error(sandbox: Sandbox) -> None
     assert not sandbox.running
 
 
+def test_stop_from_another_thread_ends_a_running_call(sandbox: Sandbox) -> None:
+    """A cancelled job stops its sandbox while the rollout thread waits in a tool call."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def long_call() -> None:
+        try:
+            sandbox.call("bash", {"command": "sleep 4242"}, timeout=60)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    caller = threading.Thread(target=long_call)
+    caller.start()
+    for _ in range(500):  # the call is in flight once the shell runs the sleep
+        if any(_cmdline(pid) == "sleep 4242 " for pid in _all_pids()):
+            break
+        threading.Event().wait(0.02)
+    sandbox.stop()
+    caller.join(20)
+    assert not caller.is_alive() and len(errors) == 1 and isinstance(errors[0], SandboxError)
+
+
+def _all_pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_finish(sandbox: Sandbox) -> None:
     result = sandbox.call("finish", {"answer": "42"})
     assert result.finished and result.output == "42" and not result.is_error
