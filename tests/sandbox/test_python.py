@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +14,7 @@ from shared.toolserver.python import PythonKernel
 def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PythonKernel]:
     base = tmp_path_factory.mktemp("k")
     env = {"PATH": os.environ["PATH"], "HOME": str(base)}
-    k = PythonKernel(base, env, Path(os.path.realpath("/tmp")) / f"ro-k-{os.getpid()}")
+    k = PythonKernel(base, env, base / "state")
     k.start()
     yield k
     k.close()
