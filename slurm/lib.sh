@@ -27,7 +27,9 @@ rollouts_load_env_file() {
 }
 
 rollouts_log() {
-  echo "[$(date -u +%FT%TZ) ${SLURM_JOB_ID:-local}${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID} $(hostname)] $*" >&2
+  local job=${SLURM_JOB_ID:-local}
+  [ -n "${SLURM_ARRAY_JOB_ID:-}" ] && job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}
+  echo "[$(date -u +%FT%TZ) $job $(hostname)] $*" >&2
 }
 
 # Common start of every job: config, paths, the Python to run, the working directory.

@@ -40,7 +40,7 @@ def fleet(slurm, write_config, tmp_path: Path) -> Iterator[dict]:
             )
         api = httpx.Client(base_url=stack.api_url, timeout=10.0)
         wait_for(lambda: _processes(api) == TASKS, timeout=90, what=f"{TASKS} worker processes to register")
-        yield {"api": api, "arrays": arrays, "slurm": slurm}
+        yield {"api": api, "arrays": arrays, "slurm": slurm, "env": job_env(config)}
     finally:
         for array in arrays.values():
             slurm.run(["scancel", array], check=False)
@@ -119,3 +119,27 @@ def test_a_drained_task_finishes_its_running_job_then_exits_cleanly(fleet, trace
     record = wait_status(api, ids[0])
     assert record["attempts"]["rollout"] == 1, "the job should have finished in the draining worker"
     assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_a_task_near_its_time_limit_is_warned_and_hands_its_job_back(fleet, trace_dir, tmp_path):
+    api, slurm, arrays = fleet["api"], fleet["slurm"], fleet["arrays"]
+    slurm.run(["scancel", "--batch", "--signal=TERM", arrays["rollout"]])  # idle: they exit at once
+    wait_for(lambda: not slurm.tasks(arrays["rollout"]), timeout=30, what="the rollout array to drain")
+    ids = _submit(api, trace_dir, [{"sleep": {"rollout": 120}, "sleep_first_attempt_only": True}])
+
+    # One minute of time with the warning 50 s before the end: slurmctld checks limits every
+    # 30 s, so SIGTERM reaches the batch shell (the worker) 10 to 40 s in, well before the kill.
+    def rollout_task(*options: str) -> str:
+        return slurm.sbatch(REPO / "slurm" / "rollout.sbatch", f"--partition={slurm.partition}", *options,
+                            f"--output={tmp_path}/logs/%x-%A_%a.log", env=fleet["env"], cwd=REPO)
+
+    short = rollout_task("--time=1", "--signal=B:TERM@50")
+    pid = _started(trace_dir, ids[0], "rollout")
+    wait_for(lambda: not slurm.tasks(short), timeout=70, what="the short task to end")
+    assert slurm.job_state(f"{short}_0") == "COMPLETED", "the worker should have exited before its time limit"
+    assert "requeued" in api.get(f"/v1/jobs/{ids[0]}").json()["timings"]["rollout"]
+
+    rollout_task("--time=10")
+    record = wait_status(api, ids[0], timeout=90)
+    assert record["status"] == "done" and record["attempts"]["rollout"] == 2
+    assert _started(trace_dir, ids[0], "rollout", attempt=2) != pid
