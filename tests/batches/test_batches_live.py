@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
+from cli.main import main
 from cli.stack import Stack
 from rollouts_client import RolloutClient
 from tests.batches.live import start_stack
@@ -59,3 +62,22 @@ def test_all_prompts_mode_reports_every_group_with_advantages(stack):
     assert final.status == "completed" and final.mode == "all" and final.counts.used == 3
     assert [g.outcome for g in groups] == ["uniform", "informative", "informative"]
     assert groups[0].advantages == [0.0, 0.0] and groups[1].advantages == [0.5, -0.5]
+
+
+def test_cli_batch_follows_to_the_target_and_export_writes_trajectories(stack, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [FAST_UNIFORM, FAST_INFORMATIVE, FAST_UNIFORM, {"task": FAST_INFORMATIVE, "metadata": {"row": 3}}]
+    prompts.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    groups_out, export_out = tmp_path / "groups.jsonl", tmp_path / "export.jsonl"
+    argv = ["batch", str(prompts), "--url", stack.api_url, "-n", "2", "--min-informative", "2", "--max-in-flight", "2"]
+    ran = CliRunner().invoke(main, [*argv, "--output", str(groups_out), "--timeout", "120"])
+    assert ran.exit_code == 0, ran.output
+    assert "completed: used 2/2" in ran.output and "filtered" in ran.output
+    groups = [json.loads(line) for line in groups_out.read_text().splitlines()]
+    assert sorted(g["prompt_index"] for g in groups) == [1, 3] and groups[0]["samples"][0]["result"]["trajectory"]
+    batch_id = groups[0]["batch_id"]
+    ran = CliRunner().invoke(main, ["export", batch_id, "-o", str(export_out), "--url", stack.api_url])
+    assert ran.exit_code == 0, ran.output
+    rows = [json.loads(line) for line in export_out.read_text().splitlines()]
+    assert len(rows) == 4 and {r["prompt_index"] for r in rows} == {1, 3}
+    assert all(r["result"]["trajectory"]["token_ids"][:3] == [1, 2, 3] and r["advantage"] is not None for r in rows)
