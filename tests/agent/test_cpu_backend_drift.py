@@ -25,7 +25,7 @@ from shared.config import Settings
 from shared.keys import Keys
 from shared.toolserver.schemas import TOOL_SCHEMAS
 from shared.trajectory import ASSISTANT, Trajectory
-from tests.agent.conftest import Unlimited
+from tests.agent.conftest import MAX_MODEL_LEN, Unlimited
 from tests.backends.backend_procs import CpuBackendProcess
 from tests.support.trajectory_checks import Served, assert_decodes_to_conversation, assert_exact_against_backend
 from workers.rollout.agent_loop import AgentLoop, LoopConfig
@@ -65,7 +65,7 @@ class Rollout:
     """One trajectory through the pool, with every call it made recorded as the backend answered it."""
 
     def __init__(self, pool: BackendPool, client: LLMClient, tokenizer: Any, job_id: str, seed: int,
-                 config: LoopConfig, on_call: Callable[[int], None] | None = None) -> None:
+                 config: LoopConfig, on_call: Callable[[int], None] | None = None, ignore_eos: bool = False) -> None:
         self.served: list[Served] = []
         self.renderer = ChatRenderer(tokenizer, TOOLS, tool_instructions_json(TOOLS, get_parser("hermes").call_format))
 
@@ -78,7 +78,8 @@ class Rollout:
             return completion
 
         self.loop = AgentLoop(self.renderer, get_parser("hermes"), generate, None, config,
-                              Sampling(max_tokens=config.max_tokens_per_turn, temperature=1.0, seed=seed), Unlimited())
+                              Sampling(max_tokens=config.max_tokens_per_turn, temperature=1.0, seed=seed,
+                                       ignore_eos=ignore_eos), Unlimited())
         self.job_id, self.pool = job_id, pool
 
     def run(self) -> Trajectory:
@@ -133,6 +134,20 @@ def test_context_length_stop_with_the_real_backend(cpu_backend: CpuBackendProces
     assert_exact_against_backend(record, rollout.served)
     for call in rollout.served:
         assert call.max_tokens == min(24, context - len(call.prompt))
+
+
+def test_a_backend_with_a_smaller_context_stops_the_loop_cleanly(cpu_backend: CpuBackendProcess, pool: BackendPool,
+                                                                 tokenizer: Any) -> None:
+    """Configured for 10k tokens, served by a 2048-token backend: its 400 teaches the loop the real limit."""
+    pool.register(cpu_backend.url, "tiny")
+    with LLMClient(request_timeout_s=120, max_retries=1, backoff_s=0.05) as client:
+        rollout = Rollout(pool, client, tokenizer, "small-ctx-job", seed=5, ignore_eos=True,
+                          config=loop_config(max_turns=10, max_context_tokens=10_000, max_tokens_per_turn=500))
+        record = rollout.run()
+    assert record.stop_reason == "context_length" and rollout.loop.context_tokens == MAX_MODEL_LEN
+    assert len(record.token_ids) == MAX_MODEL_LEN, "the last turn got exactly what the backend had left"
+    assert rollout.served[-1].max_tokens == MAX_MODEL_LEN - len(rollout.served[-1].prompt) < 500
+    assert_exact_against_backend(record, rollout.served)
 
 
 def test_backend_failover_mid_trajectory_keeps_the_record_exact(

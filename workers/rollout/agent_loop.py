@@ -17,6 +17,7 @@ in `loop.trajectory`).
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -26,10 +27,12 @@ from shared.toolserver.result import ToolResult
 from shared.toolserver.schemas import validate_call
 from shared.trajectory import ASSISTANT, OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
 from workers.rollout.chat_delta import ChatRenderer
-from workers.rollout.llm_client import Completion, Sampling
+from workers.rollout.llm_client import BackendRequestError, Completion, Sampling
 from workers.rollout.tool_parsers import ParsedCall, ToolParser
 
 FINISH_TOOL = "finish"
+# vLLM's (and the CPU backend's) 400 for a request past the model's context.
+_CONTEXT_ERROR = re.compile(r"maximum context length is (\d+) tokens")
 
 Generate = Callable[[list[int], Sampling], Completion]
 RunTool = Callable[[str, dict[str, Any], "float | None"], ToolResult]
@@ -90,6 +93,8 @@ class AgentLoop:
         self.history: list[dict[str, Any]] = []
         self._special_ids = set(renderer.tokenizer.all_special_ids)
         self._timings = {"llm_s": 0.0, "tools_s": 0.0, "template_s": 0.0}
+        self.context_tokens = config.max_context_tokens  # lowered if a backend's context is smaller
+        self._context_note: str | None = None
 
     # --- the loop ------------------------------------------------------------------
     def run(self, messages: list[dict[str, Any]]) -> Trajectory:
@@ -111,7 +116,7 @@ class AgentLoop:
         prompt = self.renderer.prompt(self.history)
         self._timings["template_s"] += time.perf_counter() - t0
         self.trajectory.append(Turn(role=PROMPT, start=0, end=0, text=prompt.text), prompt.token_ids)
-        if len(prompt.token_ids) >= self.config.max_context_tokens:
+        if len(prompt.token_ids) >= self.context_tokens:
             raise _Stop("context_length", f"the prompt has {len(prompt.token_ids)} tokens")
 
     def _turn(self) -> None:
@@ -119,12 +124,7 @@ class AgentLoop:
         self.budget.check()
         if self.budget.remaining < cfg.time_reserve_s:
             raise _Stop("time_budget", f"{self.budget.remaining:.1f}s left of the stage")
-        left = cfg.max_context_tokens - len(record.token_ids)
-        if left <= 0:
-            raise _Stop("context_length")
-        asked = min(self.sampling.max_tokens or cfg.max_tokens_per_turn, cfg.max_tokens_per_turn, left)
-        completion = self._generate(replace(self.sampling, max_tokens=asked), asked)
-
+        completion = self._generate_within_context()
         stopped_on_token = self._ends_with_stop_token(completion)
         content, stop_text = self.renderer.split_generation(completion.token_ids, stopped_on_token)
         parsed = self.parser.parse(content)
@@ -156,7 +156,7 @@ class AgentLoop:
         t0 = time.perf_counter()
         delta = self.renderer.observation(self.history, content, stop_text, observation)
         self._timings["template_s"] += time.perf_counter() - t0
-        if len(record.token_ids) + len(delta.token_ids) >= cfg.max_context_tokens:
+        if len(record.token_ids) + len(delta.token_ids) >= self.context_tokens:
             raise _Stop("context_length", f"the next observation ({len(delta.token_ids)} tokens) does not fit")
         self.budget.check()
         obs_turn = Turn(role=OBSERVATION, start=0, end=0, text=delta.text, messages=observation, duration_s=tools_s)
@@ -164,10 +164,33 @@ class AgentLoop:
         self.history += [{"role": "assistant", "content": content}, *observation]
 
     # --- pieces ------------------------------------------------------------------
+    def _generate_within_context(self) -> Completion:
+        """One generation whose max_tokens fits what is left of the context.
+
+        A backend whose context is smaller than configured answers 400 with its limit
+        (vLLM's wording): the loop adopts the limit and asks again, or stops if no room is left.
+        """
+        while True:
+            left = self.context_tokens - len(self.trajectory.token_ids)
+            if left <= 0:
+                raise _Stop("context_length", self._context_note)
+            cap = self.config.max_tokens_per_turn
+            asked = min(self.sampling.max_tokens or cap, cap, left)
+            try:
+                return self._generate(replace(self.sampling, max_tokens=asked), asked)
+            except BackendRequestError as exc:
+                found = _CONTEXT_ERROR.search(exc.message)
+                if found is None or int(found.group(1)) >= self.context_tokens:
+                    raise
+                self.context_tokens = int(found.group(1))
+                self._context_note = f"backend {exc.backend_id} has a context of {self.context_tokens} tokens"
+
     def _generate(self, sampling: Sampling, asked: int) -> Completion:
         t0 = time.perf_counter()
-        completion = self.generate(list(self.trajectory.token_ids), sampling)
-        self._timings["llm_s"] += time.perf_counter() - t0
+        try:
+            completion = self.generate(list(self.trajectory.token_ids), sampling)
+        finally:
+            self._timings["llm_s"] += time.perf_counter() - t0
         n = len(completion.token_ids)
         if n > asked or len(completion.logprobs) != n:
             raise BackendProtocolError(

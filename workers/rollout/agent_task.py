@@ -42,7 +42,8 @@ def loop_config(kind: AgentTask, ctx: StageContext) -> LoopConfig:
         stop_on_no_tool_call=task.get("stop_on_no_tool_call", settings.agent_stop_on_no_tool_call),
         no_tool_call_message=settings.agent_no_tool_call_message,
         allowed_tools=tuple(kind.tools),
-        time_reserve_s=settings.agent_time_reserve_s,
+        # A short stage (tests, tiny tasks) keeps most of its time for the agent.
+        time_reserve_s=min(settings.agent_time_reserve_s, ctx.remaining / 10),
         tool_timeout_s=settings.tool_default_timeout_s,
     )
 
