@@ -101,6 +101,7 @@ class PythonKernel:
         msg_id = self.client.execute(code, store_history=True, allow_stdin=False)
         outcome = PythonOutcome("", "", None, None)
         if self._collect(msg_id, time.monotonic() + timeout, outcome):
+            self._drain_replies()
             return outcome
         outcome.timed_out = True
         self.manager.interrupt_kernel()
@@ -109,6 +110,15 @@ class PythonKernel:
             self.start()
             outcome.restarted = True
         return outcome
+
+    def _drain_replies(self) -> None:
+        """Discard execute_replies: everything is taken from iopub, and unread replies would pile up."""
+        assert self.client is not None
+        while True:
+            try:
+                self.client.get_shell_msg(timeout=0)
+            except queue.Empty:
+                return
 
     def _collect(self, msg_id: str, deadline: float, outcome: PythonOutcome) -> bool:
         """Gather iopub output of one execution until the kernel is idle; False on deadline."""

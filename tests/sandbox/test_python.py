@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,18 @@ def test_timeout_interrupts_and_keeps_state(kernel: PythonKernel) -> None:
 def test_render_caps_output(kernel: PythonKernel) -> None:
     text, truncated = kernel.run("print('z' * 50000)", 30).render(1000)
     assert truncated and "truncated" in text and len(text) < 1200
+
+
+def test_kernel_ignoring_interrupts_is_restarted(tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    kernel = PythonKernel(tmp_path, env, tmp_path / "state")
+    kernel.start()
+    try:
+        kernel.run("lost = 1", 30)
+        code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"
+        out = kernel.run(code, 0.5)
+        assert out.timed_out and out.restarted
+        after = kernel.run("'lost' in dir(), 6 * 7", 30)
+        assert after.result == "(False, 42)"
+    finally:
+        kernel.close()
