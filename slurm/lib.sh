@@ -65,7 +65,9 @@ rollouts_host() {
 # it when this job exits, so a stopped service is never found by a new worker.
 rollouts_publish() {
   local name=$1 var=$2 value=$3 file=$ROLLOUTS_RUN_DIR/$1.env
-  printf '%s=%s\nROLLOUTS_SLURM_%s_JOB=%s\n' "$var" "$value" "${name^^}" "${SLURM_JOB_ID:-}" > "$file.tmp.$$"
+  # Private to the user: a Redis URL may carry its password.
+  (umask 077 && printf '%s=%s\nROLLOUTS_SLURM_%s_JOB=%s\n' "$var" "$value" "${name^^}" "${SLURM_JOB_ID:-}" \
+    > "$file.tmp.$$")
   mv -f "$file.tmp.$$" "$file"
   trap "rm -f '$file'" EXIT
   rollouts_log "published $var=$value in $file"

@@ -41,6 +41,7 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
         ROLLOUTS_VLLM_MODEL="tiny-stand-in",
         ROLLOUTS_VLLM_COMMAND=STAND_IN,
         ROLLOUTS_DRAIN_TIMEOUT_S="3",
+        ROLLOUTS_SLURM_REDIS_PASSWORD="s3cret",  # Redis binds every interface: the API and workers log in
     )
     _stack(slurm, config, "up", "--init", "1", "--rollout", "1", "--eval", "1", "--vllm", "1")
     roles = dict(line.split() for line in (run_dir / "jobs").read_text().splitlines())
@@ -49,7 +50,8 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
     try:
         api_url = wait_for(lambda: _published(run_dir, "api").get("ROLLOUTS_API_URL"), timeout=90,
                            what="the API job to publish its address")
-        assert _published(run_dir, "redis")["ROLLOUTS_REDIS_URL"].startswith("redis://")
+        assert _published(run_dir, "redis")["ROLLOUTS_REDIS_URL"].startswith("redis://:s3cret@")
+        assert (run_dir / "redis.env").stat().st_mode & 0o077 == 0, "the password file is readable by others"
         api = httpx.Client(base_url=api_url, timeout=10.0)
 
         backend = wait_for(lambda: next((b for b in _backends(api) if b["healthy"]), None), timeout=150,
