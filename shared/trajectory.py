@@ -158,7 +158,9 @@ class Trajectory:
         """Raise TrajectoryError unless spans, mask and logprobs line up with token_ids exactly."""
         n = len(self.token_ids)
         if len(self.loss_mask) != n or len(self.logprobs) != n:
-            raise TrajectoryError(f"lengths differ: {n} tokens, {len(self.loss_mask)} mask, {len(self.logprobs)} logprobs")
+            raise TrajectoryError(
+                f"lengths differ: {n} tokens, {len(self.loss_mask)} mask, {len(self.logprobs)} logprobs"
+            )
         position = 0
         for index, turn in enumerate(self.turns):
             if turn.role not in ROLES:

@@ -24,6 +24,7 @@ from shared.backend_pool import BackendPool
 from shared.config import Settings
 from shared.keys import Keys
 from shared.toolserver.schemas import TOOL_SCHEMAS
+from shared.training import collate_trajectories
 from shared.trajectory import ASSISTANT, Trajectory
 from tests.agent.conftest import MAX_MODEL_LEN, Unlimited
 from tests.backends.backend_procs import CpuBackendProcess
@@ -118,6 +119,16 @@ def test_fifty_multi_turn_rollouts_have_no_drift(cpu_backend: CpuBackendProcess,
     assert multi_turn >= ROLLOUTS // 2, "most rollouts must really be multi-turn"
     assert len({tuple(r.token_ids) for r in records}) > ROLLOUTS // 2, "seeds give different trajectories"
     assert pool.inflight_total() == 0
+
+    # The trainer's batch is the records, unchanged: no re-tokenization on the way to the loss.
+    batch = collate_trajectories([r.to_dict() for r in records], pad_token_id=tokenizer.pad_token_id)
+    for row, record in enumerate(records):
+        n = len(record.token_ids)
+        assert batch["input_ids"][row, :n].tolist() == record.token_ids
+        assert batch["loss_mask"][row, :n].tolist() == record.loss_mask
+        expected = torch.tensor([0.0 if lp is None else lp for lp in record.logprobs], dtype=torch.float32)
+        assert torch.equal(batch["old_logprobs"][row, :n], expected)
+        assert batch["attention_mask"][row].sum().item() == n
 
 
 def test_context_length_stop_with_the_real_backend(cpu_backend: CpuBackendProcess, pool: BackendPool,

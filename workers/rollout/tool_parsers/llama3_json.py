@@ -30,7 +30,8 @@ class Llama3JsonParser(ToolParser):
             body = body[len(PYTHON_TAG) :].strip()
         if not body.startswith("{"):
             if tagged:
-                return ParseResult(content="", calls=[ParsedCall(raw=text, error="expected a JSON tool call after <|python_tag|>")])
+                error = f"expected a JSON tool call after {PYTHON_TAG}"
+                return ParseResult(content="", calls=[ParsedCall(raw=text, error=error)])
             return ParseResult(content=text.strip())
         decoder = json.JSONDecoder()
         calls: list[ParsedCall] = []
@@ -39,7 +40,8 @@ class Llama3JsonParser(ToolParser):
             try:
                 obj, end = decoder.raw_decode(body, position)
             except json.JSONDecodeError as exc:
-                calls.append(ParsedCall(raw=body[position:], error=f"tool call is not valid JSON: {exc.msg} at position {exc.pos}"))
+                error = f"tool call is not valid JSON: {exc.msg} at position {exc.pos}"
+                calls.append(ParsedCall(raw=body[position:], error=error))
                 break
             calls.append(call_from_object(body[position:end], obj, ("parameters", "arguments")))
             position = end
