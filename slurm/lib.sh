@@ -69,8 +69,14 @@ rollouts_publish() {
   (umask 077 && printf '%s=%s\nROLLOUTS_SLURM_%s_JOB=%s\n' "$var" "$value" "${name^^}" "${SLURM_JOB_ID:-}" \
     > "$file.tmp.$$")
   mv -f "$file.tmp.$$" "$file"
-  trap "rm -f '$file'" EXIT
+  trap "rollouts_unpublish '$name'" EXIT
   rollouts_log "published $var=$value in $file"
+}
+
+# Removes "<name>.env" if it is still this job's: a replacement may have published since.
+rollouts_unpublish() {
+  local file=$ROLLOUTS_RUN_DIR/$1.env
+  grep -qx "ROLLOUTS_SLURM_${1^^}_JOB=${SLURM_JOB_ID:-}" "$file" 2>/dev/null && rm -f "$file"
 }
 
 # Waits until VAR is known: set already (config or env), or published by a running job.

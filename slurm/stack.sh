@@ -3,6 +3,7 @@
 #
 #   slurm/stack.sh up [--init N] [--rollout N] [--eval N] [--vllm N]
 #   slurm/stack.sh add <init|rollout|eval|vllm> N     # scale up: one more array of N tasks
+#   slurm/stack.sh add api                            # a replacement API (then cancel the old)
 #   slurm/stack.sh status
 #   slurm/stack.sh down                               # drain workers, then backends, API, Redis
 #
@@ -81,9 +82,13 @@ cmd_up() {
 }
 
 cmd_add() {
-  local role=${1:?add needs a role} n=${2:?add needs a count}
-  case $role in init | rollout | eval | vllm) ;; *) die "cannot add $role" ;; esac
+  local role=${1:?add needs a role} n
   [ -r "$JOBS" ] || die "no stack recorded in $JOBS"
+  case $role in
+    init | rollout | eval | vllm) n=${2:?add $role needs a count} ;;
+    api) n=0 ;;  # a replacement API (upgrades): it takes over api.env; then cancel the old one
+    *) die "cannot add $role" ;;
+  esac
   submit "$role" "$n" > /dev/null
 }
 
@@ -142,5 +147,5 @@ cmd_down() {
 
 case ${1:-} in
   up | add | status | down) cmd=$1; shift; "cmd_$cmd" "$@" ;;
-  *) sed -n '2,7p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,8p' "$0" >&2; exit 2 ;;
 esac

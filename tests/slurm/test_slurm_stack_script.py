@@ -46,7 +46,7 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
     _stack(slurm, config, "up", "--init", "1", "--rollout", "1", "--eval", "1", "--vllm", "1")
     roles = dict(line.split() for line in (run_dir / "jobs").read_text().splitlines())
     assert set(roles) == {"redis", "api", "init", "rollout", "eval", "vllm"}
-    added = None
+    added = new_api = None
     try:
         api_url = wait_for(lambda: _published(run_dir, "api").get("ROLLOUTS_API_URL"), timeout=90,
                            what="the API job to publish its address")
@@ -76,11 +76,23 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
         wait_for(lambda: not _backends(api), timeout=30, what="the backend to deregister")
         wait_for(lambda: not slurm.tasks(roles["vllm"]), timeout=30, what="the vLLM job to end")
         assert slurm.job_state(f"{roles['vllm']}_0") == "COMPLETED"
+
+        # Replacing the API (an upgrade): the new job takes over api.env; the old one, cancelled,
+        # leaves the new address alone.
+        _stack(slurm, config, "add", "api")
+        new_api = (run_dir / "jobs").read_text().splitlines()[-1].split()[1]
+        wait_for(lambda: _published(run_dir, "api").get("ROLLOUTS_SLURM_API_JOB") == new_api, timeout=60,
+                 what="the new API to publish its address")
+        slurm.run(["scancel", roles["api"]])
+        wait_for(lambda: not slurm.tasks(roles["api"]), timeout=30, what="the old API to end")
+        assert _published(run_dir, "api")["ROLLOUTS_SLURM_API_JOB"] == new_api
+        api = httpx.Client(base_url=_published(run_dir, "api")["ROLLOUTS_API_URL"], timeout=10.0)
+        assert wait_status(api, ids[0])["status"] == "done"
     finally:
         down = _stack(slurm, config, "down")
 
     assert "stack stopped" in down.stderr
-    for job_id in [*roles.values(), added]:
+    for job_id in [*roles.values(), added, new_api]:
         assert job_id is not None
         assert not slurm.tasks(job_id), f"job {job_id} still queued after down"
     assert not (run_dir / "api.env").exists() and not (run_dir / "redis.env").exists()
