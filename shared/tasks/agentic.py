@@ -68,6 +68,14 @@ class AgentTask(TaskKind):
         unknown = [name for name in self.tools if name not in TOOL_NAMES]
         if unknown:  # a kind's own bug, but better said at submit time than mid-rollout
             raise TaskValidationError(f"kind {self.name!r} names unknown tools: {', '.join(unknown)}")
+        parser = task.get("tool_parser")
+        if parser is not None:
+            from workers.rollout.tool_parsers import known_parsers  # light: no model libraries
+
+            if parser not in known_parsers():
+                raise TaskValidationError(f"task.tool_parser: one of {', '.join(known_parsers())}")
+        if not isinstance(task.get("stop_on_no_tool_call", False), bool):
+            raise TaskValidationError("task.stop_on_no_tool_call: true or false")
         for field in ("max_turns", "max_context_tokens"):
             value = task.get(field)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
