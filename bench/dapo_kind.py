@@ -8,7 +8,7 @@ the task per sample index: equal rewards make an uninformative prompt.
 
 Task fields: `rewards` (list, indexed by sample index, cycled) or `reward`
 (one value for every sample); `rollout_s` (seconds, or a list per sample) or
-`lognormal` {median_s, sigma, seed, max_s}.
+`lognormal` {median_s, sigma, seed, max_s}; `fail_samples` (sample indices whose rollout raises).
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ class DapoSimKind(TaskKind):
         seconds = rollout_seconds(ctx.task, index)
         if seconds > 0:
             ctx.sleep(seconds)
+        if index in (ctx.task.get("fail_samples") or []):
+            raise RuntimeError(f"dapo_sim: sample {index} fails by request")
         return {**tiny_trajectory(index), "extra": {"slept_s": seconds}}
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:

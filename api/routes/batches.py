@@ -29,6 +29,9 @@ from shared.batches.views import batch_view
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], dependencies=[Depends(require_auth)])
 
+# The body is parsed by hand (to answer 400 on malformed JSON); its schema for /docs. Its nested
+# models (SamplingParams, Limits) are the job request's, which api/openapi.py puts in components.
+_BODY_SCHEMA = {k: v for k, v in BatchRequest.model_json_schema(ref_template="#/components/schemas/{model}").items() if k != "$defs"}
 _CURSOR = Query(default="0-0", pattern=r"^\d+-\d+$", description="Return groups after this cursor (from the last reply).")
 SSE_BLOCK_S = 15.0  # a keep-alive comment at least this often, which is also how fast a gone client is noticed
 
@@ -52,6 +55,7 @@ def get_async_redis(request: Request) -> AsyncRedis:
     status_code=status.HTTP_202_ACCEPTED,
     summary="Create a batch: a prompt pool, n samples per prompt, a target (every prompt, or DAPO)",
     responses={400: {"description": "Malformed JSON"}, 422: {"description": "Invalid batch or prompt"}},
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY_SCHEMA}}}},
 )
 async def create_batch(request: Request, batches: BatchStore = Depends(get_batches)) -> Response:
     """Checks every prompt first; launches the first groups and answers with the batch at once."""

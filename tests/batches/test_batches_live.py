@@ -81,3 +81,14 @@ def test_cli_batch_follows_to_the_target_and_export_writes_trajectories(stack, t
     rows = [json.loads(line) for line in export_out.read_text().splitlines()]
     assert len(rows) == 4 and {r["prompt_index"] for r in rows} == {1, 3}
     assert all(r["result"]["trajectory"]["token_ids"][:3] == [1, 2, 3] and r["advantage"] is not None for r in rows)
+
+
+def test_a_failing_sample_fails_its_group_which_is_reported_and_replaced(stack):
+    failing = {**FAST_INFORMATIVE, "fail_samples": [1]}
+    with RolloutClient(stack.api_url) as client:
+        batch = client.submit_batch([failing, FAST_INFORMATIVE], n_samples=2, min_informative_groups=1, max_groups_in_flight=1)
+        groups = client.collect_groups(batch.id, results=False, timeout=120)
+        final = client.get_batch(batch.id)
+    assert [(g.prompt_index, g.outcome, g.used) for g in groups] == [(0, "failed", False), (1, "informative", True)]
+    assert "fails by request" in groups[0].error and groups[0].rewards == [1.0, None]
+    assert final.status == "completed" and final.counts.failed == 1 and final.counts.used == 1
