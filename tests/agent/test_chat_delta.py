@@ -115,10 +115,10 @@ def test_a_template_that_trims_the_generation_is_refused(tokenizer: Any) -> None
         renderer.observation(TASK, content, stop, [{"role": "user", "content": "go on"}])
 
 
-def test_an_end_of_turn_token_the_template_does_not_use_is_refused(tokenizer: Any) -> None:
+def test_another_end_of_turn_token_is_kept_and_the_template_closes_the_turn(tokenizer: Any) -> None:
     renderer = ChatRenderer(tokenizer)
-    with pytest.raises(ChatTemplateError, match="closes it with"):
-        renderer.observation(TASK, "ls", "<|endoftext|>", [{"role": "user", "content": "go on"}])
+    delta = renderer.observation(TASK, "ls", "<|endoftext|>", [{"role": "user", "content": "go on"}])
+    assert delta.text == "<|im_end|>\n<|im_start|>user\ngo on<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_a_tokenizer_without_a_chat_template_is_refused(tokenizer: Any) -> None:

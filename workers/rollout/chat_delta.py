@@ -126,17 +126,18 @@ class ChatRenderer:
                 f"got ...{before[len(opened) - 20 : len(opened) + len(content) + 40]!r}"
             )
         closing = before[len(opened) + len(content) :]
-        if not closing.startswith(stop_text):
-            raise ChatTemplateError(
-                f"the model ended its turn with {stop_text!r} but the template closes it with {closing!r}"
-            )
+        # Usually the model's end-of-turn token is the start of the template's closing. If it
+        # ended with another one (<|endoftext|> where the template writes <|im_end|>), its token
+        # stays in the record and the template's whole closing follows it: the next turn then
+        # sees exactly what the record holds, at the cost of one token the template would not write.
+        tail = closing[len(stop_text) :] if closing.startswith(stop_text) else closing
         after = self.render([*history, assistant, *observation], add_generation_prompt=True)
         if not after.startswith(before):
             raise ChatTemplateError(
                 "adding the observation changes how earlier turns render: no clean delta "
                 f"(differs after ...{before[-80:]!r})"
             )
-        text = closing[len(stop_text) :] + after[len(before) :]
+        text = tail + after[len(before) :]
         return Delta(self.encode(text), text)
 
 
