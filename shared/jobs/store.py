@@ -26,6 +26,7 @@ from shared.jobs.status import ALL_STATUSES, TERMINAL
 from shared.keys import Keys
 
 _TRANSITION_LUA = resources.files("shared.jobs").joinpath("transition.lua").read_text()
+_TAKE_LUA = resources.files("shared.jobs").joinpath("take.lua").read_text()
 _BLOB_FIELDS = ("spec", "result", "error", "partial") + tuple(f"out:{s}" for s in STAGES)
 
 
@@ -44,7 +45,14 @@ class Submitted:
 class Transition:
     applied: bool
     previous: str  # the status before (applied) or the status that refused the move ("" = no such job)
-    counter: int = 0  # the new value of the counter the move incremented, if it asked for one
+
+
+@dataclass(frozen=True)
+class Taken:
+    applied: bool
+    previous: str  # as for Transition
+    attempt: int = 0  # the attempt's number at this stage: its fencing token
+    record: dict[str, Any] | None = None  # the record as the attempt starts from it
 
 
 class JobStore:
@@ -55,6 +63,7 @@ class JobStore:
         self.settings = settings
         self.keys = keys or Keys(settings.redis_prefix)
         self._transition = redis.register_script(_TRANSITION_LUA)
+        self._take = redis.register_script(_TAKE_LUA)
 
     # --- create -----------------------------------------------------------
     def submit(self, specs: list[dict[str, Any]]) -> list[Submitted]:
@@ -203,19 +212,31 @@ class JobStore:
         new_status: str,
         fields: dict[str, Any] | None = None,
         guard: tuple[str, Any] | None = None,
-        count: str | None = None,
     ) -> Transition:
         """Atomically move a job from one of `allowed_from` ("*" = any live status) to `new_status`.
 
         `guard=(field, value)` also requires that field to hold that value: a stage attempt
         passes its fencing token so a superseded attempt can never move the job on.
-        `count` names a counter field incremented with the move (a stage's attempts).
         """
-        reply = self._transition(
-            keys=[self.keys.job(job_id)],
-            args=self._transition_args(job_id, allowed_from, new_status, fields, guard, count),
+        applied, previous = self._transition(
+            keys=[self.keys.job(job_id)], args=self._transition_args(job_id, allowed_from, new_status, fields, guard)
         )
-        return Transition(applied=bool(reply[0]), previous=_text(reply[1]), counter=int(reply[2]) if reply[0] else 0)
+        return Transition(applied=bool(applied), previous=_text(previous))
+
+    def take(self, job_id: str, stage: str, allowed_from: tuple[str, ...], worker: str) -> Taken:
+        """Move a job into `stage` for a new attempt and return its record, in one round trip."""
+        reply = self._take(
+            keys=[self.keys.job(job_id)],
+            args=[
+                self.keys.status_index_prefix, job_id, ",".join(allowed_from), stage,
+                repr(time.time()), self.keys.job_events, worker,
+            ],
+        )
+        if not reply[0]:
+            return Taken(applied=False, previous=_text(reply[1]))
+        flat = reply[3:]
+        record = decode_record(dict(zip(flat[::2], flat[1::2])))
+        return Taken(applied=True, previous=_text(reply[1]), attempt=int(reply[2]), record=record)
 
     def queue_transition(
         self,
@@ -240,7 +261,6 @@ class JobStore:
         new_status: str,
         fields: dict[str, Any] | None,
         guard: tuple[str, Any] | None = None,
-        count: str | None = None,
     ) -> list[Any]:
         now = time.time()
         args: list[Any] = [
@@ -253,7 +273,6 @@ class JobStore:
             self.keys.job_events,
             guard[0] if guard else "",
             str(guard[1]) if guard else "",
-            count or "",
         ]
         for name, value in (fields or {}).items():
             args.extend((name, _encode_field(name, value)))

@@ -11,12 +11,10 @@
 -- ARGV[7]  channel to publish the change on ("" for none)
 -- ARGV[8]  guard field ("" for none): the move applies only if this field ...
 -- ARGV[9]  ... holds this value (a stage attempt's fencing token)
--- ARGV[10] a counter field to increment with the move ("" for none): a new stage attempt
--- ARGV[11..] extra field, value pairs to set together with the status
+-- ARGV[10..] extra field, value pairs to set together with the status
 --
--- Returns {1, previous_status, counter} when applied (counter 0 when none was asked for),
--- {0, current_status} when refused, {0, "superseded"} when the guard does not hold,
--- {0, ""} when the job does not exist.
+-- Returns {1, previous_status} when applied, {0, current_status} when refused,
+-- {0, "superseded"} when the guard does not hold, {0, ""} when the job does not exist.
 local key = KEYS[1]
 local current = redis.call('HGET', key, 'status')
 if not current then
@@ -45,7 +43,7 @@ end
 local new_status = ARGV[4]
 local now = ARGV[5]
 redis.call('HSET', key, 'status', new_status, 'updated_at', now)
-for i = 11, #ARGV, 2 do
+for i = 10, #ARGV, 2 do
   redis.call('HSET', key, ARGV[i], ARGV[i + 1])
 end
 if current ~= new_status then
@@ -59,8 +57,4 @@ end
 if ARGV[7] ~= '' then
   redis.call('PUBLISH', ARGV[7], ARGV[2] .. ' ' .. new_status)
 end
-local counter = 0
-if ARGV[10] ~= '' then
-  counter = redis.call('HINCRBY', key, ARGV[10], 1)
-end
-return {1, current, counter}
+return {1, current}

@@ -17,6 +17,19 @@ def statuses_indexed(store: JobStore, job_id: str) -> list[str]:
     return [s for s in ALL_STATUSES if store.redis.zscore(store.keys.jobs_by_status(s), job_id) is not None]
 
 
+def test_take_moves_the_job_into_the_stage_and_returns_the_record(redis: Redis, settings: Settings):
+    store = JobStore(redis, settings)
+    (job,) = store.submit([SPEC])
+    taken = store.take(job.job_id, "init", ("queued", "init"), "init.host.1.0")
+    assert taken.applied and taken.previous == "queued" and taken.attempt == 1
+    assert taken.record["status"] == "init" and taken.record["spec"] == SPEC
+    assert "started" in taken.record["timings"]["init"]
+    assert statuses_indexed(store, job.job_id) == ["init"]
+    refused = store.take(job.job_id, "eval", ("rollout", "eval"), "eval.host.1.0")
+    assert not refused.applied and refused.previous == "init" and refused.record is None
+    assert store.take("nope", "init", ("queued",), "w").previous == ""
+
+
 def test_a_move_from_the_wrong_status_is_refused(redis: Redis, settings: Settings):
     store = JobStore(redis, settings)
     (job,) = store.submit([SPEC])
@@ -68,9 +81,11 @@ def test_cancel_racing_a_stage_hand_over_has_exactly_one_winner(redis: Redis, se
 def test_a_superseded_attempt_cannot_move_the_job(redis: Redis, settings: Settings):
     store = JobStore(redis, settings)
     (job,) = store.submit([SPEC])
-    first = store.transition(job.job_id, ("queued",), "init", count="attempts:init").counter
-    second = store.transition(job.job_id, ("init",), "init", count="attempts:init").counter
-    assert (first, second) == (1, 2)
+    first = store.take(job.job_id, "init", ("queued", "init"), "w1")
+    second = store.take(job.job_id, "init", ("queued", "init"), "w2")
+    assert (first.attempt, second.attempt) == (1, 2)
+    assert second.record["workers"] == {"init": "w2"} and second.record["attempts"] == {"init": 2}
+    first, second = first.attempt, second.attempt
     stale = store.transition(job.job_id, ("init",), "rollout", guard=("attempts:init", first))
     assert not stale.applied and stale.previous == "superseded"
     assert store.transition(job.job_id, ("init",), "rollout", guard=("attempts:init", second)).applied

@@ -25,41 +25,31 @@ from workers.runtime.state import WorkerState, log, state
 def run_stage(stage: str, job_id: str, worker_name: str | None = None) -> str:
     """Run `stage` for `job_id`; returns what happened (for logs and tests)."""
     st = state()
-    record = st.store.get(job_id)
-    if record is None:
-        log.warning("job %s: no record (expired or deleted); skipping %s", job_id, stage)
-        return "missing"
-    status = record["status"]
-    if status in TERMINAL:
-        # Cancelled (or finished) while queued for this stage: it never runs; tidy up its state.
-        st.remove_workspace(job_id)
-        return f"skipped:{status}"
-    if status not in STAGE_ENTRY_FROM[stage]:
-        log.info("job %s: status %s is past %s; nothing to do", job_id, status, stage)
-        return f"skipped:{status}"
+    # Taking the job moves it into the stage and counts a new attempt, whose number is this
+    # attempt's fencing token; a job that is terminal or past this stage is not taken.
+    taken = st.store.take(job_id, stage, STAGE_ENTRY_FROM[stage], worker_name or st.process_name)
+    if not taken.applied:
+        if not taken.previous:
+            log.warning("job %s: no record (expired or deleted); skipping %s", job_id, stage)
+            return "missing"
+        if taken.previous in TERMINAL:
+            # Cancelled (or finished) while queued for this stage: it never runs; tidy up its state.
+            st.remove_workspace(job_id)
+        else:
+            log.info("job %s: status %s is past %s; nothing to do", job_id, taken.previous, stage)
+        return f"skipped:{taken.previous}"
+    record = taken.record
+    assert record is not None
+    attempt = taken.attempt
+    guard = (f"attempts:{stage}", attempt)
 
     spec = record["spec"]
     now = time.time()
     job_deadline = record["created_at"] + total_timeout(spec, st.settings)
     if now >= job_deadline:
-        _finish(st, job_id, stage, "timed_out", _timeout_error(stage, "total"), partial=None, guard=None)
-        return "timed_out"
+        return _finish(st, job_id, stage, "timed_out", _timeout_error(stage, "total"), None, guard)
     stage_deadline = now + stage_timeout(spec, stage, st.settings)
     limit = "total" if job_deadline < stage_deadline else "stage"
-
-    # Taking the job counts a new attempt at the stage; the count is this attempt's fencing token.
-    taken = st.store.transition(
-        job_id,
-        STAGE_ENTRY_FROM[stage],
-        stage,
-        {f"t:{stage}:started": now, f"worker:{stage}": worker_name or st.process_name},
-        count=f"attempts:{stage}",
-    )
-    if not taken.applied:
-        if taken.previous in TERMINAL:
-            st.remove_workspace(job_id)
-        return f"skipped:{taken.previous or 'missing'}"
-    attempt = taken.counter
 
     ctx = StageContext(
         job_id=job_id,
@@ -90,7 +80,7 @@ def run_stage(stage: str, job_id: str, worker_name: str | None = None) -> str:
         ctx.run_cleanups()
 
     if error is not None:
-        return _finish(st, job_id, stage, "failed", error, ctx.partial, (f"attempts:{stage}", attempt))
+        return _finish(st, job_id, stage, "failed", error, ctx.partial, guard)
     if interrupted is None and ctx.interrupted in ("cancelled", "superseded"):
         interrupted = ctx.interrupted  # arrived just as the handler returned: it wins
     if interrupted is not None:
