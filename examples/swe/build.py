@@ -69,7 +69,7 @@ def slugify(text: str) -> str:
     text = text.lower()
     return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
 ''',
-        tests='''from slugkit.core import slugify
+        tests="""from slugkit.core import slugify
 
 
 def test_simple_word():
@@ -78,8 +78,8 @@ def test_simple_word():
 
 def test_lowercases():
     assert slugify("ABC") == "abc"
-''',
-        new_tests='''
+""",
+        new_tests="""
 
 def test_collapses_separators():
     assert slugify("a - b") == "a-b"
@@ -87,7 +87,7 @@ def test_collapses_separators():
 
 def test_strips_edges():
     assert slugify("  Hello,   World!  ") == "hello-world"
-''',
+""",
     ),
     Project(
         name="spans",
@@ -123,7 +123,7 @@ def merge(intervals):
             merged.append((start, end))
     return merged
 ''',
-        tests='''from spans.core import merge
+        tests="""from spans.core import merge
 
 
 def test_disjoint_stay_apart():
@@ -132,12 +132,12 @@ def test_disjoint_stay_apart():
 
 def test_overlapping_merge():
     assert merge([(1, 4), (2, 3), (3, 8)]) == [(1, 8)]
-''',
-        new_tests='''
+""",
+        new_tests="""
 
 def test_touching_merge():
     assert merge([(1, 2), (2, 3)]) == [(1, 3)]
-''',
+""",
     ),
     Project(
         name="numerals",
@@ -172,7 +172,7 @@ def from_roman(numeral: str) -> int:
             total += value
     return total
 ''',
-        tests='''from numerals.core import from_roman
+        tests="""from numerals.core import from_roman
 
 
 def test_additive():
@@ -181,8 +181,8 @@ def test_additive():
 
 def test_lowercase():
     assert from_roman("mmx") == 2010
-''',
-        new_tests='''
+""",
+        new_tests="""
 
 def test_subtractive():
     assert from_roman("IV") == 4
@@ -191,7 +191,7 @@ def test_subtractive():
 
 def test_year():
     assert from_roman("MCMXCIV") == 1994
-''',
+""",
     ),
     Project(
         name="csvlite",
@@ -225,7 +225,7 @@ def split_row(line: str) -> list:
     fields.append("".join(current).strip())
     return fields
 ''',
-        tests='''from csvlite.core import split_row
+        tests="""from csvlite.core import split_row
 
 
 def test_plain_fields():
@@ -234,12 +234,12 @@ def test_plain_fields():
 
 def test_strips_spaces():
     assert split_row(" a , b ") == ["a", "b"]
-''',
-        new_tests='''
+""",
+        new_tests="""
 
 def test_quoted_comma():
     assert split_row('a,"b,c",d') == ["a", "b,c", "d"]
-''',
+""",
     ),
     Project(
         name="statsmini",
@@ -275,7 +275,7 @@ def median(values):
         return ordered[middle]
     return (ordered[middle - 1] + ordered[middle]) / 2
 ''',
-        tests='''from statsmini.core import mean, median
+        tests="""from statsmini.core import mean, median
 
 
 def test_mean():
@@ -284,8 +284,8 @@ def test_mean():
 
 def test_median_sorted_odd():
     assert median([1, 2, 3]) == 2
-''',
-        new_tests='''
+""",
+        new_tests="""
 
 def test_median_unsorted():
     assert median([3, 1, 2]) == 2
@@ -293,7 +293,7 @@ def test_median_unsorted():
 
 def test_median_even():
     assert median([1, 2, 3, 4]) == 2.5
-''',
+""",
     ),
 ]
 
@@ -388,7 +388,7 @@ def main() -> None:
     with OUT.open("w") as out:
         for row in rows:
             out.write(json.dumps(row) + "\n")
-    print(f"wrote {len(rows)} instances to {OUT.relative_to(ROOT)} and their repositories under {REPOS.relative_to(ROOT)}")
+    print(f"wrote {len(rows)} instances to {OUT.relative_to(ROOT)}, repositories under {REPOS.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

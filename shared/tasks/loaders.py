@@ -83,7 +83,9 @@ def load_hf(
     return jobs
 
 
-def rows_to_task(row: dict[str, Any], kind: str, fields: Mapping[str, str], defaults: Mapping[str, Any]) -> dict[str, Any]:
+def rows_to_task(
+    row: dict[str, Any], kind: str, fields: Mapping[str, str], defaults: Mapping[str, Any]
+) -> dict[str, Any]:
     """One dataset row as a task dict (see the module docstring)."""
     task = {fields.get(name, name): _plain(value) for name, value in row.items()}
     for name, value in defaults.items():

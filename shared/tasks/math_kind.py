@@ -21,7 +21,7 @@ from shared.tasks.registry import register
 
 SYSTEM_PROMPT = (
     "Solve the math problem. You can run Python (sympy is available) to check your work. "
-    "Put your final answer in \\boxed{} and call finish with it, e.g. finish(answer=\"\\boxed{42}\")."
+    'Put your final answer in \\boxed{} and call finish with it, e.g. finish(answer="\\boxed{42}").'
 )
 
 

@@ -22,11 +22,11 @@ from shared.tasks.registry import register
 
 CHOICE_PROMPT = (
     "Answer the multiple-choice question. You can run Python to compute. "
-    "Finish by calling finish with the letter of your choice, e.g. finish(answer=\"B\")."
+    'Finish by calling finish with the letter of your choice, e.g. finish(answer="B").'
 )
 VALUE_PROMPT = (
     "Answer the question. You can run Python to compute. Give the final value with its unit "
-    "where it has one, in \\boxed{}, and call finish with it, e.g. finish(answer=\"\\boxed{9.8 m/s^2}\")."
+    'where it has one, in \\boxed{}, and call finish with it, e.g. finish(answer="\\boxed{9.8 m/s^2}").'
 )
 
 
@@ -36,7 +36,7 @@ def choices_of(task: dict[str, Any]) -> dict[str, str]:
     if raw is None:
         return {}
     if isinstance(raw, list):
-        return dict(zip(string.ascii_uppercase, (str(c) for c in raw)))
+        return dict(zip(string.ascii_uppercase, (str(c) for c in raw), strict=False))
     return {str(k).strip().upper(): str(v) for k, v in raw.items()}
 
 
@@ -59,8 +59,10 @@ class StemKind(AgentTask):
             if isinstance(raw, list):
                 ok = 2 <= len(raw) <= 26
             else:
-                ok = isinstance(raw, dict) and 2 <= len(raw) and all(
-                    isinstance(k, str) and len(k.strip()) == 1 and k.strip().isalpha() for k in raw
+                ok = (
+                    isinstance(raw, dict)
+                    and 2 <= len(raw)
+                    and all(isinstance(k, str) and len(k.strip()) == 1 and k.strip().isalpha() for k in raw)
                 )
             if not ok:
                 raise TaskValidationError("task.choices: 2 to 26 options, a list or a map letter -> text")
@@ -72,7 +74,7 @@ class StemKind(AgentTask):
             if isinstance(value, bool) or not isinstance(value, (str, int, float)) or not str(value).strip():
                 raise TaskValidationError("task.answer: required, the reference value (a string or a number)")
         if "unit" in task and not isinstance(task["unit"], str):
-            raise TaskValidationError("task.unit: a string such as \"m/s^2\"")
+            raise TaskValidationError('task.unit: a string such as "m/s^2"')
         optional_number(task, "rel_tol", 0, 1)
 
     def messages(self, task: dict[str, Any]) -> list[dict[str, Any]]:

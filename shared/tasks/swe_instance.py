@@ -55,7 +55,7 @@ class SweInstance:
     image: str | None
 
     @classmethod
-    def from_task(cls, task: dict[str, Any]) -> "SweInstance":
+    def from_task(cls, task: dict[str, Any]) -> SweInstance:
         """Read and check an instance dict; raises TaskValidationError naming the field."""
 
         def text(field: str, *aliases: str, required: bool = True) -> str | None:

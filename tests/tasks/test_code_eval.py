@@ -16,7 +16,11 @@ TASK = {
     "kind": "code",
     "prompt": "Write add(a, b); as a program, read two integers and print their sum.",
     "tests": [{"stdin": "1 2\n", "stdout": "3\n"}, {"code": "assert add(2, 2) == 4"}],
-    "test_code": "from solution import add\n\n\ndef test_zero():\n    assert add(0, 0) == 0\n\n\ndef test_negative():\n    assert add(-1, -1) == -2\n",
+    "test_code": (
+        "from solution import add\n\n\n"
+        "def test_zero():\n    assert add(0, 0) == 0\n\n\n"
+        "def test_negative():\n    assert add(-1, -1) == -2\n"
+    ),
     "timeout_s": 3,
     "memory_mb": 256,
 }
@@ -56,7 +60,10 @@ def test_infinite_loop_times_out_each_test(make_ctx: MakeCtx) -> None:
 
 
 def test_memory_hog_is_stopped_by_the_limit(make_ctx: MakeCtx) -> None:
-    hog = "def add(a, b):\n    blocks = []\n    while True:\n        blocks.append(bytearray(50 * 1024 * 1024))\n\n\nif __name__ == '__main__':\n    add(1, 2)\n"
+    hog = (
+        "def add(a, b):\n    blocks = []\n    while True:\n        blocks.append(bytearray(50 * 1024 * 1024))\n\n\n"
+        "if __name__ == '__main__':\n    add(1, 2)\n"
+    )
     result = _evaluate(make_ctx, hog, memory_mb=128)
     assert result["reward"] == 0.0
     assert all(t["status"] == "error" and "MemoryError" in t["detail"] for t in result["tests"])

@@ -39,8 +39,11 @@ def test_jsonl_jobs_bare_tasks_and_kind(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [("{not json\n", "tasks.jsonl:1: not valid JSON"), ('{"x": 1}\n[1]\n', "tasks.jsonl:1: the task names no"),
-     ('{"kind": "math"}\n[1]\n', "tasks.jsonl:2: a JSON object")],
+    [
+        ("{not json\n", "tasks.jsonl:1: not valid JSON"),
+        ('{"x": 1}\n[1]\n', "tasks.jsonl:1: the task names no"),
+        ('{"kind": "math"}\n[1]\n', "tasks.jsonl:2: a JSON object"),
+    ],
 )
 def test_jsonl_errors_name_the_line(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "tasks.jsonl"

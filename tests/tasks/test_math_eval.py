@@ -58,7 +58,9 @@ def test_different_values(answer: str, reference: str) -> None:
     assert not equivalent(answer, reference).equivalent
 
 
-@pytest.mark.parametrize("malformed", ["", "\\frac{1}{", "((", "\\unknownmacro{3}", "x" * 1000, "9^{9^{9^{9}}}", "2^{99999999}"])
+@pytest.mark.parametrize(
+    "malformed", ["", "\\frac{1}{", "((", "\\unknownmacro{3}", "x" * 1000, "9^{9^{9^{9}}}", "2^{99999999}"]
+)
 def test_malformed_answers_are_wrong_not_errors(malformed: str) -> None:
     verdict = equivalent(malformed, "1")
     assert not verdict.equivalent and verdict.reason

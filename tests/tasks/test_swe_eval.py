@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.sandbox import SandboxSpec, create_sandbox
+from shared.sandbox import create_sandbox
 from shared.tasks import TaskValidationError, get_kind, load_task_modules
 from shared.tasks.swe_instance import SweInstance, materialize
 

@@ -128,8 +128,11 @@ def run_tests(box: EvalBox, tests: CodeTests, entry: str, python: str, timeout_s
             results.append(_stdio_result(case, result))
         else:
             token = secrets.token_hex(16)
-            mode, target = ("snippet", f"{EVAL_DIR}/case_{i}.py") if case.snippet is not None else ("function", case.function)
-            command = f"ROLLOUTS_EVAL_TOKEN={token} exec {_q(python)} {HARNESS} {mode} {_q(str(target))} {_q(module)}"
+            if case.snippet is not None:
+                mode, target = "snippet", f"{EVAL_DIR}/case_{i}.py"
+            else:
+                mode, target = "function", str(case.function)
+            command = f"ROLLOUTS_EVAL_TOKEN={token} exec {_q(python)} {HARNESS} {mode} {_q(target)} {_q(module)}"
             result = box.run(command, timeout_s)
             results.append(_assert_result(case, result, token))
     return results
@@ -165,7 +168,7 @@ def _assert_result(case: TestCase, result: Any, token: str) -> dict[str, Any]:
 
 def _tail(stderr: str, exit_code: int | None) -> str:
     text = stderr.strip()
-    return (text[-DETAIL_CHARS:] if text else f"exit status {exit_code}")
+    return text[-DETAIL_CHARS:] if text else f"exit status {exit_code}"
 
 
 def summary(results: list[dict[str, Any]], scoring: str) -> dict[str, Any]:

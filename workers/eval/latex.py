@@ -13,6 +13,7 @@ import re
 _SPACING = re.compile(r"\\[,;:!> ]|\\quad|\\qquad|~|\\displaystyle|\\limits")
 _SIZING = re.compile(r"\\(left|right|big|Big|bigg|Bigg)(?![a-zA-Z])\s*")
 _TEXT_MACROS = ("text", "textbf", "textit", "mathrm", "mathbf", "mbox", "operatorname", "mathit")
+_TEXT_MACRO = re.compile(r"\\(?:" + "|".join(_TEXT_MACROS) + r")\s*\{")
 _SIMPLE = {
     r"\cdot": "*",
     r"\times": "*",
@@ -99,7 +100,7 @@ def strip_decorations(text: str) -> str:
 
 def unwrap_text(text: str) -> str:
     """``\\text{foo}`` -> ``foo`` (and the other text-like macros)."""
-    pattern = re.compile(r"\\(?:%s)\s*\{" % "|".join(_TEXT_MACROS))
+    pattern = _TEXT_MACRO
     while True:
         match = pattern.search(text)
         if not match:
@@ -112,7 +113,7 @@ def unwrap_text(text: str) -> str:
 
 def drop_text(text: str) -> str:
     """Remove ``\\text{...}`` groups (units, words) when a value stands beside them."""
-    pattern = re.compile(r"\\(?:%s)\s*\{" % "|".join(_TEXT_MACROS))
+    pattern = _TEXT_MACRO
     out = text
     while True:
         match = pattern.search(out)

@@ -201,7 +201,7 @@ def _compare_structures(a: Any, b: Any) -> str | None:
     bare = {a_open, b_open} == {"(", ""} and {a_close, b_close} == {")", ""}
     if (a_open, a_close) != (b_open, b_close) and not bare:
         return None
-    reasons = [_compare_structures(x, y) for x, y in zip(a_items, b_items)]
+    reasons = [_compare_structures(x, y) for x, y in zip(a_items, b_items, strict=True)]
     return None if None in reasons else _weakest(reasons)
 
 
@@ -295,4 +295,3 @@ def _compare_equations(a_lhs: str, a_rhs: str, b_lhs: str, b_rhs: str) -> str | 
         return "exact" if a == 0 else None
     ratio = sympy.simplify(a / b)
     return "exact" if ratio.free_symbols == set() and ratio != 0 else None
-

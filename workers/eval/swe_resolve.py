@@ -27,7 +27,9 @@ from workers.eval.fresh_sandbox import EvalBox
 GIT_TIMEOUT_S = 120.0
 MAX_REPORT_BYTES = 20 * 1024 * 1024
 PASSING = {"passed", "xfailed"}
-_TEST_PATH = re.compile(r"(^|/)(tests?|testing)/|(^|/)test_[^/]*\.py$|_tests?\.py$|(^|/)conftest\.py$|(^|/)(pytest|tox)\.ini$")
+_TEST_PATH = re.compile(
+    r"(^|/)(tests?|testing)/|(^|/)test_[^/]*\.py$|_tests?\.py$|(^|/)conftest\.py$|(^|/)(pytest|tox)\.ini$"
+)
 
 
 def is_test_path(path: str) -> bool:
@@ -67,7 +69,7 @@ def resolve(box: EvalBox, instance: SweInstance, agent_diff: str, python: str, t
     restored = restore_set(instance, agent_diff)
     details["restored_test_files"] = restored
     (box.runtime / "test.patch").write_text(instance.test_patch)
-    script = [f"rm -rf -- {shlex.quote(p)}; git cat-file -e HEAD:{shlex.quote(p)} 2>/dev/null && git checkout -q HEAD -- {shlex.quote(p)}; true" for p in restored]
+    script = [_restore_command(path) for path in restored]
     if instance.test_patch.strip():
         script.append(f"git apply --whitespace=nowarn {shlex.quote(str(box.runtime / 'test.patch'))}")
     prepared = box.run("set -e\n" + "\n".join(script or ["true"]), GIT_TIMEOUT_S)
@@ -86,7 +88,15 @@ def resolve(box: EvalBox, instance: SweInstance, agent_diff: str, python: str, t
     return {"reward": 1.0 if resolved else 0.0, **details}
 
 
-def run_pytest(box: EvalBox, test_ids: list[str], python: str, timeout_s: float) -> tuple[dict[str, str], dict[str, Any]]:
+def _restore_command(path: str) -> str:
+    """Shell that puts `path` back as it is at the base commit (deleting it if the base has none)."""
+    quoted = shlex.quote(path)
+    return f"rm -rf -- {quoted}; git cat-file -e HEAD:{quoted} 2>/dev/null && git checkout -q HEAD -- {quoted}; true"
+
+
+def run_pytest(
+    box: EvalBox, test_ids: list[str], python: str, timeout_s: float
+) -> tuple[dict[str, str], dict[str, Any]]:
     """Run the files holding `test_ids` once; outcome per node id from the JUnit report."""
     files = sorted({test.split("::", 1)[0] for test in test_ids})
     report = box.runtime / "report.xml"

@@ -147,7 +147,7 @@ def _product(tokens: list[str], pos: int) -> tuple[float, Dims, int]:
         f, d, pos = _power(tokens, pos)
         sign = -1 if divide else 1
         factor *= f**sign
-        dims = tuple(x + sign * y for x, y in zip(dims, d))  # type: ignore[assignment]
+        dims = tuple(x + sign * y for x, y in zip(dims, d, strict=True))  # type: ignore[assignment]
     return factor, dims, pos
 
 
