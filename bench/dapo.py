@@ -175,9 +175,11 @@ def simulate(setup: Setup, seeds: int) -> None:
         syncs.append(sync_s)
         rounds.append(sync_rounds)
     ratios = sorted(s / a for s, a in zip(syncs, asyncs))
-    print(f"simulated, {seeds} seeds: async mean {statistics.mean(asyncs):.1f}s, sync mean {statistics.mean(syncs):.1f}s "
-          f"({statistics.mean(rounds):.2f} rounds); speed-up median {statistics.median(ratios):.2f}x, "
-          f"p10 {ratios[len(ratios) // 10]:.2f}x, min {ratios[0]:.2f}x")
+    print(
+        f"simulated, {seeds} seeds: async mean {statistics.mean(asyncs):.1f}s, "
+        f"sync mean {statistics.mean(syncs):.1f}s ({statistics.mean(rounds):.2f} rounds); "
+        f"speed-up median {statistics.median(ratios):.2f}x, p10 {ratios[len(ratios) // 10]:.2f}x, min {ratios[0]:.2f}x"
+    )
 
 
 def main() -> None:

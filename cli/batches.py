@@ -32,7 +32,9 @@ def make_client(url: str | None) -> RolloutClient:
 @click.option("--on-target", type=click.Choice(["cancel", "keep"]), default="cancel", show_default=True)
 @click.option("--advantages", type=click.Choice(["grpo", "mean", "none"]), default="grpo", show_default=True)
 @click.option("--server-side", is_flag=True, help="PROMPTS_FILE is a path the API server reads (not uploaded).")
-@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), help="Write each group as it completes (JSONL).")
+@click.option(
+    "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write each group as it completes (JSONL)."
+)
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Follow the batch to the end.")
 @click.option("--timeout", type=float, default=None, help="Stop following after this many seconds.")
 def batch(
@@ -60,7 +62,9 @@ def batch(
             )
         else:
             prompts = read_jobs(prompts_file)
-            created = client.submit_batch(prompts, n_samples=n_samples, min_informative_groups=min_informative, **options)
+            created = client.submit_batch(
+                prompts, n_samples=n_samples, min_informative_groups=min_informative, **options
+            )
         click.echo(f"batch {created.id}: {created.pool_size} prompts, target {created.target} groups", err=True)
         if not wait:
             click.echo(created.id)
@@ -128,7 +132,9 @@ def group_record(group: Group) -> dict[str, Any]:
 @click.option("--groups", "per_group", is_flag=True, help="One line per group instead of one per sample.")
 @click.option("--all-groups", is_flag=True, help="Also export reported groups that are not used (failed).")
 @click.option("--timeout", type=float, default=None, help="Wait at most this long for a running batch.")
-def export(batch_id: str, output: Path, url: str | None, per_group: bool, all_groups: bool, timeout: float | None) -> None:
+def export(
+    batch_id: str, output: Path, url: str | None, per_group: bool, all_groups: bool, timeout: float | None
+) -> None:
     """Write a batch's groups, with trajectories, to OUTPUT as JSONL (waits for a running batch)."""
     client = make_client(url)
     lines = 0

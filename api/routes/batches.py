@@ -31,8 +31,11 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"], dependencies=[Depends
 
 # The body is parsed by hand (to answer 400 on malformed JSON); its schema for /docs. Its nested
 # models (SamplingParams, Limits) are the job request's, which api/openapi.py puts in components.
-_BODY_SCHEMA = {k: v for k, v in BatchRequest.model_json_schema(ref_template="#/components/schemas/{model}").items() if k != "$defs"}
-_CURSOR = Query(default="0-0", pattern=r"^\d+-\d+$", description="Return groups after this cursor (from the last reply).")
+_BODY_SCHEMA = BatchRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+_BODY_SCHEMA.pop("$defs", None)
+_CURSOR = Query(
+    default="0-0", pattern=r"^\d+-\d+$", description="Return groups after this cursor (from the last reply)."
+)
 SSE_BLOCK_S = 15.0  # a keep-alive comment at least this often, which is also how fast a gone client is noticed
 
 

@@ -279,7 +279,9 @@ def decode_group(raw: dict[bytes, bytes]) -> dict[str, Any]:
     return group
 
 
-def group_views(batches: BatchStore, batch_id: str, indices: list[int], with_results: bool = False) -> list[dict[str, Any]]:
+def group_views(
+    batches: BatchStore, batch_id: str, indices: list[int], with_results: bool = False
+) -> list[dict[str, Any]]:
     """The public view of these completed groups; `with_results` embeds each sample's trajectory and evaluation."""
     from shared.batches.views import group_view
 

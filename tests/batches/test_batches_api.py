@@ -7,7 +7,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import msgpack
 import pytest
@@ -85,7 +84,8 @@ def test_a_pool_file_on_the_server_with_job_shaped_lines(client, batches, tmp_pa
     assert batch["pool_size"] == 3 and batch["counts"]["launched"] == 3 and batch["mode"] == "all"
     job_id = batches.group_job_ids(batch["id"], 1)[0]
     spec = client.get(f"/v1/jobs/{job_id}").json()["request"]
-    assert spec["limits"]["max_turns"] == 3 and spec["metadata"] == {"row": 1, "batch_id": batch["id"], "prompt_index": 1}
+    assert spec["limits"]["max_turns"] == 3
+    assert spec["metadata"] == {"row": 1, "batch_id": batch["id"], "prompt_index": 1}
     assert spec["group_id"] == f"b.{batch['id']}.1"
 
 

@@ -28,13 +28,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def test_uniform_prompts_are_replaced_while_slow_groups_still_run(stack):
     # the target needs the two slow groups: only four prompts of the pool are informative
-    pool = [SLOW_INFORMATIVE, SLOW_INFORMATIVE] + [FAST_UNIFORM, FAST_UNIFORM, FAST_INFORMATIVE] * 2 + [FAST_UNIFORM] * 3
+    fast = [FAST_UNIFORM, FAST_UNIFORM, FAST_INFORMATIVE] * 2 + [FAST_UNIFORM] * 3
+    pool = [SLOW_INFORMATIVE, SLOW_INFORMATIVE, *fast]
     with RolloutClient(stack.api_url) as client:
         batch = client.submit_batch(pool, n_samples=2, min_informative_groups=4, max_groups_in_flight=4)
         groups = list(client.iter_groups(batch.id, results=False, timeout=120))
         final = client.get_batch(batch.id)
-        # every group launched, with its launch and completion times (the used ones come back above)
-        api = httpx.Client(base_url=stack.api_url)
     assert final.status == "completed" and final.counts.used == 4 == len(groups)
     assert all(g.outcome == "informative" and g.used for g in groups)
     assert len({g.prompt_index for g in groups}) == 4
@@ -47,9 +46,8 @@ def test_uniform_prompts_are_replaced_while_slow_groups_still_run(stack):
     # asynchronous replenishment: replacements were launched, ran and completed while the slow groups ran
     assert max(g.launched_at for g in replacements) < slow_end
     assert groups[0].completed_at < slow_end and groups[0].prompt_index >= 2
-    # filtered groups' jobs really ran to the end with equal rewards
-    jobs = api.get("/v1/jobs", params={"group_id": f"b.{batch.id}.2"}).json()["jobs"]
-    api.close()
+    # a filtered group's jobs really ran to the end, with equal rewards
+    jobs = httpx.get(f"{stack.api_url}/v1/jobs", params={"group_id": f"b.{batch.id}.2"}).json()["jobs"]
     assert [j["status"] for j in jobs] == ["done", "done"] and {j["reward"] for j in jobs} == {1.0}
 
 
@@ -86,7 +84,9 @@ def test_cli_batch_follows_to_the_target_and_export_writes_trajectories(stack, t
 def test_a_failing_sample_fails_its_group_which_is_reported_and_replaced(stack):
     failing = {**FAST_INFORMATIVE, "fail_samples": [1]}
     with RolloutClient(stack.api_url) as client:
-        batch = client.submit_batch([failing, FAST_INFORMATIVE], n_samples=2, min_informative_groups=1, max_groups_in_flight=1)
+        batch = client.submit_batch(
+            [failing, FAST_INFORMATIVE], n_samples=2, min_informative_groups=1, max_groups_in_flight=1
+        )
         groups = client.collect_groups(batch.id, results=False, timeout=120)
         final = client.get_batch(batch.id)
     assert [(g.prompt_index, g.outcome, g.used) for g in groups] == [(0, "failed", False), (1, "informative", True)]

@@ -63,7 +63,8 @@ def test_uniform_groups_are_filtered_and_replaced_until_exactly_the_target(batch
 
 
 def test_keep_lets_running_groups_finish_as_late_without_reporting_them(batches):
-    batch_id = create(batches, pool([INFORMATIVE] * 4), min_informative_groups=1, max_groups_in_flight=3, on_target="keep")
+    prompts = pool([INFORMATIVE] * 4)
+    batch_id = create(batches, prompts, min_informative_groups=1, max_groups_in_flight=3, on_target="keep")
     finish_group(batches, batch_id, 1)
     assert batches.head(batch_id)["status"] == "completed"
     assert batches.jobs.statuses(batches.group_job_ids(batch_id, 0)) == ["queued"] * 4

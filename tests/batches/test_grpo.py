@@ -13,7 +13,8 @@ def test_grpo_normalises_by_the_population_std():
     stats = group_stats([1.0, 0.0, 1.0, 1.0])
     std = math.sqrt(3 / 16)
     assert stats["mean"] == 0.75 and stats["std"] == pytest.approx(std)
-    assert stats["advantages"] == pytest.approx([0.25 / (std + STD_EPSILON), -0.75 / (std + STD_EPSILON)] + [0.25 / (std + STD_EPSILON)] * 2)
+    scale = std + STD_EPSILON
+    assert stats["advantages"] == pytest.approx([0.25 / scale, -0.75 / scale, 0.25 / scale, 0.25 / scale])
 
 
 def test_mean_mode_only_centres_and_none_mode_gives_no_advantages():

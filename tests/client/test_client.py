@@ -67,7 +67,8 @@ def test_a_batch_becomes_padded_training_tensors_with_group_advantages(client):
     np.testing.assert_array_equal(tensors["group_index"], [0, 0, 0, 1, 1, 1])
     np.testing.assert_allclose(tensors["rewards"], [1.0, 0.0, 0.5] * 2)
     expected = np.array([1.0, 0.0, 0.5]) - 0.5
-    np.testing.assert_allclose(tensors["advantages"], np.tile(expected / (np.std([1.0, 0.0, 0.5]) + 1e-6), 2), rtol=1e-5)
+    expected = expected / (np.std([1.0, 0.0, 0.5]) + 1e-6)
+    np.testing.assert_allclose(tensors["advantages"], np.tile(expected, 2), rtol=1e-5)
     assert tensors["loss_mask"][1].tolist() == [0, 0, 0, 1, 1, 0]  # sample 1 generated two tokens
     with pytest.raises(ValueError):
         groups_to_tensors(client.collect_groups(batch.id, results=False))
