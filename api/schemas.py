@@ -25,7 +25,9 @@ class JobResult(BaseModel):
     evaluation: dict[str, Any] = Field(default_factory=dict, description="What the eval stage returned.")
 
 
-class JobView(BaseModel):
+class JobHeader(BaseModel):
+    """What every view of a job starts with."""
+
     id: str
     status: str
     kind: str
@@ -34,6 +36,9 @@ class JobView(BaseModel):
     created_at: float
     updated_at: float
     finished_at: float | None = None
+
+
+class JobView(JobHeader):
     timings: dict[str, StageTimings] = Field(default_factory=dict, description="Unix times per stage.")
     attempts: dict[str, int] = Field(default_factory=dict, description="Times each stage was started.")
     workers: dict[str, str] = Field(default_factory=dict, description="The worker that ran each stage last.")
@@ -46,15 +51,7 @@ class JobView(BaseModel):
     request: dict[str, Any] = Field(description="The job as submitted.")
 
 
-class JobSummary(BaseModel):
-    id: str
-    status: str
-    kind: str
-    group_id: str | None = None
-    sample_index: int | None = None
-    created_at: float
-    updated_at: float
-    finished_at: float | None = None
+class JobSummary(JobHeader):
     reward: float | None = None
 
 
