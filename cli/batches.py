@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -13,6 +14,7 @@ from cli.jobs import read_jobs
 from rollouts_client import ApiError, Batch, Group, RolloutClient, WaitTimeout
 from shared.config import get_settings
 
+POLL_WAIT_S = 2.0
 _url_option = click.option("--url", default=None, help="API URL (default: ROLLOUTS_API_URL or host:port settings).")
 
 
@@ -83,21 +85,31 @@ def batch(
 
 
 def follow_batch(client: RolloutClient, created: Batch, out: IO[str] | None, timeout: float | None) -> Batch:
-    """Long-poll the batch's groups; the bar counts used groups toward the target (tqdm gives rate and ETA)."""
+    """Long-poll the batch's groups; the bar counts used groups toward the target (tqdm adds rate and ETA).
+
+    Each page carries the batch's counts, so the bar's filtered / in-flight figures refresh at
+    least every POLL_WAIT_S even while no group completes.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
     bar = tqdm(total=created.target, unit="group", disable=None, dynamic_ncols=True)
+    cursor, batch = "0-0", created
     try:
-        for group in client.iter_groups(created.id, results=out is not None, timeout=timeout):
-            if group.used:
-                bar.update(1)
-            if out is not None:
-                out.write(json.dumps(group_record(group)) + "\n")
-            counts = client.get_batch(created.id).counts
-            bar.set_postfix(
-                filtered=counts.filtered, failed=counts.failed, in_flight=counts.in_flight, launched=counts.launched
-            )
+        while True:
+            page = client.groups(created.id, cursor, POLL_WAIT_S, results=out is not None)
+            for group in page.groups:
+                if group.used:
+                    bar.update(1)
+                if out is not None:
+                    out.write(json.dumps(group_record(group)) + "\n")
+            cursor, batch = page.cursor, page.batch
+            c = batch.counts
+            bar.set_postfix(filtered=c.filtered, failed=c.failed, in_flight=c.in_flight, launched=c.launched)
+            if page.done:
+                return client.get_batch(created.id)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"batch {created.id} still running after {timeout}s (it goes on; see `export`)")
     finally:
         bar.close()
-    return client.get_batch(created.id)
 
 
 def summary_line(batch: Batch) -> str:

@@ -75,6 +75,9 @@ async def create_batch(request: Request, batches: BatchStore = Depends(get_batch
     pool, problems = await run_in_threadpool(load_pool, batch)
     if problems:
         return validation_response(problems)
+    if batch.min_informative_groups is not None and batch.min_informative_groups > len(pool):
+        message = f"{batch.min_informative_groups} groups asked for, but the pool has {len(pool)} prompts"
+        return validation_response([{"field": "body.min_informative_groups", "message": message}])
     batch_id = await run_in_threadpool(batches.create, batch, pool)
     head = await run_in_threadpool(batches.head, batch_id)
     return respond(request, batch_view(head), status_code=status.HTTP_202_ACCEPTED)

@@ -63,6 +63,7 @@ def test_invalid_batches_are_refused_naming_the_field(client, tmp_path):
         ({"prompts_path": "relative.jsonl"}, "body.prompts_path"),
         ({"prompts_path": str(tmp_path / "missing.jsonl")}, "body.prompts_path"),
         ({"prompts": [INFORMATIVE], "on_target": "drop"}, "body.on_target"),
+        ({"prompts": [INFORMATIVE], "min_informative_groups": 2}, "body.min_informative_groups"),
     ]
     for body, field in cases:
         response = client.post("/v1/batches", json=body)
