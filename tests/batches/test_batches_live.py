@@ -8,10 +8,14 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from click.testing import CliRunner
+from redis import Redis
 
 from cli.main import main
 from cli.stack import Stack
 from rollouts_client import RolloutClient
+from shared.batches.store import BatchStore
+from shared.config import Settings
+from shared.jobs.store import JobStore
 from tests.batches.live import start_stack
 
 SLOW_INFORMATIVE = {"kind": "dapo_sim", "rewards": [0.0, 1.0], "rollout_s": 4.0}
@@ -92,3 +96,19 @@ def test_a_failing_sample_fails_its_group_which_is_reported_and_replaced(stack):
     assert [(g.prompt_index, g.outcome, g.used) for g in groups] == [(0, "failed", False), (1, "informative", True)]
     assert "fails by request" in groups[0].error and groups[0].rewards == [1.0, None]
     assert final.status == "completed" and final.counts.failed == 1 and final.counts.used == 1
+
+
+def test_worker_maintenance_sweeps_a_reservation_whose_submission_was_lost(stack):
+    slow = {**FAST_INFORMATIVE, "rollout_s": 1.0}
+    with RolloutClient(stack.api_url) as client:
+        pool = [slow, FAST_INFORMATIVE]
+        batch = client.submit_batch(pool, n_samples=2, min_informative_groups=2, max_groups_in_flight=1)
+        redis = Redis.from_url(stack.redis_url)
+        batches = BatchStore(JobStore(redis, Settings(redis_url=stack.redis_url)))
+        # a process reserves prompt 1 and dies before submitting its jobs
+        redis.hset(batches.keys.batch(batch.id), "max_in_flight", 2)
+        assert batches.fill(batch.id) == [1]
+        assert batches.group_job_ids(batch.id, 1) == []
+        final = client.wait_batch(batch.id, timeout=120)
+        redis.close()
+    assert final.status == "completed" and final.counts.used == 2 and final.counts.launched == 2
