@@ -54,7 +54,11 @@ def require_admin(
     credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
     settings: Settings = Depends(get_settings),
 ) -> None:
-    """Admin routes (backend registration): an admin token, or any token when no admin tokens are set."""
+    """Admin routes (backend registration, cancel): an admin token, or any API token when no admin tokens are set.
+
+    With admin tokens unset every caller is trusted equally (one team, one token), so existing
+    deployments keep working; setting them splits trainers (submit, read) from operators.
+    """
     allowed = settings.admin_tokens or settings.api_tokens
     if not allowed:
         return

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import require_auth
+from api.deps import require_admin, require_auth
 from api.errors import describe_errors, validation_response
 from api.negotiation import respond
 from api.schemas import Cancelled, JobList, JobSummary, JobView, Submitted
@@ -190,7 +190,12 @@ def _summary(row: list[bytes | None]) -> dict[str, Any]:
     "/{job_id}",
     response_model=Cancelled,
     summary="Cancel a job",
-    responses={404: {"description": "No such job"}, 409: {"description": "Already finished"}},
+    responses={
+        403: {"description": "Not an admin token"},
+        404: {"description": "No such job"},
+        409: {"description": "Already finished"},
+    },
+    dependencies=[Depends(require_admin)],
 )
 def cancel_job(job_id: str, store: JobStore = Depends(get_store)) -> JSONResponse:
     """A queued job never runs; a running one is stopped by its worker, which also removes its sandbox and state."""
