@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import require_auth
 from api.errors import describe_errors, validation_response
 from api.negotiation import respond
-from shared.batches.hook import batch_store, cancel_groups
+from shared.batches.hook import batch_store, cancel_groups, start_batch
 from shared.batches.pool import load_pool
 from shared.batches.spec import BatchRequest
 from shared.batches.store import BatchStore, group_views
@@ -78,7 +78,7 @@ async def create_batch(request: Request, batches: BatchStore = Depends(get_batch
     if batch.min_informative_groups is not None and batch.min_informative_groups > len(pool):
         message = f"{batch.min_informative_groups} groups asked for, but the pool has {len(pool)} prompts"
         return validation_response([{"field": "body.min_informative_groups", "message": message}])
-    batch_id = await run_in_threadpool(batches.create, batch, pool)
+    batch_id = await run_in_threadpool(start_batch, batches, batch, pool)
     head = await run_in_threadpool(batches.head, batch_id)
     return respond(request, batch_view(head), status_code=status.HTTP_202_ACCEPTED)
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import weakref
 
-from shared.batches.spec import parse_group_id
+from typing import Any
+
+from shared.batches.spec import BatchRequest, parse_group_id
 from shared.batches.store import BatchStore, Recorded, closes_groups
 from shared.codec import unpack
 from shared.jobs.status import TERMINAL
@@ -29,6 +31,24 @@ def batch_store(jobs: JobStore) -> BatchStore:
     if store is None:
         store = _stores[jobs] = BatchStore(jobs)
     return store
+
+
+def start_batch(batches: BatchStore, request: BatchRequest, pool: list[dict[str, Any]]) -> str:
+    """Store a new batch, reserve its first groups and submit their jobs."""
+    batch_id = batches.create(request, pool)
+    launch(batches, batch_id, batches.fill(batch_id))
+    return batch_id
+
+
+def launch(batches: BatchStore, batch_id: str, prompt_indices: list[int]) -> None:
+    """Submit reserved groups, then re-read the status: a batch that closed meanwhile could not
+    see these jobs to cancel them, so this side does (see docs/BATCHES.md, races)."""
+    if not prompt_indices:
+        return
+    batches.submit_groups(batch_id, prompt_indices)
+    head = batches.head(batch_id)
+    if head is not None and closes_groups(head):
+        cancel_groups(batches, batch_id, prompt_indices)
 
 
 def on_job_terminal(jobs: JobStore, job_id: str) -> None:
@@ -59,7 +79,7 @@ def record_job(batches: BatchStore, job_id: str) -> Recorded | None:
         message = status
     recorded = batches.record(batch_id, k, int(sample_raw), job_id, status, reward, message)
     if recorded.group_complete:
-        batches.launch(batch_id, list(recorded.reserved))
+        launch(batches, batch_id, list(recorded.reserved))
         if recorded.closed_batch:
             head = batches.head(batch_id)
             if head is not None and closes_groups(head):

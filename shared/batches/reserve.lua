@@ -20,6 +20,11 @@ local function reserve(batch, inflight, launching, group_prefix, now, ttl)
     redis.call('EXPIRE', group, ttl)
     reserved[#reserved + 1] = cursor
   end
+  if #reserved > 0 then
+    -- A set emptied by SREM is deleted, so SADD recreates it: give it the batch's lifetime again.
+    redis.call('EXPIRE', inflight, ttl)
+    redis.call('EXPIRE', launching, ttl)
+  end
   return reserved
 end
 

@@ -68,7 +68,7 @@ class BatchStore:
 
     # --- create and launch --------------------------------------------------------
     def create(self, request: BatchRequest, pool: list[dict[str, Any]]) -> str:
-        """Store the batch and its pool, reserve the first groups and submit their jobs."""
+        """Store the batch and its pool (hook.start_batch then launches the first groups)."""
         batch_id = secrets.token_hex(8)
         target = request.min_informative_groups or len(pool)
         max_in_flight = request.max_groups_in_flight or target
@@ -100,7 +100,6 @@ class BatchStore:
             pipe.zadd(self.keys.batches, {batch_id: now})
             pipe.sadd(self.keys.live, batch_id)
             pipe.execute()
-        self.launch(batch_id, self.fill(batch_id))
         return batch_id
 
     def fill(self, batch_id: str) -> list[int]:
@@ -109,18 +108,16 @@ class BatchStore:
             keys=[self.keys.batch(batch_id), self.keys.inflight(batch_id), self.keys.launching(batch_id)],
             args=[self.keys.group_prefix(batch_id), repr(time.time()), self.ttl],
         )
-        for key in (self.keys.inflight(batch_id), self.keys.launching(batch_id)):
-            self.redis.expire(key, self.ttl)
         return [int(k) for k in reply]
 
-    def launch(self, batch_id: str, prompt_indices: list[int]) -> None:
+    def submit_groups(self, batch_id: str, prompt_indices: list[int]) -> None:
         """Submit the jobs of reserved groups. Safe to repeat: the idempotency keys map to the same jobs."""
         if not prompt_indices:
             return
-        head = self.redis.hmget(self.keys.batch(batch_id), ("n", "request", "status", "on_target"))
-        if head[0] is None:
+        n_raw, request_raw = self.redis.hmget(self.keys.batch(batch_id), ("n", "request"))
+        if n_raw is None:
             return
-        n, request = int(head[0]), unpack(head[1])
+        n, request = int(n_raw), unpack(request_raw)
         with self.redis.pipeline(transaction=False) as pipe:
             for k in prompt_indices:
                 pipe.lindex(self.keys.pool(batch_id), k)
@@ -134,13 +131,6 @@ class BatchStore:
         if specs:
             self.jobs.submit(specs)
         self.redis.zrem(self.keys.launching(batch_id), *prompt_indices)
-        # The batch may have closed while these were being submitted; its closer could not see
-        # these jobs yet, so cancelling them is this side's job (see docs/BATCHES.md, races).
-        status, on_target = self.redis.hmget(self.keys.batch(batch_id), ("status", "on_target"))
-        if status is not None and _closes_groups(status.decode(), on_target.decode()):
-            from shared.batches.hook import cancel_groups  # the hook records what it cancels
-
-            cancel_groups(self, batch_id, prompt_indices)
 
     @staticmethod
     def _job_spec(batch_id: str, request: dict[str, Any], k: int, item: dict[str, Any], i: int) -> dict[str, Any]:
@@ -228,13 +218,10 @@ class BatchStore:
             return [unpack(raw) for raw in pipe.execute()]
 
 
-def _closes_groups(status: str, on_target: str) -> bool:
-    """Groups still running must stop: the batch was cancelled, or met its target with on_target=cancel."""
-    return status == "cancelled" or (status in ("completed", "exhausted") and on_target == "cancel")
-
-
 def closes_groups(head: dict[str, Any]) -> bool:
-    return _closes_groups(head["status"], head["on_target"])
+    """Groups still running must stop: the batch was cancelled, or closed with on_target=cancel."""
+    status = head["status"]
+    return status == "cancelled" or (status in ("completed", "exhausted") and head["on_target"] == "cancel")
 
 
 def _text(value: bytes | str | None) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from shared.batches.hook import batch_store, cancel_groups, record_job
+from shared.batches.hook import batch_store, cancel_groups, launch, record_job
 from shared.batches.store import BatchStore, closes_groups
 from shared.jobs.status import TERMINAL
 from shared.jobs.store import JobStore
@@ -25,6 +25,7 @@ LAUNCH_GRACE_S = 10.0
 def sweep(batches: BatchStore, launch_grace_s: float = LAUNCH_GRACE_S) -> dict[str, int]:
     """One pass over the live batches; returns what it repaired (for logs and tests)."""
     repaired = {"launched": 0, "recorded": 0, "cancelled": 0}
+    batches.redis.zremrangebyscore(batches.keys.batches, "-inf", time.time() - batches.ttl)
     for raw in batches.redis.smembers(batches.keys.live):
         batch_id = raw.decode()
         head = batches.head(batch_id)
@@ -33,10 +34,10 @@ def sweep(batches: BatchStore, launch_grace_s: float = LAUNCH_GRACE_S) -> dict[s
             continue
         stale = batches.redis.zrangebyscore(batches.keys.launching(batch_id), "-inf", time.time() - launch_grace_s)
         if stale:
-            batches.launch(batch_id, [int(k) for k in stale])
+            launch(batches, batch_id, [int(k) for k in stale])
             repaired["launched"] += len(stale)
         if head["status"] == "running":
-            batches.launch(batch_id, batches.fill(batch_id))
+            launch(batches, batch_id, batches.fill(batch_id))
         for k in batches.in_flight_groups(batch_id):
             repaired["recorded"] += _record_missed(batches, batch_id, k)
         head = batches.head(batch_id) or head

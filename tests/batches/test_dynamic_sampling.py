@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from redis import Redis
 
-from shared.batches.hook import batch_store, record_job
+from shared.batches.hook import batch_store, launch, record_job, start_batch
 from shared.batches.spec import BatchRequest, parse_group_id
 from shared.batches.store import BatchStore
 from shared.batches.sweep import sweep
@@ -29,7 +29,7 @@ def pool(pattern: list[list[float]]) -> list[dict]:
 
 def create(batches: BatchStore, prompts: list[dict], **options: object) -> str:
     request = BatchRequest(prompts=prompts, n_samples=4, **options)
-    return batches.create(request, prompts)
+    return start_batch(batches, request, prompts)
 
 
 def test_uniform_groups_are_filtered_and_replaced_until_exactly_the_target(batches):
@@ -84,6 +84,7 @@ def test_a_failed_sample_fails_its_group_which_is_reported_and_replaced(batches)
     group = batches.group(batch_id, 0)
     assert group["outcome"] == "failed" and "boom" in group["error"]
     assert batches.in_flight_groups(batch_id) == [1]
+    assert batches.redis.ttl(batches.keys.inflight(batch_id)) > 0  # emptied and re-created, still expires
     finish_group(batches, batch_id, 1)
     finish_group(batches, batch_id, 2)
     head = batches.head(batch_id)
@@ -139,7 +140,7 @@ def test_sweep_submits_a_reservation_whose_launch_was_lost_and_records_missed_jo
 def test_resubmitting_a_group_maps_to_the_same_jobs(batches):
     batch_id = create(batches, pool([INFORMATIVE] * 2), min_informative_groups=1, max_groups_in_flight=1)
     before = batches.group_job_ids(batch_id, 0)
-    batches.launch(batch_id, [0])
+    launch(batches, batch_id, [0])
     assert batches.group_job_ids(batch_id, 0) == before
 
 
