@@ -61,7 +61,7 @@ def up(
     except StackError as exc:
         raise click.ClickException(str(exc)) from None
     redis_note = "embedded" if stack.redis else "configured"
-    click.echo(f"rollouts up: API {stack.api_url} (docs at {stack.api_url}/docs), {redis_note} Redis {stack.redis_url}")
+    click.echo(f"rollouts up: API {stack.api_url} (docs at {stack.api_url}/docs), {redis_note} Redis {redact_url(stack.redis_url)}")
     click.echo(f"  export ROLLOUTS_API_URL={stack.api_url}  # for `rollouts submit` / `status` in another shell")
     try:
         code = stack.wait()

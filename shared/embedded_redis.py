@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 from redis import Redis
 
@@ -32,17 +33,20 @@ class EmbeddedRedis:
         data_dir: Path | None = None,
         appendonly: bool = False,
         extra_args: list[str] | None = None,
+        password: str | None = None,
     ) -> None:
         self.port = port or free_port()
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="rollouts-redis-"))
         self.appendonly = appendonly
         self.extra_args = extra_args or []
+        self.password = password
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
         binary = shutil.which("redis-server")
@@ -61,9 +65,19 @@ class EmbeddedRedis:
             "--logfile", str(self.data_dir / "redis.log"),
             *self.extra_args,
         ]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self.password:
+            # Through a config file on stdin, not argv: `ps` shows every process's argv.
+            args.append("-")
+        self.process = subprocess.Popen(
+            args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        assert self.process.stdin is not None
+        if self.password:
+            quoted = self.password.replace("\\", "\\\\").replace('"', '\\"')
+            self.process.stdin.write(f'requirepass "{quoted}"\n'.encode())
+        self.process.stdin.close()
         deadline = time.monotonic() + timeout
-        client = Redis(port=self.port, socket_connect_timeout=0.5)
+        client = Redis(port=self.port, password=self.password, socket_connect_timeout=0.5)
         try:
             while True:
                 try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit, urlunsplit
+
 from redis import Redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
@@ -26,3 +28,18 @@ def connect(settings: Settings, *, decode_responses: bool = False) -> Redis:
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
         socket_keepalive=True,
     )
+
+
+def redact_url(url: str | None) -> str:
+    """The URL with any password replaced by `***`, for logs, status pages and messages."""
+    if not url:
+        return ""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))

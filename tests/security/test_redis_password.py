@@ -1,0 +1,65 @@
+"""A Redis with `requirepass`: the whole stack runs against it and the password shows up nowhere."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cli.stack import Stack
+from shared.config import Settings
+from shared.embedded_redis import EmbeddedRedis
+from shared.redis_conn import redact_url
+from tests.pipeline.conftest import FAST_RECOVERY_ENV
+from tests.support.waiting import wait_status
+
+PASSWORD = "pw-Zq81-never-printed"
+
+
+@pytest.fixture()
+def protected_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(data_dir=tmp_path / "redis", password=PASSWORD).start()
+    yield server
+    server.stop()
+
+
+def test_redact_url_hides_only_the_password():
+    assert redact_url("redis://:s3@host:6379/0") == "redis://:***@host:6379/0"
+    assert redact_url("rediss://user:s3@[::1]:6380/2") == "rediss://user:***@[::1]:6380/2"
+    assert redact_url("redis://host:6379/0") == "redis://host:6379/0"
+    assert redact_url(None) == ""
+
+
+def test_a_stack_on_a_password_protected_redis_runs_jobs_and_never_logs_the_password(protected_redis, tmp_path):
+    assert PASSWORD in protected_redis.url
+    settings = Settings(redis_url=protected_redis.url, state_dir=tmp_path / "state")
+    logs = tmp_path / "logs"
+    stack = Stack(
+        settings, api_port=0, concurrency={"init": 1, "rollout": 1, "eval": 1}, log_dir=logs,
+        extra_env={**FAST_RECOVERY_ENV, "ROLLOUTS_LOG_LEVEL": "DEBUG"},
+    )
+    with stack:
+        stack.wait_for_workers()
+        api = httpx.Client(base_url=stack.api_url, timeout=10.0)
+        job_id = api.post("/v1/jobs", json={"task": {"kind": "scripted", "fail": "eval"}}).json()["job_ids"][0]
+        record = wait_status(api, job_id)
+        pages = [api.get(path).text for path in ("/v1/status", "/healthz", f"/v1/jobs/{job_id}", "/openapi.json")]
+
+    assert record["status"] == "failed" and record["error"]["stage"] == "eval"
+    for page in pages:
+        assert PASSWORD not in page
+    written = list(logs.glob("*.log")) + list((tmp_path / "redis").glob("*.log"))
+    assert written
+    for path in written:
+        assert PASSWORD not in path.read_text(errors="replace"), path.name
+
+
+def test_a_wrong_password_is_a_503_that_does_not_echo_the_url(protected_redis, make_client):
+    wrong = protected_redis.url.replace(PASSWORD, "wrong-secret-value")
+    client = make_client(redis_url=wrong)
+    response = client.get("/v1/status")
+    assert response.status_code == 503
+    assert "wrong-secret-value" not in response.text and PASSWORD not in response.text
+    assert client.get("/healthz").status_code == 503
