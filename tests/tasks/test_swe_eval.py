@@ -146,3 +146,37 @@ def test_validation_names_the_field(change: dict, field: str) -> None:
     task = {k: v for k, v in {**TASK, **change}.items() if v is not None}
     with pytest.raises(TaskValidationError, match=field):
         get_kind("swe").validate(task)
+
+
+def test_junit_report_node_ids_and_outcomes(tmp_path: Path) -> None:
+    """Per-test outcomes read back from a real pytest run's xunit1 report, keyed by node id."""
+    import subprocess
+    import sys
+
+    from workers.eval.swe_resolve import parse_junit
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_mix.py").write_text(
+        "import pytest\n\n\n"
+        "class TestGroup:\n    def test_in_class(self):\n        pass\n\n\n"
+        "@pytest.mark.parametrize('n', [1, 2])\ndef test_param(n):\n    assert n == 1\n\n\n"
+        "@pytest.mark.xfail\ndef test_expected_failure():\n    assert False\n\n\n"
+        "@pytest.mark.skip\ndef test_skipped():\n    pass\n\n\n"
+        "@pytest.fixture\ndef broken():\n    raise RuntimeError\n\n\n"
+        "def test_setup_error(broken):\n    pass\n"
+    )
+    report = tmp_path / "report.xml"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "--rootdir=.", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
+         f"--junitxml={report}", "-q", "tests/test_mix.py"],
+        cwd=tmp_path, capture_output=True, check=False,
+    )  # fmt: skip
+    assert parse_junit(report) == {
+        "tests/test_mix.py::TestGroup::test_in_class": "passed",
+        "tests/test_mix.py::test_param[1]": "passed",
+        "tests/test_mix.py::test_param[2]": "failed",
+        "tests/test_mix.py::test_expected_failure": "xfailed",
+        "tests/test_mix.py::test_skipped": "skipped",
+        "tests/test_mix.py::test_setup_error": "error",
+    }
+    assert parse_junit(tmp_path / "missing.xml") == {}
