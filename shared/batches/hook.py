@@ -15,7 +15,7 @@ import weakref
 
 from typing import Any
 
-from shared.batches.spec import BatchRequest, parse_group_id
+from shared.batches.spec import BatchRequest, idempotency_key, parse_group_id
 from shared.batches.store import BatchStore, Recorded, closes_groups
 from shared.codec import unpack
 from shared.jobs.status import TERMINAL
@@ -70,6 +70,13 @@ def record_job(batches: BatchStore, job_id: str) -> Recorded | None:
     if parsed is None or status not in TERMINAL or sample_raw is None:
         return None
     batch_id, k = parsed
+    sample = int(sample_raw)
+    # Only the job the batch itself submitted for this slot counts: anyone can submit a job
+    # with a batch-shaped group id through /v1/jobs, but not under the batch's idempotency key.
+    holder = batches.redis.get(batches.jobs.keys.idempotency(idempotency_key(batch_id, k, sample)))
+    if holder is None or holder.decode() != job_id:
+        log.warning("job %s claims group %s but is not the batch's job for sample %d; ignored", job_id, k, sample)
+        return None
     reward = None
     if status == "done":
         reward = (unpack(evaluation_raw) or {}).get("reward")
@@ -77,7 +84,7 @@ def record_job(batches: BatchStore, job_id: str) -> Recorded | None:
     message = f"{error.get('type', 'error')}: {error.get('message', '')}" if isinstance(error, dict) else ""
     if status != "done" and not message:
         message = status
-    recorded = batches.record(batch_id, k, int(sample_raw), job_id, status, reward, message)
+    recorded = batches.record(batch_id, k, sample, job_id, status, reward, message)
     if recorded.group_complete:
         launch(batches, batch_id, list(recorded.reserved))
         if recorded.closed_batch:

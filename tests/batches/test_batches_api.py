@@ -202,3 +202,13 @@ def test_msgpack_and_embedded_results(client, batches):
     samples = page["groups"][0]["samples"]
     assert [s["result"]["trajectory"]["sample"] for s in samples] == [0, 1]
     assert [s["result"]["reward"] for s in samples] == [0.0, 1.0]
+
+
+def test_a_job_submitted_outside_the_batch_with_its_group_id_does_not_count(client, batches):
+    batch = create(client, prompts=[INFORMATIVE] * 2, min_informative_groups=1, max_groups_in_flight=1)
+    rogue = {"task": INFORMATIVE, "group_id": f"b.{batch['id']}.0", "sample_index": 1}
+    (rogue_id,) = client.post("/v1/jobs", json=rogue).json()["job_ids"]
+    assert client.delete(f"/v1/jobs/{rogue_id}").status_code == 200
+    assert batches.group(batch["id"], 0)["recorded"] == 0
+    finish_group(batches, batch["id"], 0)
+    assert client.get(f"/v1/batches/{batch['id']}").json()["counts"]["used"] == 1
