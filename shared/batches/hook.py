@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import weakref
-
 from typing import Any
 
 from shared.batches.spec import BatchRequest, idempotency_key, parse_group_id
