@@ -5,7 +5,7 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	.venv/bin/rollouts run examples/demo.jsonl
+	.venv/bin/rollouts run examples/mixed.jsonl
 
 test: setup
 	.venv/bin/python -m pytest -q
