@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -112,3 +113,18 @@ def test_worker_maintenance_sweeps_a_reservation_whose_submission_was_lost(stack
         final = client.wait_batch(batch.id, timeout=120)
         redis.close()
     assert final.status == "completed" and final.counts.used == 2 and final.counts.launched == 2
+
+
+def test_long_poll_and_sse_readers_each_get_every_group_exactly_once(stack):
+    pool = [FAST_INFORMATIVE, FAST_UNIFORM] * 6
+    with RolloutClient(stack.api_url) as poller, RolloutClient(stack.api_url) as listener:
+        batch = poller.submit_batch(pool, n_samples=2, min_informative_groups=5, max_groups_in_flight=3)
+        via_sse: list[int] = []
+        reader = threading.Thread(
+            target=lambda: via_sse.extend(g.prompt_index for g in listener.iter_events(batch.id, timeout=120))
+        )
+        reader.start()
+        via_poll = [g.prompt_index for g in poller.iter_groups(batch.id, results=False, timeout=120)]
+        reader.join(timeout=120)
+    assert len(via_poll) == 5 == len(set(via_poll))
+    assert via_sse == via_poll  # the same groups, in the same (completion) order
