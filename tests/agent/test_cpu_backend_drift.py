@@ -11,11 +11,13 @@ the logprobs belong to these tokens in this context.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 from redis import Redis
@@ -161,31 +163,51 @@ def test_a_backend_with_a_smaller_context_stops_the_loop_cleanly(cpu_backend: Cp
     assert_exact_against_backend(record, rollout.served)
 
 
+def kill_when_generating(backend: CpuBackendProcess) -> None:
+    """Kill the backend as soon as its vLLM gauge shows a request running: the kill lands mid-generation."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            metrics = httpx.get(backend.url + "/metrics", timeout=5).text
+        except httpx.HTTPError:
+            continue
+        if any(line.startswith("vllm:num_requests_running{") and float(line.rsplit(" ", 1)[1]) >= 1
+               for line in metrics.splitlines()):
+            backend.kill()
+            return
+        time.sleep(0.01)
+    raise AssertionError("the second turn never started")
+
+
 def test_backend_failover_mid_trajectory_keeps_the_record_exact(
     start_cpu_backends: Callable[[int], list[CpuBackendProcess]], pool: BackendPool, tokenizer: Any, model: Any
 ) -> None:
+    """The pinned backend dies while generating turn 2: the turn is redone elsewhere and the record stays exact."""
     processes = start_cpu_backends(2)
     by_id = {pool.register(p.url, "tiny").id: p for p in processes}
     killed: list[str] = []
-    lock = threading.Lock()
+    killers: list[threading.Thread] = []
 
     with LLMClient(request_timeout_s=120, connect_timeout_s=1, max_retries=1, backoff_s=0.05) as client:
         rollout: Rollout
 
-        def kill_pinned_before_turn_three(calls_so_far: int) -> None:
-            if calls_so_far == 2:
-                with lock:
-                    pinned = rollout.served[-1].backend_id
-                    by_id[pinned].kill()
-                    killed.append(pinned)
+        def kill_pinned_during_turn_two(calls_so_far: int) -> None:
+            if calls_so_far == 1:
+                pinned = rollout.served[-1].backend_id
+                killed.append(pinned)
+                killers.append(threading.Thread(target=kill_when_generating, args=(by_id[pinned],)))
+                killers[-1].start()
 
-        rollout = Rollout(pool, client, tokenizer, "failover-job", seed=3, config=loop_config(max_turns=5),
-                          on_call=kill_pinned_before_turn_three)
+        rollout = Rollout(pool, client, tokenizer, "failover-job", seed=3, ignore_eos=True,
+                          config=loop_config(max_turns=3, max_tokens_per_turn=300),
+                          on_call=kill_pinned_during_turn_two)
         record = rollout.run()
+    killers[0].join()
 
     backends = [t.backend_id for t in record.turns if t.role == ASSISTANT]
-    assert len(backends) == 5 and backends[0] == backends[1] == killed[0]
-    assert all(b != killed[0] for b in backends[2:]), "after the kill every turn ran on the other backend"
+    assert len(backends) == 3 and backends[0] == killed[0]
+    assert all(b != killed[0] for b in backends[1:]), "from the killed turn on, every turn ran on the other backend"
+    assert all(t.length == 300 for t in record.turns if t.role == ASSISTANT), "the killed turn was redone whole"
     assert_exact_against_backend(record, rollout.served)
     assert_decodes_to_conversation(record, rollout.renderer, TASK)
     assert_logprobs_match_the_model(model, record)
