@@ -24,3 +24,7 @@ def make_client(settings: Settings) -> Iterator[Callable[..., TestClient]]:
     yield make
     for client in clients:
         client.__exit__(None, None, None)
+
+
+# Real bubblewrap sandboxes, set up exactly as tests/sandbox does.
+from tests.sandbox.conftest import require_bwrap, sandbox, sandbox_settings, short_dir, workspace  # noqa: E402,F401
