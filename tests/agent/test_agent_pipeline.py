@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, llm: Script
 
 
 @pytest.fixture()
-def scripted(llm: ScriptedLLM) -> ScriptedLLM:
+def scripted(llm: ScriptedLLM) -> Iterator[ScriptedLLM]:
     llm.exchanges.clear()
-    return llm
+    llm.received = 0
+    yield llm
+    for gate in llm.gates.values():  # never leave a request held
+        gate.set()
 
 
 def submit(stack: Stack, script: str, **task: Any) -> str:
@@ -96,3 +100,19 @@ def test_cancelling_mid_tool_call_keeps_the_partial_trajectory(stack: Stack, scr
     trajectory = Trajectory.from_dict(partial["trajectory"])
     assert trajectory.stop_reason == "cancelled" and trajectory.counts.turns == 1
     assert job(api, job_id)["status"] == "cancelled"
+
+
+def test_cancelling_mid_generation_does_not_wait_for_the_backend(stack: Stack, scripted: ScriptedLLM) -> None:
+    scripted.scripts["hang"] = [call("finish", answer="never")]
+    scripted.gates["hang"] = threading.Event()  # the backend holds the request until the test lets go
+    job_id = submit(stack, "hang")
+    api = client_for(stack)
+    wait_for(lambda: scripted.received == 1, timeout=60, what="the request to reach the backend")
+    assert api.delete(f"/v1/jobs/{job_id}").status_code == 200
+    partial = wait_for(lambda: job(api, job_id)["partial"], timeout=60, what="the partial record")
+    assert not scripted.gates["hang"].is_set(), "the rollout stopped while its generation was still held"
+    trajectory = Trajectory.from_dict(partial["trajectory"])
+    assert trajectory.stop_reason == "cancelled" and trajectory.counts.turns == 0
+    scripted.gates["hang"].set()
+    wait_for(lambda: api.get("/v1/backends").json()["backends"][0]["inflight"] == 0, timeout=30,
+             what="the abandoned call to release its pin")

@@ -11,7 +11,9 @@ server instead. It speaks the same `/v1/completions` protocol (token-ID prompt i
   cut to the request's `max_tokens` (then `finish_reason: length`, no EOS).
 
 Logprobs are deterministic made-up values. Every request and response is kept in
-`exchanges` so tests compare the trajectory with exactly what was served.
+`exchanges` so tests compare the trajectory with exactly what was served. A script
+with an event in `gates` holds every request until the test sets it (`received`
+counts requests as they arrive, held or not).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class ScriptedLLM:
     scripts: dict[str, list[str]] = field(default_factory=dict)
     model: str = "scripted-policy-v1"
     exchanges: list[Exchange] = field(default_factory=list)
+    gates: dict[str, threading.Event] = field(default_factory=dict)
+    received: int = 0
     _server: ThreadingHTTPServer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -58,6 +62,11 @@ class ScriptedLLM:
         if found is None or found.group(1) not in self.scripts:
             raise LookupError(f"no script marker in the prompt: {text[-200:]!r}")
         script = self.scripts[found.group(1)]
+        with self._lock:
+            self.received += 1
+        gate = self.gates.get(found.group(1))
+        if gate is not None:
+            gate.wait()
         turn = text.count(ASSISTANT_HEADER) - 1
         reply = script[min(turn, len(script) - 1)]
         ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.tokenizer.eos_token_id]

@@ -17,6 +17,7 @@ from shared.tasks.context import StageContext, StageInterrupted
 from shared.toolserver.result import ToolResult
 from workers.rollout.agent_loop import FINISH_TOOL, AgentLoop, LoopConfig
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
+from workers.rollout.interruptible import call_interruptibly
 from workers.rollout.llm_client import Completion, Sampling
 from workers.rollout.llm_routing import complete_routed
 from workers.rollout.resources import llm_services, load_tokenizer
@@ -72,7 +73,13 @@ def run_agent_task(kind: AgentTask, ctx: StageContext) -> dict[str, Any]:
     group_id = ctx.spec.get("group_id")
 
     def generate(prompt: list[int], sampling: Sampling) -> Completion:
-        return complete_routed(llm.pool, llm.client, ctx.job_id, prompt, sampling, group_id=group_id)
+        # A cancel or the deadline does not wait for a generation in flight; if one is left
+        # running, it releases the pin it may have re-taken (failover) when it ends.
+        return call_interruptibly(
+            ctx,
+            lambda: complete_routed(llm.pool, llm.client, ctx.job_id, prompt, sampling, group_id=group_id),
+            on_abandoned=lambda: llm.pool.release(ctx.job_id),
+        )
 
     sandbox = _start_sandbox(kind, ctx) if any(name != FINISH_TOOL for name in kind.tools) else None
     loop = AgentLoop(

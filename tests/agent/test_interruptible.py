@@ -1,0 +1,66 @@
+"""A call the stage can walk away from: result, exception, cancel and deadline, and the clean-up of the abandoned call."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from shared.config import Settings
+from shared.tasks import StageContext, StageInterrupted
+from workers.rollout.interruptible import call_interruptibly
+
+
+def stage(tmp_path: Path, seconds: float = 3600) -> StageContext:
+    return StageContext(
+        job_id="j", stage="rollout", spec={"task": {}}, outputs={}, workspace=tmp_path,
+        settings=Settings(state_dir=tmp_path), deadline=time.time() + seconds,
+    )  # fmt: skip
+
+
+def test_the_result_and_the_exception_come_through(tmp_path: Path) -> None:
+    ctx = stage(tmp_path)
+    assert call_interruptibly(ctx, lambda: 42) == 42
+    with pytest.raises(ZeroDivisionError):
+        call_interruptibly(ctx, lambda: 1 / 0)
+
+
+def test_a_cancel_returns_at_once_and_the_abandoned_call_cleans_up_once(tmp_path: Path) -> None:
+    ctx = stage(tmp_path)
+    started, release, cleaned = threading.Event(), threading.Event(), []
+
+    def blocked() -> str:
+        started.set()
+        release.wait()
+        return "late"
+
+    threading.Thread(target=lambda: (started.wait(), ctx.interrupt("cancelled"))).start()
+    with pytest.raises(StageInterrupted) as stopped:
+        call_interruptibly(ctx, blocked, on_abandoned=lambda: cleaned.append(1))
+    assert stopped.value.reason == "cancelled" and not release.is_set() and cleaned == []
+    release.set()
+    deadline = time.monotonic() + 30
+    while not cleaned and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert cleaned == [1]
+
+
+def test_the_deadline_passing_mid_call_interrupts_it(tmp_path: Path) -> None:
+    ctx = stage(tmp_path, seconds=0.3)
+    release = threading.Event()
+    with pytest.raises(StageInterrupted) as stopped:
+        call_interruptibly(ctx, release.wait)
+    release.set()
+    assert stopped.value.reason == "timed_out"
+
+
+def test_an_already_interrupted_stage_does_not_start_the_call(tmp_path: Path) -> None:
+    ctx = stage(tmp_path)
+    ctx.interrupt("requeue")
+    ran = []
+    with pytest.raises(StageInterrupted):
+        call_interruptibly(ctx, lambda: ran.append(1))
+    assert ran == []
