@@ -77,13 +77,13 @@ class WorkerProcess:
             thread = threading.Thread(target=self._run_slot, args=(slot,), name=slot.name, daemon=True)
             thread.start()
             self._threads.append(thread)
-        last_maintenance = 0.0
+        # Maintenance probes backends and walks registries: its own thread, so a slow pass never
+        # delays the heartbeats and cancels this loop delivers.
+        maintenance = threading.Thread(target=self._maintenance_loop, name="maintenance", daemon=True)
+        maintenance.start()
         try:
             while not self._stop.wait(self.settings.heartbeat_interval_s):
                 self._heartbeat()
-                if time.monotonic() - last_maintenance >= self.settings.maintenance_interval_s:
-                    self._maintenance()
-                    last_maintenance = time.monotonic()
         finally:
             self._shutdown()
 
@@ -147,10 +147,16 @@ class WorkerProcess:
             by_id = {}
         self.state.inflight.enforce(by_id)
 
+    def _maintenance_loop(self) -> None:
+        self._maintenance()
+        while not self._stop.wait(self.settings.maintenance_interval_s):
+            self._maintenance()
+
     def _maintenance(self) -> None:
         """rq's registry cleanup for every stage's queue, not just this one's, so a job whose
         worker died is retried (or failed) even while its stage has no live worker at all.
-        rq's per-queue maintenance lock keeps it to one process at a time."""
+        rq's per-queue maintenance lock keeps it to one process at a time; the fleet-wide
+        upkeep below runs in one process per interval too (a Redis lock that expires)."""
         for queue in self._all_queues:
             try:
                 if queue.acquire_maintenance_lock():
@@ -162,6 +168,15 @@ class WorkerProcess:
                         queue.release_maintenance_lock()
             except Exception:
                 log.exception("maintenance of queue %s failed", queue.name)
+        try:
+            if not self.state.redis.set(
+                self.state.store.keys.maintenance_lock, self.state.process_name,
+                nx=True, ex=max(1, int(self.settings.maintenance_interval_s)),
+            ):
+                return  # another process did the fleet-wide upkeep this interval
+        except Exception:
+            log.exception("could not take the maintenance lock")
+            return
         try:
             self.state.store.trim_indexes()
         except Exception:
