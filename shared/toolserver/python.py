@@ -18,10 +18,14 @@ from pathlib import Path
 
 from jupyter_client import KernelManager
 
-from shared.toolserver.output import cap_text
+from shared.toolserver.output import CappedBuffer, cap_text
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _INTERRUPT_GRACE_S = 5.0
+KERNEL_DIED = "the Python kernel died (restarted; state was lost)"
+
+# Why _collect stopped.
+_IDLE, _DEADLINE, _OVERFLOW, _DEAD = "idle", "deadline", "overflow", "dead"
 
 
 @dataclass
@@ -32,6 +36,9 @@ class PythonOutcome:
     error: str | None
     timed_out: bool = False
     restarted: bool = False
+    truncated: bool = False  # stream output was cut while collecting
+    overflowed: bool = False  # output passed the hard cap and the execution was interrupted
+    died: bool = False  # the kernel died during the execution (and was restarted)
 
     def render(self, cap: int) -> tuple[str, bool]:
         parts = [self.stdout]
@@ -41,17 +48,28 @@ class PythonOutcome:
             parts.append(self.result if self.result.endswith("\n") else self.result + "\n")
         if self.error:
             parts.append(self.error)
-        return cap_text("".join(parts), cap)
+        text, truncated = cap_text("".join(parts), cap)
+        return text, truncated or self.truncated
 
 
 class PythonKernel:
     """Starts, runs code in, interrupts and stops one IPython kernel."""
 
-    def __init__(self, cwd: Path, env: dict[str, str], state_dir: Path, transport: str = "ipc") -> None:
+    def __init__(
+        self,
+        cwd: Path,
+        env: dict[str, str],
+        state_dir: Path,
+        transport: str = "ipc",
+        output_cap: int = 16 * 1024,
+        hard_output_cap: int = 8 * 1024 * 1024,
+    ) -> None:
         self.cwd = cwd
         self.env = env
         self.state_dir = state_dir
         self.transport = transport
+        self.output_cap = output_cap
+        self.hard_output_cap = max(hard_output_cap, output_cap)
         self.manager: KernelManager | None = None
         self.client = None
 
@@ -94,22 +112,50 @@ class PythonKernel:
             manager.cleanup_resources()
 
     def run(self, code: str, timeout: float) -> PythonOutcome:
+        """Execute ``code``; stream output is kept in bounded memory (head and tail, ``output_cap``).
+
+        Past ``hard_output_cap`` bytes of stream output the execution is interrupted,
+        as bash's runaway output is. A kernel that dies mid-call is restarted at once
+        (not waited on until the timeout) and reported as an error.
+        """
         if self.manager is None or not self.manager.is_alive():
             self.close()
             self.start()
         assert self.client is not None and self.manager is not None
         msg_id = self.client.execute(code, store_history=True, allow_stdin=False)
+        collector = _Collector(self.output_cap)
         outcome = PythonOutcome("", "", None, None)
-        if self._collect(msg_id, time.monotonic() + timeout, outcome):
-            self._drain_replies()
+        try:
+            end = self._collect(msg_id, time.monotonic() + timeout, collector)
+            if end == _IDLE:
+                self._drain_replies()
+                return outcome
+            if end == _DEAD:
+                self._restart_dead(outcome)
+                return outcome
+            if end == _OVERFLOW:
+                outcome.overflowed = True
+            else:
+                outcome.timed_out = True
+            self.manager.interrupt_kernel()
+            end = self._collect(msg_id, time.monotonic() + _INTERRUPT_GRACE_S, collector, check_overflow=False)
+            if end == _IDLE:
+                self._drain_replies()
+            elif end == _DEAD:
+                self._restart_dead(outcome)
+            else:
+                self.close()
+                self.start()
+                outcome.restarted = True
             return outcome
-        outcome.timed_out = True
-        self.manager.interrupt_kernel()
-        if not self._collect(msg_id, time.monotonic() + _INTERRUPT_GRACE_S, outcome):
-            self.close()
-            self.start()
-            outcome.restarted = True
-        return outcome
+        finally:
+            collector.finish(outcome)
+
+    def _restart_dead(self, outcome: PythonOutcome) -> None:
+        self.close()
+        self.start()
+        outcome.restarted = outcome.died = True
+        outcome.error = (outcome.error or "") + KERNEL_DIED + "\n"
 
     def _drain_replies(self) -> None:
         """Discard execute_replies: everything is taken from iopub, and unread replies would pile up."""
@@ -120,33 +166,63 @@ class PythonKernel:
             except queue.Empty:
                 return
 
-    def _collect(self, msg_id: str, deadline: float, outcome: PythonOutcome) -> bool:
-        """Gather iopub output of one execution until the kernel is idle; False on deadline."""
-        assert self.client is not None
+    def _collect(
+        self, msg_id: str, deadline: float, collector: _Collector, check_overflow: bool = True
+    ) -> str:
+        """Gather iopub output of one execution until the kernel is idle, dies, or runs out of time/room."""
+        assert self.client is not None and self.manager is not None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return False
+                return _DEADLINE
             try:
                 msg = self.client.get_iopub_msg(timeout=min(remaining, 1.0))
             except queue.Empty:
+                if not self.manager.is_alive():
+                    return _DEAD
                 continue
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
-                if content.get("name") == "stderr":
-                    outcome.stderr += content.get("text", "")
-                else:
-                    outcome.stdout += content.get("text", "")
+                collector.stream(content.get("name") == "stderr", content.get("text", ""))
+                if check_overflow and collector.total > self.hard_output_cap:
+                    return _OVERFLOW
             elif kind in ("execute_result", "display_data"):
                 text = content.get("data", {}).get("text/plain")
                 if text is not None:
                     if kind == "execute_result":
-                        outcome.result = text
+                        collector.result = text
                     else:
-                        outcome.stdout += text + "\n"
+                        collector.stream(False, text + "\n")
+                        if check_overflow and collector.total > self.hard_output_cap:
+                            return _OVERFLOW
             elif kind == "error":
-                outcome.error = _ANSI.sub("", "\n".join(content.get("traceback", []))) + "\n"
+                collector.error = _ANSI.sub("", "\n".join(content.get("traceback", []))) + "\n"
             elif kind == "status" and content.get("execution_state") == "idle":
-                return True
+                return _IDLE
+
+
+class _Collector:
+    """Stream output of one execution in bounded memory (no quadratic string concatenation)."""
+
+    def __init__(self, cap: int) -> None:
+        self.stdout = CappedBuffer(cap)
+        self.stderr = CappedBuffer(cap)
+        self.result: str | None = None
+        self.error: str | None = None
+
+    @property
+    def total(self) -> int:
+        return self.stdout.total + self.stderr.total
+
+    def stream(self, stderr: bool, text: str) -> None:
+        (self.stderr if stderr else self.stdout).write(text.encode("utf-8", errors="replace"))
+
+    def finish(self, outcome: PythonOutcome) -> None:
+        outcome.stdout = self.stdout.text()
+        outcome.stderr = self.stderr.text()
+        outcome.result = self.result
+        if self.error is not None:
+            outcome.error = self.error + (outcome.error or "")
+        outcome.truncated = self.stdout.truncated or self.stderr.truncated

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -31,7 +32,10 @@ class ToolBox:
         self.limits = limits
         self.workspace = Workspace(workspace)
         self.bash = PersistentBash(workspace, env, state_dir / "bash", limits.output_cap, limits.hard_output_cap)
-        self.python = PythonKernel(workspace, env, state_dir / "python")
+        self.python = PythonKernel(
+            workspace, env, state_dir / "python",
+            output_cap=limits.output_cap, hard_output_cap=limits.hard_output_cap,
+        )  # fmt: skip
         self._locks = {"bash": threading.Lock(), "python": threading.Lock(), "files": threading.Lock()}
 
     def start(self) -> None:
@@ -42,10 +46,20 @@ class ToolBox:
         self.python.close()
 
     def _timeout(self, args: dict[str, Any], requested: float | None) -> float:
+        """The call's timeout: the tool's ``timeout`` argument, else the request's, else the default.
+
+        None, zero, negative and non-finite values (NaN parses from JSON and passes the
+        schema's ``number``) all mean the default: a NaN deadline never compares as
+        passed, so the shell would never be interrupted.
+        """
         value = args.get("timeout", requested)
-        if value is None or value <= 0:
+        try:
+            value = float(value) if value is not None else None
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not math.isfinite(value) or value <= 0:
             value = self.limits.default_timeout_s
-        return min(float(value), self.limits.max_timeout_s)
+        return min(value, self.limits.max_timeout_s)
 
     def call(self, tool: Any, args: Any, timeout: float | None = None) -> ToolResult:
         started = time.monotonic()
@@ -81,13 +95,16 @@ class ToolBox:
             with self._locks["python"]:
                 out = self.python.run(args["code"], self._timeout(args, timeout))
             text, truncated = out.render(cap)
-            if out.timed_out:
+            if out.overflowed:
+                text += f"[output exceeded {self.limits.hard_output_cap} bytes; the execution was interrupted"
+                text += "; the kernel was restarted and its state lost]\n" if out.restarted else "]\n"
+            elif out.timed_out:
                 text += "[execution timed out and was interrupted"
                 text += "; the kernel was restarted and its state lost]\n" if out.restarted else "]\n"
             return ToolResult(
                 output=text,
-                is_error=out.error is not None or out.timed_out,
-                truncated=truncated,
+                is_error=out.error is not None or out.timed_out or out.overflowed,
+                truncated=truncated or out.overflowed,
                 timed_out=out.timed_out,
             )
         if tool == "finish":

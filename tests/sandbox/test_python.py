@@ -60,3 +60,35 @@ def test_kernel_ignoring_interrupts_is_restarted(tmp_path: Path) -> None:
         assert after.result == "(False, 42)"
     finally:
         kernel.close()
+
+
+def test_runaway_output_is_capped_while_collecting_and_interrupted(tmp_path: Path) -> None:
+    """Output is bounded as it arrives, not only when rendered; past the hard cap the run stops."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    kernel = PythonKernel(tmp_path, env, tmp_path / "state", output_cap=1000, hard_output_cap=20_000)
+    kernel.start()
+    try:
+        kernel.run("kept = 'yes'", 30)
+        out = kernel.run("import sys\nwhile True: sys.stdout.write('y' * 1000 + '\\n')", 60)
+        assert out.overflowed and not out.timed_out and out.truncated
+        assert len(out.stdout) < 1200 and "truncated" in out.stdout
+        assert "KeyboardInterrupt" in (out.error or "") and not out.restarted
+        assert kernel.run("kept", 30).result == "'yes'"
+        small = kernel.run("print('z' * 5000)", 30)
+        assert small.truncated and not small.overflowed and len(small.stdout) < 1200
+    finally:
+        kernel.close()
+
+
+def test_dead_kernel_is_restarted_and_reported_not_timed_out(tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    kernel = PythonKernel(tmp_path, env, tmp_path / "state")
+    kernel.start()
+    try:
+        kernel.run("lost = 1", 30)
+        out = kernel.run("import os\nos._exit(3)", 120)
+        assert not out.timed_out and out.restarted and out.died
+        assert "the Python kernel died (restarted; state was lost)" in (out.error or "")
+        assert kernel.run("'lost' in dir(), 6 * 7", 30).result == "(False, 42)"
+    finally:
+        kernel.close()
