@@ -2,12 +2,18 @@
 
 Every path is resolved with symlinks followed and must land inside the
 workspace root; the final open uses O_NOFOLLOW so a symlink swapped in after
-the check is refused rather than followed.
+the check is refused rather than followed. Opens are non-blocking and must
+land on a regular file, so a FIFO (or a device) can neither hang the call
+while it holds the files lock nor be read or written as a file. Edits decode
+the file strictly: a file that is not UTF-8 is refused, never rewritten with
+replacement characters.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import stat
 from pathlib import Path
 
 
@@ -30,9 +36,23 @@ class Workspace:
             raise ToolError(f"path {path!r} is outside the workspace {self.root}")
         return real
 
-    def _read(self, real: Path) -> str:
+    @staticmethod
+    def _open_regular(real: Path, flags: int, mode: int = 0o644) -> int:
+        """Open without blocking (a FIFO would block forever) and insist on a regular file."""
+        fd = os.open(real, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
         try:
-            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ToolError(f"{real} is not a regular file")
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _read(self, real: Path, strict: bool = False) -> str:
+        """The file's text; ``strict`` (for edits) refuses a file that is not UTF-8."""
+        try:
+            fd = self._open_regular(real, os.O_RDONLY)
         except FileNotFoundError:
             raise ToolError(f"{real} does not exist") from None
         except OSError as exc:
@@ -41,19 +61,29 @@ class Workspace:
             data = handle.read(self.max_file_bytes + 1)
         if len(data) > self.max_file_bytes:
             raise ToolError(f"{real} is larger than {self.max_file_bytes} bytes")
-        return data.decode("utf-8", errors="replace")
+        if not strict:
+            return data.decode("utf-8", errors="replace")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ToolError(f"{real} is not valid UTF-8 (byte {exc.start}); edit it with bash instead") from None
 
     def _write(self, real: Path, text: str) -> None:
         real.parent.mkdir(parents=True, exist_ok=True)
         if self.resolve(str(real.parent)) != real.parent:
             raise ToolError(f"parent of {real} moved outside the workspace")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
         try:
-            fd = os.open(real, flags, 0o644)
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ToolError("the text is not valid UTF-8 (it contains a lone surrogate)") from None
+        # O_TRUNC only after the file is known to be regular: opening a FIFO must not block.
+        try:
+            fd = self._open_regular(real, os.O_WRONLY | os.O_CREAT)
         except OSError as exc:
             raise ToolError(f"cannot write {real}: {exc.strerror}") from None
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.truncate(0)
+            handle.write(data)
 
     def view(self, path: str, view_range: list[int] | None = None) -> str:
         real = self.resolve(path)
@@ -95,7 +125,7 @@ class Workspace:
         if not isinstance(old_str, str) or not old_str or not isinstance(new_str, str):
             raise ToolError("old_str must be a non-empty string and new_str a string")
         real = self.resolve(path)
-        text = self._read(real)
+        text = self._read(real, strict=True)
         count = text.count(old_str)
         if count != 1:
             where = "does not occur" if count == 0 else f"occurs {count} times (it must be unique)"

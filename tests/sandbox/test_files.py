@@ -69,3 +69,38 @@ def test_replace_needs_one_exact_match(ws: Workspace) -> None:
         ws.str_replace("f.txt", "y", "z")
     with pytest.raises(ToolError):
         ws.view("missing.txt")
+
+
+def test_a_fifo_is_refused_without_blocking(ws: Workspace) -> None:
+    """Opening a FIFO would block forever while holding the files lock; it is not a file."""
+    os.mkfifo(ws.root / "pipe")
+    with pytest.raises(ToolError, match="not a regular file"):
+        ws.view("pipe")
+    with pytest.raises(ToolError, match="not a regular file"):
+        ws.str_replace("pipe", "a", "b")
+    reader = os.open(ws.root / "pipe", os.O_RDONLY | os.O_NONBLOCK)  # with a reader, a write open succeeds
+    try:
+        with pytest.raises(ToolError, match="not a regular file"):
+            ws.create("pipe", "text")
+    finally:
+        os.close(reader)
+    with pytest.raises(ToolError):  # no reader: the non-blocking open fails at once
+        ws.create("pipe", "text")
+
+
+def test_str_replace_refuses_a_file_that_is_not_utf8(ws: Workspace) -> None:
+    original = b"caf\xe9 latin-1\nkeep \xff this\n"
+    (ws.root / "latin1.txt").write_bytes(original)
+    with pytest.raises(ToolError, match="not valid UTF-8"):
+        ws.str_replace("latin1.txt", "keep", "kept")
+    assert (ws.root / "latin1.txt").read_bytes() == original
+    assert "caf\ufffd" in ws.view("latin1.txt"), "viewing still works, with replacement characters"
+
+
+def test_create_refuses_unencodable_text_and_keeps_the_file(ws: Workspace) -> None:
+    (ws.root / "a.txt").write_text("before\n")
+    with pytest.raises(ToolError, match="not valid UTF-8"):
+        ws.create("a.txt", "bad \ud800 text")
+    assert (ws.root / "a.txt").read_text() == "before\n"
+    assert ws.create("a.txt", "after\n").startswith("Overwrote")
+    assert (ws.root / "a.txt").read_text() == "after\n"
