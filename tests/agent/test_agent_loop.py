@@ -33,7 +33,10 @@ def call(name: str, **arguments: Any) -> str:
 
 
 def task(script: str) -> list[dict[str, Any]]:
-    return [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": f"Do it. [script:{script}]"}]
+    return [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": f"Do it. [script:{script}]"},
+    ]
 
 
 class Harness:
@@ -107,7 +110,8 @@ def test_malformed_and_refused_calls_are_error_observations(scripted_llm: Script
     assert counts.tool_errors == 4, "two malformed, one unknown tool, one bad argument (a failing command is no error)"
     calls = [c for t in record.turns for c in t.tool_calls]
     assert "not valid JSON" in calls[0].error and "unknown tool 'rm_everything'" in calls[1].error
-    assert "missing required argument(s): command" in calls[2].error and calls[3].error is None and calls[3].exit_code == 3
+    assert "missing required argument(s): command" in calls[2].error
+    assert calls[3].error is None and calls[3].exit_code == 3
     assert "without a closing" in calls[4].error
     # The model saw each error: it is in the prompt of its next turn.
     second_prompt = tokenizer.decode(scripted_llm.exchanges[1].prompt)

@@ -19,8 +19,10 @@ TASK = [{"role": "system", "content": "You are careful."}, {"role": "user", "con
 TOOLS_TEMPLATE = (
     "{% if tools %}{{ '<|im_start|>system\\n' }}"
     "{% if messages[0].role == 'system' %}{{ messages[0].content + '\\n\\n' }}{% endif %}"
-    "{{ '# Tools\\n<tools>' }}{% for t in tools %}{{ '\\n' + (t | tojson) }}{% endfor %}{{ '\\n</tools><|im_end|>\\n' }}"
-    "{% elif messages[0].role == 'system' %}{{ '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{% endif %}"
+    "{{ '# Tools\\n<tools>' }}{% for t in tools %}{{ '\\n' + (t | tojson) }}{% endfor %}"
+    "{{ '\\n</tools><|im_end|>\\n' }}"
+    "{% elif messages[0].role == 'system' %}"
+    "{{ '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{% endif %}"
     "{% for m in messages %}"
     "{% if m.role == 'system' %}"
     "{% elif m.role == 'tool' %}"
@@ -89,9 +91,13 @@ def test_prompt_generations_and_deltas_decode_to_the_rendered_conversation(token
     history = renderer.prepare(TASK)
     record = list(renderer.prompt(history).token_ids)
     for turn in range(3):
-        ids, content, stop = generate(renderer, f'<tool_call>{{"name": "bash", "arguments": {{"command": "ls {turn}"}}}}</tool_call>', eos)
+        reply = f'<tool_call>{{"name": "bash", "arguments": {{"command": "ls {turn}"}}}}</tool_call>'
+        ids, content, stop = generate(renderer, reply, eos)
         record += ids
-        observation = [{"role": "tool", "name": "bash", "content": f"a{turn}.txt"}, {"role": "tool", "name": "bash", "content": "ünïcode ✓"}]
+        observation = [
+            {"role": "tool", "name": "bash", "content": f"a{turn}.txt"},
+            {"role": "tool", "name": "bash", "content": "ünïcode ✓"},
+        ]
         delta = renderer.observation(history, content, stop, observation)
         record += delta.token_ids
         history = [*history, {"role": "assistant", "content": content}, *observation]

@@ -112,7 +112,7 @@ def test_fifty_multi_turn_rollouts_have_no_drift(cpu_backend: CpuBackendProcess,
             records = list(executor.map(Rollout.run, rollouts))
 
     multi_turn = 0
-    for rollout, record in zip(rollouts, records):
+    for rollout, record in zip(rollouts, records, strict=True):
         assert_exact_against_backend(record, rollout.served)
         assert_decodes_to_conversation(record, rollout.renderer, TASK)
         assert_logprobs_match_the_model(model, record)

@@ -1,4 +1,4 @@
-"""A call the stage can walk away from: result, exception, cancel and deadline, and the clean-up of the abandoned call."""
+"""A call the stage can walk away from: result, exception, cancel, deadline, and the abandoned call's clean-up."""
 
 from __future__ import annotations
 

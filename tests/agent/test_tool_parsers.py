@@ -52,7 +52,8 @@ def test_llama3_json_calls_with_and_without_python_tag() -> None:
     parser = get_parser("llama3_json")
     [call] = parser.parse('{"name": "bash", "parameters": {"command": "pwd"}}').calls
     assert (call.name, call.arguments) == ("bash", {"command": "pwd"})
-    calls = parser.parse('<|python_tag|>{"name": "view", "parameters": {"path": "a"}}; {"name": "finish", "parameters": {}}').calls
+    text = '<|python_tag|>{"name": "view", "parameters": {"path": "a"}}; {"name": "finish", "parameters": {}}'
+    calls = parser.parse(text).calls
     assert [(c.name, c.arguments) for c in calls] == [("view", {"path": "a"}), ("finish", {})]
 
 

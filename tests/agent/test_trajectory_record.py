@@ -67,7 +67,8 @@ def test_an_assistant_turn_needs_one_logprob_per_token() -> None:
 
 def test_the_record_round_trips_through_msgpack_and_json() -> None:
     record = build([1, 2], (ASSISTANT, [3, 4]), (OBSERVATION, [5, 6]), (ASSISTANT, [7]))
-    record.turns[1].tool_calls.append(ToolCallRecord(name="bash", arguments={"command": "ls"}, raw="<tool_call>", output="a.txt"))
+    tool_call = ToolCallRecord(name="bash", arguments={"command": "ls"}, raw="<tool_call>", output="a.txt")
+    record.turns[1].tool_calls.append(tool_call)
     record.answer, record.final_text, record.extra = "42", "done", {"diff": "x"}
     for data in (unpack(pack(record.to_dict())), json.loads(json.dumps(record.to_dict()))):
         again = Trajectory.from_dict(data)

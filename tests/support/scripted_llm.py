@@ -91,7 +91,11 @@ class ScriptedLLM:
                     "stop_reason": None,
                 }
             ],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)},
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(ids),
+                "total_tokens": len(prompt) + len(ids),
+            },
         }
 
     def start(self) -> ScriptedLLM:

@@ -25,18 +25,21 @@ def assert_exact_against_backend(record: Trajectory, served: list[Served]) -> No
     record.validate()
     turns = [t for t in record.turns if t.role == ASSISTANT]
     assert len(turns) == len(served), (len(turns), len(served))
-    for k, (turn, call) in enumerate(zip(turns, served)):
+    for k, (turn, call) in enumerate(zip(turns, served, strict=True)):
         assert call.prompt == record.token_ids[: turn.start], f"turn {k}: the backend saw a different prefix"
         assert record.token_ids[turn.start : turn.end] == call.token_ids, f"turn {k}: tokens drifted"
         assert record.logprobs[turn.start : turn.end] == call.logprobs, f"turn {k}: logprobs drifted"
         assert len(call.token_ids) <= call.max_tokens, f"turn {k}: more tokens than asked"
     generated = {i for t in turns for i in range(t.start, t.end)}
-    assert [i for i, m in enumerate(record.loss_mask) if m] == sorted(generated), "loss mask is not exactly the generated tokens"
+    masked = [i for i, m in enumerate(record.loss_mask) if m]
+    assert masked == sorted(generated), "loss mask is not exactly the generated tokens"
     assert sum(t.end - t.start for t in record.turns) == len(record.token_ids)
     assert record.counts.generated_tokens == len(generated)
 
 
-def assert_decodes_to_conversation(record: Trajectory, renderer: ChatRenderer, task_messages: list[dict[str, Any]]) -> None:
+def assert_decodes_to_conversation(
+    record: Trajectory, renderer: ChatRenderer, task_messages: list[dict[str, Any]]
+) -> None:
     """decode(token_ids) is the conversation the chat template renders from scratch, turn by turn."""
     messages = renderer.prepare(task_messages)
     for turn in record.turns[1:]:
