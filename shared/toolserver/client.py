@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shared.toolserver.protocol import recv_frame, send_frame
+from shared.toolserver.protocol import UnencodableMessage, encode_frame, recv_frame
 from shared.toolserver.result import ToolResult
 
 # Beyond the tool's own timeout, how long the server may take to interrupt and answer.
@@ -37,11 +37,17 @@ class ToolClient:
         return self._sock
 
     def request(self, message: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+        """Send one request and wait for its reply.
+
+        Raises UnencodableMessage (nothing sent, connection untouched) when the message
+        cannot be framed, ToolServerError when the server cannot be reached or answered.
+        """
+        frame = encode_frame(message)
         with self._lock:
             sock = self._connect()
             sock.settimeout(None if timeout is None else timeout + _REPLY_GRACE_S)
             try:
-                send_frame(sock, message)
+                sock.sendall(frame)
                 reply = recv_frame(sock)
             except (OSError, ValueError) as exc:
                 self.close()
@@ -54,7 +60,15 @@ class ToolClient:
     def call(
         self, tool: str, args: dict[str, Any], timeout: float | None = None, max_timeout: float = 600.0
     ) -> ToolResult:
-        reply = self.request({"op": "call", "tool": tool, "args": args, "timeout": timeout}, max_timeout)
+        """One tool call. Arguments that cannot be sent (a lone surrogate, which ``json.loads``
+        accepts as ``"\\ud800"``, or a frame over the size limit) are the agent's mistake:
+        they come back as an error result, not as a broken tool server."""
+        try:
+            reply = self.request({"op": "call", "tool": tool, "args": args, "timeout": timeout}, max_timeout)
+        except UnencodableMessage as exc:
+            if isinstance(exc.__cause__, UnicodeEncodeError):
+                return ToolResult.error("arguments are not valid UTF-8")
+            return ToolResult.error(f"arguments are too large to send ({exc})")
         if not reply.get("ok"):
             raise ToolServerError(str(reply.get("error")))
         return ToolResult.from_dict(reply["result"])

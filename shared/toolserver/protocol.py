@@ -28,11 +28,29 @@ class ProtocolError(RuntimeError):
     """The peer sent something that is not a frame of this protocol."""
 
 
-def send_frame(sock: socket.socket, message: Any) -> None:
-    data = pack(message)
+class UnencodableMessage(ValueError):
+    """The message cannot be framed (a lone surrogate in a string, or too large): nothing was sent."""
+
+
+def encode_frame(message: Any) -> bytes:
+    """The frame of ``message``; raises UnencodableMessage before anything touches the socket."""
+    try:
+        data = pack(message)
+    except UnicodeEncodeError as exc:
+        raise UnencodableMessage(f"not valid UTF-8: {exc.reason}") from exc
     if len(data) > MAX_FRAME_BYTES:
-        raise ProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
-    sock.sendall(HEADER.pack(len(data)) + data)
+        raise UnencodableMessage(f"frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
+    return HEADER.pack(len(data)) + data
+
+
+def send_frame(sock: socket.socket, message: Any) -> None:
+    try:
+        frame = encode_frame(message)
+    except UnencodableMessage as exc:
+        if isinstance(exc.__cause__, UnicodeEncodeError):
+            raise exc.__cause__ from None
+        raise ProtocolError(str(exc)) from None
+    sock.sendall(frame)
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes | None:

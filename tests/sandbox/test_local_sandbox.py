@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -44,6 +45,14 @@ def test_bad_calls_are_error_observations(sandbox: Sandbox) -> None:
     for tool, args in [("nope", {}), ("bash", {}), ("bash", {"command": ["ls"]}), ("view", {"path": "missing"})]:
         result = sandbox.call(tool, args)
         assert result.is_error and result.output
+    assert sandbox.call("bash", {"command": "echo alive"}).output == "alive\n"
+
+
+def test_arguments_with_a_lone_surrogate_are_an_error_observation(sandbox: Sandbox) -> None:
+    """json.loads accepts "\\ud800"; msgpack cannot encode it: the agent's mistake, not the sandbox's."""
+    args = json.loads('{"command": "echo \\ud800"}')
+    result = sandbox.call("bash", args)
+    assert result.is_error and result.output == "arguments are not valid UTF-8"
     assert sandbox.call("bash", {"command": "echo alive"}).output == "alive\n"
 
 
