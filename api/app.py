@@ -32,6 +32,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             app.state.redis.close()
+            streams = getattr(app.state, "batches_async_redis", None)  # made on first long-poll/SSE
+            if streams is not None:
+                await streams.aclose()
 
     app = FastAPI(
         title="rollouts",

@@ -59,6 +59,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     max_jobs_per_request: int = Field(default=5000, gt=0)
     list_page_max: int = Field(default=1000, gt=0)
+    prompt_files_root: Path | None = Field(
+        default=None,
+        description="When set, batches' server-side prompt files (prompts_path) must lie under it.",
+    )
 
     # --- Workers -----------------------------------------------------------
     init_concurrency: int = Field(default=4, gt=0)

@@ -21,12 +21,17 @@ MAX_POOL = 1_000_000
 MAX_PROBLEMS = 20
 
 
-def load_pool(request: BatchRequest) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """(pool items as plain dicts, problems as {field, message}); nothing is usable unless problems is empty."""
+def load_pool(
+    request: BatchRequest, files_root: Path | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """(pool items as plain dicts, problems as {field, message}); nothing is usable unless problems is empty.
+
+    `files_root` (ROLLOUTS_PROMPT_FILES_ROOT), when set, is the only tree `prompts_path` may name.
+    """
     if request.prompts is not None:
         raw = [(f"body.prompts[{i}]", item) for i, item in enumerate(request.prompts)]
     else:
-        raw, problem = _read_jsonl(Path(request.prompts_path or ""))
+        raw, problem = _read_jsonl(Path(request.prompts_path or ""), files_root)
         if problem:
             return [], [problem]
     if len(raw) > MAX_POOL:
@@ -44,10 +49,12 @@ def load_pool(request: BatchRequest) -> tuple[list[dict[str, Any]], list[dict[st
     return items, problems
 
 
-def _read_jsonl(path: Path) -> tuple[list[tuple[str, Any]], dict[str, str] | None]:
+def _read_jsonl(path: Path, files_root: Path | None) -> tuple[list[tuple[str, Any]], dict[str, str] | None]:
     field = "body.prompts_path"
     if not path.is_absolute():
         return [], {"field": field, "message": "must be an absolute path on the server"}
+    if files_root is not None and not path.resolve().is_relative_to(files_root.resolve()):
+        return [], {"field": field, "message": f"must be inside {files_root} (ROLLOUTS_PROMPT_FILES_ROOT)"}
     try:
         text = path.read_bytes()
     except OSError as exc:

@@ -12,11 +12,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.jobs.spec import Limits, SamplingParams
+from shared.jobs.spec import BATCH_GROUP_PREFIX, Limits, SamplingParams
 
 # A group id is `b.<batch id>.<prompt index>`: the job pipeline's group id pattern allows it,
 # and any process can tell from a job's group id alone which batch and prompt it belongs to.
-GROUP_PREFIX = "b."
+GROUP_PREFIX = BATCH_GROUP_PREFIX  # one definition: the jobs API refuses it for user groups
 
 
 class BatchRequest(BaseModel):

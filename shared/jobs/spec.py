@@ -11,6 +11,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+# Groups of a batch are named "b.<batch id>.<prompt index>" (shared/batches/spec.py).
+BATCH_GROUP_PREFIX = "b."
+
+
 class SamplingParams(BaseModel):
     """Passed through to the LLM backend (vLLM's /v1/completions fields)."""
 
@@ -49,6 +53,13 @@ class JobRequest(BaseModel):
     sample_index: int | None = Field(default=None, ge=0)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
     metadata: dict[str, Any] = Field(default_factory=dict, description="Opaque to the service; returned as given.")
+
+    @field_validator("group_id")
+    @classmethod
+    def _group_not_reserved(cls, group_id: str | None) -> str | None:
+        if group_id is not None and group_id.startswith(BATCH_GROUP_PREFIX):
+            raise ValueError(f"group ids starting with {BATCH_GROUP_PREFIX!r} are reserved for batches")
+        return group_id
 
     @field_validator("task")
     @classmethod

@@ -78,6 +78,7 @@ def test_job_ids_are_random_not_sequential(client):
         ({**DEMO, "sampling": {"temperature": "hot"}}, 422, "body.sampling.temperature"),
         ({**DEMO, "sample_index": -1}, 422, "body.sample_index"),
         ({**DEMO, "unexpected": 1}, 422, "body.unexpected"),
+        ({**DEMO, "group_id": "b.batch.3"}, 422, "body.group_id"),  # reserved for batches' groups
         ([DEMO, {"task": {"kind": "nope"}}], 422, "body[1].task.kind"),
         ([], 422, "body"),
         ("just a string", 422, "body"),
