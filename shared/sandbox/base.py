@@ -76,6 +76,9 @@ class Sandbox(ABC):
         self._proc: subprocess.Popen[bytes] | None = None
         self._client: ToolClient | None = None
         self._created_runtime = False
+        # stop() may race itself (a cancel from the API thread, the rollout's own teardown,
+        # __del__): one stopper at a time, the others find nothing left to do.
+        self._stop_lock = threading.Lock()
         if len(str(self.socket_path)) > _MAX_SOCKET_PATH - 20:
             raise SandboxError(f"runtime dir {self.runtime_dir} is too long for a Unix socket path")
 
@@ -235,20 +238,23 @@ class Sandbox(ABC):
 
         Only this sandbox's own process tree is signalled (its session, and the
         pid namespace the backend put it in), never processes found by name.
+        Thread-safe: concurrent calls serialise, and only the first does the work
+        (so a uid slot's lock fd is closed once, never a reused fd).
         """
-        client, self._client = self._client, None
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            # No graceful shutdown first: if the tool server exited on its own,
-            # bwrap would return before its init had reaped the rest of the tree.
-            # Killing first also ends a call another thread is blocked in.
-            _kill_group(proc, self.launcher_reaps)
-        if client is not None:
-            client.close()
-        self._release()
-        if self._created_runtime:
-            shutil.rmtree(self.runtime_dir, ignore_errors=True)
-            self._created_runtime = False
+        with self._stop_lock:
+            client, self._client = self._client, None
+            proc, self._proc = self._proc, None
+            if proc is not None:
+                # No graceful shutdown first: if the tool server exited on its own,
+                # bwrap would return before its init had reaped the rest of the tree.
+                # Killing first also ends a call another thread is blocked in.
+                _kill_group(proc, self.launcher_reaps)
+            if client is not None:
+                client.close()
+            self._release()
+            if self._created_runtime:
+                shutil.rmtree(self.runtime_dir, ignore_errors=True)
+                self._created_runtime = False
 
     def __enter__(self) -> Sandbox:
         return self.start()

@@ -15,6 +15,7 @@ import os
 import random
 import resource
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,6 +52,7 @@ class UidSlot:
     def __init__(self, uid: int, lock_fd: int) -> None:
         self.uid = uid
         self._fd: int | None = lock_fd
+        self._lock = threading.Lock()
 
     @classmethod
     def acquire(cls, base: int, count: int) -> UidSlot:
@@ -68,9 +70,11 @@ class UidSlot:
         raise RuntimeError(f"all {count} sandbox uids from {base} are in use on this node")
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing drops the flock
-            self._fd = None
+        """Drop the uid; idempotent and thread-safe (the fd is closed exactly once)."""
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing drops the flock
 
 
 def chown_tree(root: Path, uid: int, gid: int) -> None:

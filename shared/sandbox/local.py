@@ -149,9 +149,9 @@ class LocalSandbox(Sandbox):
         chown_tree(self.runtime_dir, self._slot.uid, self._slot.uid)
 
     def _release(self) -> None:
-        if self._slot is not None:
-            self._slot.release()
-            self._slot = None
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.release()
 
     def toolserver_argv(self) -> list[str]:
         s = self.settings

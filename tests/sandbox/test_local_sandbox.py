@@ -77,10 +77,13 @@ def test_stop_from_another_thread_ends_a_running_call(sandbox: Sandbox) -> None:
 
     caller = threading.Thread(target=long_call)
     caller.start()
-    for _ in range(500):  # the call is in flight once the shell runs the sleep
+    seen = False
+    for _ in range(1500):  # the call is in flight once the shell runs the sleep
         if any(_cmdline(pid) == "sleep 4242 " for pid in _all_pids()):
+            seen = True
             break
         threading.Event().wait(0.02)
+    assert seen, "the call never got as far as running the sleep: stop() would win the race vacuously"
     sandbox.stop()
     caller.join(20)
     assert not caller.is_alive() and len(errors) == 1 and isinstance(errors[0], SandboxError)
@@ -263,3 +266,78 @@ def test_sandboxes_start_in_a_forked_child(workspace: Path, short_dir: Path, san
         finally:
             child.kill()
             child.join()
+
+
+def test_concurrent_stops_close_the_uid_lock_once_and_do_not_raise(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel and the rollout's own teardown may stop one sandbox at the same moment:
+    the uid slot's lock fd must be closed once (a second close could hit a reused fd)."""
+    import threading
+
+    from shared.sandbox import isolation
+
+    if sandbox._slot is None:  # not root: give it a slot so the release path is exercised
+        sandbox._slot = isolation.UidSlot(12345, os.open(os.devnull, os.O_RDONLY))
+    slot_fd = sandbox._slot._fd
+    target = _fd_target(slot_fd)
+    closes: list[int] = []
+    real_close = os.close
+
+    def slow_close(fd: int) -> None:
+        if fd == slot_fd and _fd_target(fd) == target:  # fd numbers are reused: match the file too
+            closes.append(fd)
+            threading.Event().wait(0.05)  # widen the window in which a second stopper could get in
+        real_close(fd)
+
+    monkeypatch.setattr(isolation.os, "close", slow_close)
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def stop() -> None:
+        barrier.wait()
+        try:
+            sandbox.stop()
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=stop) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors and not sandbox.running and not sandbox.socket_path.exists()
+    assert closes == [slot_fd]
+
+
+def test_uid_slot_release_closes_its_fd_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from shared.sandbox import isolation
+
+    slot = isolation.UidSlot(12345, os.open(os.devnull, os.O_RDONLY))
+    slot_fd = slot._fd
+    target = _fd_target(slot_fd)
+    closes: list[int] = []
+    real_close = os.close
+
+    def slow_close(fd: int) -> None:
+        if fd == slot_fd and _fd_target(fd) == target:  # fd numbers are reused: match the file too
+            closes.append(fd)
+            threading.Event().wait(0.02)
+        real_close(fd)
+
+    monkeypatch.setattr(isolation.os, "close", slow_close)
+    threads = [threading.Thread(target=slot.release) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert closes == [slot_fd]
+
+
+def _fd_target(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
