@@ -27,6 +27,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=settings.cpu_backend_threads)
     parser.add_argument("--logprobs-mode", choices=["raw_logprobs", "processed_logprobs"], default="raw_logprobs",
                         help="as vLLM's --logprobs-mode: raw model logprobs, or after temperature/top-k/top-p")
+    parser.add_argument("--admin-token", default=settings.cpu_backend_admin_token,
+                        help="bearer token of POST /admin/load_weights; unset: weight loading is off")
     parser.add_argument("--state-dir", type=Path, default=settings.state_dir)
     return parser.parse_args(argv)
 
@@ -44,7 +46,7 @@ def build_app(args: argparse.Namespace):
     engine = Engine(model, tokenizer, max_len, args.prefix_cache_entries, args.logprobs_mode,
                     args.prefix_cache_tokens)
     name = args.served_model_name or Path(model_dir).name
-    return create_app(engine, name, Path(model_dir))
+    return create_app(engine, name, Path(model_dir), args.admin_token)
 
 
 def main(argv: list[str] | None = None) -> None:

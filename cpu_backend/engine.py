@@ -66,6 +66,7 @@ class Generation:
     cached_tokens: int
     first_token_s: float
     total_s: float
+    version: str = ""  # the policy version (served model name) of the weights that generated it
 
 
 @dataclass
@@ -126,10 +127,11 @@ class Engine:
     """Serialises generation (one CPU model, one lock) and owns the prefix cache."""
 
     def __init__(self, model, tokenizer, max_model_len: int, cache_entries: int,
-                 logprobs_mode: str = "raw_logprobs", cache_tokens: int = 1 << 18) -> None:
+                 logprobs_mode: str = "raw_logprobs", cache_tokens: int = 1 << 18, version: str = "") -> None:
         if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
             raise ValueError(f"unknown logprobs mode {logprobs_mode!r}")
         self.model = model
+        self.version = version
         self.tokenizer = tokenizer
         self.vocab_size = int(model.config.vocab_size)
         self.max_model_len = max_model_len
@@ -156,6 +158,21 @@ class Engine:
                     return self._generate(prompt, params)
             finally:
                 self._count(0, -1)
+
+    def load_model(self, model, version: str) -> None:
+        """Swap in new weights between requests: the one in flight finishes on the old ones.
+
+        The prefix cache is cleared in the same critical section, since its KV entries were
+        computed by the old weights and would silently mix two policies into one generation.
+        """
+        if int(model.config.vocab_size) != self.vocab_size:
+            raise EngineRequestError(
+                f"the new model's vocabulary ({model.config.vocab_size}) differs from the served one "
+                f"({self.vocab_size}); the tokenizer stays, so the weights must fit it", "path")
+        with self._lock:
+            self.model = model.eval()
+            self.version = version
+            self.prefix_cache = PrefixCache(self.prefix_cache.capacity, self.prefix_cache.max_tokens)
 
     def _validate(self, prompt: list[int], params: SamplingParams) -> None:
         if not prompt:
@@ -198,7 +215,7 @@ class Engine:
             covered = torch.tensor(prompt + sample.token_ids[:-1], dtype=torch.long)
             self.prefix_cache.put(covered, cache_i)
             samples.append(sample)
-        return Generation(samples, len(prompt), cached, first_token_s, time.perf_counter() - started)
+        return Generation(samples, len(prompt), cached, first_token_s, time.perf_counter() - started, self.version)
 
     def _sample(self, cache, logits: torch.Tensor, params: SamplingParams, max_tokens: int,
                 generator: torch.Generator) -> tuple[Sample, object]:

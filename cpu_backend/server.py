@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.concurrency import run_in_threadpool
 
+from cpu_backend.admin import admin_router
 from cpu_backend.engine import Engine, EngineRequestError, Generation, SamplingParams
 from cpu_backend.protocol import (
     CompletionLogProbs,
@@ -99,11 +100,15 @@ def _sampling(request: CompletionRequest) -> SamplingParams:
     )
 
 
-def create_app(engine: Engine, served_model_name: str, model_dir: Path) -> FastAPI:
+def create_app(engine: Engine, served_model_name: str, model_dir: Path, admin_token: str | None = None) -> FastAPI:
+    """The served name is the initial policy version; POST /admin/load_weights replaces both (admin.py)."""
     app = FastAPI(title="rollouts CPU backend (vLLM protocol)")
     metrics = _Metrics(served_model_name)
+    engine.version = engine.version or served_model_name
     app.state.engine = engine
     app.state.served_model_name = served_model_name
+    app.state.model_dir = model_dir
+    app.include_router(admin_router(engine, admin_token))
     try:
         server_version = version("rollouts")
     except PackageNotFoundError:
@@ -125,7 +130,7 @@ def create_app(engine: Engine, served_model_name: str, model_dir: Path) -> FastA
 
     @app.get("/v1/models")
     def models() -> dict:
-        card = ModelCard(id=served_model_name, root=str(model_dir), max_model_len=engine.max_model_len)
+        card = ModelCard(id=engine.version, root=str(app.state.model_dir), max_model_len=engine.max_model_len)
         return ModelList(data=[card]).model_dump()
 
     @app.get("/metrics")
@@ -136,7 +141,7 @@ def create_app(engine: Engine, served_model_name: str, model_dir: Path) -> FastA
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest) -> Response:
-        if request.model is not None and request.model != served_model_name:
+        if request.model is not None and request.model != engine.version:
             return _error(404, f"The model `{request.model}` does not exist.", "model")
         if request.stream:
             return _error(400, "streaming is not supported by the CPU backend", "stream")
@@ -147,12 +152,14 @@ def create_app(engine: Engine, served_model_name: str, model_dir: Path) -> FastA
         started = time.time()
         choices: list[CompletionResponseChoice] = []
         prompt_tokens = cached_tokens = completion_tokens = 0
+        served_as = ""  # the version of the weights that generated the first choice (reloads swap between requests)
         for prompt in prompts:
             try:
                 generation = await run_in_threadpool(engine.generate, prompt, params)
             except EngineRequestError as exc:
                 return _error(400, str(exc), exc.param)
             metrics.record(generation, len(engine.prefix_cache) / max(engine.prefix_cache.capacity, 1))
+            served_as = served_as or generation.version
             prompt_tokens += generation.prompt_tokens
             cached_tokens += generation.cached_tokens
             for sample in generation.samples:
@@ -168,7 +175,7 @@ def create_app(engine: Engine, served_model_name: str, model_dir: Path) -> FastA
                 ))
         response = CompletionResponse(
             created=int(started),
-            model=served_model_name,
+            model=served_as or engine.version,
             choices=choices,
             usage=UsageInfo(
                 prompt_tokens=prompt_tokens,

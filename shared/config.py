@@ -114,6 +114,9 @@ class Settings(BaseSettings):
     cpu_backend_max_model_len: int = Field(default=4096, gt=0)
     cpu_backend_prefix_cache_entries: int = Field(default=64, ge=0, description="KV prefixes kept (0: off).")
     cpu_backend_threads: int = Field(default=1, gt=0, description="torch threads of one CPU backend.")
+    cpu_backend_admin_token: str | None = Field(
+        default=None, description="Bearer token of the CPU backend's POST /admin/load_weights. Unset: route off."
+    )
 
     # --- Sandboxes (issue 4) -------------------------------------------------
     sandbox_backend: str = Field(default="local", pattern="^(local|singularity)$")
