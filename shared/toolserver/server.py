@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.toolserver.protocol import ProtocolError, recv_frame, send_frame
+from shared.toolserver.reaper import OrphanReaper, become_subreaper, kill_descendants
 from shared.toolserver.tools import ToolBox
 
 log = logging.getLogger("rollouts.toolserver")
@@ -75,14 +76,23 @@ class ToolServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             return {"ok": True, "result": result.to_dict()}
         return {"ok": False, "error": f"unknown op {op!r}"}
 
-    def serve(self) -> None:
-        """Serve until a shutdown request or SIGTERM, then stop the shell and kernel."""
+    def serve(self, subreaper: bool = True) -> None:
+        """Serve until a shutdown request or SIGTERM, then stop the shell, the kernel and
+        every process the agent left behind, daemonised ones included (see reaper.py)."""
         signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=self.shutdown, daemon=True).start())
+        reaper = None
+        if subreaper and become_subreaper():
+            reaper = OrphanReaper(self.toolbox.child_pids)
+            reaper.start()
         self.toolbox.start()
         try:
             self.serve_forever(poll_interval=0.5)
         finally:
+            if reaper is not None:
+                reaper.stop()
             self.toolbox.close()
+            if reaper is not None:
+                kill_descendants(os.getpid(), exclude=self.toolbox.child_pids())
             self.server_close()
             try:
                 self.socket_path.unlink()

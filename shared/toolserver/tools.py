@@ -45,6 +45,18 @@ class ToolBox:
         self.bash.close()
         self.python.close()
 
+    def child_pids(self) -> set[int]:
+        """The server's own children (the shell, the kernel): their owners wait for them."""
+        pids = set()
+        proc = self.bash.proc
+        if proc is not None:
+            pids.add(proc.pid)
+        provisioner = getattr(self.python.manager, "provisioner", None)
+        pid = getattr(provisioner, "pid", None)
+        if isinstance(pid, int):
+            pids.add(pid)
+        return pids
+
     def _timeout(self, args: dict[str, Any], requested: float | None) -> float:
         """The call's timeout: the tool's ``timeout`` argument, else the request's, else the default.
 
