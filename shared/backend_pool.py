@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,8 @@ from shared.keys import Keys
 log = logging.getLogger(__name__)
 
 _LUA_DIR = Path(__file__).parent
+# acquire re-picks when the chosen backend is deregistered before its address is read.
+_ACQUIRE_ATTEMPTS = 3
 # Update fields of a backend only while it is registered: a heartbeat or drain racing a
 # deregistration must not resurrect a half-filled hash.
 _HSET_IF_EXISTS = (
@@ -179,7 +182,6 @@ class BackendPool:
                 "unhealthy_reason": "",
                 "last_heartbeat": now,
             })
-            pipe.zadd(self.keys.backend_heartbeats, {backend_id: now})
             pipe.execute()
         self._sync_backend(backend_id)
         self._addresses.pop(backend_id, None)
@@ -196,7 +198,6 @@ class BackendPool:
         now = time.time()
         if not self._hset_if_exists(keys=[key], args=["last_heartbeat", now]):
             return False
-        self.redis.zadd(self.keys.backend_heartbeats, {backend_id: now})
         if _text(fields[1]) != "1" and _text(fields[2]).startswith("missed heartbeats"):
             self.set_health(backend_id, True)
         return True
@@ -204,7 +205,6 @@ class BackendPool:
     def deregister(self, backend_id: str) -> bool:
         """Remove a backend; its trajectories re-pin at their next call. False: unknown id."""
         removed = self.redis.delete(self.keys.backend(backend_id))
-        self.redis.zrem(self.keys.backend_heartbeats, backend_id)
         self._sync_backend(backend_id)
         self._addresses.pop(backend_id, None)
         return bool(removed)
@@ -273,29 +273,47 @@ class BackendPool:
             return f"g:{group_id}"
         return f"j:{job_id}"
 
-    def acquire(self, job_id: str, group_id: str | None = None) -> Pin:
+    def acquire(self, job_id: str, group_id: str | None = None, exclude: Iterable[str] = ()) -> Pin:
         """Where this trajectory's next LLM call goes; call it before every call.
 
-        The first call pins the route to the least-loaded backend and charges the
-        trajectory to it; later calls return the same backend while it is usable, and
-        re-pin (moving the charge) once it is not. Also refreshes the trajectory's lease.
+        The first call charges the trajectory to its route's pin (the least-loaded backend
+        open to new pins when the route has none, or its pin is draining or unhealthy);
+        later calls return the backend it is charged to while that is usable (draining
+        included), and re-pin (moving the charge) once it is not. ``exclude``: backends
+        that already failed this call, never returned (the route re-pins away from them);
+        NoBackendAvailable when nothing else is open. Also refreshes the trajectory's lease.
         """
         route = self.route_key(job_id, group_id)
-        expiry = time.time() + self.settings.llm_pin_ttl_s
-        result = self._acquire(keys=self._selection_keys, args=[job_id, route, expiry])
-        if not result:
-            raise NoBackendAvailable("no healthy, non-draining LLM backend is registered")
-        backend_id, repinned = _text(result[0]), bool(result[1])
-        url, model = self._address(backend_id)
-        if repinned:
-            log.info("route %s re-pinned to %s", route, backend_id)
-        return Pin(backend_id=backend_id, url=url, model=model, route_key=route, repinned=repinned)
+        avoid = [b for b in dict.fromkeys(exclude) if b]
+        for _ in range(_ACQUIRE_ATTEMPTS):
+            expiry = time.time() + self.settings.llm_pin_ttl_s
+            result = self._acquire(keys=self._selection_keys, args=[job_id, route, expiry, *avoid])
+            if not result:
+                detail = f" besides {', '.join(avoid)}" if avoid else ""
+                raise NoBackendAvailable(f"no healthy, non-draining LLM backend is registered{detail}")
+            backend_id, repinned = _text(result[0]), bool(result[1])
+            address = self._address(backend_id)
+            if address is None:
+                # Deregistered between the script and the read: bring its sets in line (the
+                # deregistration may not have synced yet) and pick again.
+                log.info("backend %s vanished while route %s was pinned to it; re-picking", backend_id, route)
+                self._sync_backend(backend_id)
+                continue
+            url, model = address
+            if repinned:
+                log.info("route %s re-pinned to %s", route, backend_id)
+            return Pin(backend_id=backend_id, url=url, model=model, route_key=route, repinned=repinned)
+        raise NoBackendAvailable("LLM backends kept disappearing while being picked")
 
-    def _address(self, backend_id: str) -> tuple[str, str]:
+    def _address(self, backend_id: str) -> tuple[str, str] | None:
+        """url and model of a registered backend (cached 10 s); None when it is not registered."""
         cached = self._addresses.get(backend_id)
         if cached and cached[2] > time.monotonic():
             return cached[0], cached[1]
         url, model = (_text(v) for v in self.redis.hmget(self.keys.backend(backend_id), "url", "model"))
+        if not url:
+            self._addresses.pop(backend_id, None)
+            return None
         self._addresses[backend_id] = (url, model, time.monotonic() + 10.0)
         return url, model
 

@@ -234,3 +234,64 @@ def test_probe_failure_marks_unhealthy(pool: BackendPool) -> None:
     assert report.failed_probes == [dead.id]
     assert "probe failed" in pool.get(dead.id).unhealthy_reason
     assert pool.report_failure(dead.id, "connect error") is False
+
+
+def test_new_group_member_is_not_charged_to_a_draining_pin(redis_url: str, settings: Settings) -> None:
+    """Drain closes a backend to new trajectories, group members included; running ones stay."""
+    pool = make_pool(redis_url, settings, llm_pin_per_group=True)
+    register_n(pool, 2)
+    first = {pool.acquire(f"job-{i}", group_id="g").backend_id for i in range(2)}.pop()
+    pool.drain(first)
+    joiner = pool.acquire("job-new", group_id="g")
+    assert joiner.backend_id != first and not joiner.repinned, "a new member was never on the drained one"
+    for i in range(2):
+        stay = pool.acquire(f"job-{i}", group_id="g")
+        assert stay.backend_id == first and not stay.repinned, "running members finish on the draining backend"
+    assert pool.acquire("job-later", group_id="g").backend_id == joiner.backend_id, "later members follow the pin"
+    assert counts(pool) == {first: 2, joiner.backend_id: 2}
+
+
+def test_new_group_member_is_not_charged_to_an_unhealthy_pin(redis_url: str, settings: Settings) -> None:
+    pool = make_pool(redis_url, settings, llm_pin_per_group=True)
+    register_n(pool, 2)
+    first = pool.acquire("job-0", group_id="g").backend_id
+    pool.set_health(first, False, "gone")
+    joiner = pool.acquire("job-new", group_id="g")
+    assert joiner.backend_id != first and not joiner.repinned
+    moved = pool.acquire("job-0", group_id="g")
+    assert moved.backend_id == joiner.backend_id and moved.repinned, "a member moving off a dead backend re-pinned"
+    assert pool.get(first).inflight == 0
+
+
+def test_excluded_backend_is_avoided_for_the_call_and_the_route_moves(pool: BackendPool) -> None:
+    ids = register_n(pool, 3)
+    pin = pool.acquire("job-1")
+    moved = pool.acquire("job-1", exclude=[pin.backend_id])
+    assert moved.backend_id != pin.backend_id and moved.repinned
+    assert pool.acquire("job-1").backend_id == moved.backend_id, "the pin stays moved"
+    others = [b for b in ids if b not in (pin.backend_id, moved.backend_id)]
+    assert pool.acquire("job-1", exclude=[pin.backend_id, moved.backend_id]).backend_id == others[0]
+    with pytest.raises(NoBackendAvailable):
+        pool.acquire("job-1", exclude=ids)
+    assert sum(counts(pool).values()) == 1
+
+
+def test_backend_deregistered_during_acquire_is_repicked_not_cached(pool: BackendPool) -> None:
+    doomed, survivor = register_n(pool, 2)
+    pool.drain(survivor)  # the first pick must be the doomed one
+    real_script = pool._acquire
+    calls: list[int] = []
+
+    def racing_script(**kwargs: object):  # type: ignore[no-untyped-def]
+        result = real_script(**kwargs)
+        if not calls:
+            pool.redis.delete(pool.keys.backend(doomed))  # deregistered before the address is read
+            pool.drain(survivor, draining=False)
+        calls.append(1)
+        return result
+
+    pool._acquire = racing_script  # type: ignore[method-assign]
+    pin = pool.acquire("job-1")
+    assert pin.backend_id == survivor and pin.url == "http://10.0.0.1:8000" and len(calls) == 2
+    assert doomed not in pool._addresses, "an empty address is never cached"
+    assert counts(pool) == {survivor: 1}
