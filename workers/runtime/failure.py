@@ -28,6 +28,7 @@ from shared.batches.hook import on_job_terminal
 from shared.config import get_settings
 from shared.jobs.queues import parse_rq_job_id
 from shared.jobs.store import JobStore
+from shared.metrics import MetricsRecorder
 
 log = logging.getLogger("rollouts.worker")
 
@@ -38,6 +39,7 @@ RETRYABLE = (AbandonedJobError, RedisConnectionError, RedisTimeoutError)
 def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: BaseException, tb: Any) -> None:
     job_id, stage = parse_rq_job_id(job.id)
     store = JobStore(connection, get_settings())
+    metrics = MetricsRecorder(connection, store.keys.prefix)
     if not issubclass(exc_type, RETRYABLE):
         error = {
             "stage": stage,
@@ -47,17 +49,20 @@ def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: Bas
         }
         log.error("job %s: the %s stage runner raised %s; failing the job", job_id, stage, exc_type.__name__)
         job.retries_left = 0  # rq decides on retries after this callback, with this same job object
+        metrics.error(stage, "internal_error")
         _fail(store, job_id, stage, error)
         return
     if job.retries_left:
         log.warning("job %s: %s worker lost (%s); re-queued, %d retries left", job_id, stage, exc_type.__name__, job.retries_left)
         connection.hincrby(store.keys.job(job_id), f"lost:{stage}", 1)
+        metrics.error(stage, "worker_lost")
         return
     error = {
         "stage": stage,
         "type": "worker_lost" if exc_type.__name__ == "AbandonedJobError" else exc_type.__name__,
         "message": f"the {stage} worker stopped without finishing the job ({exc_type.__name__}); no retries left",
     }
+    metrics.error(stage, error["type"])
     _fail(store, job_id, stage, error)
 
 

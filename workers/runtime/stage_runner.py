@@ -24,6 +24,13 @@ from workers.runtime.state import WorkerState, log, state
 
 def run_stage(stage: str, job_id: str, worker_name: str | None = None) -> str:
     """Run `stage` for `job_id`; returns what happened (for logs and tests)."""
+    started = time.monotonic()
+    outcome = _run_stage(stage, job_id, worker_name)
+    state().metrics.stage_attempt(stage, outcome, time.monotonic() - started)
+    return outcome
+
+
+def _run_stage(stage: str, job_id: str, worker_name: str | None) -> str:
     st = state()
     # Taking the job moves it into the stage and counts a new attempt, whose number is this
     # attempt's fencing token; a job that is terminal or past this stage is not taken.
@@ -109,6 +116,8 @@ def _hand_on(st: WorkerState, ctx: StageContext, output: dict[str, Any]) -> str:
     now = time.time()
     next_stage = NEXT_STAGE[stage]
     fields: dict[str, Any] = {f"t:{stage}:ended": now, f"out:{stage}": output}
+    if stage == "rollout":
+        st.metrics.tool_calls(output)
     if next_stage is None:
         moved = st.store.transition(job_id, (stage,), "done", fields, guard)
         if moved.applied:
@@ -173,6 +182,7 @@ def _finish(
     if not moved.applied and moved.previous == "superseded":
         return "superseded"
     if moved.applied:
+        st.metrics.error(stage, str(error.get("type", "unknown")))
         on_job_terminal(st.store, job_id)
     st.remove_workspace(job_id)
     return status

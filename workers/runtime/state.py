@@ -14,6 +14,7 @@ from redis import Redis
 from shared.config import Settings, get_settings
 from shared.jobs.store import JobStore
 from shared.keys import Keys
+from shared.metrics import MetricsRecorder
 from shared.redis_conn import connect
 from shared.tasks import load_task_modules
 from workers.runtime.inflight import InflightJobs
@@ -28,6 +29,7 @@ class WorkerState:
     store: JobStore
     inflight: InflightJobs
     process_name: str
+    metrics: MetricsRecorder
 
     def workspace(self, job_id: str) -> Path:
         return self.settings.workspaces / job_id
@@ -56,6 +58,7 @@ def init_state(settings: Settings | None = None, stage: str = "worker") -> Worke
             store=JobStore(redis, settings, keys),
             inflight=InflightJobs(),
             process_name=f"{stage}.{socket.gethostname()}.{os.getpid()}",
+            metrics=MetricsRecorder(redis, keys.prefix),
         )
     return _state
 
