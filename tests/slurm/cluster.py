@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 NODE_CPUS = 64
+GRACE_TIME_S = 30
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "sinfo")
 
 
@@ -103,6 +104,9 @@ class SlurmCluster:
                 "SwitchType=switch/none",
                 "MpiDefault=none",
                 "SchedulerType=sched/builtin",
+                # A job whose `after` dependency was just met waits for the main scheduling loop
+                # (60 s by default); 2 s keeps the whole-stack test short.
+                "SchedulerParameters=sched_interval=2",
                 "SelectType=select/cons_tres",
                 "SelectTypeParameters=CR_Core",
                 "SlurmdParameters=config_overrides",
@@ -111,7 +115,14 @@ class SlurmCluster:
                 "MinJobAge=600",
                 "InactiveLimit=0",
                 f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory=2048 State=UNKNOWN",
-                f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
+                # Jobs in `urgent` preempt the service's; those get their --signal (B:TERM) at once
+                # and GraceTime to go, as docs/OPERATIONS.md asks sites to configure.
+                "PreemptType=preempt/partition_prio",
+                "PreemptMode=CANCEL",
+                "SlurmctldParameters=preempt_send_user_signal",
+                f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP"
+                f" PriorityTier=1 GraceTime={GRACE_TIME_S}",
+                f"PartitionName=urgent Nodes={self.node} MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF",
                 "",
             ])
         )
@@ -131,7 +142,7 @@ class SlurmCluster:
                 if process.poll() is not None:
                     raise RuntimeError(f"{name} exited ({process.returncode}); see {self.root}/{name}.out")
             out = self.run(["sinfo", "-h", "-N", "-o", "%T"], check=False).stdout
-            return out.strip() == "idle"
+            return set(out.split()) == {"idle"}  # one line per partition
 
         self._wait(idle, timeout, "the node to be idle")
 
@@ -152,8 +163,11 @@ class SlurmCluster:
             raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr or result.stdout}")
         return result
 
-    def sbatch(self, script: Path, *options: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
-        out = self.run(["sbatch", "--parsable", *options, str(script)], env=env, cwd=cwd).stdout
+    def sbatch(self, script: Path | None, *options: str, env: dict[str, str] | None = None,
+               cwd: Path | None = None) -> str:
+        """Submit `script` (None with a --wrap option); returns the job id."""
+        argv = ["sbatch", "--parsable", *options, *([str(script)] if script else [])]
+        out = self.run(argv, env=env, cwd=cwd).stdout
         return out.strip().split(";")[0]
 
     def tasks(self, job_id: str) -> dict[str, str]:

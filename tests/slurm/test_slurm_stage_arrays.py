@@ -4,6 +4,7 @@ and an array task cancelled or drained mid-job loses nothing and runs nothing tw
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from cli.stack import Stack
 from shared.config import STAGES, Settings
+from tests.slurm.cluster import GRACE_TIME_S, NODE_CPUS
 from tests.slurm.conftest import FAST_SETTINGS, REPO, job_env
 from tests.support.waiting import trace, wait_for, wait_status
 
@@ -127,19 +129,45 @@ def test_a_task_near_its_time_limit_is_warned_and_hands_its_job_back(fleet, trac
     wait_for(lambda: not slurm.tasks(arrays["rollout"]), timeout=30, what="the rollout array to drain")
     ids = _submit(api, trace_dir, [{"sleep": {"rollout": 120}, "sleep_first_attempt_only": True}])
 
-    # One minute of time with the warning 50 s before the end: slurmctld checks limits every
-    # 30 s, so SIGTERM reaches the batch shell (the worker) 10 to 40 s in, well before the kill.
+    # Two minutes of time with the warning 100 s before the end: slurmctld checks limits every
+    # 30 s, so SIGTERM reaches the batch shell (the worker) 20 to 50 s in, once the worker has
+    # taken the job, and well before the kill.
     def rollout_task(*options: str) -> str:
         return slurm.sbatch(REPO / "slurm" / "rollout.sbatch", f"--partition={slurm.partition}", *options,
                             f"--output={tmp_path}/logs/%x-%A_%a.log", env=fleet["env"], cwd=REPO)
 
-    short = rollout_task("--time=1", "--signal=B:TERM@50")
+    short = rollout_task("--time=2", "--signal=B:TERM@100")
     pid = _started(trace_dir, ids[0], "rollout")
-    wait_for(lambda: not slurm.tasks(short), timeout=70, what="the short task to end")
+    wait_for(lambda: not slurm.tasks(short), timeout=90, what="the short task to end")
     assert slurm.job_state(f"{short}_0") == "COMPLETED", "the worker should have exited before its time limit"
     assert "requeued" in api.get(f"/v1/jobs/{ids[0]}").json()["timings"]["rollout"]
 
     rollout_task("--time=10")
+    record = wait_status(api, ids[0], timeout=90)
+    assert record["status"] == "done" and record["attempts"]["rollout"] == 2
+    assert _started(trace_dir, ids[0], "rollout", attempt=2) != pid
+
+
+def test_a_preempted_task_is_warned_and_hands_its_job_back(fleet, trace_dir, tmp_path):
+    api, slurm, arrays = fleet["api"], fleet["slurm"], fleet["arrays"]
+    ids = _submit(api, trace_dir, [{"sleep": {"rollout": 120}, "sleep_first_attempt_only": True}])
+    pid = _started(trace_dir, ids[0], "rollout")
+    task = _array_task(pid)
+
+    # A job of a higher-tier partition wanting the whole node preempts every task of the fleet.
+    slurm.sbatch(None, "--partition=urgent", f"--cpus-per-task={NODE_CPUS}", "--wrap=sleep 1",
+                 f"--output={tmp_path}/logs/urgent-%j.log")
+    preempted = time.monotonic()
+    wait_for(lambda: not slurm.tasks(task), timeout=GRACE_TIME_S + 20, what=f"{task} to be preempted")
+    # Gone well inside the grace time, on its own (exit 0): it acted on the warning signal, and
+    # was never killed (that would read PREEMPTED).
+    assert time.monotonic() - preempted < GRACE_TIME_S - 5
+    assert slurm.job_state(task) == "COMPLETED"
+    assert "requeued" in api.get(f"/v1/jobs/{ids[0]}").json()["timings"]["rollout"]
+
+    for stage in ("rollout", "eval"):  # a fresh fleet once the urgent job is done
+        slurm.sbatch(REPO / "slurm" / f"{stage}.sbatch", f"--partition={slurm.partition}", "--time=10",
+                     f"--output={tmp_path}/logs/%x-%A_%a.log", env=fleet["env"], cwd=REPO)
     record = wait_status(api, ids[0], timeout=90)
     assert record["status"] == "done" and record["attempts"]["rollout"] == 2
     assert _started(trace_dir, ids[0], "rollout", attempt=2) != pid
