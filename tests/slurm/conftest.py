@@ -27,7 +27,6 @@ FAST_SETTINGS = {
     "ROLLOUTS_MAINTENANCE_INTERVAL_S": "2",
     "ROLLOUTS_LLM_HEARTBEAT_INTERVAL_S": "1",
     "ROLLOUTS_SLURM_POLL_S": "0.5",
-    "ROLLOUTS_SLURM_API_PROCESSES": "1",
     "ROLLOUTS_PYTHON": sys.executable,
     # The scripts advertise `hostname` by default; a CI container's name may not resolve.
     "ROLLOUTS_SLURM_ADVERTISE_HOST": "127.0.0.1",
