@@ -76,7 +76,9 @@ rollouts_publish() {
 # Removes "<name>.env" if it is still this job's: a replacement may have published since.
 rollouts_unpublish() {
   local file=$ROLLOUTS_RUN_DIR/$1.env
-  grep -qx "ROLLOUTS_SLURM_${1^^}_JOB=${SLURM_JOB_ID:-}" "$file" 2>/dev/null && rm -f "$file"
+  if grep -qx "ROLLOUTS_SLURM_${1^^}_JOB=${SLURM_JOB_ID:-}" "$file" 2>/dev/null; then
+    rm -f "$file"
+  fi
 }
 
 # Waits until VAR is known: set already (config or env), or published by a running job.

@@ -1,0 +1,59 @@
+"""slurm/lib.sh on its own (no cluster needed): the config file's precedence and quoting, and
+address files that only their owner job removes."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from tests.slurm.conftest import REPO
+
+
+def _bash(script: str, env: dict[str, str]) -> str:
+    result = subprocess.run(
+        ["bash", "-c", f"set -euo pipefail; source {REPO}/slurm/lib.sh; {script}"],
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", **env}, capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_config_file_fills_in_what_the_environment_does_not_set(tmp_path: Path):
+    config = tmp_path / "rollouts.env"
+    config.write_text(
+        "# comment\n\n"
+        "ROLLOUTS_A=from-file\n"
+        "export ROLLOUTS_B=\"two words\"\n"
+        "ROLLOUTS_C='$NOT_EXPANDED'\n"
+        "  ROLLOUTS_D=x=y\n"
+        "not a setting\n"
+    )
+    out = _bash(
+        'rollouts_load_env_file "$CONFIG"; printf "%s|" "$ROLLOUTS_A" "$ROLLOUTS_B" "$ROLLOUTS_C" "$ROLLOUTS_D"',
+        {"CONFIG": str(config), "ROLLOUTS_A": "from-env"},
+    )
+    assert out == "from-env|two words|$NOT_EXPANDED|x=y|"
+
+
+def test_setup_reads_the_config_and_defaults_the_run_dir_under_the_state_dir(tmp_path: Path):
+    config = tmp_path / "rollouts.env"
+    config.write_text(f"ROLLOUTS_STATE_DIR={tmp_path}/state\n")
+    out = _bash('rollouts_setup; echo "$ROLLOUTS_RUN_DIR $ROLLOUTS_PYTHON $PWD"',
+                {"ROLLOUTS_CONFIG": str(config), "SLURM_SUBMIT_DIR": str(REPO)})
+    assert out.split() == [f"{tmp_path}/state/slurm", f"{REPO}/.venv/bin/python", str(REPO)]
+    assert (tmp_path / "state" / "slurm").is_dir()
+
+
+def test_an_address_file_is_private_and_removed_only_by_the_job_that_owns_it(tmp_path: Path):
+    env = {"ROLLOUTS_RUN_DIR": str(tmp_path), "SLURM_JOB_ID": "11"}
+    _bash("rollouts_publish api ROLLOUTS_API_URL http://a:1", env)  # exits: its trap removes the file
+    assert not (tmp_path / "api.env").exists()
+
+    # Job 12 replaced the address while job 11 still ran; job 11 exiting must leave it alone.
+    _bash("rollouts_publish api ROLLOUTS_API_URL http://b:2; trap - EXIT", {**env, "SLURM_JOB_ID": "12"})
+    _bash("rollouts_unpublish api", env)
+    published = tmp_path / "api.env"
+    assert published.read_text() == "ROLLOUTS_API_URL=http://b:2\nROLLOUTS_SLURM_API_JOB=12\n"
+    assert published.stat().st_mode & 0o077 == 0
+    _bash("rollouts_unpublish api", {**env, "SLURM_JOB_ID": "12"})
+    assert not published.exists()
