@@ -110,3 +110,58 @@ def test_checks_run_from_worker_threads() -> None:
     with ThreadPoolExecutor(max_workers=3) as pool:
         verdicts = list(pool.map(lambda pair: equivalent(*pair), EQUIVALENT[:6]))
     assert all(v.equivalent for v in verdicts)
+
+
+# --- code injection through sympy's parse_expr (which evals its input) -----------------------------
+
+# Rebinds the module's _same_value through the caller's frame: on eval it forces Verdict(True).
+FORCE_TRUE = "(__import__('sys')._getframe(3).f_globals.__setitem__('_same_value','exact'.format),3)[1]"
+
+
+def _touch_payload(path: str) -> str:
+    return f"__import__('os').system('touch {path}')"
+
+
+@pytest.mark.parametrize("wrap", ["{}", "\\boxed{{{}}}"])
+def test_answers_cannot_run_code_on_the_checker(tmp_path, wrap: str) -> None:  # type: ignore[no-untyped-def]
+    marker = tmp_path / "pwned"
+    touched = equivalent(wrap.format(_touch_payload(str(marker))), "3")
+    forced = equivalent(wrap.format(FORCE_TRUE), "4")
+    assert not touched.equivalent and not marker.exists()
+    assert not forced.equivalent
+
+
+def test_injection_is_refused_in_process_too(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from workers.eval.math_equiv import compare
+
+    marker = tmp_path / "pwned"
+    assert not compare(_touch_payload(str(marker)), "3").equivalent and not marker.exists()
+    assert not compare(FORCE_TRUE, "4").equivalent
+    assert compare("4", "4.0").equivalent  # the module is unharmed
+
+
+def test_math_kind_scores_injection_zero(make_ctx: MakeCtx, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    marker = tmp_path / "pwned"
+    task = {"kind": "math", "problem": "2+2?", "answer": "4"}
+    for payload in (FORCE_TRUE, _touch_payload(str(marker))):
+        result = get_kind("math").evaluate(make_ctx(task, outputs=rollout(f"\\boxed{{{payload}}}")))
+        assert result["reward"] == 0.0
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "unsafe",
+    ["x.real", "1 .real", "(1).real", "lambda: 3", "Integer(3)", "Symbol(x)", "'3'", "x__y", "_x", "getattr(x)[0]"],
+)
+def test_syntax_allowlist_refuses(unsafe: str) -> None:
+    from workers.eval.math_equiv import check_safe_syntax
+
+    with pytest.raises(ValueError):
+        check_safe_syntax(unsafe)
+
+
+@pytest.mark.parametrize("safe", ["1.5e3 + .5", "x_1 + 2x", "sqrt(2)*pi", "binomial(5,2)", "3! <= oo", "((1)/(2))"])
+def test_syntax_allowlist_admits_arithmetic(safe: str) -> None:
+    from workers.eval.math_equiv import check_safe_syntax
+
+    check_safe_syntax(safe)

@@ -13,10 +13,23 @@ from a forkserver that preloaded sympy (fast, and never a fork of a worker
 process whose other threads may hold locks). A check that still overruns, or
 a child that dies, raises EquivalenceUndecided: the job fails as an
 evaluation error instead of recording a reward of 0 that nobody decided.
+
+sympy's parse_expr calls Python's eval on the text it is given, and that text
+comes from the model. `parse_value` therefore admits only an allowlisted
+syntax before parse_expr sees it (`check_safe_syntax`): ASCII digits,
+arithmetic and comparison operators, parentheses, commas, whitespace, a dot
+only inside a decimal number, and identifiers that are either a fixed set of
+math function and constant names or plain symbol names (letters, one
+``_subscript``); never quotes, ``__``, keywords such as lambda, attribute
+access, or sympy's internal constructors. The expression is then evaluated in
+a namespace with no builtins that holds only those names. The child process
+also runs under resource limits (no file writes, no new processes, bounded
+memory and CPU), as a second line of defence.
 """
 
 from __future__ import annotations
 
+import keyword
 import multiprocessing
 import re
 from dataclasses import dataclass
@@ -37,8 +50,31 @@ MAX_ANSWER_CHARS = 400
 REL_TOL = 1e-6
 MAX_EXPONENT = 10_000
 CHECK_TIMEOUT_S = 20.0
+CHILD_MEMORY_BYTES = 2 << 30
 _TRANSFORMS = (*standard_transformations, implicit_multiplication_application, convert_xor)
 _LOCALS = {"e": sympy.E, "i": sympy.I, "pi": sympy.pi, "oo": sympy.oo, "E": sympy.E, "I": sympy.I}
+# Names an answer may use as functions (what latex.to_sympy_syntax emits, and a few more of sympy's).
+_FUNCTIONS = {
+    name: getattr(sympy, name)
+    for name in (
+        "sqrt", "cbrt", "root", "log", "ln", "exp", "sin", "cos", "tan", "cot", "sec", "csc",
+        "asin", "acos", "atan", "acot", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+        "binomial", "factorial", "Abs", "floor", "ceiling", "gamma", "Max", "Min",
+    )
+}  # fmt: skip
+# Names sympy's own transformations insert into the code they generate (never allowed in an answer).
+_INTERNAL = {
+    name: getattr(sympy, name)
+    for name in (
+        "Symbol", "Function", "Number", "Integer", "Rational", "Float", "Lambda", "factorial2",
+        "Add", "Mul", "Pow", "Or", "And", "Not", "Eq", "Ne", "Lt", "Le", "Gt", "Ge",
+    )
+}  # fmt: skip
+_ALLOWED_NAMES = set(_FUNCTIONS) | set(_LOCALS)
+_SAFE_CHARS = re.compile(r"[0-9A-Za-z_+\-*/().,=<>! \t\n]*")
+_DECIMAL = re.compile(r"(?<![A-Za-z0-9_.])(?:\d+\.\d*|\.\d+)(?:[eE][-+]?\d+)?(?![A-Za-z0-9_.])")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SYMBOL_NAME = re.compile(r"[A-Za-z]+[0-9]*(?:_[A-Za-z0-9]+)?")
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 
 
@@ -58,7 +94,7 @@ def equivalent(answer: str, reference: str, timeout: float = CHECK_TIMEOUT_S) ->
         return Verdict(False, f"answer longer than {MAX_ANSWER_CHARS} characters")
     context = _context()
     receiver, sender = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(sender, answer, reference))
+    child = context.Process(target=_child, args=(sender, answer, reference, timeout))
     child.start()
     sender.close()
     try:
@@ -86,7 +122,30 @@ def _context() -> Any:
     return _FORKSERVER
 
 
-def _child(sender: Any, answer: str, reference: str) -> None:
+def _limit_child(timeout: float) -> None:
+    """Best-effort resource limits for the checking child: no files, no processes, bounded memory and CPU."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return
+    limits = [
+        (resource.RLIMIT_FSIZE, 0),
+        (resource.RLIMIT_NPROC, 0),
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_AS, CHILD_MEMORY_BYTES),
+        (resource.RLIMIT_CPU, int(timeout) + 2),
+    ]
+    for which, value in limits:
+        try:
+            _soft, hard = resource.getrlimit(which)
+            cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(which, (cap, cap))
+        except (ValueError, OSError):
+            pass
+
+
+def _child(sender: Any, answer: str, reference: str, timeout: float = CHECK_TIMEOUT_S) -> None:
+    _limit_child(timeout)
     try:
         sender.send(compare(answer, reference))
     except Exception as exc:  # noqa: BLE001 - any failure to decide is reported, not raised
@@ -237,11 +296,35 @@ def parse_value(text: str) -> sympy.Expr:
     syntax = to_sympy_syntax(drop_text(text))
     if not syntax.strip():
         raise ValueError("empty expression")
-    unevaluated = parse_expr(syntax, local_dict=dict(_LOCALS), transformations=_TRANSFORMS, evaluate=False)
+    check_safe_syntax(syntax)
+    unevaluated = _parse(syntax, evaluate=False)
     if not isinstance(unevaluated, sympy.Basic):
         raise TypeError(f"not an expression: {text!r}")
     _refuse_huge_powers(unevaluated)
-    return parse_expr(syntax, local_dict=dict(_LOCALS), transformations=_TRANSFORMS, evaluate=True)
+    return _parse(syntax, evaluate=True)
+
+
+def _parse(syntax: str, evaluate: bool) -> Any:
+    namespace: dict[str, Any] = {"__builtins__": {}, **_INTERNAL, **_FUNCTIONS}
+    return parse_expr(
+        syntax, local_dict=dict(_LOCALS), global_dict=namespace, transformations=_TRANSFORMS, evaluate=evaluate
+    )
+
+
+def check_safe_syntax(syntax: str) -> None:
+    """Refuse (ValueError) anything but plain arithmetic on allowlisted names: parse_expr evals its input."""
+    if not _SAFE_CHARS.fullmatch(syntax):
+        raise ValueError("characters outside the arithmetic allowlist")
+    if "__" in syntax:
+        raise ValueError("double underscore")
+    without_numbers = _DECIMAL.sub(" 0 ", syntax)
+    if "." in without_numbers:
+        raise ValueError("a dot outside a decimal number")
+    for name in _IDENTIFIER.findall(without_numbers):
+        if name in _ALLOWED_NAMES:
+            continue
+        if name[0].isdigit() or keyword.iskeyword(name) or name in _INTERNAL or not _SYMBOL_NAME.fullmatch(name):
+            raise ValueError(f"name {name!r} is not allowed in an answer")
 
 
 def _refuse_huge_powers(expr: sympy.Basic) -> None:
