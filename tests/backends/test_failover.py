@@ -35,7 +35,8 @@ def test_killed_backend_fails_over_and_the_trajectory_goes_on(
 ) -> None:
     processes = start_cpu_backends(2)
     pool = BackendPool(redis, Keys(settings.redis_prefix), settings)
-    by_id = {pool.register(p.url, "tiny").id: p for p in processes}
+    served = httpx.get(processes[0].url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    by_id = {pool.register(p.url, served).id: p for p in processes}  # the name the request carries
     sampling = Sampling(max_tokens=6, seed=11, ignore_eos=True)
     prompt = [257, 117, 115, 101, 114, 10, 104, 105, 258, 10, 257, 97, 10]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 from pathlib import Path
 
@@ -12,7 +13,13 @@ import torch
 
 from cpu_backend.bootstrap import load
 from shared.embedded_redis import free_port
-from workers.rollout.llm_client import BackendRequestError, BackendUnavailable, LLMClient, Sampling
+from workers.rollout.llm_client import (
+    BackendRequestError,
+    BackendUnavailable,
+    BadBackendResponse,
+    LLMClient,
+    Sampling,
+)
 
 from backend_procs import CpuBackendProcess
 
@@ -148,3 +155,45 @@ def test_5xx_is_retried_with_backoff(cpu_backend: CpuBackendProcess, client: LLM
         assert proxy.seen == 3, "max_retries=2: three attempts in all"
     finally:
         proxy.close()
+
+
+def scripted(payload: object, status: int = 200) -> LLMClient:
+    client = LLMClient(max_retries=0)
+    client._http.close()
+    content = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    client._http = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(status, content=content)))
+    return client
+
+
+def response_with(token_ids: list[int] | None, tokens: list[object]) -> dict:
+    choice = {"index": 0, "text": "", "finish_reason": "length", "stop_reason": None,
+              "logprobs": {"tokens": tokens, "token_logprobs": [-1.0] * len(tokens)}}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return {"model": "m", "choices": [choice], "usage": {"prompt_tokens": 1}}
+
+
+def test_a_2xx_that_is_not_json_is_a_bad_backend_response() -> None:
+    with scripted(b"<html>502 from a proxy, sent as 200</html>") as client:
+        with pytest.raises(BadBackendResponse, match="not JSON") as err:
+            client.complete("http://b", [1], Sampling(max_tokens=1), backend_id="b-1")
+    assert err.value.backend_id == "b-1"
+
+
+@pytest.mark.parametrize("tokens", [[None, "token_id:2"], [3, 4], [{"t": 1}, "token_id:2"]])
+def test_non_string_tokens_are_a_bad_backend_response(tokens: list[object]) -> None:
+    with scripted(response_with(None, tokens)) as client, pytest.raises(BadBackendResponse):
+        client.complete("http://b", [1], Sampling(max_tokens=2))
+
+
+def test_non_string_tokens_next_to_token_ids_are_tolerated() -> None:
+    with scripted(response_with([5, 6], [None, "x"])) as client:
+        assert client.complete("http://b", [1], Sampling(max_tokens=2)).token_ids == [5, 6]
+
+
+def test_token_ids_are_cross_checked_against_token_id_strings() -> None:
+    with scripted(response_with([5, 6], ["token_id:5", "token_id:6"])) as client:
+        assert client.complete("http://b", [1], Sampling(max_tokens=2)).token_ids == [5, 6]
+    with scripted(response_with([5, 6], ["token_id:5", "token_id:9"])) as client:
+        with pytest.raises(BadBackendResponse, match="disagree"):
+            client.complete("http://b", [1], Sampling(max_tokens=2))

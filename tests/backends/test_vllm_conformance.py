@@ -50,7 +50,9 @@ def complete(http: httpx.Client, **body: object) -> httpx.Response:
 
 
 def test_client_sends_only_documented_vllm_fields() -> None:
-    body = request_body([1, 2, 3], Sampling(max_tokens=4, seed=1, stop=("x",), stop_token_ids=(5,)), model="m")
+    """The body as the client builds it; the body complete_routed really sends (with the pinned
+    backend's model) is checked against the same field list in test_llm_routing.py."""
+    body = request_body([1, 2, 3], Sampling(max_tokens=4, seed=1, stop=("x",), stop_token_ids=(5,)))
     assert set(body) <= VLLM_REQUEST_FIELDS
     assert body["prompt"] == [1, 2, 3] and body["logprobs"] == 0
     assert body["return_tokens_as_token_ids"] is True and body["return_token_ids"] is True

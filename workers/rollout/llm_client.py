@@ -15,7 +15,12 @@ and this client asks for both so it works across vLLM versions:
 
 Sampling fields pass through under vLLM's names (temperature, top_p, top_k, min_p,
 max_tokens, stop, stop_token_ids, seed, ...). Connection errors and 5xx are retried with
-exponential backoff; a 4xx raises ``BackendRequestError`` with the backend's message.
+exponential backoff; a 4xx raises ``BackendRequestError`` with the backend's message. A 2xx
+whose body is not a completion with token IDs and logprobs that line up (not JSON, a missing
+field, a non-string in ``logprobs.tokens``, ``token_ids`` that disagree with the
+``"token_id:N"`` strings) raises ``BadBackendResponse``; ``complete_routed`` treats that like
+an unavailable backend and fails over (a backend answering garbage is as good as dead for
+that call).
 """
 
 from __future__ import annotations
@@ -53,13 +58,18 @@ class BackendUnavailable(LLMError):
     prefix sent each turn, the trajectory goes on losslessly on another backend.
     """
 
-    def __init__(self, message: str, backend_id: str) -> None:
+    def __init__(self, message: str, backend_id: str, timed_out: bool = False) -> None:
         super().__init__(f"backend {backend_id} unavailable: {message}")
         self.backend_id = backend_id
+        self.timed_out = timed_out  # a read timeout: the generation may still be running there
 
 
 class BadBackendResponse(LLMError):
-    """The response does not carry token IDs and logprobs that line up."""
+    """The response does not carry token IDs and logprobs that line up (or is not JSON at all)."""
+
+    def __init__(self, message: str, backend_id: str = "") -> None:
+        super().__init__(f"backend {backend_id} answered badly: {message}" if backend_id else message)
+        self.backend_id = backend_id
 
 
 @dataclass(frozen=True)
@@ -172,12 +182,18 @@ class LLMClient:
             except httpx.TimeoutException as exc:
                 # A read timeout means the generation may still be running there: do not
                 # pile a duplicate on an overloaded backend; let the caller decide.
-                raise BackendUnavailable(f"timed out: {type(exc).__name__}", backend_id) from exc
+                raise BackendUnavailable(f"timed out: {type(exc).__name__}", backend_id, timed_out=True) from exc
             except httpx.TransportError as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
             else:
                 if response.status_code < 400:
-                    return _parse(response.json(), backend_id, time.perf_counter() - started, attempt)
+                    try:
+                        data = response.json()
+                    except ValueError as exc:
+                        raise BadBackendResponse(
+                            f"{response.status_code} with a body that is not JSON: {response.text[:200]!r}", backend_id
+                        ) from exc
+                    return _parse(data, backend_id, time.perf_counter() - started, attempt)
                 if response.status_code < 500:
                     raise BackendRequestError(response.status_code, _error_text(response), backend_id)
                 last_error = f"{response.status_code}: {_error_text(response)}"
@@ -186,6 +202,15 @@ class LLMClient:
                 log.warning("backend %s failed (%s); retry %d in %.2fs", backend_id, last_error, attempt, delay)
                 time.sleep(delay)
         raise BackendUnavailable(f"{last_error} after {self.max_retries + 1} attempts", backend_id)
+
+    def served_models(self, url: str) -> list[str]:
+        """The model names a backend serves (GET /v1/models); empty when it cannot say."""
+        try:
+            response = self._http.get(url.rstrip("/") + "/v1/models")
+            data = response.json() if response.status_code == 200 else {}
+            return [str(card["id"]) for card in data.get("data", []) if isinstance(card, dict) and "id" in card]
+        except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+            return []
 
 
 def request_body(prompt_token_ids: list[int], sampling: Sampling, model: str | None = None) -> dict[str, Any]:
@@ -218,23 +243,40 @@ def _error_text(response: httpx.Response) -> str:
     return response.text[:2000]
 
 
+def _token_ids_from_strings(tokens: Any) -> list[int] | None:
+    """IDs from ``"token_id:N"`` strings (return_tokens_as_token_ids); None unless every entry is one."""
+    if not isinstance(tokens, list):
+        return None
+    ids = []
+    for token in tokens:
+        if not isinstance(token, str) or not token.startswith(_TOKEN_ID_PREFIX):
+            return None
+        ids.append(int(token[len(_TOKEN_ID_PREFIX):]))
+    return ids
+
+
 def _parse(data: dict[str, Any], backend_id: str, latency_s: float, attempts: int) -> Completion:
     try:
         choice = data["choices"][0]
         logprobs = choice.get("logprobs") or {}
         token_logprobs = logprobs.get("token_logprobs")
         token_ids = choice.get("token_ids")
+        from_strings = _token_ids_from_strings(logprobs.get("tokens") or [])
         if token_ids is None:  # older vLLM: recover ids from "token_id:N" strings
-            token_ids = [int(t[len(_TOKEN_ID_PREFIX):]) for t in logprobs.get("tokens") or []
-                         if t.startswith(_TOKEN_ID_PREFIX)]
-            if len(token_ids) != len(logprobs.get("tokens") or []):
-                raise BadBackendResponse("logprobs.tokens are not token_id:N strings (return_tokens_as_token_ids)")
+            if from_strings is None:
+                raise BadBackendResponse(
+                    "logprobs.tokens are not token_id:N strings (return_tokens_as_token_ids)", backend_id
+                )
+            token_ids = from_strings
+        elif from_strings is not None and from_strings != [int(t) for t in token_ids]:
+            raise BadBackendResponse("token_ids disagree with the token_id:N strings of logprobs.tokens", backend_id)
         if token_logprobs is None or len(token_logprobs) != len(token_ids):
             raise BadBackendResponse(
-                f"{len(token_ids)} token ids but {0 if token_logprobs is None else len(token_logprobs)} logprobs"
+                f"{len(token_ids)} token ids but {0 if token_logprobs is None else len(token_logprobs)} logprobs",
+                backend_id,
             )
         if any(v is None for v in token_logprobs):
-            raise BadBackendResponse("a generated token has no logprob")
+            raise BadBackendResponse("a generated token has no logprob", backend_id)
         usage = data.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
         return Completion(
@@ -250,5 +292,5 @@ def _parse(data: dict[str, Any], backend_id: str, latency_s: float, attempts: in
             latency_s=latency_s,
             attempts=attempts,
         )
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise BadBackendResponse(f"unexpected completion response: {exc!r}") from exc
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise BadBackendResponse(f"unexpected completion response: {exc!r}", backend_id) from exc
