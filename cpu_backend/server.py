@@ -8,6 +8,7 @@ model is 404, as in vLLM.
 
 from __future__ import annotations
 
+import logging
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -32,6 +33,8 @@ from cpu_backend.protocol import (
     PromptTokenUsageInfo,
     UsageInfo,
 )
+
+log = logging.getLogger("rollouts.cpu_backend")
 
 
 class _Metrics:
@@ -120,6 +123,12 @@ def create_app(engine: Engine, served_model_name: str, model_dir: Path, admin_to
         param = ".".join(str(p) for p in first.get("loc", ())[1:2]) or None
         return _error(400, f"{first.get('msg', 'invalid request')} ({param})", param)
 
+    @app.exception_handler(Exception)
+    async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
+        # Anything else unexpected: vLLM's ErrorResponse body, never Starlette's plain text.
+        log.error("request failed: %s: %s", type(exc).__name__, exc)
+        return _error(500, f"{type(exc).__name__}: {exc}")
+
     @app.get("/health")
     def health() -> Response:
         return Response(status_code=200)
@@ -148,6 +157,8 @@ def create_app(engine: Engine, served_model_name: str, model_dir: Path, admin_to
         if request.echo:
             return _error(400, "echo is not supported by the CPU backend", "echo")
         prompts = _prompts(request.prompt, engine)
+        if not prompts or any(not p for p in prompts):
+            return _error(400, "Prompt cannot be empty", "prompt")  # as vLLM answers prompt=[] / ""
         params = _sampling(request)
         started = time.time()
         choices: list[CompletionResponseChoice] = []
@@ -158,6 +169,9 @@ def create_app(engine: Engine, served_model_name: str, model_dir: Path, admin_to
                 generation = await run_in_threadpool(engine.generate, prompt, params)
             except EngineRequestError as exc:
                 return _error(400, str(exc), exc.param)
+            except Exception as exc:  # noqa: BLE001 - vLLM answers an engine failure with a JSON 500
+                log.exception("generation failed")
+                return _error(500, f"{type(exc).__name__}: {exc}")
             metrics.record(generation, len(engine.prefix_cache) / max(engine.prefix_cache.capacity, 1))
             served_as = served_as or generation.version
             prompt_tokens += generation.prompt_tokens

@@ -102,7 +102,8 @@ def _model_not_served(client: LLMClient, pin: Pin, model: str | None, exc: Backe
     """The name to use instead when a backend 404s the registered model name.
 
     Only when the backend serves exactly one model: then the registration merely misnames
-    it, and that one model is what every request gets anyway. With several served models
+    it (or the CPU backend's weights were reloaded under a new policy version), and that one
+    model is what every request gets anyway. With several served models
     (LoRA adapters) the 404 stands: guessing could silently sample from the wrong policy.
     """
     if exc.status != 404 or not model:
@@ -111,7 +112,7 @@ def _model_not_served(client: LLMClient, pin: Pin, model: str | None, exc: Backe
     if len(served) != 1 or served[0] == model:
         return None
     log.warning(
-        "backend %s (%s) was registered with model %r but serves only %r: using %r; "
-        "register it with the served model name", pin.backend_id, pin.url, model, served[0], served[0],
+        "backend %s (%s) does not serve model %r but only %r (a misnamed registration, or its weights "
+        "were reloaded under a new version): using %r", pin.backend_id, pin.url, model, served[0], served[0],
     )
     return served[0]
