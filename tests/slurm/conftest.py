@@ -8,6 +8,7 @@ its path as ROLLOUTS_CONFIG, exactly as an operator does.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -46,6 +47,7 @@ def slurm() -> Iterator[SlurmCluster]:
     cluster = SlurmCluster(root, kill_wait_s=10).start()
     yield cluster
     cluster.stop()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture()
