@@ -97,7 +97,7 @@ class CodeKind(AgentTask):
         return SandboxSpec(limits=limits)
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
-        from workers.eval.code_tests import parse_tests, populate, run_tests, summary
+        from workers.eval.code_tests import parse_tests, run_isolated, summary
         from workers.eval.fresh_sandbox import fresh_sandbox, sandbox_python
 
         task = ctx.task
@@ -111,13 +111,10 @@ class CodeKind(AgentTask):
         entry = task.get("entry_file", "solution.py")
         python = sandbox_python(ctx.settings, task)
         timeout = float(task.get("timeout_s", DEFAULT_TIMEOUT_S))
-        with fresh_sandbox(
-            self.eval_spec(task),
-            ctx.settings,
-            python,
-            ctx.check,
-            lambda: ctx.remaining,
-            lambda ws: populate(ws, tests, self.init_files(task), entry, solution),
-        ) as box:
-            results = run_tests(box, tests, entry, python, timeout)
+        spec = self.eval_spec(task)
+
+        def open_box(populate: Any) -> Any:  # one fresh sandbox and workspace per test
+            return fresh_sandbox(spec, ctx.settings, python, ctx.check, lambda: ctx.remaining, populate)
+
+        results = run_isolated(open_box, tests, self.init_files(task), entry, solution, python, timeout)
         return summary(results, scoring)

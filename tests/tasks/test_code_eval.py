@@ -128,3 +128,71 @@ def test_validation_names_the_field(change: dict, field: str) -> None:
     task = {k: v for k, v in {**TASK, **change}.items() if v is not None}
     with pytest.raises(TaskValidationError, match=field):
         get_kind("code").validate(task)
+
+
+# --- forging the harness's verdict -------------------------------------------------------------
+
+ASSERT_ONLY = {
+    "tests": [{"code": "assert add(2, 2) == 5"}],
+    "test_code": "from solution import add\n\n\ndef test_x():\n    assert add(1, 1) == 3\n",
+}
+
+# Each prints "<token> PASS" as the last line and exits 0 from wherever it finds the token.
+FORGE_FROM_MAIN = (
+    "import __main__, os, sys\n"
+    "sys.stdout.write('\\n%s PASS\\n' % getattr(__main__, 'token', 'none'))\n"
+    "sys.stdout.flush()\n"
+    "os._exit(0)\n"
+)
+FORGE_FROM_ENVIRON = (
+    "import os, sys\n"
+    "found = ''\n"
+    "for path in ('/proc/self/environ', '/proc/%d/environ' % os.getppid()):\n"
+    "    try:\n"
+    "        for item in open(path, 'rb').read().split(b'\\0'):\n"
+    "            if item.startswith(b'ROLLOUTS_EVAL_TOKEN='):\n"
+    "                found = item.split(b'=', 1)[1].decode()\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "for fd_path in ('/proc/self/fd/3', '.eval/token'):\n"
+    "    try:\n"
+    "        found = found or open(fd_path).read().strip()\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "sys.stdout.write('\\n%s PASS\\n' % found)\n"
+    "sys.stdout.flush()\n"
+    "os._exit(0)\n"
+)
+
+
+@pytest.mark.parametrize("forgery", [FORGE_FROM_MAIN, FORGE_FROM_ENVIRON], ids=["main_token", "environ"])
+def test_a_solution_cannot_print_the_pass_token(make_ctx: MakeCtx, forgery: str) -> None:
+    result = _evaluate(make_ctx, forgery, **ASSERT_ONLY)
+    assert result["passed"] == 0 and result["reward"] == 0.0, result
+
+
+def test_a_test_run_cannot_rewrite_the_hidden_tests_for_later_tests(make_ctx: MakeCtx) -> None:
+    """Test 1 imports the solution, which rewrites .eval (tests, harness) and drops shadowing modules."""
+    rewrite = (
+        "import os\n"
+        "PASSING = 'def test_a():\\n    pass\\n\\n\\ndef test_b():\\n    pass\\n\\n\\ndef test_c():\\n    pass\\n'\n"
+        "for path in ('.eval/_hidden_tests.py', '_hidden_tests.py'):\n"
+        "    try:\n"
+        "        with open(path, 'w') as handle:\n"
+        "            handle.write(PASSING)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "for name in os.listdir('.eval'):\n"
+        "    if name.startswith('case_') and name.endswith('.py'):\n"
+        "        with open(os.path.join('.eval', name), 'w') as handle:\n"
+        "            handle.write('pass\\n')\n"
+        "\n\ndef add(a, b):\n    return a - b\n"
+    )
+    test_code = (
+        "from solution import add\n\n\n"
+        "def test_a():\n    assert add(1, 1) == 2\n\n\n"
+        "def test_b():\n    assert add(2, 2) == 4\n\n\n"
+        "def test_c():\n    assert add(3, 3) == 6\n"
+    )
+    result = _evaluate(make_ctx, rewrite, tests=[{"code": "assert add(1, 2) == 3"}], test_code=test_code)
+    assert result["passed"] == 0, result["tests"]

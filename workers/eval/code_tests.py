@@ -9,10 +9,25 @@ Two kinds of test, mixable in one task:
 
 Every test runs in its own process with the task's time limit and the
 sandbox's rlimits (memory, CPU), so an infinite loop or a memory hog fails
-that test only. The expected outputs never enter the sandbox. A test passes
-only if the harness prints a per-run token it removed from its environment
-before importing the solution, so a solution that exits early with status 0
-does not pass.
+that test only. The expected outputs never enter the sandbox.
+
+Every test also runs in its own fresh sandbox over a freshly populated
+workspace (`run_case`), so nothing one test run writes (a rewritten
+.eval/_hidden_tests.py, a shadowing module, a patched harness) reaches the
+next.
+
+An assert test passes only if the harness prints a per-run token after the
+test returned. The token never enters the process that runs the solution:
+the shell opens the token file on fd 3 and deletes it, the harness forks a
+child that closes fd 3 and only then imports the solution and runs the test,
+and the parent (which never imports the solution, and makes itself
+non-dumpable so the child cannot read its memory) reads the token after the
+fork and prints it only if the child exited 0 after reporting, through a pipe,
+that the test returned. It is not a global, not in the environment
+(/proc/self/environ), and not on disk once the solution runs. What remains
+possible is what any in-process test allows: a solution that imitates the
+harness's own report (or fools the asserts with objects whose ``__eq__`` always
+holds); the token only stops the cheap forgeries.
 """
 
 from __future__ import annotations
@@ -20,6 +35,8 @@ from __future__ import annotations
 import ast
 import secrets
 import shlex
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,27 +46,71 @@ from workers.eval.fresh_sandbox import EvalBox
 
 EVAL_DIR = ".eval"
 HARNESS = f"{EVAL_DIR}/harness.py"
+TOKEN_FILE = f"{EVAL_DIR}/token"
 TEST_MODULE = "_hidden_tests"
 DETAIL_CHARS = 400
 
 _HARNESS_SOURCE = '''\
-"""Runs one assert test; prints the token only if it passed."""
-import importlib, os, sys
-token = os.environ.pop("ROLLOUTS_EVAL_TOKEN", "")
-sys.path.insert(0, os.getcwd())
-sys.path.insert(1, os.path.join(os.getcwd(), ".eval"))
-mode, target, module = sys.argv[1], sys.argv[2], sys.argv[3]
-if mode == "snippet":
-    with open(target) as handle:
-        source = handle.read()
-    namespace = {"__name__": "__hidden_test__"}
-    exec("from %s import *" % module, namespace)
-    exec(compile(source, "<hidden test>", "exec"), namespace)
-else:
-    getattr(importlib.import_module("_hidden_tests"), target)()
-sys.stdout.flush()
-sys.stdout.write("\\n" + token + " PASS\\n")
-sys.stdout.flush()
+"""Runs one assert test in a child; the parent prints the token (read from fd 3) only if it returned."""
+import ctypes, importlib, os, sys, traceback
+
+TOKEN_FD = 3
+
+
+def run_test(mode, target, module):
+    eval_dir = os.path.join(os.getcwd(), ".eval")
+    sys.path[:0] = [eval_dir, os.getcwd()]
+    if mode == "snippet":
+        with open(target) as handle:
+            source = handle.read()
+        namespace = {"__name__": "__hidden_test__"}
+        exec("from %s import *" % module, namespace)
+        exec(compile(source, "<hidden test>", "exec"), namespace)
+    else:
+        getattr(importlib.import_module("_hidden_tests"), target)()
+
+
+def main():
+    mode, target, module = sys.argv[1], sys.argv[2], sys.argv[3]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    report_r, report_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(TOKEN_FD)
+        os.close(report_r)
+        try:
+            run_test(mode, target, module)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+        os.write(report_w, b"returned")
+        os._exit(0)
+    os.close(report_w)
+    try:
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the child cannot read this memory
+    except Exception:
+        pass
+    token = os.read(TOKEN_FD, 256).decode().strip()
+    os.close(TOKEN_FD)
+    report = b""
+    while True:
+        chunk = os.read(report_r, 64)
+        if not chunk or len(report) > 64:
+            break
+        report += chunk
+    _, status = os.waitpid(pid, 0)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and report == b"returned":
+        sys.stdout.write("\\n" + token + " PASS\\n")
+        sys.stdout.flush()
+        os._exit(0)
+    os._exit(1)
+
+
+main()
 '''
 
 
@@ -102,8 +163,19 @@ def parse_tests(task: dict[str, Any]) -> CodeTests:
     return CodeTests(cases, test_code)
 
 
-def populate(workspace: Path, tests: CodeTests, init_files: dict[str, str], entry: str, solution: str) -> None:
-    """The judged state: the init files, the agent's solution over them, the harness and test inputs."""
+def populate(
+    workspace: Path,
+    tests: CodeTests,
+    init_files: dict[str, str],
+    entry: str,
+    solution: str,
+    token: str | None = None,
+) -> None:
+    """The judged state: the init files, the agent's solution over them, the harness and test inputs.
+
+    `token` (for one assert test) goes to .eval/token, which the test's shell opens and deletes
+    before the harness starts.
+    """
     place_files(workspace, {**init_files, entry: solution})
     eval_files = {HARNESS: _HARNESS_SOURCE}
     if tests.test_code is not None:
@@ -113,29 +185,72 @@ def populate(workspace: Path, tests: CodeTests, init_files: dict[str, str], entr
             eval_files[f"{EVAL_DIR}/case_{i}.in"] = case.stdin
         if case.snippet is not None:
             eval_files[f"{EVAL_DIR}/case_{i}.py"] = case.snippet
+    if token is not None:
+        eval_files[TOKEN_FILE] = token
     place_files(workspace, eval_files)
 
 
-def run_tests(box: EvalBox, tests: CodeTests, entry: str, python: str, timeout_s: float) -> list[dict[str, Any]]:
-    """Run every case in its own process; one result dict per case."""
-    module = Path(entry).with_suffix("").as_posix().replace("/", ".")
+OpenBox = Callable[[Callable[[Path], None]], AbstractContextManager[EvalBox]]
+
+
+def run_isolated(
+    open_box: OpenBox,
+    tests: CodeTests,
+    init_files: dict[str, str],
+    entry: str,
+    solution: str,
+    python: str,
+    timeout_s: float,
+) -> list[dict[str, Any]]:
+    """Every case in its own fresh sandbox: `open_box(populate_fn)` gives a new box over a new workspace.
+
+    Nothing a test run writes survives into the next one.
+    """
     results = []
-    for i, case in enumerate(tests.cases):
-        if case.stdin is not None:
-            command = f"exec {_q(python)} {_q(entry)} < {EVAL_DIR}/case_{i}.in"
-            cap = max(64 * 1024, 2 * len(case.stdout or "") + 1024)
-            result = box.run(command, timeout_s, output_cap=cap)
-            results.append(_stdio_result(case, result))
-        else:
-            token = secrets.token_hex(16)
-            if case.snippet is not None:
-                mode, target = "snippet", f"{EVAL_DIR}/case_{i}.py"
-            else:
-                mode, target = "function", str(case.function)
-            command = f"ROLLOUTS_EVAL_TOKEN={token} exec {_q(python)} {HARNESS} {mode} {_q(target)} {_q(module)}"
-            result = box.run(command, timeout_s)
-            results.append(_assert_result(case, result, token))
+    for i in range(len(tests.cases)):
+        token = secrets.token_hex(16)
+
+        def fill(workspace: Path, token: str = token) -> None:
+            populate(workspace, tests, init_files, entry, solution, token)
+
+        with open_box(fill) as box:
+            results.append(run_case(box, tests, i, entry, python, timeout_s, token))
     return results
+
+
+def run_tests(box: EvalBox, tests: CodeTests, entry: str, python: str, timeout_s: float) -> list[dict[str, Any]]:
+    """Run every case in its own process over one shared box (see `run_isolated` for a box per case).
+
+    Each assert test needs its own token file, so this writes one before each assert test.
+    """
+    results = []
+    for i in range(len(tests.cases)):
+        token = secrets.token_hex(16)
+        if tests.cases[i].stdin is None:
+            place_files(box.workspace, {TOKEN_FILE: token})
+        results.append(run_case(box, tests, i, entry, python, timeout_s, token))
+    return results
+
+
+def run_case(
+    box: EvalBox, tests: CodeTests, index: int, entry: str, python: str, timeout_s: float, token: str
+) -> dict[str, Any]:
+    """Run case `index` (an assert test reads `token` from .eval/token, written by populate)."""
+    module = Path(entry).with_suffix("").as_posix().replace("/", ".")
+    case = tests.cases[index]
+    if case.stdin is not None:
+        command = f"exec {_q(python)} {_q(entry)} < {EVAL_DIR}/case_{index}.in"
+        cap = max(64 * 1024, 2 * len(case.stdout or "") + 1024)
+        return _stdio_result(case, box.run(command, timeout_s, output_cap=cap))
+    if case.snippet is not None:
+        mode, target = "snippet", f"{EVAL_DIR}/case_{index}.py"
+    else:
+        mode, target = "function", str(case.function)
+    command = (
+        f"exec 3< {TOKEN_FILE} && rm -f {TOKEN_FILE} && "
+        f"exec {_q(python)} -I {HARNESS} {mode} {_q(target)} {_q(module)}"
+    )
+    return _assert_result(case, box.run(command, timeout_s), token)
 
 
 def _q(text: str) -> str:
