@@ -64,6 +64,10 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
         wait_for(lambda: api.get("/v1/status").json()["stages"]["rollout"]["processes"] == 3, timeout=90,
                  what="three rollout workers")
 
+        status = _stack(slurm, config, "status").stdout
+        assert f"ROLLOUTS_API_URL={api_url}" in status
+        assert all(any(l.startswith(role) and "_" in l for l in status.splitlines()) for role in ("init", "vllm"))
+
         jobs = [{"task": {"kind": "scripted", "trace": str(trace_dir), "sleep": {"rollout": 0.5}}}] * 6
         ids = api.post("/v1/jobs", json=jobs).json()["job_ids"]
         for job_id in ids:
