@@ -57,3 +57,25 @@ def test_an_address_file_is_private_and_removed_only_by_the_job_that_owns_it(tmp
     assert published.stat().st_mode & 0o077 == 0
     _bash("rollouts_unpublish api", {**env, "SLURM_JOB_ID": "12"})
     assert not published.exists()
+
+
+def test_a_job_waits_for_an_address_and_ignores_one_whose_job_is_gone(tmp_path: Path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"  # answers like `squeue -h -j ID -t RUNNING -o %i`: only job 12 runs
+    squeue.write_text('#!/bin/bash\nfor a in "$@"; do [ "$a" = 12 ] && echo 12; done; exit 0\n')
+    squeue.chmod(0o755)
+    (tmp_path / "redis.env").write_text("ROLLOUTS_REDIS_URL=redis://old:1/0\nROLLOUTS_SLURM_REDIS_JOB=11\n")
+    env = {"ROLLOUTS_RUN_DIR": str(tmp_path), "ROLLOUTS_SLURM_WAIT_S": "2", "ROLLOUTS_SLURM_POLL_S": "0.2",
+           "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    script = f"source {REPO}/slurm/lib.sh; rollouts_wait_for redis ROLLOUTS_REDIS_URL; echo $ROLLOUTS_REDIS_URL"
+
+    stale = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert stale.returncode == 3 and "gave up waiting" in stale.stderr
+
+    (tmp_path / "redis.env").write_text("ROLLOUTS_REDIS_URL=redis://new:2/0\nROLLOUTS_SLURM_REDIS_JOB=12\n")
+    live = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert live.returncode == 0 and live.stdout.strip() == "redis://new:2/0"
+    configured = subprocess.run(["bash", "-c", script], env={**env, "ROLLOUTS_REDIS_URL": "redis://site:3/0"},
+                                capture_output=True, text=True, timeout=30)
+    assert configured.stdout.strip() == "redis://site:3/0"
