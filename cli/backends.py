@@ -24,8 +24,20 @@ from shared.config import Settings, get_settings
 log = logging.getLogger(__name__)
 
 
+_MAX_BACKOFF_S = 30.0
+
+
+class RegistrationRefused(click.ClickException):
+    """The API refused the registration for good (a 4xx: bad token, bad body)."""
+
+
 class Registration:
-    """Keeps one backend registered with the API: register, heartbeat, re-register if forgotten."""
+    """Keeps one backend registered with the API: register, heartbeat, re-register if forgotten.
+
+    API outages (connection errors, 5xx, a refused re-registration) never end it: it keeps
+    trying with exponential backoff (up to 30 s, or the heartbeat interval if longer) until
+    ``stop``.
+    """
 
     def __init__(self, client: ApiClient, body: dict[str, Any], interval_s: float) -> None:
         self.client = client
@@ -37,35 +49,90 @@ class Registration:
     def register(self) -> str:
         response = self.client.request("POST", "/v1/backends", json=self.body)
         if response.status_code != 201:
-            raise click.ClickException(f"registration refused ({response.status_code}): {response.text}")
+            kind = click.ClickException if response.status_code >= 500 else RegistrationRefused
+            raise kind(f"registration refused ({response.status_code}): {response.text[:500]}")
         self.backend_id = response.json()["id"]
         return self.backend_id
 
-    def beat(self) -> None:
+    def register_until_done(self) -> str | None:
+        """Register, riding out API outages with backoff; None if stopped first.
+
+        A 4xx (RegistrationRefused) is raised: retrying the same request cannot help.
+        """
+        failures = 0
+        while not self.stopped.is_set():
+            try:
+                backend_id = self.register()
+            except RegistrationRefused:
+                raise
+            except (httpx.HTTPError, click.ClickException) as exc:
+                failures += 1
+                delay = self._backoff(failures)
+                log.warning("registration failed (%s); retrying in %.1fs", _message(exc), delay)
+                self.stopped.wait(delay)
+                continue
+            if self.stopped.is_set():  # stopped while the request was in flight: do not linger
+                self._deregister()
+                return None
+            return backend_id
+        return None
+
+    def beat(self) -> bool:
+        """One heartbeat; re-registers if the API forgot the backend. False: the API did not take it."""
         response = self.client.request("POST", f"/v1/backends/{self.backend_id}/heartbeat")
         if response.status_code == 404:  # removed by an operator or a wiped Redis: come back
             log.warning("backend %s was forgotten by the API; registering again", self.backend_id)
             self.register()
-        elif response.status_code != 200:
+            return True
+        if response.status_code != 200:
             log.warning("heartbeat answered %s: %s", response.status_code, response.text[:200])
+            return False
+        return True
 
     def run(self) -> None:
-        """Heartbeat until ``stop``; API outages are logged and ridden out, never fatal."""
-        while not self.stopped.wait(self.interval_s):
+        """Heartbeat until ``stop``; API outages are logged and ridden out with backoff, never fatal."""
+        failures = 0
+        while not self.stopped.wait(self._backoff(failures) if failures else self.interval_s):
             try:
-                self.beat()
-            except httpx.HTTPError as exc:
-                log.warning("heartbeat failed: %s", exc)
+                ok = self.beat()
+            except (httpx.HTTPError, click.ClickException) as exc:
+                log.warning("heartbeat failed: %s", _message(exc))
+                ok = False
+            failures = 0 if ok else failures + 1
+
+    def _backoff(self, failures: int) -> float:
+        return min(self.interval_s * 2 ** min(failures, 16), max(_MAX_BACKOFF_S, self.interval_s))
 
     def stop(self) -> None:
         self.stopped.set()
-        if self.backend_id is None:
+        self._deregister()
+
+    def _deregister(self) -> None:
+        backend_id, self.backend_id = self.backend_id, None
+        if backend_id is None:
             return
         try:
-            response = self.client.request("DELETE", f"/v1/backends/{self.backend_id}")
-            log.info("deregistered %s (%s)", self.backend_id, response.status_code)
+            response = self.client.request("DELETE", f"/v1/backends/{backend_id}")
+            log.info("deregistered %s (%s)", backend_id, response.status_code)
         except httpx.HTTPError as exc:
             log.warning("deregistration failed (the pool will drop it after missed heartbeats): %s", exc)
+
+
+def _message(exc: Exception) -> str:
+    return exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+
+
+def register_when_up(server: Any, registration: Registration, poll_s: float = 0.1) -> None:
+    """Register once ``server`` (a uvicorn.Server) has started, then heartbeat; never if it failed to."""
+    while not server.started and not registration.stopped.is_set():
+        time.sleep(poll_s)
+    if registration.stopped.is_set() or not server.started:
+        return  # the server stopped (or never started: port taken, model failed to load)
+    backend_id = registration.register_until_done()
+    if backend_id is None:
+        return
+    click.echo(f"registered {backend_id} ({registration.body['url']})", err=True)
+    registration.run()
 
 
 def _admin_client(settings: Settings, api_url: str | None, token: str | None) -> ApiClient:
@@ -130,9 +197,11 @@ def register(backend_url: str, model: str, backend_id: str | None, wait_timeout:
     registration = Registration(_admin_client(settings, api_url, token), body, settings.llm_heartbeat_interval_s)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: registration.stopped.set())
-    click.echo(f"registered {registration.register()} ({backend_url}, {model})", err=True)
     try:
-        registration.run()
+        backend_id = registration.register_until_done()
+        if backend_id is not None:
+            click.echo(f"registered {backend_id} ({backend_url}, {model})", err=True)
+            registration.run()
     finally:
         registration.stop()
         registration.client.close()
@@ -170,13 +239,8 @@ def cpu_backend(host: str, port: int, model_dir: Path | None, do_register: bool,
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     thread = None
     if registration is not None:
-        def register_when_up() -> None:
-            while not server.started and not registration.stopped.is_set():
-                time.sleep(0.1)
-            click.echo(f"registered {registration.register()} ({registration.body['url']})", err=True)
-            registration.run()
-
-        thread = threading.Thread(target=register_when_up, name="backend-heartbeat", daemon=True)
+        thread = threading.Thread(target=register_when_up, args=(server, registration), name="backend-heartbeat",
+                                  daemon=True)
         thread.start()
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to whatever
     # handler was there before it; a no-op one lets us go on to deregister and exit 0.
@@ -187,4 +251,7 @@ def cpu_backend(host: str, port: int, model_dir: Path | None, do_register: bool,
     finally:
         if registration is not None:
             registration.stop()
+            if thread is not None:
+                thread.join(10)  # let a request in flight finish before its client is closed
+            registration._deregister()  # in case it registered while we were stopping
             registration.client.close()
