@@ -12,7 +12,7 @@ def main() -> None:
 
 def _register_commands() -> None:
     """Each area's commands live in their own module; add yours here."""
-    from cli import backends, batches, jobs, service
+    from cli import backends, batches, dashboard, jobs, service
 
     for command in (service.up, service.api, service.worker, service.run, jobs.submit, jobs.status):
         main.add_command(command)
@@ -20,6 +20,7 @@ def _register_commands() -> None:
     main.add_command(backends.cpu_backend)
     main.add_command(batches.batch)
     main.add_command(batches.export)
+    main.add_command(dashboard.dashboard)
 
 
 _register_commands()
