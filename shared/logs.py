@@ -8,6 +8,7 @@ import sys
 import time
 
 from shared.config import Settings
+from shared.log_context import ContextFilter
 
 
 class JsonFormatter(logging.Formatter):
@@ -28,10 +29,11 @@ class JsonFormatter(logging.Formatter):
 
 def setup_logging(settings: Settings) -> None:
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(ContextFilter())  # job id, stage, backend of the stage this thread runs
     if settings.log_json:
         handler.setFormatter(JsonFormatter())
     else:
-        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s%(context)s: %(message)s")
         formatter.converter = time.gmtime
         handler.setFormatter(formatter)
     root = logging.getLogger()

@@ -14,6 +14,7 @@ from typing import Any
 
 from rq.timeouts import JobTimeoutException
 
+from shared import log_context
 from shared.batches.hook import on_job_terminal
 from shared.config import STAGES
 from shared.jobs.queues import enqueue_stage, stage_timeout, total_timeout
@@ -25,7 +26,8 @@ from workers.runtime.state import WorkerState, log, state
 def run_stage(stage: str, job_id: str, worker_name: str | None = None) -> str:
     """Run `stage` for `job_id`; returns what happened (for logs and tests)."""
     started = time.monotonic()
-    outcome = _run_stage(stage, job_id, worker_name)
+    with log_context.bind(job_id=job_id, stage=stage):
+        outcome = _run_stage(stage, job_id, worker_name)
     state().metrics.stage_attempt(stage, outcome, time.monotonic() - started)
     return outcome
 
