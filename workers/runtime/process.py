@@ -20,7 +20,8 @@ from types import FrameType
 
 from redis.client import PubSub, PubSubWorkerThread
 from rq import Queue
-from rq.registry import clean_registries
+from rq.registry import DeferredJobRegistry, FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+from rq.timeouts import TimerDeathPenalty
 from rq.worker_registration import clean_worker_registry
 
 from shared.backend_pool import BackendPool
@@ -161,7 +162,7 @@ class WorkerProcess:
             try:
                 if queue.acquire_maintenance_lock():
                     try:
-                        clean_registries(queue)
+                        _clean_registries(queue)
                         clean_worker_registry(queue)
                         queue.intermediate_queue.cleanup(self.slots[0], queue)
                     finally:
@@ -207,3 +208,21 @@ class WorkerProcess:
         # Redis went away: keep the thread alive; the status sweep covers the gap.
         log.warning("events subscription interrupted (%s); retrying", exc)
         time.sleep(1.0)
+
+
+def _clean_registries(queue: Queue) -> None:
+    """rq's clean_registries, with a death penalty that works off the main thread.
+
+    Cleaning the started registry runs the failure callback of each abandoned job under
+    the registry's death penalty; rq's default arms SIGALRM, which only the main thread
+    may do, and maintenance runs on its own thread.
+    """
+    for registry_class in (FinishedJobRegistry, StartedJobRegistry, FailedJobRegistry, DeferredJobRegistry):
+        registry = registry_class(
+            queue.name,
+            connection=queue.connection,
+            job_class=queue.job_class,
+            serializer=queue.serializer,
+            death_penalty_class=TimerDeathPenalty,
+        )
+        registry.cleanup()
