@@ -1,0 +1,51 @@
+"""A task kind whose rollout returns a real Trajectory record (turns, tool calls, tokens), for the viewer test.
+
+Loaded by workers through ROLLOUTS_TASK_MODULES; no LLM needed: the trajectory is built with
+the same `Trajectory.append` the agent loop uses, from fixed byte-level token ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.tasks import StageContext, TaskKind, register
+from shared.trajectory import ASSISTANT, OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
+
+
+def _ids(text: str) -> list[int]:
+    return list(text.encode())
+
+
+def sample_trajectory() -> Trajectory:
+    trajectory = Trajectory(stop_reason="finished", answer="42")
+    prompt = "<user>What is 6 x 7? Use the shell.</user>"
+    trajectory.append(Turn(role=PROMPT, start=0, end=0, text=prompt), _ids(prompt))
+    first = "Let me compute it. <bash>echo $((6*7))</bash>"
+    call = ToolCallRecord(name="bash", arguments={"command": "echo $((6*7))"}, raw="<bash>echo $((6*7))</bash>",
+                          output="42\n", exit_code=0, duration_s=0.031)
+    trajectory.append(Turn(role=ASSISTANT, start=0, end=0, text=first, tool_calls=[call], backend_id="cpu-1",
+                           finish_reason="stop", latency_s=0.12), _ids(first), [-0.5] * len(first))
+    observation = "<tool>42</tool>"
+    trajectory.append(Turn(role=OBSERVATION, start=0, end=0, text=observation, duration_s=0.031), _ids(observation))
+    last = "The answer is 42. <finish>42</finish>"
+    finish = ToolCallRecord(name="finish", arguments={"answer": "42"}, raw="<finish>42</finish>", output="Finished.")
+    trajectory.append(Turn(role=ASSISTANT, start=0, end=0, text=last, tool_calls=[finish], backend_id="cpu-1",
+                           finish_reason="stop", latency_s=0.08), _ids(last), [-0.25] * len(last))
+    return trajectory
+
+
+@register
+class ViewerDemoKind(TaskKind):
+    name = "viewer-demo"
+
+    def validate(self, task: dict[str, Any]) -> None:
+        return None
+
+    def init(self, ctx: StageContext) -> dict[str, Any]:
+        return {}
+
+    def rollout(self, ctx: StageContext) -> dict[str, Any]:
+        return sample_trajectory().to_dict()
+
+    def evaluate(self, ctx: StageContext) -> dict[str, Any]:
+        return {"reward": 0.75}
