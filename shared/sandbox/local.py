@@ -91,10 +91,12 @@ def bwrap_command(
             cmd += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             cmd += ["--ro-bind", path, path]
+    # The private /tmp goes first: a Python or checkout that lives under the host's /tmp
+    # (a CI clone, a scratch venv) is bound on top of it, not hidden beneath it.
+    cmd += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp"]
     for path in ro_paths:
         cmd += [*_traversable_parents(path), "--ro-bind", path, path]
     cmd += ["--proc", "/proc", "--dev", "/dev"]
-    cmd += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp"]
     cmd += [*_traversable_parents(workdir), "--bind", str(workspace), workdir]
     cmd += [*_traversable_parents(str(runtime_dir)), "--bind", str(runtime_dir), str(runtime_dir)]
     cmd += ["--chdir", workdir, "--clearenv"]
