@@ -26,6 +26,11 @@ rollouts_load_env_file() {
   done < "$file"
 }
 
+# A URL for the logs: its password, if any, replaced by ***.
+rollouts_redact() {
+  sed -E 's#//([^:@/]*):[^@/]*@#//\1:***@#' <<< "$1"
+}
+
 rollouts_log() {
   local job=${SLURM_JOB_ID:-local}
   [ -n "${SLURM_ARRAY_JOB_ID:-}" ] && job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}
@@ -70,7 +75,7 @@ rollouts_publish() {
     > "$file.tmp.$$")
   mv -f "$file.tmp.$$" "$file"
   trap "rollouts_unpublish '$name'" EXIT
-  rollouts_log "published $var=$value in $file"
+  rollouts_log "published $var=$(rollouts_redact "$value") in $file"
 }
 
 # Removes "<name>.env" if it is still this job's: a replacement may have published since.
@@ -93,7 +98,7 @@ rollouts_wait_for() {
       owner=$(sed -n "s/^ROLLOUTS_SLURM_${name^^}_JOB=//p" "$file")
       if [ -z "$owner" ] || [ -n "$(squeue -h -j "$owner" -t RUNNING -o %i 2>/dev/null)" ]; then
         rollouts_load_env_file "$file"
-        rollouts_log "found $var=${!var}"
+        rollouts_log "found $var=$(rollouts_redact "${!var}")"
         return 0
       fi
     fi

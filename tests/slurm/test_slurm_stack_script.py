@@ -101,3 +101,4 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
         assert not slurm.tasks(job_id), f"job {job_id} still queued after down"
     assert not (run_dir / "api.env").exists() and not (run_dir / "redis.env").exists()
     assert list((run_dir / "redis").glob("appendonly*")), "Redis kept no data on shared storage"
+    assert not [log.name for log in (run_dir / "logs").iterdir() if "s3cret" in log.read_text()]
