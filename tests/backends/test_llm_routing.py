@@ -160,3 +160,28 @@ def test_a_misnamed_registration_uses_the_one_served_model(pool: BackendPool,
 def test_no_backend_at_all_is_still_no_backend_available(pool: BackendPool) -> None:
     with scripted_client(lambda request: httpx.Response(500)) as client, pytest.raises(NoBackendAvailable):
         complete_routed(pool, client, "job-1", [1], Sampling(max_tokens=1))
+
+
+def test_a_reloaded_policy_version_is_followed(pool: BackendPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU backend serves its policy version as the model name; a weight reload renames it."""
+    monkeypatch.setattr(llm_routing, "_served_names", {})
+    pool.register("http://a:8000", "policy-0")
+    current = {"name": "policy-0"}
+    models: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [{"id": current["name"]}]})
+        model = json.loads(request.content).get("model")
+        models.append(model)
+        if model != current["name"]:
+            return httpx.Response(404, json={"error": {"message": "no such model", "code": 404}})
+        return httpx.Response(200, json=completion([3], model=current["name"]))
+
+    with scripted_client(handler) as client:
+        assert complete_routed(pool, client, "job-1", [1], Sampling(max_tokens=1)).model == "policy-0"
+        current["name"] = "policy-1"
+        assert complete_routed(pool, client, "job-1", [1], Sampling(max_tokens=1)).model == "policy-1"
+        current["name"] = "policy-2"
+        assert complete_routed(pool, client, "job-1", [1], Sampling(max_tokens=1)).model == "policy-2"
+    assert models == ["policy-0", "policy-0", "policy-1", "policy-1", "policy-2"]

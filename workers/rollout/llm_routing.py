@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 # registered under a name they do not serve (see _model_not_served).
 _served_names: dict[tuple[str, str], str] = {}
 _served_lock = threading.Lock()
+# How many times one call follows a rename (a weight reload may land between /v1/models and the retry).
+_RENAME_RETRIES = 2
 
 
 def complete_routed(
@@ -87,15 +89,17 @@ def complete_routed(
 def _complete_on(client: LLMClient, pin: Pin, prompt_token_ids: list[int], sampling: Sampling) -> Completion:
     key = (pin.url, pin.model)
     model = _served_names.get(key, pin.model) or None
-    try:
-        return client.complete(pin.url, prompt_token_ids, sampling, model=model, backend_id=pin.backend_id)
-    except BackendRequestError as exc:
-        served = _model_not_served(client, pin, model, exc)
-        if served is None:
-            raise
-        with _served_lock:
-            _served_names[key] = served
-        return client.complete(pin.url, prompt_token_ids, sampling, model=served, backend_id=pin.backend_id)
+    for _ in range(_RENAME_RETRIES):
+        try:
+            return client.complete(pin.url, prompt_token_ids, sampling, model=model, backend_id=pin.backend_id)
+        except BackendRequestError as exc:
+            served = _model_not_served(client, pin, model, exc)
+            if served is None:
+                raise
+            with _served_lock:
+                _served_names[key] = served
+            model = served
+    return client.complete(pin.url, prompt_token_ids, sampling, model=model, backend_id=pin.backend_id)
 
 
 def _model_not_served(client: LLMClient, pin: Pin, model: str | None, exc: BackendRequestError) -> str | None:
