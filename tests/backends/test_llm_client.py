@@ -197,3 +197,18 @@ def test_token_ids_are_cross_checked_against_token_id_strings() -> None:
     with scripted(response_with([5, 6], ["token_id:5", "token_id:9"])) as client:
         with pytest.raises(BadBackendResponse, match="disagree"):
             client.complete("http://b", [1], Sampling(max_tokens=2))
+
+
+def test_routed_call_to_a_real_backend_registered_under_another_name(
+    cpu_backend: CpuBackendProcess, client: LLMClient, redis, settings, tiny_model_dir: Path
+) -> None:
+    """A backend registered as "tiny" that serves its model dir's name still answers (with a warning)."""
+    from shared.backend_pool import BackendPool
+    from shared.keys import Keys
+    from workers.rollout.llm_routing import complete_routed
+
+    pool = BackendPool(redis, Keys(settings.redis_prefix), settings)
+    pool.register(cpu_backend.url, "tiny")
+    turn = complete_routed(pool, client, "job-1", [104, 105], Sampling(max_tokens=2, ignore_eos=True))
+    assert turn.model == tiny_model_dir.name and len(turn.token_ids) == 2
+    pool.release("job-1")
