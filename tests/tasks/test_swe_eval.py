@@ -78,7 +78,8 @@ def test_deleting_the_tests_earns_nothing(make_ctx: MakeCtx, tmp_path: Path) -> 
 
 
 def test_reference_patch_resolves_and_empty_diff_does_not(make_ctx: MakeCtx) -> None:
-    assert _evaluate(make_ctx, {"diff": TASK["patch"]})["reward"] == 1.0
+    reference = _evaluate(make_ctx, {"diff": TASK["patch"]})
+    assert reference["reward"] == 1.0, str(reference)
     empty = _evaluate(make_ctx, {"diff": ""})
     assert empty["reward"] == 0.0 and set(empty["FAIL_TO_PASS"].values()) == {"failed"}
 
@@ -180,3 +181,72 @@ def test_junit_report_node_ids_and_outcomes(tmp_path: Path) -> None:
         "tests/test_mix.py::test_setup_error": "error",
     }
     assert parse_junit(tmp_path / "missing.xml") == {}
+
+
+# --- faking the test run ---------------------------------------------------------------------------
+
+FAKE_PYTEST = (
+    "import sys\n"
+    "report = [a.split('=', 1)[1] for a in sys.argv if a.startswith('--junitxml=')][0]\n"
+    "names = ['test_collapses_separators', 'test_strips_edges', 'test_simple_word', 'test_lowercases']\n"
+    "cases = ''.join(\n"
+    "    '<testcase file=\"tests/test_core.py\" classname=\"tests.test_core\" name=\"%s\"/>' % n for n in names\n"
+    ")\n"
+    "with open(report, 'w') as handle:\n"
+    "    handle.write('<testsuite>%s</testsuite>' % cases)\n"
+)
+
+
+@pytest.mark.parametrize("path", ["pytest.py", "_pytest/__init__.py", "sitecustomize.py"])
+def test_a_diff_that_shadows_pytest_does_not_resolve(make_ctx: MakeCtx, tmp_path: Path, path: str) -> None:
+    extra = _rollout(make_ctx, tmp_path, [("create", {"path": path, "file_text": FAKE_PYTEST})])
+    result = _evaluate(make_ctx, extra)
+    assert result["reward"] == 0.0 and result["resolved"] is False
+    assert path in result["restored_test_files"]
+    assert set(result["FAIL_TO_PASS"].values()) == {"failed"}
+
+
+def test_xfail_in_the_agents_source_is_not_a_pass(make_ctx: MakeCtx, tmp_path: Path) -> None:
+    """pytest.xfail() in slugify turns every failing test into an xfail: that resolves nothing."""
+    xfail = ("    text = text.lower()\n", "    text = text.lower()\n    import pytest\n\n    pytest.xfail('later')\n")
+    extra = _rollout(
+        make_ctx, tmp_path, [("str_replace", {"path": "slugkit/core.py", "old_str": xfail[0], "new_str": xfail[1]})]
+    )
+    result = _evaluate(make_ctx, extra)
+    assert set(result["FAIL_TO_PASS"].values()) == {"xfailed"}
+    assert result["reward"] == 0.0 and result["resolved"] is False
+
+
+def test_files_named_by_node_ids_are_restored(make_ctx: MakeCtx, tmp_path: Path) -> None:
+    """A test file outside the test-path pattern and the test patch is judged as it is at the base."""
+    from shared.tasks.swe_instance import snapshot_commit
+
+    source = tmp_path / "repo"
+    shutil.copytree(EXAMPLES / "swe" / "repos" / "slugkit", source)
+    check = "from slugkit.core import slugify\n\n\ndef test_selfcheck():\n    assert slugify('a - b') == 'a-b'\n"
+    (source / "slugkit" / "selfcheck.py").write_text(check)
+    task = {
+        **TASK,
+        "repo_path": str(source),
+        "base_commit": snapshot_commit(source),
+        "FAIL_TO_PASS": ["slugkit/selfcheck.py::test_selfcheck"],
+    }
+    weakened = (
+        "diff --git a/slugkit/selfcheck.py b/slugkit/selfcheck.py\n--- a/slugkit/selfcheck.py\n"
+        "+++ b/slugkit/selfcheck.py\n@@ -4,2 +4,2 @@\n def test_selfcheck():\n"
+        "-    assert slugify('a - b') == 'a-b'\n+    assert True\n"
+    )
+    get_kind("swe").validate(task)
+    result = get_kind("swe").evaluate(make_ctx(task, outputs=rollout(diff=weakened)))
+    assert result["patch_applied"] is True and "slugkit/selfcheck.py" in result["restored_test_files"]
+    assert result["FAIL_TO_PASS"] == {"slugkit/selfcheck.py::test_selfcheck": "failed"}
+    assert result["reward"] == 0.0
+
+
+def test_shadowing_paths() -> None:
+    from workers.eval.swe_resolve import shadows_tooling
+
+    for path in ("pytest.py", "src/py.py", "_pytest/main.py", "pytest/__init__.py", "a/b/x.pth", "sitecustomize.py"):
+        assert shadows_tooling(path), path
+    for path in ("slugkit/core.py", "pytest_plugin_docs.md", "mypy.py"):
+        assert not shadows_tooling(path), path

@@ -10,6 +10,20 @@ sandbox (the agent's patch is untrusted: symlinks, hooks, odd paths).
 
 Per-test outcomes come from pytest's JUnit XML report (xunit1, which keeps
 file paths), not from the text output that the code under test can print into.
+
+A test counts only if it *passed*: unlike SWE-bench, an xfail is not a pass
+(for FAIL_TO_PASS nor PASS_TO_PASS), since a ``pytest.xfail()`` call in the
+agent's source turns any failing test into an xfail.
+
+The agent's diff must not replace the test tooling: files that shadow pytest
+or run at interpreter start-up (pytest.py, py.py, a pytest/ or _pytest/
+package, sitecustomize.py, usercustomize.py, *.pth) are put back to the base
+like test files, every file a FAIL_TO_PASS/PASS_TO_PASS node id names is
+restored too (whatever its name), and pytest is started without the working
+directory first on sys.path (a bootstrap moves it last, so installed packages
+win over same-named files in the repository, on any Python version; ``python
+-P`` would drop it altogether, and a repository that is not installed could not
+import itself).
 """
 
 from __future__ import annotations
@@ -26,7 +40,19 @@ from workers.eval.fresh_sandbox import EvalBox
 
 GIT_TIMEOUT_S = 120.0
 MAX_REPORT_BYTES = 20 * 1024 * 1024
-PASSING = {"passed", "xfailed"}
+PASSING = {"passed"}
+_SHADOW_NAMES = {"pytest.py", "py.py", "sitecustomize.py", "usercustomize.py"}
+_SHADOW_DIRS = {"pytest", "_pytest", "py"}
+# Run pytest with the working directory (the agent's repository root) last on sys.path, not first:
+# installed packages (pytest itself) win over same-named files there; the repository stays importable.
+_PYTEST_BOOT = (
+    "import os, sys\n"
+    "if sys.path and sys.path[0] in ('', '.', os.getcwd()):\n"
+    "    del sys.path[0]\n"
+    "sys.path.append(os.getcwd())\n"
+    "import pytest\n"
+    "sys.exit(pytest.main(sys.argv[1:]))\n"
+)
 _TEST_PATH = re.compile(
     r"(^|/)(tests?|testing)/|(^|/)test_[^/]*\.py$|_tests?\.py$|(^|/)conftest\.py$|(^|/)(pytest|tox)\.ini$"
 )
@@ -37,12 +63,22 @@ def is_test_path(path: str) -> bool:
     return bool(_TEST_PATH.search(path))
 
 
+def shadows_tooling(path: str) -> bool:
+    """Paths that would replace pytest or run at interpreter start-up if the agent wrote them."""
+    parts = path.split("/")
+    return parts[-1] in _SHADOW_NAMES or parts[-1].endswith(".pth") or any(p in _SHADOW_DIRS for p in parts[:-1])
+
+
 def restore_set(instance: SweInstance, agent_diff: str) -> list[str]:
-    """Files put back to the base commit before the test patch: the test patch's own, and any
-    test file the agent touched."""
+    """Files put back to the base commit before the test patch: the test patch's own, the files the
+    FAIL_TO_PASS/PASS_TO_PASS node ids name, and any test or tooling-shadowing file the agent touched."""
     paths = list(instance.test_files)
+    for test in (*instance.fail_to_pass, *instance.pass_to_pass):
+        path = test.split("::", 1)[0]
+        if path and path not in paths:
+            paths.append(path)
     for path in patch_paths(agent_diff):
-        if is_test_path(path) and path not in paths:
+        if (is_test_path(path) or shadows_tooling(path)) and path not in paths:
             paths.append(path)
     return paths
 
@@ -101,7 +137,7 @@ def run_pytest(
     files = sorted({test.split("::", 1)[0] for test in test_ids})
     report = box.runtime / "report.xml"
     argv = [
-        python, "-m", "pytest", "--rootdir=.", "-p", "no:cacheprovider", "-o", "addopts=",
+        python, "-c", _PYTEST_BOOT, "--rootdir=.", "-p", "no:cacheprovider", "-o", "addopts=",
         "-o", "junit_family=xunit1", f"--junitxml={report}", "-q", "--tb=short", "--", *files,
     ]  # fmt: skip
     result = box.run(argv, timeout_s)
@@ -135,7 +171,7 @@ def parse_junit(report: Path) -> dict[str, str]:
             if child.tag == "skipped":
                 outcome = "xfailed" if (child.get("type") or "") == "pytest.xfail" else "skipped"
         previous = outcomes.get(node_id)
-        if previous is None or previous in PASSING:  # a teardown error after a pass still fails the test
+        if previous is None or previous in ("passed", "xfailed"):  # a teardown error after a pass still fails it
             outcomes[node_id] = outcome
     return outcomes
 
