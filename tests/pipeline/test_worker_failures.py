@@ -54,10 +54,12 @@ def test_a_job_whose_worker_dies_with_no_retries_left_fails_with_a_reason(make_s
     assert not (stack.settings.workspaces / job_id).exists()
 
 
-def test_sigterm_hands_running_jobs_back_to_the_queue(make_stack, trace_dir):
+@pytest.mark.parametrize("crashes", [False, True], ids=["stops-cleanly", "crashes-while-stopping"])
+def test_sigterm_hands_running_jobs_back_to_the_queue(make_stack, trace_dir, crashes):
     stack = make_stack(env={"ROLLOUTS_DRAIN_TIMEOUT_S": "1"})
     api = client_for(stack)
-    job = {"task": {"kind": "scripted", "trace": str(trace_dir), "sleep": {"rollout": 60}, "sleep_first_attempt_only": True}}
+    task = {"kind": "scripted", "trace": str(trace_dir), "sleep": {"rollout": 60}, "sleep_first_attempt_only": True}
+    job = {"task": {**task, "crash_when_interrupted": crashes}}
     job_id = api.post("/v1/jobs", json=job).json()["job_ids"][0]
     _running_pid(trace_dir, job_id, "rollout")
     draining = stack.workers["rollout"][0]

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from shared.tasks import StageContext, TaskKind, TaskValidationError, register
+from shared.tasks import StageContext, StageInterrupted, TaskKind, TaskValidationError, register
 
 
 def _trace(ctx: StageContext, event: str) -> None:
@@ -35,7 +35,12 @@ class ScriptedKind(TaskKind):
         ctx.partial["progress"] = f"{ctx.stage} started"
         seconds = float(ctx.task.get("sleep", {}).get(ctx.stage, 0))
         if seconds and (not ctx.task.get("sleep_first_attempt_only") or ctx.attempt == 1):
-            ctx.sleep(seconds)
+            try:
+                ctx.sleep(seconds)
+            except StageInterrupted:
+                if ctx.task.get("crash_when_interrupted"):  # like a sandbox killed by the same signal
+                    raise RuntimeError("the sandbox died under us") from None
+                raise
         if ctx.task.get("fail") == ctx.stage:
             raise RuntimeError(f"scripted failure in {ctx.stage}")
         _trace(ctx, "end")

@@ -97,6 +97,7 @@ class WorkerProcess:
             log.warning("%s: second signal, exiting now; in-flight jobs will be re-queued by rq", self.state.process_name)
             raise SystemExit(1)
         log.info("%s: %s received, draining", self.state.process_name, signal.Signals(signum).name)
+        self.state.draining.set()
         self._stop.set()
 
     def _run_slot(self, slot: SlotWorker) -> None:

@@ -89,6 +89,11 @@ def _run_stage(stage: str, job_id: str, worker_name: str | None) -> str:
         ctx.run_cleanups()
 
     if error is not None:
+        if st.draining.is_set():
+            # The process is being stopped (a plain scancel signals every process of the task,
+            # sandboxes included): the error is likely the stop's, so another worker retries it.
+            log.warning("job %s: %s raised while this worker drains; handing it back", job_id, stage)
+            return _interrupted(st, ctx, "requeue", limit)
         return _finish(st, job_id, stage, "failed", error, ctx.partial, guard)
     if interrupted is None and ctx.interrupted in ("cancelled", "superseded"):
         interrupted = ctx.interrupted  # arrived just as the handler returned: it wins

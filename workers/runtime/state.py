@@ -6,7 +6,8 @@ import logging
 import os
 import shutil
 import socket
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from redis import Redis
@@ -30,6 +31,8 @@ class WorkerState:
     inflight: InflightJobs
     process_name: str
     metrics: MetricsRecorder
+    # Set once the process was told to stop: a stage failing now is handed back, not failed.
+    draining: threading.Event = field(default_factory=threading.Event)
 
     def workspace(self, job_id: str) -> Path:
         return self.settings.workspaces / job_id
