@@ -213,3 +213,28 @@ def test_cancellation_raises_and_leaves_a_consistent_partial_record(scripted_llm
     partial = harness.loop.trajectory
     partial.validate()
     assert partial.counts.turns == 2 and partial.turns[-1].role == "assistant"
+
+
+def test_a_parser_that_raises_becomes_a_malformed_call(scripted_llm: ScriptedLLM, tokenizer: Any) -> None:
+    """A parser's contract is never to raise on model output; if one does, the job still goes on."""
+    scripted_llm.scripts["boom"] = ["<tool_call>anything</tool_call>", call("finish", answer="ok")]
+    harness = Harness(scripted_llm, tokenizer, lambda *a: pytest.fail("no tool may run"))
+    real = harness.loop.parser
+    calls = []
+
+    class Raising:
+        name = real.name
+        call_format = real.call_format
+
+        def parse(self, text: str) -> Any:
+            calls.append(text)
+            if len(calls) == 1:
+                raise RecursionError("maximum recursion depth exceeded")
+            return real.parse(text)
+
+    harness.loop.parser = Raising()
+    record = harness.run(task("boom"))
+    assert record.stop_reason == "finish" and record.answer == "ok"
+    assert record.counts.malformed_tool_calls == 1
+    error = record.turns[1].tool_calls[0].error
+    assert "could not be parsed" in error and "RecursionError" in error

@@ -74,3 +74,27 @@ def test_llama3_json_malformed_calls_become_errors(text: str, error: str) -> Non
 def test_llama3_json_plain_text_is_content() -> None:
     result = get_parser("llama3_json").parse("I think the answer is 7.")
     assert result.calls == [] and result.content == "I think the answer is 7."
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<tool_call>" + "[" * 100_000 + "</tool_call>",  # RecursionError inside json
+        '<tool_call>{"name": "bash", "arguments": {"n": ' + "7" * 5000 + "}}</tool_call>",  # int over 4300 digits
+        '<tool_call>{"name": "bash", "arguments": "' + "[" * 100_000 + '"}</tool_call>',
+        '<tool_call>{"name": "bash", "arguments": "{\\"n\\": ' + "7" * 5000 + '}"}</tool_call>',
+    ],
+    ids=["deep", "huge_int", "deep_string_arguments", "huge_int_string_arguments"],
+)
+def test_json_that_hits_a_decoder_limit_is_a_malformed_call(text: str) -> None:
+    result = get_parser("hermes").parse(text)
+    assert len(result.calls) == 1 and result.calls[0].error and "not valid JSON" in result.calls[0].error
+
+
+@pytest.mark.parametrize(
+    "body",
+    ['{"name": "bash", "parameters": ' + "[" * 100_000, '{"name": "bash", "parameters": {"n": ' + "7" * 5000 + "}}"],
+)
+def test_llama3_json_decoder_limits_are_malformed_calls(body: str) -> None:
+    result = get_parser("llama3_json").parse(body)
+    assert len(result.calls) == 1 and "not valid JSON" in (result.calls[0].error or "")

@@ -28,7 +28,7 @@ from shared.toolserver.schemas import validate_call
 from shared.trajectory import ASSISTANT, OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
 from workers.rollout.chat_delta import ChatRenderer
 from workers.rollout.llm_client import BackendRequestError, Completion, Sampling
-from workers.rollout.tool_parsers import ParsedCall, ToolParser
+from workers.rollout.tool_parsers import ParsedCall, ParseResult, ToolParser
 
 FINISH_TOOL = "finish"
 # vLLM's (and the CPU backend's) 400 for a request past the model's context.
@@ -127,7 +127,7 @@ class AgentLoop:
         completion = self._generate_within_context()
         stopped_on_token = self._ends_with_stop_token(completion)
         content, stop_text = self.renderer.split_generation(completion.token_ids, stopped_on_token)
-        parsed = self.parser.parse(content)
+        parsed = self._parse(content)
         turn = Turn(
             role=ASSISTANT,
             start=0,
@@ -164,6 +164,15 @@ class AgentLoop:
         self.history += [{"role": "assistant", "content": content}, *observation]
 
     # --- pieces ------------------------------------------------------------------
+    def _parse(self, content: str) -> ParseResult:
+        """The parser's reading of `content`; a parser that raises anyway (its contract is never to)
+        yields one malformed call, so the model sees an error observation and the job goes on."""
+        try:
+            return self.parser.parse(content)
+        except Exception as exc:  # noqa: BLE001 - model output must never fail the job
+            error = f"the tool call could not be parsed: {type(exc).__name__}: {str(exc)[:200]}"
+            return ParseResult(content=content, calls=[ParsedCall(raw=content, error=error)])
+
     def _generate_within_context(self) -> Completion:
         """One generation whose max_tokens fits what is left of the context.
 

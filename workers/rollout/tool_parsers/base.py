@@ -62,9 +62,19 @@ def call_from_json(raw: str, payload: str, argument_keys: tuple[str, ...]) -> Pa
     """Decode `{"name": ..., <argument key>: {...}}`; malformed input becomes a call with `error` set."""
     try:
         obj = json.loads(payload)
-    except json.JSONDecodeError as exc:
-        return ParsedCall(raw=raw, error=f"tool call is not valid JSON: {exc.msg} at position {exc.pos}")
+    except (ValueError, RecursionError) as exc:
+        return ParsedCall(raw=raw, error=f"tool call is not valid JSON: {json_error(exc)}")
     return call_from_object(raw, obj, argument_keys)
+
+
+def json_error(exc: BaseException) -> str:
+    """What is wrong with some JSON: json's own message, or the limit it hit (nesting depth, an
+    integer literal of over 4300 digits), which json raises as RecursionError or ValueError."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at position {exc.pos}"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc)[:200]
 
 
 def call_from_object(raw: str, obj: Any, argument_keys: tuple[str, ...]) -> ParsedCall:
@@ -81,8 +91,9 @@ def call_from_object(raw: str, obj: Any, argument_keys: tuple[str, ...]) -> Pars
     if isinstance(arguments, str):  # some models encode the arguments as a JSON string (OpenAI style)
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            return ParsedCall(raw=raw, name=name, error=f"arguments of {name} are not valid JSON: {exc.msg}")
+        except (ValueError, RecursionError) as exc:
+            message = exc.msg if isinstance(exc, json.JSONDecodeError) else json_error(exc)
+            return ParsedCall(raw=raw, name=name, error=f"arguments of {name} are not valid JSON: {message}")
     if not isinstance(arguments, dict):
         return ParsedCall(raw=raw, name=name, error=f"arguments of {name} must be a JSON object")
     return ParsedCall(raw=raw, name=name, arguments=arguments)

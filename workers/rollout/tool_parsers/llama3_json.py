@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import json
 
-from workers.rollout.tool_parsers.base import ParsedCall, ParseResult, ToolParser, call_from_object, register_parser
+from workers.rollout.tool_parsers.base import (
+    ParsedCall,
+    ParseResult,
+    ToolParser,
+    call_from_object,
+    json_error,
+    register_parser,
+)
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -39,8 +46,8 @@ class Llama3JsonParser(ToolParser):
         while position < len(body):
             try:
                 obj, end = decoder.raw_decode(body, position)
-            except json.JSONDecodeError as exc:
-                error = f"tool call is not valid JSON: {exc.msg} at position {exc.pos}"
+            except (ValueError, RecursionError) as exc:
+                error = f"tool call is not valid JSON: {json_error(exc)}"
                 calls.append(ParsedCall(raw=body[position:], error=error))
                 break
             calls.append(call_from_object(body[position:end], obj, ("parameters", "arguments")))
