@@ -79,11 +79,6 @@ class Keys:
         return f"{self.prefix}:llm:load"
 
     @property
-    def backend_heartbeats(self) -> str:
-        """Sorted set: backend id -> time of its last heartbeat."""
-        return f"{self.prefix}:llm:beats"
-
-    @property
     def llm_routes(self) -> str:
         """Hash: route key (job or GRPO group id) -> pinned backend id."""
         return f"{self.prefix}:llm:routes"
