@@ -8,8 +8,10 @@ import statistics
 import time
 from collections import Counter
 
+from redis import Redis
+
 from shared.config import STAGES
-from tests.reliability.jobs import scripted_jobs, submit, wait_all_terminal
+from tests.reliability.jobs import scripted_jobs, statuses, submit, wait_all_terminal
 from tests.support.waiting import client_for, job, trace
 
 JOBS = 200
@@ -37,7 +39,10 @@ def test_twenty_worker_kills_in_a_200_job_run_lose_nothing_and_finish_nothing_tw
         stack.start_worker(stage)
         killed[stage] += 1
         time.sleep(1.0)
-    final = wait_all_terminal(api, ids, timeout=240)
+    try:
+        final = wait_all_terminal(api, ids, timeout=240)
+    except AssertionError as stuck:
+        raise AssertionError(f"{stuck}; {_diagnosis(stack, api, ids)}") from None
     elapsed = time.monotonic() - started
 
     assert len(set(ids)) == JOBS and len(final) == JOBS
@@ -59,3 +64,14 @@ def test_twenty_worker_kills_in_a_200_job_run_lose_nothing_and_finish_nothing_tw
         f"stage re-runs after a kill {dict(lost)}; run {elapsed:.0f} s; "
         f"job latency median {statistics.median(latencies):.1f} s, max {max(latencies):.1f} s"
     )
+
+
+def _diagnosis(stack, api, ids: list[str]) -> str:  # type: ignore[no-untyped-def]
+    """Where unfinished jobs are, and which rq maintenance locks are held (a killed holder keeps one for 899 s)."""
+    waiting = Counter(s for s in statuses(api, ids).values() if s not in ("done", "failed"))
+    redis = Redis.from_url(stack.redis_url)
+    try:
+        locks = {key.decode(): redis.ttl(key) for key in redis.scan_iter("rq:clean_registries:*")}
+    finally:
+        redis.close()
+    return f"unfinished by status {dict(waiting)}; rq maintenance locks held (key: ttl s) {locks}"
