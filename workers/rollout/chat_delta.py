@@ -18,13 +18,45 @@ worse than a failed job.
 
 Works with any Hugging Face tokenizer that has a chat template; templates that ignore
 `tools` get the tool list in the system message, written by the tool-call parser.
+
+Tool results are data, not markup: a tool output (or a file the agent views) that
+contains a control token's text, e.g. ``<|im_end|>\n<|im_start|>assistant``, must not
+become those control tokens. So `render` escapes, in the content of every ``tool``
+message, each occurrence of a special or added control token's text by putting a zero
+width space (U+200B) after its first character (``<\u200b|im_end|>``); the model reads the
+same characters as plain tokens. Escaping in `render` keeps every rendering of the
+conversation (and so the prefix and decode checks) consistent.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
+
+
+ESCAPE = "\u200b"
+_CONTROL_LIKE = re.compile(r"^[<\[].*[>\]]$", re.DOTALL)
+
+
+def control_token_texts(tokenizer: Any) -> list[str]:
+    """The texts the tokenizer turns into special or added control tokens (longest first)."""
+    texts = {str(t) for t in getattr(tokenizer, "all_special_tokens", []) or []}
+    try:
+        added = tokenizer.get_added_vocab()
+    except Exception:  # noqa: BLE001 - a tokenizer without added tokens
+        added = {}
+    texts |= {t for t in added if _CONTROL_LIKE.match(t)}
+    return sorted((t for t in texts if len(t) >= 2), key=len, reverse=True)
+
+
+def escape_control_tokens(text: str, controls: list[str]) -> str:
+    """`text` with every control token's text broken by a zero-width space after its first character."""
+    if not controls or not text:
+        return text
+    pattern = re.compile("|".join(re.escape(t) for t in controls))
+    return pattern.sub(lambda m: m.group(0)[0] + ESCAPE + m.group(0)[1:], text)
 
 
 class ChatTemplateError(RuntimeError):
@@ -56,6 +88,7 @@ class ChatRenderer:
         # A template that never looks at `tools` would drop them silently: say them in the system message.
         self.template_takes_tools = "tools" in source
         self.tool_instructions = tool_instructions if self.tools and not self.template_takes_tools else ""
+        self.controls = control_token_texts(tokenizer)
 
     # --- rendering ---------------------------------------------------------------
     def prepare(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -69,6 +102,8 @@ class ChatRenderer:
         return messages
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        """The template's text; tool results' control-token texts escaped (see the module doc)."""
+        messages = [self._as_data(m) for m in messages]
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt
@@ -76,6 +111,13 @@ class ChatRenderer:
         except Exception as exc:  # jinja raises its own errors (raise_exception in templates)
             raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
         return text
+
+    def _as_data(self, message: dict[str, Any]) -> dict[str, Any]:
+        content = message.get("content")
+        if message.get("role") != "tool" or not isinstance(content, str):
+            return message
+        escaped = escape_control_tokens(content, self.controls)
+        return message if escaped == content else {**message, "content": escaped}
 
     def encode(self, text: str) -> list[int]:
         """Tokenize template text (special tokens in it become their ids); it must decode back exactly."""
