@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from shared.config import Settings
@@ -39,6 +40,14 @@ def sample_task(rng: random.Random, digits: int) -> dict[str, Any]:
         return rng.randint(10 ** (digits - 1) if digits > 1 else 1, 10**digits - 1)
 
     return {"kind": "arith", "a": operand(), "b": operand(), "max_turns": 3}
+
+
+def task_source(rng: random.Random, digits: int, pool: int) -> Callable[[], dict[str, Any]]:
+    """Draws tasks: fresh ones each time, or (pool > 0) from a fixed set of `pool` tasks made once."""
+    if pool <= 0:
+        return lambda: sample_task(rng, digits)
+    fixed = [sample_task(random.Random(i), digits) for i in range(pool)]
+    return lambda: dict(rng.choice(fixed))
 
 
 def tool_call(name: str, arguments: dict[str, str]) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from examples.train_grpo.arith_kind import sample_task
+from examples.train_grpo.arith_kind import task_source
 from examples.train_grpo.grpo import grpo_update
 from examples.train_grpo.policy import build_policy, build_policy_tokenizer, save_policy
 from examples.train_grpo.report import StepRow
@@ -24,20 +24,22 @@ log = logging.getLogger("train_grpo")
 
 @dataclass(frozen=True)
 class Config:
-    steps: int = 20
-    prompts_per_step: int = 8  # groups in flight; the pool holds twice as many for DAPO's replenishment
-    min_informative: int = 6  # DAPO target: informative groups trained on per step
+    steps: int = 10
+    prompts_per_step: int = 4  # groups in flight; the pool holds twice as many for DAPO's replenishment
+    min_informative: int = 3  # DAPO target: informative groups trained on per step
     group_size: int = 6
-    lr: float = 2e-4
+    lr: float = 1e-3
     clip_eps: float = 0.2
     minibatches: int = 2
-    max_digits: int = 3
-    warmup_steps: int = 150
-    warmup_lr: float = 3e-3
+    max_digits: int = 1  # operands of exactly this many digits
+    problem_pool: int = 1  # > 0: draw every problem (warm-up and RL) from this many fixed ones (docs/TRAINING.md)
+    warmup_steps: int = 400  # at most; it stops at warmup_nll
+    warmup_nll: float = 1.2  # target episode NLL: exp(-1.2) ~ 0.3 chance of a correct sampled episode
+    warmup_lr: float = 5e-3
     warmup_batch: int = 16
-    hidden: int = 128
-    layers: int = 3
-    max_tokens: int = 64
+    hidden: int = 64
+    layers: int = 2
+    max_tokens: int = 96  # a 1-digit turn 1 is ~76 tokens
     batch_timeout_s: float = 600.0
 
 
@@ -48,13 +50,13 @@ class MixedPolicyVersions(AssertionError):
 def train_seed(client: RolloutClient, admin_token: str, seed: int, config: Config, out: Path) -> list[StepRow]:
     """Warm-up, then `config.steps` GRPO steps; returns one row per step (step 0 rolls out the warm-up policy)."""
     torch.manual_seed(seed)
-    rng = random.Random(seed)
+    tasks = task_source(random.Random(seed), config.max_digits, config.problem_pool)
     tokenizer = build_policy_tokenizer()
     model = build_policy(tokenizer, seed, config.hidden, config.layers)
     started = time.perf_counter()
-    losses = warm_up(model, tokenizer, steps=config.warmup_steps, batch_size=config.warmup_batch,
-                     lr=config.warmup_lr, max_digits=config.max_digits, seed=seed)
-    log.info("seed %d: warm-up %d steps in %.0fs, final loss %.3f", seed, config.warmup_steps,
+    losses = warm_up(model, tokenizer, tasks, steps=config.warmup_steps, batch_size=config.warmup_batch,
+                     lr=config.warmup_lr, target_nll=config.warmup_nll)
+    log.info("seed %d: warm-up %d steps in %.0fs, final episode NLL %.3f", seed, len(losses),
              time.perf_counter() - started, losses[-1] if losses else float("nan"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.99))
     checkpoints = out / f"seed{seed}"
@@ -67,7 +69,7 @@ def train_seed(client: RolloutClient, admin_token: str, seed: int, config: Confi
         wait_idle(client)
         load_weights(client, admin_token, path, version)
         t0 = time.perf_counter()
-        prompts = [sample_task(rng, config.max_digits) for _ in range(2 * config.prompts_per_step)]
+        prompts = [tasks() for _ in range(2 * config.prompts_per_step)]
         rollouts = run_batch(client, prompts, n_samples=config.group_size, min_informative=config.min_informative,
                              in_flight=config.prompts_per_step, sampling=sampling, step=step,
                              timeout=config.batch_timeout_s)

@@ -9,12 +9,12 @@ observation deltas), so warm-up tokens and rollout tokens are the same sequences
 
 from __future__ import annotations
 
-import random
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from examples.train_grpo.arith_kind import ArithKind, product, reference_turns, sample_task
+from examples.train_grpo.arith_kind import ArithKind, product, reference_turns
 from workers.rollout.chat_delta import ChatRenderer
 
 TOOL_OUTPUT = "{}\n"  # what the python tool returns for print(x): the printed line
@@ -45,16 +45,22 @@ def renderer_for(tokenizer: Any) -> ChatRenderer:
     return ChatRenderer(tokenizer, ArithKind().tool_schemas())
 
 
-def warm_up(model: Any, tokenizer: Any, *, steps: int, batch_size: int, lr: float, max_digits: int,
-            seed: int) -> list[float]:
-    """Next-token SFT on assistant tokens only; returns the loss per step."""
-    rng = random.Random(seed)
+def warm_up(model: Any, tokenizer: Any, tasks: Callable[[], dict[str, Any]], *, steps: int, batch_size: int,
+            lr: float, target_nll: float) -> list[float]:
+    """Next-token SFT on assistant tokens only, until the mean episode NLL drops below `target_nll`.
+
+    The episode NLL (summed over its assistant tokens) bounds the chance of sampling the
+    whole correct episode at temperature 1: exp(-NLL) <= E[p(correct)] (Jensen). Stopping
+    at NLL ~1 leaves a policy that is right a fair share of the time but not always: room
+    for GRPO. Returns the episode NLL of each step (an exponential moving average decides).
+    """
     renderer = renderer_for(tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
-    losses = []
+    losses: list[float] = []
+    smoothed = float("inf")
     for step in range(steps):
-        episodes = [render_episode(renderer, sample_task(rng, max_digits)) for _ in range(batch_size)]
+        episodes = [render_episode(renderer, tasks()) for _ in range(batch_size)]
         width = max(len(ids) for ids, _ in episodes)
         input_ids = torch.full((batch_size, width), tokenizer.pad_token_id, dtype=torch.long)
         mask = torch.zeros((batch_size, width))
@@ -65,12 +71,16 @@ def warm_up(model: Any, tokenizer: Any, *, steps: int, batch_size: int, lr: floa
         logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), input_ids[:, 1:], reduction="none")
         loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        episode_nll = float((nll.detach() * mask[:, 1:]).sum()) / batch_size
         for group in optimizer.param_groups:  # linear warm-up over the first 10% of steps
             group["lr"] = lr * min(1.0, (step + 1) / max(1, steps // 10))
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        losses.append(loss.item())
+        losses.append(episode_nll)
+        smoothed = episode_nll if step == 0 else 0.8 * smoothed + 0.2 * episode_nll
+        if smoothed < target_nll:
+            break
     model.eval()
     return losses
