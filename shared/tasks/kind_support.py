@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -48,23 +49,25 @@ def agent_env(settings: Settings) -> dict[str, str]:
 
 def read_agent_file(workspace: Path, relative: str, max_bytes: int) -> str | None:
     """A file the agent wrote, read without following a symlink out of the workspace;
-    None if it does not exist. Raises ValueError if it is unreadable or too large."""
+    None if it does not exist. Raises ValueError if it is unreadable, not a regular file (a FIFO
+    would block the read forever, a device never end) or too large."""
     tree = Workspace(workspace, max_file_bytes=max_bytes)
     try:
         real = tree.resolve(relative)
     except ToolError as exc:
         raise ValueError(str(exc)) from None
     try:
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise ValueError(f"cannot open {relative}: {exc.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ValueError(f"{relative} is {'a directory' if stat.S_ISDIR(mode) else 'not a regular file'}")
     with os.fdopen(fd, "rb") as handle:
-        try:
-            data = handle.read(max_bytes + 1)
-        except IsADirectoryError:
-            raise ValueError(f"{relative} is a directory") from None
+        data = handle.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"{relative} is larger than {max_bytes} bytes")
     return data.decode("utf-8", errors="replace")
