@@ -119,3 +119,11 @@ def test_stem_kind_multiple_choice_and_value(make_ctx: MakeCtx) -> None:
 def test_validation_names_the_field(task: dict, field: str) -> None:
     with pytest.raises(TaskValidationError, match=field):
         get_kind("stem").validate(task)
+
+
+@pytest.mark.parametrize("given", ["3 x 10^400 m", "2 km^999", "1e999 m", "5 m^-999"])
+def test_out_of_range_quantities_are_unreadable_not_errors(given: str) -> None:
+    with pytest.raises(UnitError):
+        parse_quantity(given)
+    result = grade_value(f"The answer is {given}.", given, "3 m")
+    assert result["reward"] == 0.0

@@ -94,8 +94,24 @@ class Quantity:
         return bool(self.unit_text)
 
 
+MAX_UNIT_POWER = 12
+
+
 def parse_quantity(text: str) -> Quantity:
-    """``"3.0 x 10^8 m/s"`` -> Quantity(3e8, m s^-1). Raises UnitError."""
+    """``"3.0 x 10^8 m/s"`` -> Quantity(3e8, m s^-1). Raises UnitError (also for values that are not
+    finite floats: ``3 x 10^400 m``, ``2 km^999``)."""
+    try:
+        quantity = _parse_quantity(text)
+    except UnitError:
+        raise
+    except (OverflowError, ValueError) as exc:
+        raise UnitError(f"cannot read {text[:80]!r} as a quantity: {exc}") from None
+    if not math.isfinite(quantity.si_value):
+        raise UnitError(f"{text[:80]!r} is out of range")
+    return quantity
+
+
+def _parse_quantity(text: str) -> Quantity:
     cleaned = _clean(text)
     match = _NUMBER.match(cleaned)
     if not match:
@@ -111,9 +127,14 @@ def parse_quantity(text: str) -> Quantity:
 def parse_unit(text: str) -> tuple[float, Dims]:
     """A unit expression (products, quotients, integer powers, parentheses) -> (SI factor, dims)."""
     tokens = _tokenize(text)
-    factor, dims, pos = _product(tokens, 0)
+    try:
+        factor, dims, pos = _product(tokens, 0)
+    except (OverflowError, ZeroDivisionError) as exc:
+        raise UnitError(f"cannot read unit {text!r}: {exc}") from None
     if pos != len(tokens):
         raise UnitError(f"cannot read unit {text!r}")
+    if not math.isfinite(factor) or factor == 0:
+        raise UnitError(f"unit {text!r} is out of range")
     return factor, dims
 
 
@@ -179,6 +200,8 @@ def _power(tokens: list[str], pos: int) -> tuple[float, Dims, int]:
         exponent, pos = tokens[pos], pos + 1
     if exponent is not None:
         n = int(exponent)
+        if abs(n) > MAX_UNIT_POWER:
+            raise UnitError(f"a unit power of {n} (at most {MAX_UNIT_POWER})")
         factor, dims = factor**n, tuple(x * n for x in dims)  # type: ignore[assignment]
     return factor, dims, pos
 
