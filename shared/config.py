@@ -63,6 +63,15 @@ class Settings(BaseSettings):
         default=None,
         description="When set, batches' server-side prompt files (prompts_path) must lie under it.",
     )
+    prompt_file_max_bytes: int = Field(
+        default=256 * 1024 * 1024, gt=0, description="The largest server-side prompt file a batch may read."
+    )
+    batch_default_groups_in_flight: int = Field(
+        default=64, gt=0, description="A batch's groups in flight when the request names none (or the target, if less)."
+    )
+    batch_max_groups_in_flight: int = Field(
+        default=4096, gt=0, description="The most groups in flight a batch may ask for (larger requests are capped)."
+    )
 
     # --- Workers -----------------------------------------------------------
     init_concurrency: int = Field(default=4, gt=0)

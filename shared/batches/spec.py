@@ -43,7 +43,10 @@ class BatchRequest(BaseModel):
         default=None,
         ge=1,
         le=100_000,
-        description="Groups running at once, kept at this level by replenishment. Default: the target count.",
+        description=(
+            "Groups running at once, kept at this level by replenishment. Default: the target count or the "
+            "server's batch_default_groups_in_flight, whichever is less; capped at batch_max_groups_in_flight."
+        ),
     )
     on_target: Literal["cancel", "keep"] = Field(
         default="cancel", description="What happens to groups still running when the target is met."

@@ -67,11 +67,20 @@ class BatchStore:
         return int(self.settings.job_ttl_s + self.settings.default_total_timeout_s)
 
     # --- create and launch --------------------------------------------------------
+    def groups_in_flight(self, request: BatchRequest, target: int) -> int:
+        """The in-flight level: the request's, capped by the settings' maximum; by default the
+        settings' default or the target, whichever is less (a pool of 1M prompts must not reserve
+        1M groups and submit 1M x n jobs at once)."""
+        if request.max_groups_in_flight is not None:
+            return max(1, min(request.max_groups_in_flight, self.settings.batch_max_groups_in_flight))
+        settings = self.settings
+        return max(1, min(target, settings.batch_default_groups_in_flight, settings.batch_max_groups_in_flight))
+
     def create(self, request: BatchRequest, pool: list[dict[str, Any]]) -> str:
         """Store the batch and its pool (hook.start_batch then launches the first groups)."""
         batch_id = secrets.token_hex(8)
         target = request.min_informative_groups or len(pool)
-        max_in_flight = request.max_groups_in_flight or target
+        max_in_flight = self.groups_in_flight(request, target)
         settings = request.model_dump(mode="json", exclude={"prompts"})
         now = time.time()
         fields: dict[str, Any] = {
