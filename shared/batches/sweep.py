@@ -28,24 +28,31 @@ def sweep(batches: BatchStore, launch_grace_s: float = LAUNCH_GRACE_S) -> dict[s
     batches.redis.zremrangebyscore(batches.keys.batches, "-inf", time.time() - batches.ttl)
     for raw in batches.redis.smembers(batches.keys.live):
         batch_id = raw.decode()
-        head = batches.head(batch_id)
-        if head is None:
-            batches.redis.srem(batches.keys.live, batch_id)
-            continue
-        stale = batches.redis.zrangebyscore(batches.keys.launching(batch_id), "-inf", time.time() - launch_grace_s)
-        if stale:
-            launch(batches, batch_id, [int(k) for k in stale])
-            repaired["launched"] += len(stale)
-        if head["status"] == "running":
-            launch(batches, batch_id, batches.fill(batch_id))
-        for k in batches.in_flight_groups(batch_id):
-            repaired["recorded"] += _record_missed(batches, batch_id, k)
-        head = batches.head(batch_id) or head
-        if closes_groups(head):
-            repaired["cancelled"] += cancel_groups(batches, batch_id, batches.in_flight_groups(batch_id))
-        if head["status"] != "running" and not batches.in_flight_groups(batch_id):
-            batches.redis.srem(batches.keys.live, batch_id)
+        try:
+            _sweep_batch(batches, batch_id, launch_grace_s, repaired)
+        except Exception:  # noqa: BLE001 - one broken batch must not stop the repair of the others
+            log.exception("batch sweep failed for batch %s", batch_id)
     return repaired
+
+
+def _sweep_batch(batches: BatchStore, batch_id: str, launch_grace_s: float, repaired: dict[str, int]) -> None:
+    head = batches.head(batch_id)
+    if head is None:
+        batches.redis.srem(batches.keys.live, batch_id)
+        return
+    stale = batches.redis.zrangebyscore(batches.keys.launching(batch_id), "-inf", time.time() - launch_grace_s)
+    if stale:
+        launch(batches, batch_id, [int(k) for k in stale])
+        repaired["launched"] += len(stale)
+    if head["status"] == "running":
+        launch(batches, batch_id, batches.fill(batch_id))
+    for k in batches.in_flight_groups(batch_id):
+        repaired["recorded"] += _record_missed(batches, batch_id, k)
+    head = batches.head(batch_id) or head
+    if closes_groups(head):
+        repaired["cancelled"] += cancel_groups(batches, batch_id, batches.in_flight_groups(batch_id))
+    if head["status"] != "running" and not batches.in_flight_groups(batch_id):
+        batches.redis.srem(batches.keys.live, batch_id)
 
 
 def _record_missed(batches: BatchStore, batch_id: str, k: int) -> int:

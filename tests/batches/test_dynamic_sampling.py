@@ -148,3 +148,30 @@ def test_group_ids_parse_back_to_batch_and_prompt():
     assert parse_group_id("b.abc123.17") == ("abc123", 17)
     assert parse_group_id("my-group") is None
     assert parse_group_id(None) is None
+
+
+def test_one_batch_whose_launch_always_fails_does_not_stop_the_sweep(batches, monkeypatch):
+    """Two batches lost a reservation each; relaunching the first always raises: the second is still repaired."""
+    import shared.batches.sweep as sweep_module
+
+    ids = []
+    for _ in range(2):
+        batch_id = create(batches, pool([UNIFORM] * 3), min_informative_groups=1, max_groups_in_flight=1)
+        jobs = batches.group_job_ids(batch_id, 0)
+        for job_id in jobs[:-1]:
+            finish_job(batches, job_id, "done", 1.0)
+        assert batches.jobs.transition(jobs[-1], "*", "done", {"out:eval": {"reward": 1.0}}).applied
+        assert batches.record(batch_id, 0, 3, jobs[-1], "done", 1.0).reserved == (1,)  # launch lost
+        ids.append(batch_id)
+    broken, healthy = ids
+    real_launch = sweep_module.launch
+
+    def launch(store, batch_id, groups):  # type: ignore[no-untyped-def]
+        if batch_id == broken:
+            raise RuntimeError("this batch cannot launch")
+        return real_launch(store, batch_id, groups)
+
+    monkeypatch.setattr(sweep_module, "launch", launch)
+    repaired = sweep(batches, launch_grace_s=0.0)
+    assert repaired["launched"] == 1
+    assert len(batches.group_job_ids(healthy, 1)) == 4 and batches.group_job_ids(broken, 1) == []
