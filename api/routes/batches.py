@@ -72,7 +72,10 @@ async def create_batch(request: Request, batches: BatchStore = Depends(get_batch
         batch = BatchRequest.model_validate(body)
     except ValidationError as exc:
         return validation_response(describe_errors(list(exc.errors()), ("body",)))
-    pool, problems = await run_in_threadpool(load_pool, batch, request.app.state.settings.prompt_files_root)
+    settings = request.app.state.settings
+    pool, problems = await run_in_threadpool(
+        load_pool, batch, settings.prompt_files_root, settings.prompt_file_max_bytes
+    )
     if problems:
         return validation_response(problems)
     if batch.min_informative_groups is not None and batch.min_informative_groups > len(pool):

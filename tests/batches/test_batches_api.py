@@ -226,3 +226,23 @@ def test_a_job_submitted_outside_the_batch_with_its_group_id_does_not_count(clie
     assert batches.group(batch["id"], 0)["recorded"] == 0
     finish_group(batches, batch["id"], 0)
     assert client.get(f"/v1/batches/{batch['id']}").json()["counts"]["used"] == 1
+
+
+def test_a_prompts_path_must_be_a_small_regular_file(settings: Settings, tmp_path) -> None:
+    """/dev/zero would exhaust memory, a FIFO would block a thread forever, a huge file is refused."""
+    import os
+
+    fifo = tmp_path / "pool.fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.jsonl"
+    big.write_text(json.dumps(INFORMATIVE) + "\n" + " " * 4096 + "\n")
+    small = tmp_path / "small.jsonl"
+    small.write_text(json.dumps(INFORMATIVE) + "\n")
+    capped = settings.model_copy(update={"task_modules": ["bench.dapo_kind"], "prompt_file_max_bytes": 1024})
+    with TestClient(create_app(capped)) as limited:
+        for path, message in [("/dev/zero", "not a regular file"), (fifo, "not a regular file"), (big, "limit")]:
+            response = limited.post("/v1/batches", json={"prompts_path": str(path), "n_samples": 2})
+            assert response.status_code == 422, response.text
+            [error] = response.json()["errors"]
+            assert error["field"] == "body.prompts_path" and message in error["message"], error
+        assert create(limited, prompts_path=str(small))["pool_size"] == 1
