@@ -11,7 +11,8 @@ import httpx
 
 from rollouts_client.errors import WaitTimeout
 from rollouts_client.models import Batch, Group, GroupPage, Job
-from rollouts_client.wire import RetryPolicy, SseParser, batch_body, decode, headers
+from rollouts_client.wire import RESULTS_PAGE_GROUPS, RetryPolicy, SseParser, batch_body, decode, headers
+from rollouts_client.wire import StreamUnavailable as _Unavailable
 
 LIST_CHUNK = 500
 
@@ -117,8 +118,12 @@ class AsyncRolloutClient:
             return None
         return Batch.from_api(decode(response))
 
-    async def groups(self, batch_id: str, after: str = "0-0", wait: float = 20.0, results: bool = False) -> GroupPage:
-        params = {"after": after, "wait": wait, "results": str(results).lower()}
+    async def groups(
+        self, batch_id: str, after: str = "0-0", wait: float = 20.0, results: bool = False, limit: int | None = None
+    ) -> GroupPage:
+        params: dict[str, Any] = {"after": after, "wait": wait, "results": str(results).lower()}
+        if limit is not None:
+            params["limit"] = limit
         response = await self.request("GET", f"/v1/batches/{batch_id}/groups", params=params, timeout=wait + 30)
         return GroupPage.from_api(decode(response))
 
@@ -129,7 +134,7 @@ class AsyncRolloutClient:
         cursor = after
         while True:
             wait = 20.0 if deadline is None else max(0.0, min(20.0, deadline - time.monotonic()))
-            page = await self.groups(batch_id, cursor, wait, results)
+            page = await self.groups(batch_id, cursor, wait, results, RESULTS_PAGE_GROUPS if results else None)
             for group in page.groups:
                 yield group
             cursor = page.cursor
@@ -155,7 +160,10 @@ class AsyncRolloutClient:
                 ) as response:
                     if response.status_code != 200:
                         await response.aread()
+                        if RetryPolicy.retryable("GET", None, response):
+                            raise _Unavailable(response)
                         decode(response)
+                    delays = iter(self.retry.delays())  # connected: the next drop starts the backoff afresh
                     parser = SseParser()
                     async for line in response.aiter_lines():
                         if deadline is not None and time.monotonic() >= deadline:
@@ -168,9 +176,11 @@ class AsyncRolloutClient:
                             return
                         last_id = event_id or last_id
                         yield Group.from_api(data)
-            except httpx.TransportError:
+            except (httpx.TransportError, _Unavailable) as exc:
                 delay = next(delays, None)
                 if delay is None:
+                    if isinstance(exc, _Unavailable):
+                        raise exc.error from None
                     raise
                 await asyncio.sleep(delay)
 

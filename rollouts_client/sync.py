@@ -10,7 +10,8 @@ import httpx
 
 from rollouts_client.errors import WaitTimeout
 from rollouts_client.models import Batch, Group, GroupPage, Job
-from rollouts_client.wire import RetryPolicy, SseParser, batch_body, decode, headers
+from rollouts_client.wire import RESULTS_PAGE_GROUPS, RetryPolicy, SseParser, batch_body, decode, headers
+from rollouts_client.wire import StreamUnavailable as _Unavailable
 
 LIST_CHUNK = 500
 
@@ -125,9 +126,13 @@ class RolloutClient:
             return None
         return Batch.from_api(decode(response))
 
-    def groups(self, batch_id: str, after: str = "0-0", wait: float = 20.0, results: bool = False) -> GroupPage:
+    def groups(
+        self, batch_id: str, after: str = "0-0", wait: float = 20.0, results: bool = False, limit: int | None = None
+    ) -> GroupPage:
         """One long-poll: groups completed after `after`, waiting up to `wait` s for the first."""
-        params = {"after": after, "wait": wait, "results": str(results).lower()}
+        params: dict[str, Any] = {"after": after, "wait": wait, "results": str(results).lower()}
+        if limit is not None:
+            params["limit"] = limit
         response = self.request("GET", f"/v1/batches/{batch_id}/groups", params=params, timeout=wait + 30)
         return GroupPage.from_api(decode(response))
 
@@ -139,7 +144,7 @@ class RolloutClient:
         cursor = after
         while True:
             wait = 20.0 if deadline is None else max(0.0, min(20.0, deadline - time.monotonic()))
-            page = self.groups(batch_id, cursor, wait, results)
+            page = self.groups(batch_id, cursor, wait, results, RESULTS_PAGE_GROUPS if results else None)
             yield from page.groups
             cursor = page.cursor
             if page.done:
@@ -163,7 +168,10 @@ class RolloutClient:
                 ) as response:
                     if response.status_code != 200:
                         response.read()
+                        if RetryPolicy.retryable("GET", None, response):
+                            raise _Unavailable(response)
                         decode(response)
+                    delays = iter(self.retry.delays())  # connected: the next drop starts the backoff afresh
                     parser = SseParser()
                     for line in response.iter_lines():
                         if deadline is not None and time.monotonic() >= deadline:
@@ -176,9 +184,11 @@ class RolloutClient:
                             return
                         last_id = event_id or last_id
                         yield Group.from_api(data)
-            except httpx.TransportError:
+            except (httpx.TransportError, _Unavailable) as exc:
                 delay = next(delays, None)
                 if delay is None:
+                    if isinstance(exc, _Unavailable):
+                        raise exc.error from None
                     raise
                 time.sleep(delay)
 

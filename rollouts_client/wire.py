@@ -15,6 +15,18 @@ from rollouts_client.errors import ApiError
 MSGPACK = "application/msgpack"
 
 
+# Groups per long-poll page when each group embeds its n trajectories (the server caps it too).
+RESULTS_PAGE_GROUPS = 8
+
+
+class StreamUnavailable(Exception):
+    """A 503 answer when (re)opening an event stream: retried with backoff like a dropped connection."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.error = ApiError(response)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Connection errors and 503s are retried with exponential backoff.

@@ -27,6 +27,9 @@ from shared.batches.spec import BatchRequest
 from shared.batches.store import BatchStore, group_views
 from shared.batches.views import batch_view
 
+# Groups per page when each embeds its samples' trajectories and evaluations.
+MAX_RESULTS_PAGE = 16
+
 router = APIRouter(prefix="/v1/batches", tags=["batches"], dependencies=[Depends(require_auth)])
 
 # The body is parsed by hand (to answer 400 on malformed JSON); its schema for /docs. Its nested
@@ -105,7 +108,11 @@ async def list_groups(
     batches: BatchStore = Depends(get_batches),
     aredis: AsyncRedis = Depends(get_async_redis),
 ) -> Response:
-    """`done` is true once the batch has closed and every group it reported has been returned."""
+    """`done` is true once the batch has closed and every group it reported has been returned.
+
+    With `results`, a page holds at most MAX_RESULTS_PAGE groups (each embeds n trajectories)."""
+    if results:
+        limit = min(limit, MAX_RESULTS_PAGE)
     await run_in_threadpool(_head, batches, batch_id)
     deadline = time.monotonic() + wait
     page: list[tuple[str, int]] = []

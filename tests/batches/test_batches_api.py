@@ -246,3 +246,17 @@ def test_a_prompts_path_must_be_a_small_regular_file(settings: Settings, tmp_pat
             [error] = response.json()["errors"]
             assert error["field"] == "body.prompts_path" and message in error["message"], error
         assert create(limited, prompts_path=str(small))["pool_size"] == 1
+
+
+def test_pages_with_embedded_results_are_capped(client, batches):
+    from api.routes.batches import MAX_RESULTS_PAGE
+
+    count = MAX_RESULTS_PAGE + 4
+    batch = create(client, prompts=[INFORMATIVE] * count, max_groups_in_flight=count)
+    for k in range(count):
+        finish_group(batches, batch["id"], k)
+    url = f"/v1/batches/{batch['id']}/groups"
+    with_results = client.get(url, params={"results": "true", "limit": 1000, "wait": 0}).json()
+    assert 0 < len(with_results["groups"]) <= MAX_RESULTS_PAGE
+    plain = client.get(url, params={"limit": 1000, "wait": 0}).json()
+    assert len(plain["groups"]) == count
