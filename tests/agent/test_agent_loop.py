@@ -238,3 +238,15 @@ def test_a_parser_that_raises_becomes_a_malformed_call(scripted_llm: ScriptedLLM
     assert record.counts.malformed_tool_calls == 1
     error = record.turns[1].tool_calls[0].error
     assert "could not be parsed" in error and "RecursionError" in error
+
+
+@pytest.mark.parametrize(
+    ("remaining", "reserve", "expected"),
+    [(100.0, 10.0, 60.0), (30.0, 10.0, 20.0), (10.5, 10.0, 1.0), (0.4, 10.0, 0.4), (0.0, 10.0, 0.1)],
+)
+def test_the_tool_timeout_never_outlasts_the_stage(remaining: float, reserve: float, expected: float) -> None:
+    from types import SimpleNamespace
+
+    config = LoopConfig(8, 4000, 400, time_reserve_s=reserve, tool_timeout_s=60.0)
+    loop = SimpleNamespace(budget=SimpleNamespace(remaining=remaining), config=config)
+    assert AgentLoop._tool_timeout(loop) == pytest.approx(expected)  # type: ignore[arg-type]

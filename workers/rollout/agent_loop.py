@@ -63,6 +63,9 @@ class LoopConfig:
     tool_timeout_s: float = 60.0
 
 
+MIN_TOOL_TIMEOUT_S = 1.0
+
+
 class _Stop(Exception):
     def __init__(self, reason: str, detail: str | None = None) -> None:
         super().__init__(reason)
@@ -257,6 +260,12 @@ class AgentLoop:
         return observation, finished, elapsed
 
     def _tool_timeout(self) -> float:
-        """The configured tool timeout, but never past the point where the loop must stop."""
+        """The configured tool timeout, but never past the point where the loop must stop
+        (remaining - time_reserve_s). With less room than MIN_TOOL_TIMEOUT_S left (several calls in
+        one turn), a call may use up to that minimum of the reserve, but never more than what is
+        left of the stage itself."""
         room = self.budget.remaining - self.config.time_reserve_s
-        return max(1.0, min(self.config.tool_timeout_s, room))
+        timeout = min(self.config.tool_timeout_s, room)
+        if timeout >= MIN_TOOL_TIMEOUT_S:
+            return timeout
+        return max(0.1, min(MIN_TOOL_TIMEOUT_S, self.budget.remaining))
