@@ -88,6 +88,14 @@ class StageContext:
         if already is not None:
             callback(already)
 
+    def remove_on_interrupt(self, callback: Callable[[str], None]) -> None:
+        """Forget a callback given to `on_interrupt` (its call settled); absent is fine."""
+        with self._lock:
+            try:
+                self._on_interrupt.remove(callback)
+            except ValueError:
+                pass
+
     def on_cleanup(self, callback: Callable[[], None]) -> None:
         """Run `callback()` when the stage ends, however it ends (sandbox teardown)."""
         self._cleanups.append(callback)

@@ -5,6 +5,11 @@ backend can take minutes: a cancelled or timed-out job should not wait for it. T
 runs on a helper thread; the slot thread waits for whichever comes first, the result or
 the interruption (StageInterrupted). An abandoned call finishes on its own, bounded by the
 client's request timeout, and then runs `on_abandoned` once (the rollout releases its pin).
+
+Each call's interrupt hook is removed once it settles, so a long rollout does not pile up
+one hook per LLM call. The helper threads come from one pool per process, sized for the
+worker's rollout slots with room for abandoned calls still finishing (2 x
+rollout_concurrency, at least 16).
 """
 
 from __future__ import annotations
@@ -18,7 +23,18 @@ from shared.tasks.context import StageContext
 
 T = TypeVar("T")
 
-_executor = ThreadPoolExecutor(max_workers=512, thread_name_prefix="llm-call")
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+MIN_THREADS = 16
+
+
+def _pool(ctx: StageContext) -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            size = max(MIN_THREADS, 2 * int(ctx.settings.rollout_concurrency))
+            _executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="llm-call")
+        return _executor
 
 
 def call_interruptibly(ctx: StageContext, fn: Callable[[], T], on_abandoned: Callable[[], None] | None = None) -> T:
@@ -39,13 +55,19 @@ def call_interruptibly(ctx: StageContext, fn: Callable[[], T], on_abandoned: Cal
         if clean_up_once() and on_abandoned is not None:
             on_abandoned()
 
-    future = _executor.submit(fn)
-    ctx.on_interrupt(lambda _reason: settled.set())
-    future.add_done_callback(finished)
-    # The deadline interrupts only when someone looks: look when it passes.
-    while not settled.wait(timeout=max(0.05, ctx.remaining)):
-        if ctx.interrupted is not None:
-            break
+    def wake(_reason: str) -> None:
+        settled.set()
+
+    future = _pool(ctx).submit(fn)
+    ctx.on_interrupt(wake)
+    try:
+        future.add_done_callback(finished)
+        # The deadline interrupts only when someone looks: look when it passes.
+        while not settled.wait(timeout=max(0.05, ctx.remaining)):
+            if ctx.interrupted is not None:
+                break
+    finally:
+        ctx.remove_on_interrupt(wake)
     if future.done():
         return future.result()
     with lock:
