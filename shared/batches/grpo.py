@@ -30,8 +30,3 @@ def group_stats(rewards: Sequence[float | None], advantages: str = "grpo") -> di
     else:
         raise ValueError(f"unknown advantages mode {advantages!r}; one of grpo, mean, none")
     return {"mean": mean, "std": std, "advantages": values}
-
-
-def all_equal(rewards: Sequence[float], epsilon: float) -> bool:
-    """No learning signal: every reward within `epsilon` of every other (what DAPO filters)."""
-    return max(rewards) - min(rewards) <= epsilon

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from shared.batches.grpo import STD_EPSILON, all_equal, group_stats
+from shared.batches.grpo import STD_EPSILON, group_stats
 
 
 def test_grpo_normalises_by_the_population_std():
@@ -35,7 +35,3 @@ def test_samples_without_a_reward_are_left_out_of_the_statistics():
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError):
         group_stats([1.0, 0.0], "ppo")
-
-
-def test_all_equal_uses_the_epsilon():
-    assert all_equal([1.0, 1.0 + 1e-9], 1e-6) and not all_equal([1.0, 0.9], 1e-6)
