@@ -11,7 +11,10 @@ backend; the local backend ignores it.
 
 from __future__ import annotations
 
+import base64
+import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
@@ -75,13 +78,19 @@ class SweKind(AgentTask):
         with tempfile.TemporaryDirectory(prefix="ro-base-") as tmp:
             base = Path(tmp) / "base"
             materialize(instance, base)
+            oversized = changed_bytes_at_least(base, ctx.workspace, MAX_DIFF_BYTES)
+            if oversized is not None:
+                return {"diff": None, "diff_error": oversized}
             try:
                 diff = workspace_diff(base, ctx.workspace)
             except WorkspaceError as exc:
                 return {"diff": None, "diff_error": str(exc)}
         if len(diff) > MAX_DIFF_BYTES:
             return {"diff": None, "diff_error": f"the diff is {len(diff)} bytes, over {MAX_DIFF_BYTES}"}
-        return {"diff": diff.decode("utf-8", errors="replace")}
+        try:
+            return {"diff": diff.decode("utf-8")}
+        except UnicodeDecodeError:  # a text file in another encoding: keep the exact bytes
+            return {"diff": None, "diff_b64": base64.b64encode(diff).decode("ascii")}
 
     # --- judging ------------------------------------------------------------
     def eval_spec(self, task: dict[str, Any]) -> SandboxSpec:
@@ -94,8 +103,10 @@ class SweKind(AgentTask):
 
         instance = SweInstance.from_task(ctx.task)
         extra = (ctx.outputs.get("rollout") or {}).get("extra") or {}
-        diff = extra.get("diff")
-        if not isinstance(diff, str):
+        diff: str | bytes | None = extra.get("diff")
+        if not isinstance(diff, str) and isinstance(extra.get("diff_b64"), str):
+            diff = base64.b64decode(extra["diff_b64"])
+        if not isinstance(diff, (str, bytes)):
             error = extra.get("diff_error") or "the rollout produced no diff"
             return {"reward": 0.0, "instance_id": instance.instance_id, "resolved": False, "error": error}
         python = sandbox_python(ctx.settings, ctx.task)
@@ -110,3 +121,33 @@ class SweKind(AgentTask):
             needs=("pytest",),
         ) as box:
             return resolve(box, instance, diff, python, timeout)
+
+
+def changed_bytes_at_least(base: Path, workspace: Path, limit: int) -> str | None:
+    """Why the diff of `workspace` against `base` must be over `limit` bytes, or None.
+
+    Counts a lower bound of the diff's size from file sizes alone (new files whole, changed
+    files by how much they grew or shrank), so a huge file the agent wrote is refused before
+    git reads it into memory, and no diff that would fit is refused.
+    """
+    total = 0
+    for directory, dirs, files in os.walk(workspace):
+        if Path(directory) == workspace and ".git" in dirs:
+            dirs.remove(".git")
+        for name in files:
+            path = Path(directory) / name
+            try:
+                info = path.lstat()
+            except OSError:
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            try:
+                old = (base / path.relative_to(workspace)).lstat()
+                before = old.st_size if stat.S_ISREG(old.st_mode) else 0
+            except OSError:
+                before = 0
+            total += abs(info.st_size - before)
+            if total > limit:
+                return f"the changes add or remove over {limit} bytes (the diff would be larger than {limit})"
+    return None

@@ -250,3 +250,24 @@ def test_shadowing_paths() -> None:
         assert shadows_tooling(path), path
     for path in ("slugkit/core.py", "pytest_plugin_docs.md", "mypy.py"):
         assert not shadows_tooling(path), path
+
+
+def test_a_change_in_another_encoding_keeps_its_exact_bytes(make_ctx: MakeCtx, tmp_path: Path) -> None:
+    import base64
+
+    extra = _rollout(
+        make_ctx, tmp_path,
+        [
+            ("str_replace", {"path": "slugkit/core.py", "old_str": FIX[0], "new_str": FIX[1]}),
+            ("bash", {"command": "printf '# caf\\351\\n' >> slugkit/core.py"}),  # latin-1, not UTF-8
+        ],
+    )  # fmt: skip
+    assert extra["diff"] is None and "diff_error" not in extra
+    assert b"+# caf\xe9\n" in base64.b64decode(extra["diff_b64"])
+    result = _evaluate(make_ctx, extra)
+    assert result["patch_applied"] is True and result["reward"] == 1.0
+
+
+def test_a_huge_new_file_is_refused_before_the_diff_is_built(make_ctx: MakeCtx, tmp_path: Path) -> None:
+    extra = _rollout(make_ctx, tmp_path, [("bash", {"command": "head -c 3000000 /dev/zero > blob.bin"})])
+    assert extra["diff"] is None and "add or remove over" in extra["diff_error"]

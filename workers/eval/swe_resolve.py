@@ -69,7 +69,12 @@ def shadows_tooling(path: str) -> bool:
     return parts[-1] in _SHADOW_NAMES or parts[-1].endswith(".pth") or any(p in _SHADOW_DIRS for p in parts[:-1])
 
 
-def restore_set(instance: SweInstance, agent_diff: str) -> list[str]:
+def _text(diff: str | bytes) -> str:
+    """The diff as text, for reading its paths (the bytes themselves are what gets applied)."""
+    return diff if isinstance(diff, str) else diff.decode("utf-8", errors="replace")
+
+
+def restore_set(instance: SweInstance, agent_diff: str | bytes) -> list[str]:
     """Files put back to the base commit before the test patch: the test patch's own, the files the
     FAIL_TO_PASS/PASS_TO_PASS node ids name, and any test or tooling-shadowing file the agent touched."""
     paths = list(instance.test_files)
@@ -77,23 +82,26 @@ def restore_set(instance: SweInstance, agent_diff: str) -> list[str]:
         path = test.split("::", 1)[0]
         if path and path not in paths:
             paths.append(path)
-    for path in patch_paths(agent_diff):
+    for path in patch_paths(_text(agent_diff)):
         if (is_test_path(path) or shadows_tooling(path)) and path not in paths:
             paths.append(path)
     return paths
 
 
-def resolve(box: EvalBox, instance: SweInstance, agent_diff: str, python: str, test_timeout_s: float) -> dict[str, Any]:
-    """Judge the diff in `box` (a fresh sandbox over the repository at base, probed with pytest importable);
-    returns reward and details."""
+def resolve(
+    box: EvalBox, instance: SweInstance, agent_diff: str | bytes, python: str, test_timeout_s: float
+) -> dict[str, Any]:
+    """Judge the diff (text, or exact bytes for a change in another encoding) in `box` (a fresh sandbox
+    over the repository at base, probed with pytest importable); returns reward and details."""
     details: dict[str, Any] = {"instance_id": instance.instance_id, "resolved": False}
 
-    touched = patch_paths(agent_diff)
+    touched = patch_paths(_text(agent_diff))
     details["files_changed"] = touched
     if any(p == ".git" or p.startswith(".git/") for p in touched):
         return {"reward": 0.0, **details, "patch_applied": False, "error": "the agent's patch touches .git"}
     if agent_diff.strip():
-        (box.runtime / "agent.diff").write_text(agent_diff)
+        raw = agent_diff if isinstance(agent_diff, bytes) else agent_diff.encode("utf-8")
+        (box.runtime / "agent.diff").write_bytes(raw)
         applied = box.run(
             ["git", "apply", "--binary", "--whitespace=nowarn", str(box.runtime / "agent.diff")], GIT_TIMEOUT_S
         )
