@@ -33,6 +33,13 @@ from workers.runtime.state import WorkerState, init_state
 
 log = logging.getLogger("rollouts.worker")
 
+_RELEASE_IF_OURS = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
 
 class WorkerProcess:
     def __init__(
@@ -64,6 +71,7 @@ class WorkerProcess:
         ]
         self._all_queues = [Queue(queue_name(s), connection=self.state.redis) for s in STAGES]
         self._pool = BackendPool(self.state.redis, self.state.store.keys, settings)
+        self._release_lock = self.state.redis.register_script(_RELEASE_IF_OURS)
         self._threads: list[threading.Thread] = []
         self._pubsub: PubSub | None = None
         self._pubsub_thread: PubSubWorkerThread | None = None
@@ -157,17 +165,20 @@ class WorkerProcess:
     def _maintenance(self) -> None:
         """rq's registry cleanup for every stage's queue, not just this one's, so a job whose
         worker died is retried (or failed) even while its stage has no live worker at all.
-        rq's per-queue maintenance lock keeps it to one process at a time; the fleet-wide
-        upkeep below runs in one process per interval too (a Redis lock that expires)."""
+        rq's per-queue cleaning lock keeps it to one process at a time, taken here with a short
+        expiry (rq's own lasts 899 s: a holder killed mid-cleanup would strand the queue's
+        abandoned jobs for 15 minutes); the fleet-wide upkeep below runs in one process per
+        interval too."""
+        lock_ttl = max(10, 3 * int(self.settings.maintenance_interval_s))
         for queue in self._all_queues:
             try:
-                if queue.acquire_maintenance_lock():
+                if self.state.redis.set(queue.registry_cleaning_key, self.state.process_name, nx=True, ex=lock_ttl):
                     try:
                         _clean_registries(queue)
                         clean_worker_registry(queue)
                         queue.intermediate_queue.cleanup(self.slots[0], queue)
                     finally:
-                        queue.release_maintenance_lock()
+                        self._release_if_ours(queue.registry_cleaning_key)
             except Exception:
                 log.exception("maintenance of queue %s failed", queue.name)
         try:
@@ -189,6 +200,10 @@ class WorkerProcess:
         except Exception:
             log.exception("backend pool maintenance failed")
         sweep_batches(self.state.store, self.settings.maintenance_interval_s)
+
+    def _release_if_ours(self, key: str) -> None:
+        """Delete a lock only while it still holds our name (it may have expired and moved on)."""
+        self._release_lock(keys=[key], args=[self.state.process_name])
 
     def _start_events_listener(self) -> None:
         """One subscription per process delivers cancels to running stages at once."""

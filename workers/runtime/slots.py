@@ -24,7 +24,7 @@ from rq.job import Job
 from rq.timeouts import TimerDeathPenalty
 from rq.worker import SimpleWorker
 
-# A slot only cleans registries on request from its supervisor (see WorkerProcess).
+# Slots never clean registries themselves (see run_maintenance_tasks).
 _NEVER = 10**9
 
 
@@ -47,6 +47,10 @@ class SlotWorker(SimpleWorker):
 
     def unsubscribe(self) -> None:
         pass
+
+    def run_maintenance_tasks(self) -> None:
+        """Never from a slot: rq would run it once at start-up under its 899 s cleaning lock, and a
+        slot killed meanwhile would strand the queue's abandoned jobs; the supervisor does it."""
 
     def request_slot_stop(self) -> None:
         self._stop_requested = True
