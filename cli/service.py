@@ -12,6 +12,7 @@ from cli.stack import Stack, StackError
 from cli.tracking import follow, read_jobs, submit_all, summary_table, write_results
 from shared.config import STAGES, get_settings
 from shared.logs import setup_logging
+from shared.redis_conn import redact_url
 from shared.tasks import get_kind, load_task_modules
 
 
