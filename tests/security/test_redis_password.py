@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,10 +14,10 @@ import pytest
 
 from cli.stack import Stack
 from shared.config import Settings
-from shared.embedded_redis import EmbeddedRedis
+from shared.embedded_redis import EmbeddedRedis, free_port
 from shared.redis_conn import redact_url
 from tests.pipeline.conftest import FAST_RECOVERY_ENV
-from tests.support.waiting import wait_status
+from tests.support.waiting import wait_for, wait_status
 
 PASSWORD = "pw-Zq81-never-printed"
 
@@ -63,3 +67,25 @@ def test_a_wrong_password_is_a_503_that_does_not_echo_the_url(protected_redis, m
     assert response.status_code == 503
     assert "wrong-secret-value" not in response.text and PASSWORD not in response.text
     assert client.get("/healthz").status_code == 503
+
+
+def test_rollouts_up_prints_the_redis_address_with_the_password_redacted(protected_redis, tmp_path):
+    port = free_port()
+    env = {**os.environ, "ROLLOUTS_REDIS_URL": protected_redis.url, "ROLLOUTS_STATE_DIR": str(tmp_path / "state")}
+    log_path = tmp_path / "up.log"
+    with open(log_path, "w") as log:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "cli", "up", "--port", str(port), "--no-cpu-backend"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            banner = wait_for(
+                lambda: next((l for l in log_path.read_text().splitlines() if l.startswith("rollouts up:")), None),
+                timeout=90, what="the `rollouts up` banner",
+            )
+        finally:
+            up.send_signal(signal.SIGINT)
+            code = up.wait(timeout=90)
+    assert f"Redis {redact_url(protected_redis.url)}" in banner and ":***@" in banner
+    assert code == 0
+    assert PASSWORD not in log_path.read_text()
