@@ -40,7 +40,7 @@ class Keys:
 
     @property
     def job_events(self) -> str:
-        """Pub/sub: "<job id> <status>" on every status change (workers watch it for cancels)."""
+        """Pub/sub: "<job id> cancelled" on every cancellation (running workers act on it at once)."""
         return f"{self.prefix}:events"
 
     @property

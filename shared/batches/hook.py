@@ -39,6 +39,13 @@ def start_batch(batches: BatchStore, request: BatchRequest, pool: list[dict[str,
     return batch_id
 
 
+class Unknown:
+    """The type of UNKNOWN: "the caller did not say", as opposed to "no group" (None)."""
+
+
+UNKNOWN = Unknown()
+
+
 def launch(batches: BatchStore, batch_id: str, prompt_indices: list[int]) -> None:
     """Submit reserved groups, then re-read the status: a batch that closed meanwhile could not
     see these jobs to cancel them, so this side does (see docs/BATCHES.md, races)."""
@@ -50,8 +57,13 @@ def launch(batches: BatchStore, batch_id: str, prompt_indices: list[int]) -> Non
         cancel_groups(batches, batch_id, prompt_indices)
 
 
-def on_job_terminal(jobs: JobStore, job_id: str) -> None:
-    """Never raises: a terminal move must not fail because of a batch; the sweep repairs a miss."""
+def on_job_terminal(jobs: JobStore, job_id: str, group_id: str | None | Unknown = UNKNOWN) -> None:
+    """Never raises: a terminal move must not fail because of a batch; the sweep repairs a miss.
+
+    A caller that knows the job's group id passes it, so the common case (no batch) costs no read.
+    """
+    if group_id is not UNKNOWN and parse_group_id(group_id) is None:  # type: ignore[arg-type]
+        return
     try:
         record_job(batch_store(jobs), job_id)
     except Exception:

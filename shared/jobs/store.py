@@ -229,7 +229,7 @@ class JobStore:
             keys=[self.keys.job(job_id)],
             args=[
                 self.keys.status_index_prefix, job_id, ",".join(allowed_from), stage,
-                repr(time.time()), self.keys.job_events, worker,
+                repr(time.time()), worker,
             ],
         )
         if not reply[0]:
@@ -270,7 +270,9 @@ class JobStore:
             new_status,
             repr(now),
             self.settings.job_ttl_s if new_status in TERMINAL else 0,
-            self.keys.job_events,
+            # Only cancels are published: running workers must hear of them at once, and no
+            # one listens for the rest (a PUBLISH wakes every worker process).
+            self.keys.job_events if new_status == "cancelled" else "",
             guard[0] if guard else "",
             str(guard[1]) if guard else "",
         ]

@@ -8,8 +8,7 @@
 -- ARGV[3]  statuses the stage may take the job from, comma separated
 -- ARGV[4]  the stage (= the new status)
 -- ARGV[5]  now (unix seconds, float)
--- ARGV[6]  channel to publish the change on
--- ARGV[7]  the worker's name
+-- ARGV[6]  the worker's name
 --
 -- Returns {1, previous_status, attempt, field, value, ...} when taken,
 -- {0, current_status} when the job is in another status, {0, ""} when it does not exist.
@@ -32,12 +31,11 @@ end
 local stage = ARGV[4]
 local now = ARGV[5]
 redis.call('HSET', key, 'status', stage, 'updated_at', now,
-  't:' .. stage .. ':started', now, 'worker:' .. stage, ARGV[7])
+  't:' .. stage .. ':started', now, 'worker:' .. stage, ARGV[6])
 if current ~= stage then
   redis.call('ZREM', ARGV[1] .. current, ARGV[2])
   redis.call('ZADD', ARGV[1] .. stage, now, ARGV[2])
 end
-redis.call('PUBLISH', ARGV[6], ARGV[2] .. ' ' .. stage)
 local attempt = redis.call('HINCRBY', key, 'attempts:' .. stage, 1)
 local reply = {1, current, attempt}
 for _, item in ipairs(redis.call('HGETALL', key)) do

@@ -128,7 +128,7 @@ def _hand_on(st: WorkerState, ctx: StageContext, output: dict[str, Any]) -> str:
     if next_stage is None:
         moved = st.store.transition(job_id, (stage,), "done", fields, guard)
         if moved.applied:
-            on_job_terminal(st.store, job_id)
+            on_job_terminal(st.store, job_id, ctx.spec.get("group_id"))
             st.remove_workspace(job_id)
             return "done"
         return _lost_race(st, job_id, moved.previous)
