@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -81,11 +82,19 @@ def _label_field(values: Iterable[str]) -> str:
 
 
 class MetricsRecorder:
-    """Adds observations to the Redis aggregates; one per process, thread-safe (redis-py pools)."""
+    """Adds observations to the Redis aggregates; one per process, thread-safe.
 
-    def __init__(self, redis: Redis, prefix: str) -> None:
+    `buffered`: observations are summed in memory and written by `flush()` (a worker's
+    supervisor calls it every heartbeat), so a stage attempt pays no round trip for metrics.
+    """
+
+    def __init__(self, redis: Redis, prefix: str, buffered: bool = False) -> None:
         self.redis = redis
         self.prefix = prefix
+        self.buffered = buffered
+        self._lock = threading.Lock()
+        self._pending_counts: dict[str, dict[str, int]] = {}
+        self._pending_sums: dict[str, dict[str, float]] = {}
 
     def observe(self, family: HistogramFamily, labels: tuple[str, ...], values: Iterable[float]) -> None:
         """Add observations (all with the same labels) to a histogram in one round trip."""
@@ -110,12 +119,34 @@ class MetricsRecorder:
         self._write(metric_key(self.prefix, family), {_label_field(labels): amount}, {})
 
     def _write(self, key: str, increments: Mapping[str, int], sums: Mapping[str, float]) -> None:
+        if not self.buffered:
+            self._send({key: dict(increments)}, {key: dict(sums)})
+            return
+        with self._lock:
+            counts = self._pending_counts.setdefault(key, {})
+            for field, amount in increments.items():
+                counts[field] = counts.get(field, 0) + amount
+            totals = self._pending_sums.setdefault(key, {})
+            for field, value in sums.items():
+                totals[field] = totals.get(field, 0.0) + value
+
+    def flush(self) -> None:
+        """Write what was buffered in one round trip; on a Redis error it is dropped, not retried."""
+        with self._lock:
+            counts, self._pending_counts = self._pending_counts, {}
+            sums, self._pending_sums = self._pending_sums, {}
+        if counts or sums:
+            self._send(counts, sums)
+
+    def _send(self, counts: Mapping[str, Mapping[str, int]], sums: Mapping[str, Mapping[str, float]]) -> None:
         try:
             with self.redis.pipeline(transaction=False) as pipe:
-                for field, amount in increments.items():
-                    pipe.hincrby(key, field, amount)
-                for field, amount in sums.items():
-                    pipe.hincrbyfloat(key, field, amount)
+                for key, fields in counts.items():
+                    for field, amount in fields.items():
+                        pipe.hincrby(key, field, amount)
+                for key, fields in sums.items():
+                    for field, value in fields.items():
+                        pipe.hincrbyfloat(key, field, value)
                 pipe.execute()
         except RedisError as exc:
             log.warning("metrics not recorded (%s: %s)", type(exc).__name__, exc)

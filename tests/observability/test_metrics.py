@@ -93,17 +93,22 @@ def test_a_live_stack_reports_stage_latencies_and_errors_by_kind(make_stack):
     for job_id in [*ok, bad]:
         wait_status(api, job_id)
 
-    def scraped():
-        parsed = samples(httpx.get(f"{stack.api_url}/metrics").text)
-        return parsed if value(parsed, "rollouts_jobs", status="done") == 3 else None
+    expected = {
+        ("rollouts_jobs", (("status", "done"),)): 3,
+        ("rollouts_jobs", (("status", "failed"),)): 1,
+        ("rollouts_stage_duration_seconds_count", (("outcome", "ok"), ("stage", "init"))): 4,
+        ("rollouts_stage_duration_seconds_count", (("outcome", "ok"), ("stage", "eval"))): 3,
+        ("rollouts_stage_duration_seconds_count", (("outcome", "ok"), ("stage", "rollout"))): 3,
+        ("rollouts_stage_duration_seconds_count", (("outcome", "failed"), ("stage", "rollout"))): 1,
+        ("rollouts_errors_total", (("kind", "RuntimeError"), ("stage", "rollout"))): 1,
+    }
 
-    parsed = wait_for(scraped, what="three done jobs in /metrics")
-    assert value(parsed, "rollouts_jobs", status="failed") == 1
-    assert value(parsed, "rollouts_stage_duration_seconds_count", stage="init", outcome="ok") == 4
-    assert value(parsed, "rollouts_stage_duration_seconds_count", stage="eval", outcome="ok") == 3
-    assert value(parsed, "rollouts_stage_duration_seconds_count", stage="rollout", outcome="ok") == 3
-    assert value(parsed, "rollouts_stage_duration_seconds_count", stage="rollout", outcome="failed") == 1
-    assert value(parsed, "rollouts_errors_total", stage="rollout", kind="RuntimeError") == 1
+    def scraped():
+        # Workers flush their metrics every heartbeat, so the last attempts show up a moment later.
+        parsed = samples(httpx.get(f"{stack.api_url}/metrics").text)
+        return parsed if all(parsed.get(key) == want for key, want in expected.items()) else None
+
+    parsed = wait_for(scraped, timeout=30, what=f"/metrics to report {expected}")
     assert value(parsed, "rollouts_worker_slots", stage="rollout", state="idle") >= 1
 
 

@@ -126,6 +126,7 @@ class WorkerProcess:
             self.state.inflight.interrupt_all("requeue")
         for thread in self._threads:
             thread.join(timeout=max(1.0, self.settings.heartbeat_interval_s * 2))
+        self.state.metrics.flush()
         if self._pubsub_thread is not None:
             self._pubsub_thread.stop()
             self._pubsub_thread.join(timeout=2.0)
@@ -135,6 +136,7 @@ class WorkerProcess:
 
     # --- supervision ------------------------------------------------------
     def _heartbeat(self) -> None:
+        self.state.metrics.flush()
         for slot in self.slots:
             if slot.busy:
                 try:

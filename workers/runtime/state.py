@@ -61,7 +61,7 @@ def init_state(settings: Settings | None = None, stage: str = "worker") -> Worke
             store=JobStore(redis, settings, keys),
             inflight=InflightJobs(),
             process_name=f"{stage}.{socket.gethostname()}.{os.getpid()}",
-            metrics=MetricsRecorder(redis, keys.prefix),
+            metrics=MetricsRecorder(redis, keys.prefix, buffered=True),  # flushed by the supervisor
         )
     return _state
 
