@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis as AsyncRedis
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import require_auth
+from api.deps import require_admin, require_auth
 from api.errors import describe_errors, validation_response
 from api.negotiation import respond
 from shared.batches.hook import batch_store, cancel_groups, start_batch
@@ -170,6 +170,7 @@ async def stream_events(
     "/{batch_id}",
     summary="Cancel a batch: no new groups, running ones cancelled",
     responses={404: {"description": "No such batch"}, 409: {"description": "Already finished"}},
+    dependencies=[Depends(require_admin)],  # cancelling is admin scope, as for jobs
 )
 def cancel_batch(batch_id: str, request: Request, batches: BatchStore = Depends(get_batches)) -> Response:
     closed, previous = batches.close(batch_id)

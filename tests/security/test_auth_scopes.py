@@ -67,3 +67,15 @@ def test_job_ids_are_random_not_sequential(make_client):
     assert len(steps) == 49, "ids advance by a fixed step: guessable"
     # 128 random bits: the high halves of 50 ids are spread over the whole range, not clustered.
     assert max(numbers) - min(numbers) > 2**120
+
+
+def test_a_batch_is_cancelled_only_with_the_admin_scope(scoped):
+    batch = scoped.post(
+        "/v1/batches", json={"prompts": [DEMO["task"]], "n_samples": 2}, headers=READER
+    )
+    assert batch.status_code == 202, batch.text
+    batch_id = batch.json()["id"]
+    refused = scoped.delete(f"/v1/batches/{batch_id}", headers=READER)
+    assert refused.status_code == 403
+    assert scoped.get(f"/v1/batches/{batch_id}", headers=READER).json()["status"] == "running"
+    assert scoped.delete(f"/v1/batches/{batch_id}", headers=ADMIN).status_code == 200

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from shared import log_context
 from shared.backend_pool import BackendPool, NoBackendAvailable, Pin
 from workers.rollout.llm_client import (
     BackendRequestError,
@@ -71,7 +72,8 @@ def complete_routed(
                 raise
             raise last_error from None
         try:
-            return _complete_on(client, pin, prompt_token_ids, sampling)
+            with log_context.bind(backend=pin.backend_id):  # every record of this call names its backend
+                return _complete_on(client, pin, prompt_token_ids, sampling)
         except BackendUnavailable as exc:
             failed.append(pin.backend_id)
             last_error = exc
