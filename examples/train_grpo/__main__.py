@@ -31,7 +31,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Confi
     parser = argparse.ArgumentParser(prog="python -m examples.train_grpo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/grpo"))
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1, one after another on one stack")
+    parser.add_argument("--seeds", type=int, default=3, help="how many seeds, one after another on one stack")
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed+seeds-1")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the trainer")
     parser.add_argument("--rollout-slots", type=int, default=8)
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib)")
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     stack = start_stack(out, base, admin_token, args.rollout_slots)
     try:
         with RolloutClient(stack.api_url, token=stack.settings.token) as client:
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 rows += train_seed(client, admin_token, seed, config, out)
                 write_csv(rows, out / "reward_curve.csv")  # after every seed: a cut-short run keeps its data
     finally:
