@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from redis import Redis
 
+from api.app import create_app
 from shared.config import Settings
 from shared.embedded_redis import EmbeddedRedis
 
@@ -37,3 +39,19 @@ def redis(redis_url: str) -> Iterator[Redis]:
 @pytest.fixture()
 def settings(redis_url: str, tmp_path: Path) -> Settings:
     return Settings(redis_url=redis_url, state_dir=tmp_path / "state")
+
+
+@pytest.fixture()
+def make_client(settings: Settings) -> Iterator[Callable[..., TestClient]]:
+    """In-process API clients over the session's redis-server, each with its own setting overrides."""
+    clients: list[TestClient] = []
+
+    def make(**overrides: object) -> TestClient:
+        client = TestClient(create_app(settings.model_copy(update=overrides)))
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)

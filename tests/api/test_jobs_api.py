@@ -10,26 +10,9 @@ from fastapi.testclient import TestClient
 from redis import Redis
 from rq import Queue
 
-from api.app import create_app
-from shared.config import Settings
 from shared.keys import Keys
 
 DEMO = {"task": {"kind": "demo", "text": "abc"}}
-
-
-@pytest.fixture()
-def make_client(settings: Settings) -> Iterator:
-    clients: list[TestClient] = []
-
-    def make(**overrides: object) -> TestClient:
-        client = TestClient(create_app(settings.model_copy(update=overrides)))
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.__exit__(None, None, None)
 
 
 @pytest.fixture()
