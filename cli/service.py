@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import tempfile
 from pathlib import Path
 
@@ -14,6 +15,15 @@ from shared.config import STAGES, get_settings
 from shared.logs import setup_logging
 from shared.redis_conn import redact_url
 from shared.tasks import get_kind, load_task_modules
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (a scheduler, `timeout`, `kill`) stops the stack as cleanly as Ctrl-C does."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _concurrency(init: int | None, rollout: int | None, eval_: int | None) -> dict[str, int]:
@@ -57,6 +67,7 @@ def up(
         persistent_redis=True,
         cpu_backend=cpu_backend,
     )
+    stop_on_sigterm()
     try:
         stack.start()
     except StackError as exc:
@@ -146,6 +157,7 @@ def run(
         cpu_backend=_needs_llm(jobs, settings.task_modules),
     )
     click.echo(f"starting the stack (logs in {log_dir}) ...", err=True)
+    stop_on_sigterm()
     try:
         stack.start()
         client = ApiClient(stack.api_url, settings.token or (settings.api_tokens[0] if settings.api_tokens else None))

@@ -19,6 +19,7 @@ import httpx
 
 from shared.config import STAGES, Settings
 from shared.embedded_redis import EmbeddedRedis, free_port
+from shared.procs import die_with_parent
 
 
 class StackError(RuntimeError):
@@ -132,7 +133,12 @@ class Stack:
         # Each child gets its own process group, so a terminal's Ctrl-C reaches only us and
         # we stop the children in order (workers drain first, then the API).
         return subprocess.Popen(
-            argv, env=self.env, stdout=output, stderr=subprocess.STDOUT if output else None, start_new_session=True
+            argv,
+            env=self.env,
+            stdout=output,
+            stderr=subprocess.STDOUT if output else None,
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
 
     def _wait_for_api(self, timeout: float) -> None:

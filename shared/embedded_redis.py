@@ -17,6 +17,8 @@ from urllib.parse import quote
 
 from redis import Redis
 
+from shared.procs import die_with_parent
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -69,7 +71,11 @@ class EmbeddedRedis:
             # Through a config file on stdin, not argv: `ps` shows every process's argv.
             args.append("-")
         self.process = subprocess.Popen(
-            args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            args,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent(),
         )
         assert self.process.stdin is not None
         if self.password:

@@ -113,3 +113,41 @@ def test_submit_reports_a_bad_file_clearly(tmp_path):
     )
     assert result.returncode == 1
     assert f"{bad}:2: not valid JSON" in result.stderr
+
+
+def test_up_stops_everything_on_sigterm_too(tmp_path):
+    port = free_port()
+    log = open(tmp_path / "up.log", "w")
+    up = subprocess.Popen(
+        [*ROLLOUTS, "up", "--port", str(port), "--no-cpu-backend"],
+        env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for(lambda: len(children_of(up.pid)) >= 5, timeout=60, what="redis, the API and three workers")
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200, what="the API")
+        children = children_of(up.pid)
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=90)
+        assert not [pid for pid in children if alive(pid)], "`up` left processes behind"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        log.close()
+
+
+def test_children_of_a_killed_up_do_not_outlive_it(tmp_path):
+    port = free_port()
+    log = open(tmp_path / "up.log", "w")
+    up = subprocess.Popen(
+        [*ROLLOUTS, "up", "--port", str(port), "--no-cpu-backend"],
+        env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for(lambda: len(children_of(up.pid)) >= 5, timeout=60, what="redis, the API and three workers")
+        children = children_of(up.pid)
+        up.kill()  # no chance to clean up: the children's parent-death signal must stop them
+        up.wait()
+        wait_for(lambda: not [pid for pid in children if alive(pid)], timeout=60, what="the orphans to exit")
+    finally:
+        log.close()

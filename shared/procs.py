@@ -1,0 +1,26 @@
+"""Child processes that cannot outlive the process that started them."""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+from collections.abc import Callable
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A Popen preexec_fn: the child gets `sig` when its parent dies (Linux), even by SIGKILL.
+
+    The stack's children run in sessions of their own (so a terminal's Ctrl-C reaches only the
+    parent, which stops them in order); without this, a parent killed outright would leave
+    Redis, the API and the workers running with nobody to stop them.
+    """
+
+    def arm() -> None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # not Linux: the parent's own shutdown is all there is
+
+    return arm
