@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import ctypes
 import signal
+import threading
 from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     """A Popen preexec_fn: the child gets `sig` when its parent dies (Linux), even by SIGKILL.
 
     The stack's children run in sessions of their own (so a terminal's Ctrl-C reaches only the
     parent, which stops them in order); without this, a parent killed outright would leave
     Redis, the API and the workers running with nobody to stop them.
+
+    The kernel sends the signal when the *thread* that forked the child exits, so it is armed
+    only for children spawned from the main thread (None otherwise: no preexec_fn).
     """
+    if threading.current_thread() is not threading.main_thread():
+        return None
 
     def arm() -> None:
         try:
