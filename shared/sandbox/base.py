@@ -92,9 +92,21 @@ class Sandbox(ABC):
     def wrap(self, argv: list[str], env: dict[str, str]) -> list[str]:
         """The host argv that runs ``argv`` inside the sandbox with ``env``."""
 
-    @abstractmethod
+    toolserver_python: str  # the interpreter that runs the tool server inside the sandbox
+
     def toolserver_argv(self) -> list[str]:
         """How to start ``python -m shared.toolserver`` inside the sandbox."""
+        s = self.settings
+        return [
+            self.toolserver_python, "-m", "shared.toolserver",
+            "--socket", str(self.socket_path),
+            "--workspace", self.workdir,
+            "--state-dir", str(self.runtime_dir / "toolserver"),
+            "--output-cap", str(s.tool_output_cap_bytes),
+            "--hard-output-cap", str(s.tool_hard_output_bytes),
+            "--default-timeout", str(s.tool_default_timeout_s),
+            "--max-timeout", str(s.tool_max_timeout_s),
+        ]  # fmt: skip
 
     @property
     def launcher_reaps(self) -> bool:

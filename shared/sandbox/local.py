@@ -119,6 +119,7 @@ def _traversable_parents(path: str) -> list[str]:
 
 class LocalSandbox(Sandbox):
     backend = "local"
+    toolserver_python = sys.executable  # bound read-only into the sandbox
 
     def __init__(self, spec: SandboxSpec, workspace: Path, runtime_dir: Path, settings: Settings) -> None:
         super().__init__(spec, workspace, runtime_dir, settings)
@@ -154,19 +155,6 @@ class LocalSandbox(Sandbox):
         slot, self._slot = self._slot, None
         if slot is not None:
             slot.release()
-
-    def toolserver_argv(self) -> list[str]:
-        s = self.settings
-        return [
-            sys.executable, "-m", "shared.toolserver",
-            "--socket", str(self.socket_path),
-            "--workspace", self.workdir,
-            "--state-dir", str(self.runtime_dir / "toolserver"),
-            "--output-cap", str(s.tool_output_cap_bytes),
-            "--hard-output-cap", str(s.tool_hard_output_bytes),
-            "--default-timeout", str(s.tool_default_timeout_s),
-            "--max-timeout", str(s.tool_max_timeout_s),
-        ]  # fmt: skip
 
     def wrap(self, argv: list[str], env: dict[str, str]) -> list[str]:
         if self.isolated:

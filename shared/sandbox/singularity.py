@@ -50,6 +50,7 @@ def apptainer_command(
 
 class SingularitySandbox(Sandbox):
     backend = "singularity"
+    toolserver_python = TOOLSERVER_PYTHON
 
     def __init__(self, spec: SandboxSpec, workspace: Path, runtime_dir: Path, settings: Settings) -> None:
         super().__init__(spec, workspace, runtime_dir, settings)
@@ -81,19 +82,6 @@ class SingularitySandbox(Sandbox):
         path = self.runtime_dir / f"env-{abs(hash(tuple(sorted(env.items()))))}"
         path.write_text("".join(f"{key}={shlex.quote(value)}\n" for key, value in env.items()))
         return path
-
-    def toolserver_argv(self) -> list[str]:
-        s = self.settings
-        return [
-            TOOLSERVER_PYTHON, "-m", "shared.toolserver",
-            "--socket", str(self.socket_path),
-            "--workspace", self.workdir,
-            "--state-dir", str(self.runtime_dir / "toolserver"),
-            "--output-cap", str(s.tool_output_cap_bytes),
-            "--hard-output-cap", str(s.tool_hard_output_bytes),
-            "--default-timeout", str(s.tool_default_timeout_s),
-            "--max-timeout", str(s.tool_max_timeout_s),
-        ]  # fmt: skip
 
     def wrap(self, argv: list[str], env: dict[str, str]) -> list[str]:
         image = self._image if self._image is not None else Path(self.source)
