@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -115,15 +116,21 @@ def test_submit_reports_a_bad_file_clearly(tmp_path):
     assert f"{bad}:2: not valid JSON" in result.stderr
 
 
-def test_up_stops_everything_on_sigterm_too(tmp_path):
-    port = free_port()
+def start_up_without_backend(tmp_path: Path, port: int) -> tuple[subprocess.Popen, IO[str]]:
+    """`rollouts up` with its output in a file; returns once Redis, the API and three workers run."""
     log = open(tmp_path / "up.log", "w")
     up = subprocess.Popen(
         [*ROLLOUTS, "up", "--port", str(port), "--no-cpu-backend"],
         env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )
+    wait_for(lambda: len(children_of(up.pid)) >= 5, timeout=60, what="redis, the API and three workers")
+    return up, log
+
+
+def test_up_stops_everything_on_sigterm_too(tmp_path):
+    port = free_port()
+    up, log = start_up_without_backend(tmp_path, port)
     try:
-        wait_for(lambda: len(children_of(up.pid)) >= 5, timeout=60, what="redis, the API and three workers")
         wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200, what="the API")
         children = children_of(up.pid)
         up.send_signal(signal.SIGTERM)
@@ -137,14 +144,8 @@ def test_up_stops_everything_on_sigterm_too(tmp_path):
 
 
 def test_children_of_a_killed_up_do_not_outlive_it(tmp_path):
-    port = free_port()
-    log = open(tmp_path / "up.log", "w")
-    up = subprocess.Popen(
-        [*ROLLOUTS, "up", "--port", str(port), "--no-cpu-backend"],
-        env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-    )
+    up, log = start_up_without_backend(tmp_path, free_port())
     try:
-        wait_for(lambda: len(children_of(up.pid)) >= 5, timeout=60, what="redis, the API and three workers")
         children = children_of(up.pid)
         up.kill()  # no chance to clean up: the children's parent-death signal must stop them
         up.wait()
