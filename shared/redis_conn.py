@@ -11,6 +11,16 @@ from redis.retry import Retry
 from shared.config import Settings
 
 
+# redis-py 8 caps a client's connection pool at 100 by default (earlier versions did not cap it).
+# A worker process shares one client among all its threads: every rq slot holds a connection
+# while it blocks waiting for a job, and the rollout's LLM-call threads, the supervisor and
+# maintenance need more, so a 100-slot process ran out (MaxConnectionsError crashed slots and
+# re-queued finished stages until their retries ran out). A pool grows only to the number of
+# threads using it at once, so this cap is just a backstop; Redis's maxclients (10,000 by
+# default) is the real bound.
+MAX_CONNECTIONS = 10_000
+
+
 class RedisNotConfigured(RuntimeError):
     """Raised where a process needs Redis but none was configured or started."""
 
@@ -27,6 +37,7 @@ def connect(settings: Settings, *, decode_responses: bool = False) -> Redis:
         health_check_interval=30,
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
         socket_keepalive=True,
+        max_connections=MAX_CONNECTIONS,
     )
 
 
