@@ -50,9 +50,12 @@ class WorkerProcess:
         drain_timeout_s: float | None = None,
     ) -> None:
         self.stage = stage
+        self.concurrency = concurrency or settings.concurrency(stage)
+        # The settings the stages get say this process's slot count, also when `--concurrency`
+        # overrides it: what is sized by it (the rollout's LLM-call threads) must fit the slots.
+        settings = settings.model_copy(update={f"{stage}_concurrency": self.concurrency})
         self.state: WorkerState = init_state(settings, stage)
         self.settings = settings
-        self.concurrency = concurrency or settings.concurrency(stage)
         self.drain_timeout_s = settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         self._stop = threading.Event()
         self._signals = 0
