@@ -113,7 +113,11 @@ def _start_sandbox(kind: AgentTask, ctx: StageContext) -> Sandbox:
     ctx.on_cleanup(sandbox.stop)
     ctx.on_interrupt(lambda _reason: sandbox.stop())  # unblocks a tool call the cancel must not wait for
     ctx.workspace.mkdir(parents=True, exist_ok=True)
-    sandbox.start()
+    try:
+        sandbox.start()
+    except SandboxError:
+        ctx.check()  # the deadline or a cancel stopped it mid-start: timed_out/cancelled, not failed
+        raise
     return sandbox
 
 
