@@ -26,6 +26,7 @@ from shared.batches.pool import load_pool
 from shared.batches.spec import BatchRequest
 from shared.batches.store import BatchStore, group_views
 from shared.batches.views import batch_view
+from shared.redis_conn import MAX_CONNECTIONS
 
 # Groups per page when each embeds its samples' trajectories and evaluations.
 MAX_RESULTS_PAGE = 16
@@ -51,7 +52,9 @@ def get_async_redis(request: Request) -> AsyncRedis:
     client = getattr(request.app.state, "batches_async_redis", None)
     if client is None:
         # Reads block for up to a long-poll's wait (at most 60 s): the socket timeout must outlast that.
-        client = AsyncRedis.from_url(request.app.state.settings.redis_url, health_check_interval=30, socket_timeout=90)
+        # Every waiting long-poll holds a connection: redis-py 8's default cap of 100 would fail the 101st.
+        client = AsyncRedis.from_url(request.app.state.settings.redis_url, health_check_interval=30,
+                                     socket_timeout=90, max_connections=MAX_CONNECTIONS)
         request.app.state.batches_async_redis = client
     return client
 

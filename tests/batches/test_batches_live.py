@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 
 import httpx
@@ -128,3 +129,21 @@ def test_long_poll_and_sse_readers_each_get_every_group_exactly_once(stack):
         reader.join(timeout=120)
     assert len(via_poll) == 5 == len(set(via_poll))
     assert via_sse == via_poll  # the same groups, in the same (completion) order
+
+
+def test_more_long_polls_than_redis_py_default_pool_all_answer(stack):
+    """Each waiting long-poll holds one async Redis connection; redis-py 8 caps a pool at 100 by default."""
+    polls = 120
+    with RolloutClient(stack.api_url) as client:
+        batch = client.submit_batch([{**SLOW_INFORMATIVE, "rollout_s": 8.0}], n_samples=2)
+    url = f"{stack.api_url}/v1/batches/{batch.id}/groups"
+    barrier = threading.Barrier(polls)
+
+    def long_poll(_: int) -> int:
+        with httpx.Client(timeout=60) as http:
+            barrier.wait()
+            return http.get(url, params={"wait": 3}).status_code
+
+    with ThreadPoolExecutor(polls) as pool:
+        codes = list(pool.map(long_poll, range(polls)))
+    assert codes == [200] * polls
