@@ -92,3 +92,30 @@ def test_dead_kernel_is_restarted_and_reported_not_timed_out(tmp_path: Path) -> 
         assert kernel.run("'lost' in dir(), 6 * 7", 30).result == "(False, 42)"
     finally:
         kernel.close()
+
+
+def test_fd_level_output_arrives_before_the_call_returns(kernel: PythonKernel) -> None:
+    """Output written to fds 1 and 2 by the kernel's children is drained at the end of each execution."""
+    kernel.run("import os, subprocess, sys", 30)
+    for _ in range(20):
+        assert kernel.run("os.system('echo from-shell')", 30).stdout == "from-shell\n"
+        assert kernel.run("subprocess.run(['sh', '-c', 'echo oops >&2'])", 30).stderr == "oops\n"
+        assert kernel.run("os.write(1, 'é'.encode() * 3)", 30).stdout == "ééé"
+
+
+def test_many_writes_all_arrive_in_order(kernel: PythonKernel) -> None:
+    out = kernel.run("for i in range(3000): print(i)", 30)
+    assert out.stdout == "".join(f"{i}\n" for i in range(3000))
+    out = kernel.run("import sys; print('a', flush=True); print('b', file=sys.stderr); 7", 30)
+    assert (out.stdout, out.stderr, out.result) == ("a\n", "b\n", "7")
+
+
+def test_output_of_forked_children_still_arrives(kernel: PythonKernel) -> None:
+    code = (
+        "import multiprocessing as mp\n"
+        "def work(i):\n    print('child', i, flush=True)\n    return i * i\n"
+        "with mp.get_context('fork').Pool(2) as pool:\n    squares = pool.map(work, range(3))\n"
+        "squares"
+    )
+    out = kernel.run(code, 60)
+    assert out.result == "[0, 1, 4]" and out.error is None

@@ -1,0 +1,188 @@
+"""The IPython kernel the ``python`` tool starts: stock ipykernel minus hand-offs a lone client never needs.
+
+Run as a script (``python .../kernel.py -f CONNECTION_FILE``), not as ``-m shared.toolserver.kernel``,
+so the kernel imports neither the tool server's package nor its dependencies, and the user's
+``sys.path`` is the one ``ipykernel_launcher`` would give.
+
+Why: on a busy 2-core host a ``1+1`` round trip is dominated by thread wake-ups, not by
+work. Stock ipykernel wakes its IOPub thread and waits on an Event for every
+``sys.stdout.flush()``/``sys.stderr.flush()``, four of them per execution even when
+nothing was printed, and sleeps 0.5 ms (``_execute_sleep``) before every reply. It also
+broadcasts ``execute_input`` for other frontends; the tool server is the only client.
+Everything else (messages, signing, interrupts) is ipykernel's own.
+
+Output written straight to file descriptors 1 and 2 (``os.system``, subprocesses, C
+code) goes through a pipe that ipykernel reads in a thread; stock ipykernel does not wait
+for that thread at the end of an execution, so such output could arrive after
+``status: idle`` and be lost. Here the flush at the end of every execution drains the
+pipe itself, so it cannot.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import select
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__" and sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    del sys.path[0]  # the script's own directory: its modules (bash, files, python...) must not shadow the user's
+
+from ipykernel.iostream import OutStream  # noqa: E402
+from ipykernel.ipkernel import IPythonKernel  # noqa: E402
+
+_PIPE_READ = 65536
+# An importable name for the classes: IPython replaces __main__ with the user's namespace.
+_ALIAS = "rollouts_tool_kernel"
+
+
+class ToolOutStream(OutStream):
+    """An OutStream whose ``flush()`` returns at once when every write is already queued for IOPub.
+
+    Stock ``flush()`` always round-trips through the IOPub thread. Ordering is all the
+    protocol needs: a message sent after ``flush()`` must follow the output written
+    before it. Messages leave IOPub in the order they were queued, so once ``_flush`` has
+    queued the last write there is nothing to wait for. Writes are counted after they
+    reach the buffer and marked sent only after ``_flush`` queued what it rotated out.
+
+    ``flush()`` first moves whatever the fd pipe holds into the buffer (under the lock the
+    watcher thread reads it with), so fd-level output written before the flush is ordered
+    before what follows it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Set before super().__init__, which starts the fd watcher thread.
+        self._count_lock = threading.Lock()
+        self._written = 0
+        self._queued = 0
+        self._fd_lock = threading.RLock()
+        self._fd_nonblocking = False
+        self._fd_eof = False
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        super().__init__(*args, **kwargs)
+
+    def _watch_pipe_fd(self) -> None:
+        """Wait for the pipe without holding the lock, then drain it under the lock."""
+        if self._fid is None:
+            return
+        try:
+            poller = select.poll()
+            poller.register(self._fid, select.POLLIN)
+            while self._should_watch and not self._fd_eof:
+                poller.poll()
+                self._drain_fd()
+        except Exception:  # noqa: BLE001 - reported by close(), as ipykernel does
+            self._exc = sys.exc_info()
+
+    def _drain_fd(self) -> None:
+        """Move everything the pipe holds now into the stream's buffer (and echo it to the original fd)."""
+        fid = self._fid
+        if fid is None:
+            return
+        chunks = []
+        with self._fd_lock:
+            if not self._fd_nonblocking:
+                os.set_blocking(fid, False)
+                self._fd_nonblocking = True
+            while not self._fd_eof:
+                try:
+                    data = os.read(fid, _PIPE_READ)
+                except BlockingIOError:
+                    break
+                if not data:
+                    self._fd_eof = True
+                    break
+                if not self._should_watch:  # closing: the byte close() wrote to wake the watcher
+                    continue
+                chunks.append(data)
+                text = self._decoder.decode(data)
+                if text:
+                    self.write(text)
+        for data in chunks:  # outside the lock: a slow original fd must not stall a flush
+            os.write(self._original_stdstream_copy, data)
+
+    def write(self, string: str) -> int | None:  # type: ignore[override]
+        written = super().write(string)
+        with self._count_lock:
+            self._written += 1
+        return written
+
+    def _flush(self) -> None:
+        with self._count_lock:
+            seen = self._written
+        super()._flush()
+        with self._count_lock:
+            self._queued = max(self._queued, seen)
+
+    def flush(self) -> None:
+        # Only the kernel itself drains: a forked child shares the pipe but not the watcher.
+        if self._should_watch and self._fid is not None and self._is_master_process():
+            self._drain_fd()
+        with self._count_lock:
+            pending = self._written != self._queued
+        if pending or self.echo is not None:
+            super().flush()
+
+
+class _QueuedSend:
+    """Queues a message on the IOPub thread without waking it: it leaves with the next one that does.
+
+    For ``status: busy`` and ``execute_result``: ``status: idle`` always follows them (and
+    wakes the thread), so one wake-up sends all three together, in order, instead of three.
+    """
+
+    def __init__(self, iopub_thread: Any) -> None:
+        self.iopub_thread = iopub_thread
+
+    def send_multipart(self, parts: Any, *args: Any, **kwargs: Any) -> None:
+        thread = self.iopub_thread
+        if thread.thread is not None and thread.thread.is_alive():
+            thread._events.append(lambda: thread._really_send(parts, *args, **kwargs))
+        else:  # a forked child, or shutting down: send now, as IOPubThread.schedule does
+            thread._really_send(parts, *args, **kwargs)
+
+
+class ToolKernel(IPythonKernel):
+    """IPythonKernel without the reply sleep, the ``execute_input`` broadcast, and with lazy sends."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # A FIXME workaround for clients that read the reply before the output; ours waits
+        # for ``status: idle`` on IOPub, which is queued after all output.
+        self._execute_sleep = 0.0
+        thread = self.iopub_thread
+        if hasattr(thread, "_events") and hasattr(thread, "_really_send"):
+            self._queued_iopub: Any = _QueuedSend(thread)
+            self.shell.displayhook.pub_socket = self._queued_iopub
+        else:  # an ipykernel whose IOPub thread changed: slower, never broken
+            self._queued_iopub = self.iopub_socket
+
+    def _publish_status(self, status: str, channel: str, parent: Any = None) -> None:
+        """``busy`` waits for the next message that wakes the IOPub thread; the rest go at once."""
+        if status != "busy" or not self.session:
+            super()._publish_status(status, channel, parent)
+            return
+        self.session.send(
+            self._queued_iopub,
+            "status",
+            {"execution_state": status},
+            parent=parent or self.get_parent(channel),
+            ident=self._topic("status"),
+        )
+
+    def _publish_execute_input(self, code: str, parent: Any, execution_count: int) -> None:
+        """Skipped: only other frontends watching the same kernel would read it."""
+
+
+def main() -> None:
+    from ipykernel.kernelapp import IPKernelApp
+
+    sys.modules.setdefault(_ALIAS, sys.modules[__name__])
+    IPKernelApp.launch_instance(kernel_class=ToolKernel, outstream_class=f"{_ALIAS}.ToolOutStream")
+
+
+if __name__ == "__main__":
+    main()
