@@ -5,15 +5,23 @@ Every variant runs the same trivial command (``true``; ``1+1``) so the figure is
 mechanism's own overhead. The sandboxed figures go through the whole path the rollout
 worker uses (msgpack frame over the Unix socket into a bubblewrap sandbox).
 
-    .venv/bin/python -m bench.tools [--calls 200]
+The variants of a table run interleaved (each round calls every variant once, in a
+shuffled order) so that a shared, loaded host slows them alike and the ratios stay fair.
+Both "new process per call" baselines spawn the same way (``subprocess.run`` with output
+captured, as a tool would need it; ``Sandbox.exec`` in the sandbox).
+
+    .venv/bin/python -m bench.tools [--calls 300]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -28,18 +36,33 @@ from shared.sandbox.local import bwrap_usable
 from shared.toolserver.bash import PersistentBash
 from shared.toolserver.python import PythonKernel
 
+Stats = tuple[float, float, float]  # p50, mean, p99 in ms
 
-def measure(fn: Callable[[], object], calls: int, warmup: int = 3) -> tuple[float, float]:
-    """(p50, p99) latency in milliseconds."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(calls):
-        started = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - started) * 1000)
-    samples.sort()
-    return statistics.median(samples), samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+
+def interleaved(variants: dict[str, Callable[[], object]], rounds: int, warmup: int = 5) -> dict[str, Stats]:
+    """(p50, mean, p99) per variant in ms; each round calls every variant once, in a shuffled order."""
+    for fn in variants.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for _ in range(rounds):
+        random.shuffle(names)
+        for name in names:
+            started = time.perf_counter()
+            variants[name]()
+            samples[name].append((time.perf_counter() - started) * 1000)
+    stats = {}
+    for name, values in samples.items():
+        values.sort()
+        p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
+        stats[name] = (statistics.median(values), statistics.mean(values), p99)
+    return stats
+
+
+def spawn(argv: list[str]) -> None:
+    """The unsandboxed "new process per call" path, the same for bash and python."""
+    subprocess.run(argv, check=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 class TmuxShell:
@@ -72,63 +95,212 @@ class TmuxShell:
         subprocess.run(["tmux", "kill-session", "-t", self.session], check=False)
 
 
-def row(name: str, p50: float, p99: float, base: float | None) -> str:
-    ratio = f"{p50 / base:.1f}x" if base else "1.0x"
-    return f"| {name} | {p50:.2f} | {p99:.2f} | {ratio} |"
+def table(title: str, base_name: str, stats: dict[str, Stats], baselines: dict[str, str]) -> list[str]:
+    """Rows with p50, mean, p99; the ratio to ``base_name``; and how many times faster than each baseline.
+
+    ``baselines`` maps a row name to its short column label; ratios are the baseline's over the row's.
+    """
+    base = stats[base_name][0]
+    head = f"| {title} | p50 ms | mean ms | p99 ms | p50 vs first row |"
+    head += "".join(f" {label} / this, p50 (mean) |" for label in baselines.values())
+    lines = [head, "|" + "---|" * (5 + len(baselines))]
+    for name, (p50, mean, p99) in stats.items():
+        line = f"| {name} | {p50:.2f} | {mean:.2f} | {p99:.2f} | {p50 / base:.1f}x |"
+        line += "".join(f" {stats[b][0] / p50:.1f}x ({stats[b][1] / mean:.1f}x) |" for b in baselines)
+        lines.append(line)
+    return lines
+
+
+class StockKernel:
+    """The way this tool used to drive IPython: ``ipykernel_launcher`` and jupyter_client's blocking client.
+
+    Kept here as the reference the python tool's kernel and client are measured against.
+    """
+
+    def __init__(self, work: Path, env: dict[str, str]) -> None:
+        from jupyter_client import KernelManager
+
+        self.manager = KernelManager(
+            transport="ipc", ip=str(work / "k"), connection_file=str(work / "kernel.json"))  # fmt: skip
+        self.manager.kernel_spec.argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        self.manager.start_kernel(
+            cwd=str(work), env={**env, "IPYTHONDIR": str(work / "ipython")},
+            extra_arguments=["--HistoryManager.enabled=False", "--colors=NoColor"],
+        )  # fmt: skip
+        self.client = self.manager.blocking_client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=60)
+
+    def run(self, code: str) -> None:
+        msg_id = self.client.execute(code, store_history=True, allow_stdin=False)
+        while True:
+            msg = self.client.get_iopub_msg(timeout=30)
+            if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status"
+                    and msg["content"]["execution_state"] == "idle"):
+                break
+        self.client.get_shell_msg(timeout=30)
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
+
+
+_PIPE_REPL = """
+import io, json, os, struct, sys
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance(colors="NoColor")
+shell.history_manager.enabled = False
+def read(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            sys.exit(0)
+        data += chunk
+    return data
+while True:
+    code = read(struct.unpack("<I", read(4))[0]).decode()
+    out, err = io.StringIO(), io.StringIO()
+    sys.stdout, sys.stderr = out, err
+    try:
+        result = shell.run_cell(code, store_history=False).result
+    finally:
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    reply = json.dumps([out.getvalue(), err.getvalue(), None if result is None else repr(result)]).encode()
+    os.write(1, struct.pack("<I", len(reply)) + reply)
+"""
+
+
+class PipeRepl:
+    """A single-threaded IPython REPL over a pipe: a reference for what the Jupyter architecture costs.
+
+    Not the tool (no streaming, interrupts, fd capture or protocol): one process, no
+    threads, one wake-up each way, so its round trip is IPython's ``run_cell`` plus a pipe.
+    """
+
+    def __init__(self) -> None:
+        argv = [sys.executable, "-c", _PIPE_REPL]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def run(self, code: str) -> str | None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        data = code.encode()
+        os.write(self.proc.stdin.fileno(), struct.pack("<I", len(data)) + data)
+        size = struct.unpack("<I", self.proc.stdout.read(4))[0]
+        return json.loads(self.proc.stdout.read(size))[2]
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
 
 
 def bench_bash(calls: int, settings: Settings, work: Path) -> list[str]:
-    lines = ["| bash `true` round trip | p50 ms | p99 ms | vs persistent (sandboxed) |", "|---|---|---|---|"]
     (work / "ws").mkdir()
-    with create_sandbox(SandboxSpec(), work / "ws", work / "rt", settings) as box:
-        base, p99 = measure(lambda: box.call("bash", {"command": "true"}), calls)
-    lines.append(row("persistent pty bash, sandboxed, via Unix socket", base, p99, None))
+    base = "persistent pty bash, sandboxed, via Unix socket"
+    fresh, fresh_boxed = "new `bash -c` per call (unsandboxed)", "new sandboxed process per call (`Sandbox.exec`)"
+    box = create_sandbox(SandboxSpec(), work / "ws", work / "rt", settings).start()
+    box2 = create_sandbox(SandboxSpec(), work / "ws", work / "rt2", settings)  # exec needs no tool server
     shell = PersistentBash(work, {"PATH": os.environ["PATH"]}, work / "st", 16384, 1 << 20)
     shell.start()
-    p50, p99 = measure(lambda: shell.run("true", 10), calls)
-    shell.close()
-    lines.append(row("persistent pty bash, in process (no socket)", p50, p99, base))
-    if shutil.which("tmux"):
-        for poll in (0.0, 0.05):
-            tmux = TmuxShell(poll)
-            try:
-                p50, p99 = measure(lambda tmux=tmux: tmux.run("true"), max(calls // 4, 20))
-            finally:
-                tmux.close()
-            label = "busy polling" if poll == 0 else f"{poll * 1000:.0f} ms poll interval"
-            lines.append(row(f"tmux send-keys + capture-pane, {label}", p50, p99, base))
-    else:
-        lines.append("| tmux (not installed: skipped) | - | - | - |")
-    p50, p99 = measure(lambda: subprocess.run(["bash", "-c", "true"], check=True), calls)
-    lines.append(row("new `bash -c` per call (unsandboxed)", p50, p99, base))
-    box2 = create_sandbox(SandboxSpec(), work / "ws", work / "rt2", settings)
-    p50, p99 = measure(lambda: box2.exec(["true"], timeout=30), max(calls // 4, 20))
-    box2.stop()
-    lines.append(row("new sandboxed process per call (`Sandbox.exec`)", p50, p99, base))
+    tmuxes = [TmuxShell(poll) for poll in (0.0, 0.05)] if shutil.which("tmux") else []
+    variants: dict[str, Callable[[], object]] = {
+        base: lambda: box.call("bash", {"command": "true"}),
+        "persistent pty bash, in process (no socket)": lambda: shell.run("true", 10),
+    }
+    for tmux in tmuxes:
+        label = "busy polling" if tmux.poll_s == 0 else f"{tmux.poll_s * 1000:.0f} ms poll interval"
+        variants[f"tmux send-keys + capture-pane, {label}"] = lambda tmux=tmux: tmux.run("true")
+    variants[fresh] = lambda: spawn(["bash", "-c", "true"])
+    variants[fresh_boxed] = lambda: box2.exec(["true"], timeout=30)
+    try:
+        stats = interleaved(variants, calls)
+    finally:
+        for tmux in tmuxes:
+            tmux.close()
+        shell.close()
+        box.stop()
+        box2.stop()
+    lines = table("bash `true` round trip", base, stats, {fresh: "`bash -c`", fresh_boxed: "sandboxed"})
+    if not tmuxes:
+        lines.append("| tmux (not installed: skipped) | - | - | - | - | - | - |")
     return lines
 
 
 def bench_python(calls: int, settings: Settings, work: Path) -> list[str]:
-    lines = ["| IPython `1+1` round trip | p50 ms | p99 ms | vs ipc kernel (sandboxed) |", "|---|---|---|---|"]
-    with create_sandbox(SandboxSpec(), work / "ws", work / "rt3", settings) as box:
-        box.call("python", {"code": "0"})
-        base, p99 = measure(lambda: box.call("python", {"code": "1+1"}), calls)
-    lines.append(row("persistent kernel, ipc, sandboxed, via Unix socket", base, p99, None))
+    base = "persistent kernel, ipc, sandboxed, via Unix socket"
+    fresh = "new `python -c` per call (unsandboxed)"
+    fresh_boxed = "new sandboxed `python -c` per call (`Sandbox.exec`)"
+    box = create_sandbox(SandboxSpec(), work / "ws", work / "rt3", settings).start()
+    box.call("python", {"code": "0"})
+    box2 = create_sandbox(SandboxSpec(), work / "ws", work / "rt4", settings)  # exec needs no tool server
     env = {"PATH": os.environ["PATH"], "HOME": str(work)}
+    kernels = {}
     for transport in ("ipc", "tcp"):
-        kernel = PythonKernel(work, env, work / f"k-{transport}", transport=transport)
-        kernel.start()
-        p50, p99 = measure(lambda kernel=kernel: kernel.run("1+1", 30), calls)
-        kernel.close()
-        lines.append(row(f"persistent kernel, {transport}, in process", p50, p99, base))
-    fresh = [sys.executable, "-c", "print(1+1)"]
-    p50, p99 = measure(lambda: subprocess.run(fresh, check=True, capture_output=True), max(calls // 4, 20))
-    lines.append(row("new `python -c` per call (unsandboxed)", p50, p99, base))
-    box2 = create_sandbox(SandboxSpec(), work / "ws", work / "rt4", settings)
-    p50, p99 = measure(lambda: box2.exec(fresh, timeout=30), max(calls // 4, 20))
-    box2.stop()
-    lines.append(row("new sandboxed `python -c` per call (`Sandbox.exec`)", p50, p99, base))
-    return lines
+        kernels[transport] = PythonKernel(work, env, work / f"k-{transport}", transport=transport)
+        kernels[transport].start()
+    (work / "k-stock").mkdir()
+    stock = StockKernel(work / "k-stock", env)
+    repl = PipeRepl()
+    argv = [sys.executable, "-c", "print(1+1)"]
+    variants: dict[str, Callable[[], object]] = {
+        base: lambda: box.call("python", {"code": "1+1"}),
+        "persistent kernel, ipc, in process": lambda: kernels["ipc"].run("1+1", 30),
+        "persistent kernel, tcp, in process": lambda: kernels["tcp"].run("1+1", 30),
+        "stock ipykernel + jupyter_client blocking client, ipc, in process": lambda: stock.run("1+1"),
+        "reference: single-threaded IPython REPL over a pipe (not Jupyter)": lambda: repl.run("1+1"),
+        fresh: lambda: spawn(argv),
+        fresh_boxed: lambda: box2.exec(argv, timeout=30),
+    }
+    try:
+        stats = interleaved(variants, calls)
+    finally:
+        repl.close()
+        stock.close()
+        for kernel in kernels.values():
+            kernel.close()
+        box.stop()
+        box2.stop()
+    return table("IPython `1+1` round trip", base, stats, {fresh: "`python -c`", fresh_boxed: "sandboxed"})
+
+
+def wakeups(pid: int) -> int:
+    """Voluntary context switches so far, over every thread of process ``pid``: how often it slept and woke."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches"):
+                    total += int(line.split()[1])
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return total
+
+
+def bench_wakeups(calls: int, work: Path) -> list[str]:
+    """Thread wake-ups per ``1+1``, kernel and client side: a count that load does not inflate."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(work)}
+    (work / "w-stock").mkdir()
+    stock = StockKernel(work / "w-stock", env)
+    ours = PythonKernel(work, env, work / "w-ours")
+    ours.start()
+    assert ours.manager is not None
+    stock_pid = stock.manager.provisioner.process.pid  # type: ignore[union-attr]
+    ours_pid = ours.manager.provisioner.process.pid  # type: ignore[union-attr]
+    rows = []
+    for name, fn, pid in (
+        ("stock ipykernel + jupyter_client blocking client", lambda: stock.run("1+1"), stock_pid),
+        ("the python tool's kernel and client", lambda: ours.run("1+1", 30), ours_pid),
+    ):
+        for _ in range(10):
+            fn()
+        kernel0, client0 = wakeups(pid), wakeups(os.getpid())
+        for _ in range(calls):
+            fn()
+        kernel, client = (wakeups(pid) - kernel0) / calls, (wakeups(os.getpid()) - client0) / calls
+        rows.append(f"| {name} | {kernel:.1f} | {client:.1f} |")
+    stock.close()
+    ours.close()
+    return ["| thread wake-ups per `1+1` (in process, ipc) | kernel | client |", "|---|---|---|", *rows]
 
 
 def bench_lifecycle(rounds: int, settings: Settings, work: Path) -> list[str]:
@@ -158,7 +330,7 @@ def bench_lifecycle(rounds: int, settings: Settings, work: Path) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--calls", type=int, default=300, help="interleaved rounds per table")
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     usable, reason = bwrap_usable()
@@ -171,6 +343,7 @@ def main() -> None:
         for section in (
             bench_bash(args.calls, settings, work),
             bench_python(args.calls, settings, work),
+            bench_wakeups(args.calls, work),
             bench_lifecycle(args.rounds, settings, work),
         ):
             print("\n".join(section) + "\n", flush=True)
