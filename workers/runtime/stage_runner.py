@@ -8,8 +8,12 @@ left for the one case the runner cannot see: its process dying mid-job.
 
 from __future__ import annotations
 
+import errno
+import os
+import tempfile
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from rq.timeouts import JobTimeoutException
@@ -82,7 +86,8 @@ def _run_stage(stage: str, job_id: str, worker_name: str | None) -> str:
         interrupted = "timed_out"  # rq's backstop fired: the handler ignored its deadline
     except Exception as exc:
         log.warning("job %s: %s failed: %s: %s", job_id, stage, type(exc).__name__, exc)
-        error = {"stage": stage, "type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+        message = str(exc) + _disk_full_note(exc, st.settings.workspaces)
+        error = {"stage": stage, "type": type(exc).__name__, "message": message, "traceback": traceback.format_exc()}
     finally:
         # Sandboxes and other per-stage resources go first, before the record says anything.
         st.inflight.remove(ctx)
@@ -100,6 +105,24 @@ def _run_stage(stage: str, job_id: str, worker_name: str | None) -> str:
     if interrupted is not None:
         return _interrupted(st, ctx, interrupted, limit)
     return _hand_on(st, ctx, output)
+
+
+def _disk_full_note(exc: BaseException, workspaces: Path) -> str:
+    """For a full disk or quota, how full the filesystems a stage writes on are.
+
+    A buffered write fails at its flush, whose OSError carries no file name: "[Errno 28] No space
+    left on device" alone does not say whether the shared workspaces or this node's temp dir is full.
+    """
+    if not isinstance(exc, OSError) or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return ""
+    parts = []
+    for what, path in (("workspaces", workspaces), ("node-local temp", Path(tempfile.gettempdir()))):
+        try:
+            fs = os.statvfs(path)
+        except OSError:
+            continue
+        parts.append(f"{what} {path}: {fs.f_bavail * fs.f_frsize} of {fs.f_blocks * fs.f_frsize} bytes free")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _call_handler(stage: str, ctx: StageContext) -> dict[str, Any]:
