@@ -1,8 +1,10 @@
 """File tools (view, create, str_replace) confined to the workspace.
 
 Every path is resolved with symlinks followed and must land inside the
-workspace root; the final open uses O_NOFOLLOW so a symlink swapped in after
-the check is refused rather than followed. Opens are non-blocking and must
+workspace root; reads open with O_NOFOLLOW so a symlink swapped in after the
+check is refused rather than followed, and writes rename a new file over the
+path, which replaces a symlink instead of following it (and leaves the old file
+whole when the write fails). Opens are non-blocking and must
 land on a regular file, so a FIFO (or a device) can neither hang the call
 while it holds the files lock nor be read or written as a file. Edits decode
 the file strictly: a file that is not UTF-8 is refused, never rewritten with
@@ -11,9 +13,11 @@ replacement characters.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 
@@ -76,14 +80,33 @@ class Workspace:
             data = text.encode("utf-8")
         except UnicodeEncodeError:
             raise ToolError("the text is not valid UTF-8 (it contains a lone surrogate)") from None
-        # O_TRUNC only after the file is known to be regular: opening a FIFO must not block.
+        # Write a sibling and rename it over the file: a write that fails halfway (a full disk,
+        # the file-size limit) leaves the old file as it was instead of truncated.
         try:
-            fd = self._open_regular(real, os.O_WRONLY | os.O_CREAT)
+            mode = self._regular_mode(real)
+            fd, staging = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
         except OSError as exc:
             raise ToolError(f"cannot write {real}: {exc.strerror}") from None
-        with os.fdopen(fd, "wb") as handle:
-            handle.truncate(0)
-            handle.write(data)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.chmod(staging, mode)
+            os.replace(staging, real)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(staging)
+            raise ToolError(f"cannot write {real}: {exc.strerror}; the file is unchanged") from None
+
+    @staticmethod
+    def _regular_mode(real: Path) -> int:
+        """The permission bits to keep (0o644 for a new file); refuses to replace anything but a regular file."""
+        try:
+            info = os.lstat(real)
+        except FileNotFoundError:
+            return 0o644
+        if not stat.S_ISREG(info.st_mode):
+            raise ToolError(f"{real} is not a regular file")
+        return stat.S_IMODE(info.st_mode)
 
     def view(self, path: str, view_range: list[int] | None = None) -> str:
         real = self.resolve(path)

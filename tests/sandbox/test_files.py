@@ -104,3 +104,47 @@ def test_create_refuses_unencodable_text_and_keeps_the_file(ws: Workspace) -> No
     assert (ws.root / "a.txt").read_text() == "before\n"
     assert ws.create("a.txt", "after\n").startswith("Overwrote")
     assert (ws.root / "a.txt").read_text() == "after\n"
+
+
+_WRITE_PAST_LIMIT = """
+import json, resource, signal, sys
+from pathlib import Path
+from shared.toolserver.files import ToolError, Workspace
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # as in the sandbox: a write past the limit gets EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+ws = Workspace(Path(sys.argv[1]))
+out = {}
+for name, call in (("create", lambda: ws.create("notes.txt", "x" * 10000)),
+                   ("str_replace", lambda: ws.str_replace("notes.txt", "original", "y" * 10000))):
+    try:
+        call()
+        out[name] = "written"
+    except ToolError as exc:
+        out[name] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_a_write_that_fails_halfway_leaves_the_file_whole(ws: Workspace) -> None:
+    """A full disk or the file-size limit mid-write: an error for the agent, the old file untouched, no debris."""
+    import json
+    import subprocess
+    import sys
+
+    (ws.root / "notes.txt").write_text("original text\n")
+    os.chmod(ws.root / "notes.txt", 0o600)
+    result = subprocess.run([sys.executable, "-c", _WRITE_PAST_LIMIT, str(ws.root)], capture_output=True,
+                            text=True, check=True, cwd=Path(__file__).resolve().parents[2])
+    errors = json.loads(result.stdout)
+    for name in ("create", "str_replace"):
+        assert "File too large" in errors[name] and "unchanged" in errors[name], errors
+    assert (ws.root / "notes.txt").read_text() == "original text\n"
+    assert sorted(p.name for p in ws.root.iterdir()) == ["notes.txt"]
+
+
+def test_overwriting_keeps_the_file_mode(ws: Workspace) -> None:
+    (ws.root / "run.sh").write_text("echo old\n")
+    os.chmod(ws.root / "run.sh", 0o755)
+    ws.create("run.sh", "echo new\n")
+    assert (ws.root / "run.sh").read_text() == "echo new\n"
+    assert (ws.root / "run.sh").stat().st_mode & 0o777 == 0o755
