@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 from redis import Redis
 
-from shared.procs import die_with_parent
+from shared.procs import die_with_parent, stop_process
 
 
 def free_port() -> int:
@@ -98,13 +98,8 @@ class EmbeddedRedis:
             client.close()
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process:
+            stop_process(self.process)
         self.process = None
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)

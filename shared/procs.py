@@ -1,9 +1,10 @@
-"""Child processes that cannot outlive the process that started them."""
+"""Child processes that cannot outlive the process that started them, and stopping them."""
 
 from __future__ import annotations
 
 import ctypes
 import signal
+import subprocess
 import threading
 from collections.abc import Callable
 
@@ -30,3 +31,15 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
             pass  # not Linux: the parent's own shutdown is all there is
 
     return arm
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout`; returns once it is reaped."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

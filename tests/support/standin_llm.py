@@ -46,6 +46,8 @@ from typing import Any
 
 import httpx
 
+from shared.procs import stop_process
+
 MARKER = re.compile(r"\[standin:turns=(\d+) answer=([^\]\s]*)\]")
 ASSISTANT_HEADER = "<|im_start|>assistant"
 REPO = Path(__file__).resolve().parents[2]
@@ -253,12 +255,7 @@ class StandinProcess:
         return httpx.get(self.url + "/stats", timeout=10.0).json()
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
         self._log.close()
 
 
