@@ -1,5 +1,5 @@
-# The two commands of the README. Both set up a fresh machine first (scripts/setup.sh).
-.PHONY: setup demo test
+# The README's commands. Each sets up a fresh machine first (scripts/setup.sh).
+.PHONY: setup demo test train
 
 setup:
 	@bash scripts/setup.sh
@@ -9,3 +9,7 @@ demo: setup
 
 test: setup
 	.venv/bin/python -m pytest -q
+
+# GRPO on the CPU through the service, 3 seeds (examples/train_grpo, docs/TRAINING.md); writes runs/grpo/
+train: setup
+	.venv/bin/python -m examples.train_grpo --out runs/grpo --seeds 3

@@ -44,6 +44,19 @@ def clipped_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
     return loss, outside, ratio
 
 
+def group_minibatches(group_index: torch.Tensor, minibatches: int) -> list[torch.Tensor]:
+    """Row indices of each minibatch, whole groups only, in a random order.
+
+    A group's advantages sum to zero, so the gradient on tokens every sample shares (the
+    template, the common prefix) cancels within a minibatch made of whole groups. Rows
+    split at random do not cancel: each minibatch then pushes the shared tokens up or
+    down by its leftover advantage, noise that Adam turns into full-size steps.
+    """
+    groups = group_index.unique()
+    chunks = groups[torch.randperm(len(groups))].chunk(min(minibatches, len(groups)))
+    return [torch.nonzero(torch.isin(group_index, chunk)).squeeze(1) for chunk in chunks]
+
+
 def grpo_update(model: Any, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], *,
                 clip_eps: float = 0.2, minibatches: int = 2, max_grad_norm: float = 1.0) -> UpdateStats:
     """One pass over the batch in `minibatches` optimizer steps (later ones are slightly off-policy: the clip acts)."""
@@ -51,10 +64,9 @@ def grpo_update(model: Any, optimizer: torch.optim.Optimizer, batch: dict[str, t
     mask = batch["loss_mask"][:, 1:].float()
     old = batch["old_logprobs"][:, 1:].float()
     advantages = batch["advantages"].float()
-    rows = torch.randperm(input_ids.shape[0])
     losses, clipped, kls, gaps = [], [], [], []
     model.train()
-    for i, chunk in enumerate(rows.chunk(minibatches)):
+    for i, chunk in enumerate(group_minibatches(batch["group_index"], minibatches)):
         new = token_logprobs(model, input_ids[chunk], attention[chunk])
         m = mask[chunk]
         loss, outside, ratio = clipped_loss(new, old[chunk], m, advantages[chunk], clip_eps)

@@ -25,16 +25,19 @@ log = logging.getLogger("train_grpo")
 @dataclass(frozen=True)
 class Config:
     steps: int = 10
-    prompts_per_step: int = 4  # groups in flight; the pool holds twice as many for DAPO's replenishment
-    min_informative: int = 3  # DAPO target: informative groups trained on per step
-    group_size: int = 6
-    lr: float = 2e-4  # 1e-3 drifted the policy down (docs/TRAINING.md)
+    prompts_per_step: int = 8  # groups in flight; the pool holds twice as many for DAPO's replenishment
+    min_informative: int = 6  # DAPO target: informative groups trained on per step
+    group_size: int = 4  # small groups, many prompts: products differ in difficulty, and the curve is per step
+    lr: float = 5e-4
     clip_eps: float = 0.2
     minibatches: int = 2
     max_digits: int = 1  # operands of exactly this many digits
-    problem_pool: int = 1  # > 0: draw every problem (warm-up and RL) from this many fixed ones (docs/TRAINING.md)
-    warmup_steps: int = 400  # at most; it stops at warmup_nll
-    warmup_nll: float = 1.2  # target episode NLL: exp(-1.2) ~ 0.3 chance of a correct sampled episode
+    problem_pool: int = 0  # 0: a fresh problem every time; N > 0: draw from N fixed ones
+    warmup_steps: int = 800  # at most, for the skill; it stops at warmup_nll
+    warmup_nll: float = 0.3  # target episode NLL of the skill phase: exp(-0.3) ~ 0.74 of sampled episodes right
+    tool_share: float = 0.25  # of the habit phase's episodes: the rest guess
+    habit_steps: int = 100
+    habit_lr: float = 1e-3  # a fifth of warmup_lr: the habit costs the skill less (docs/TRAINING.md)
     warmup_lr: float = 5e-3
     warmup_batch: int = 16
     hidden: int = 64
@@ -55,7 +58,8 @@ def train_seed(client: RolloutClient, admin_token: str, seed: int, config: Confi
     model = build_policy(tokenizer, seed, config.hidden, config.layers)
     started = time.perf_counter()
     losses = warm_up(model, tokenizer, tasks, steps=config.warmup_steps, batch_size=config.warmup_batch,
-                     lr=config.warmup_lr, target_nll=config.warmup_nll)
+                     lr=config.warmup_lr, target_nll=config.warmup_nll, tool_share=config.tool_share,
+                     habit_steps=config.habit_steps, habit_lr=config.habit_lr, rng=random.Random(seed + 1000))
     log.info("seed %d: warm-up %d steps in %.0fs, final episode NLL %.3f", seed, len(losses),
              time.perf_counter() - started, losses[-1] if losses else float("nan"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.99))
@@ -82,9 +86,9 @@ def train_seed(client: RolloutClient, admin_token: str, seed: int, config: Confi
         row.seed, row.step, row.policy_version, row.versions_seen = seed, step, version, ";".join(sorted(versions))
         row.rollout_s = rollout_s
         rows.append(row)
-        log.info("seed %d step %d: reward %.3f over %d samples (%d informative, %d filtered groups), "
+        log.info("seed %d step %d: reward %.3f (python used %.2f) over %d samples (%d informative, %d filtered groups), "
                  "loss %.4f, clip %.3f, |dlogp| %.4f, rollout %.0fs, train %.0fs", seed, step, row.mean_reward,
-                 row.samples, row.informative_groups, row.filtered_groups, row.loss, row.clip_fraction,
+                 row.tool_rate, row.samples, row.informative_groups, row.filtered_groups, row.loss, row.clip_fraction,
                  row.logprob_gap, row.rollout_s, row.train_s)
     return rows
 
@@ -95,7 +99,8 @@ def _update(model: Any, optimizer: torch.optim.Optimizer, rollouts: StepBatch, c
     counts = rollouts.batch.counts
     rewards = rollouts.rewards
     row = StepRow(seed=0, step=0, policy_version="", versions_seen="",
-                  mean_reward=sum(rewards) / len(rewards) if rewards else float("nan"), samples=len(rewards),
+                  mean_reward=sum(rewards) / len(rewards) if rewards else float("nan"),
+                  tool_rate=sum(rollouts.tool_use) / len(rewards) if rewards else float("nan"), samples=len(rewards),
                   informative_groups=len(rollouts.groups), filtered_groups=counts.filtered,
                   failed_groups=rollouts.failed_groups, trained_samples=0, loss=0.0, clip_fraction=0.0,
                   approx_kl=0.0, logprob_gap=0.0, rollout_s=0.0, train_s=0.0)

@@ -71,19 +71,21 @@ class StepBatch:
 
     batch: Batch
     groups: list[Group]
-    rewards: list[float] = field(default_factory=list)  # all completed groups, filtered ones included
+    rewards: list[float] = field(default_factory=list)  # every launched group: trained, filtered and late
+    tool_use: list[bool] = field(default_factory=list)  # per reward: did the episode call python
     versions: set[str] = field(default_factory=set)  # policy versions recorded by any turn of those groups
     failed_groups: int = 0
 
 
 def run_batch(client: RolloutClient, prompts: list[dict[str, Any]], *, n_samples: int, min_informative: int,
               in_flight: int, sampling: dict[str, Any], step: int, timeout: float) -> StepBatch:
-    """Submit a DAPO batch and wait for it; the reward curve needs the filtered groups too, read by group id."""
+    """Submit a DAPO batch and wait until no group runs; every group's rewards are read back by group id."""
     batch = client.submit_batch(prompts, n_samples=n_samples, min_informative_groups=min_informative,
-                                max_groups_in_flight=in_flight, on_target="cancel", advantages="grpo",
+                                max_groups_in_flight=in_flight, on_target="keep", advantages="grpo",
                                 sampling=sampling, metadata={"step": step})
+    deadline = time.monotonic() + timeout
     groups = client.collect_groups(batch.id, results=True, timeout=timeout)
-    batch = client.get_batch(batch.id)
+    batch = wait_settled(client, batch.id, deadline)
     out = StepBatch(batch, [g for g in groups if g.used and g.outcome == "informative"])
     for index in range(batch.counts.launched):
         jobs = decode(client.request("GET", "/v1/jobs", params={"group_id": f"b.{batch.id}.{index}",
@@ -91,13 +93,34 @@ def run_batch(client: RolloutClient, prompts: list[dict[str, Any]], *, n_samples
         if any(job["status"] == "failed" for job in jobs):
             out.failed_groups += 1
         done = [job for job in jobs if job["status"] == "done" and job.get("reward") is not None]
-        if len(done) < n_samples:  # a group cancelled at the target never completed: not a sample of the policy
+        if len(done) < n_samples:  # a group with a failed sample is not a clean sample of the policy
             continue
         for summary in done:
             job = client.get_job(summary["id"])
             out.rewards.append(float(job.reward or 0.0))
+            out.tool_use.append(called(job.trajectory or {}, "python"))
             out.versions |= policy_versions(job.trajectory or {})
     return out
+
+
+def wait_settled(client: RolloutClient, batch_id: str, deadline: float) -> Batch:
+    """The batch once no group runs: with on_target=keep the groups in flight at the target finish as `late`.
+
+    The reward curve averages every launched group; reading it at the target instead would
+    drop the slowest groups, and episode length correlates with reward here (a correct
+    episode takes two turns, many wrong ones end after one).
+    """
+    while True:
+        batch = client.get_batch(batch_id)
+        if batch.counts.in_flight == 0 or time.monotonic() > deadline:
+            return batch
+        time.sleep(0.2)
+
+
+def called(trajectory: dict[str, Any], tool: str) -> bool:
+    """Whether any assistant turn of the episode called `tool`: the choice GRPO has to learn here."""
+    return any(call.get("name") == tool for turn in trajectory.get("turns", []) if turn["role"] == "assistant"
+               for call in turn.get("tool_calls") or [])
 
 
 def policy_versions(trajectory: dict[str, Any]) -> set[str]:
