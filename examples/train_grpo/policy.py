@@ -8,6 +8,7 @@ and a byte-level model on two CPU cores fast enough to train in minutes.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,14 @@ def build_policy(tokenizer: Any, seed: int, hidden: int = 128, layers: int = 4) 
 
 
 def save_policy(model: Any, tokenizer: Any, target: Path) -> Path:
-    """save_pretrained into a temp dir, then rename: a backend never loads a half-written checkpoint."""
+    """save_pretrained into a temp dir, then rename: a backend never loads a half-written checkpoint.
+
+    A checkpoint of the same name from an earlier run into the same directory is replaced.
+    """
     staging = target.with_name(f".{target.name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)  # left by a run that died mid-save
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
+    shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target
