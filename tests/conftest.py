@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,6 +13,12 @@ from redis import Redis
 from api.app import create_app
 from shared.config import Settings
 from shared.embedded_redis import EmbeddedRedis
+
+# Run as a foreground terminal would: a suite launched in the background by a non-interactive
+# shell inherits SIGINT ignored, and every child it starts would too (`rollouts up` could not
+# be stopped with Ctrl-C). Children inherit only an *ignored* disposition, so this resets them.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

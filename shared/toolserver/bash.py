@@ -46,6 +46,18 @@ class _ShellGone(Exception):
     """The shell process exited (``exit`` was run, or it was killed)."""
 
 
+def _default_interrupt_signals() -> None:
+    """In the shell's child before exec: SIGINT and SIGQUIT back to their defaults.
+
+    A process started in the background by a non-interactive shell (`rollouts worker &` in
+    a batch script) inherits SIGINT and SIGQUIT ignored, and bash can neither trap nor
+    reset a signal ignored on entry: ^C would then never stop a command, and every
+    timeout would end in SIGKILL.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 class PersistentBash:
     """A bash process on a pty that runs one command at a time."""
 
@@ -75,6 +87,7 @@ class PersistentBash:
             env=env,
             echo=False,
             dimensions=(50, 250),
+            preexec_fn=_default_interrupt_signals,
         )
         attrs = termios.tcgetattr(self.proc.fd)
         attrs[1] &= ~termios.ONLCR  # no \r\n translation: output is what the command wrote

@@ -79,3 +79,29 @@ def test_endless_output_is_interrupted_at_the_hard_cap(shell: PersistentBash) ->
     out = shell.run("yes", 30)
     assert out.truncated and not out.timed_out and "exceeded" in out.note
     assert shell.run("echo fine", 10).output == "fine\n"
+
+
+_INTERRUPT_WITH_SIGINT_IGNORED = """
+import json, os, signal, sys
+from pathlib import Path
+from shared.toolserver.bash import PersistentBash
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a worker started with `&` from a batch script
+root = Path(sys.argv[1])
+bash = PersistentBash(root, {"PATH": os.environ["PATH"]}, root / ".state", output_cap=1000, hard_output_cap=100_000)
+bash.start()
+out = bash.run("sleep 100", 0.5)
+print(json.dumps({"code": out.exit_code, "output": out.output}))
+bash.close()
+"""
+
+
+def test_timeout_interrupts_even_when_the_server_inherited_sigint_ignored(tmp_path: Path) -> None:
+    """bash cannot reset a signal ignored on entry: the shell must not inherit it, or ^C never stops a command."""
+    import json
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _INTERRUPT_WITH_SIGINT_IGNORED, str(tmp_path)], capture_output=True,
+                            text=True, check=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    outcome = json.loads(result.stdout)
+    assert outcome["code"] == 130 and "Killed" not in outcome["output"], outcome
