@@ -85,7 +85,12 @@ def test_rollouts_up_prints_the_redis_address_with_the_password_redacted(protect
             )
         finally:
             up.send_signal(signal.SIGINT)
-            code = up.wait(timeout=90)
+            try:
+                code = up.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                up.kill()  # never leave the stack running past a failed test
+                up.wait()
+                raise
     assert f"Redis {redact_url(protected_redis.url)}" in banner and ":***@" in banner
     assert code == 0
     assert PASSWORD not in log_path.read_text()
