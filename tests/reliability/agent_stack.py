@@ -19,7 +19,7 @@ import httpx
 
 from cli.stack import Stack
 from shared.config import Settings
-from tests.support.waiting import client_for, wait_for, wait_status
+from tests.support.waiting import wait_for, wait_status
 
 AGENT_ENV = {
     "ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds,tests.reliability.fault_kinds",
@@ -69,6 +69,12 @@ def register(api: httpx.Client, url: str) -> str:
 def deregister_all(api: httpx.Client) -> None:
     for backend in api.get("/v1/backends").json()["backends"]:
         api.delete(f"/v1/backends/{backend['id']}")
+
+
+def use_only(api: httpx.Client, url: str) -> str:
+    """Make `url` the pool's only backend (the stack's own CPU backend included); returns its id."""
+    deregister_all(api)
+    return register(api, url)
 
 
 def rollout_worker(stack: Stack) -> int:

@@ -20,8 +20,8 @@ from cli.stack import Stack
 from shared.trajectory import Trajectory
 from tests.agent.conftest import model_dir, model_state_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
-    agent_stack, assert_worker_serves_next_job, assistant_backends, call, deregister_all, register,
-    rollout_worker, submit,
+    agent_stack, assert_worker_serves_next_job, assistant_backends, call, deregister_all, register, rollout_worker,
+    submit, use_only,
 )  # fmt: skip
 from tests.reliability.fault_backends import HangingBackend, ScriptedProcess
 from tests.support.scripted_llm import ScriptedLLM
@@ -148,8 +148,7 @@ def test_only_a_hanging_backend_ends_the_job_instead_of_stalling(
         assert "timed out" in error["message"]
     assert record["partial"]["trajectory"]["counts"]["turns"] == 0
     assert ended <= bound + 30
-    deregister_all(api)
-    register(api, healthy.url)
+    use_only(api, healthy.url)
     assert_worker_serves_next_job(stack, api, pid)
     figure(f"only a hanging backend, rollout limit {rollout_limit_s:g} s: {status} {ended:.1f} s after submit "
            f"(bound {bound:.0f} s)")

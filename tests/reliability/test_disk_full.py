@@ -31,7 +31,7 @@ import pytest
 from cli.stack import Stack
 from tests.agent.conftest import model_dir, model_state_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
-    agent_stack, assert_worker_serves_next_job, call, deregister_all, observations, register, rollout_worker, submit,
+    agent_stack, assert_worker_serves_next_job, call, observations, submit, use_only,
 )  # fmt: skip
 from tests.support.scripted_llm import ScriptedLLM
 from tests.support.waiting import TERMINAL, client_for, job, wait_for, wait_status
@@ -98,8 +98,7 @@ def stack(disk: tuple[Path, Path], model_dir: Path, llm: ScriptedLLM) -> Iterato
         # Only the workspaces are on the small disk, not Redis's files in the state dir.
         assert os.stat(workspaces).st_dev != os.stat(started.settings.state_dir).st_dev
         api = client_for(started)
-        deregister_all(api)
-        register(api, llm.url)
+        use_only(api, llm.url)
         yield started
 
 

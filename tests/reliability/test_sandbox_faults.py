@@ -22,8 +22,8 @@ from shared.sandbox import SandboxError
 from shared.tasks.context import StageContext, StageInterrupted
 from tests.agent.conftest import model_dir, model_state_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
-    agent_stack, assert_worker_serves_next_job, call, deregister_all, find_process, kill, observations, register,
-    rollout_worker, submit,
+    agent_stack, assert_worker_serves_next_job, call, find_process, kill, observations, rollout_worker, submit,
+    use_only,
 )  # fmt: skip
 from tests.reliability.fault_kinds import ToolsAgentKind
 from tests.support.scripted_llm import ScriptedLLM
@@ -67,8 +67,7 @@ def llm(tokenizer: Any) -> Iterator[ScriptedLLM]:  # noqa: F811
 def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, llm: ScriptedLLM) -> Iterator[Stack]:  # noqa: F811
     with agent_stack(tmp_path_factory.mktemp("sandbox-faults"), model_dir, ENV) as started:
         api = client_for(started)
-        deregister_all(api)
-        register(api, llm.url)
+        use_only(api, llm.url)
         yield started
 
 
