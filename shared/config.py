@@ -24,6 +24,10 @@ STAGES: tuple[str, ...] = ("init", "rollout", "eval")
 WordList = Annotated[list[str], NoDecode]
 
 
+def _default_vllm_env() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rollouts" / "vllm"
+
+
 def _default_state_dir() -> Path:
     return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "rollouts"
 
@@ -100,7 +104,7 @@ class Settings(BaseSettings):
     default_total_timeout_s: float = 7200.0
     job_ttl_s: int = Field(default=7 * 24 * 3600, gt=0, description="How long finished job records are kept.")
 
-    # --- LLM backends (issue 3) --------------------------------------------
+    # --- LLM backends -------------------------------------------------------
     llm_heartbeat_interval_s: float = Field(default=5.0, gt=0, description="How often `rollouts register` beats.")
     llm_heartbeat_timeout_s: float = Field(
         default=20.0, gt=0, description="A backend silent this long leaves the pool until it beats again."
@@ -116,18 +120,31 @@ class Settings(BaseSettings):
     llm_request_timeout_s: float = Field(default=600.0, gt=0, description="One /v1/completions call, end to end.")
     llm_max_retries: int = Field(default=3, ge=0, description="Retries of a call on connection errors and 5xx.")
     llm_retry_backoff_s: float = Field(default=0.5, gt=0, description="First retry delay; doubles each retry.")
-    cpu_backend_model: Path | None = Field(
-        default=None, description="HF model dir for the CPU backend. Unset: a tiny model built under state_dir."
-    )
-    cpu_backend_seed: int = Field(default=0, description="Seed of the built tiny model's weights.")
-    cpu_backend_max_model_len: int = Field(default=4096, gt=0)
-    cpu_backend_prefix_cache_entries: int = Field(default=64, ge=0, description="KV prefixes kept (0: off).")
-    cpu_backend_threads: int = Field(default=1, gt=0, description="torch threads of one CPU backend.")
-    cpu_backend_admin_token: str | None = Field(
-        default=None, description="Bearer token of the CPU backend's POST /admin/load_weights. Unset: route off."
+    llm_load_ceiling: float = Field(
+        default=16.0, gt=0,
+        description="How far (in-flight trajectories per unit of capacity) a route's pinned backend may run ahead of "
+        "the least-loaded one before new trajectories of that route (a GRPO group's next samples) go to the least "
+        "loaded instead: past it, a shared prefix cache is worth less than the queue. Running trajectories never move.",
     )
 
-    # --- Sandboxes (issue 4) -------------------------------------------------
+    # --- The embedded vLLM server (`rollouts up`) ------------------------------
+    vllm_env: Path = Field(
+        default_factory=_default_vllm_env,
+        description="The virtualenv vLLM is installed in (scripts/setup.sh puts it here).",
+    )
+    vllm_model: Path | None = Field(
+        default=None, description="Local HF model dir `rollouts up` serves. Unset: the tiny model built under state_dir."
+    )
+    vllm_served_model_name: str | None = Field(
+        default=None, description="The name vLLM serves the model under. Unset: the model dir's name."
+    )
+    vllm_args: str = Field(default="", description="Extra command-line arguments for vLLM's api_server.")
+    vllm_start_timeout_s: float = Field(default=900.0, gt=0, description="How long `rollouts up` waits for vLLM.")
+    vllm_kv_cache_gib: int = Field(default=1, gt=0, description="VLLM_CPU_KVCACHE_SPACE of a CPU-only server.")
+    tiny_model_seed: int = Field(default=0, description="Seed of the built tiny model's weights.")
+    tiny_model_max_len: int = Field(default=4096, gt=0, description="Context length of the built tiny model.")
+
+    # --- Sandboxes ----------------------------------------------------------
     sandbox_backend: str = Field(default="local", pattern="^(local|singularity)$")
     sandbox_require_isolation: bool = Field(
         default=False, description="Refuse the plain-process fallback when bubblewrap cannot run."
@@ -140,6 +157,11 @@ class Settings(BaseSettings):
         default=None, description="Singularity image (.sif path, docker://, oras://) when a spec names none."
     )
     singularity_executable: str = Field(default="apptainer", description="apptainer or singularity.")
+    swe_repo_mirror: Path | None = Field(
+        default=None,
+        description="Git repositories of SWE-bench-style rows that name no repo_path, on storage every worker "
+        "sees: <mirror>/<owner>__<name> (SWE-bench's naming) or <mirror>/<owner>/<name>, optionally ending .git.",
+    )
     sandbox_cpu_seconds: int = Field(default=3600, gt=0, description="RLIMIT_CPU of every sandbox process.")
     sandbox_memory_bytes: int = Field(default=4 * 1024**3, gt=0, description="RLIMIT_AS of every sandbox process.")
     sandbox_processes: int = Field(default=256, gt=0, description="RLIMIT_NPROC (threads count too).")
@@ -156,11 +178,7 @@ class Settings(BaseSettings):
     tool_default_timeout_s: float = Field(default=60.0, gt=0)
     tool_max_timeout_s: float = Field(default=600.0, gt=0)
 
-    # --- Agent loop (issue 5) ------------------------------------------------
-    agent_tokenizer: Path | None = Field(
-        default=None,
-        description="Local HF tokenizer dir for chat templates. Unset: cpu_backend_model, else the built tiny model.",
-    )
+    # --- Agent loop ---------------------------------------------------------
     agent_tool_parser: str = Field(default="hermes", description="Tool-call format: hermes or llama3_json.")
     agent_stop_on_no_tool_call: bool = Field(
         default=True, description="An assistant turn without a tool call ends the trajectory (else: nudge, go on)."

@@ -48,7 +48,7 @@ class Keys:
         """String: held by the one process trimming indexes right now."""
         return f"{self.prefix}:lock:maintenance"
 
-    # --- LLM backend pool (issue 3) ----------------------------------------
+    # --- LLM backend pool -----------------------------------------------------
     def backend(self, backend_id: str) -> str:
         """Hash: one backend's registration (url, model, capacity, labels, health, draining)."""
         return f"{self.prefix}:llm:backend:{backend_id}"
@@ -62,6 +62,11 @@ class Keys:
     def backend_capacity(self) -> str:
         """Hash: backend id -> capacity weight (the divisor of its load score)."""
         return f"{self.prefix}:llm:capacity"
+
+    @property
+    def backend_models(self) -> str:
+        """Hash: backend id -> the model name it serves (selection only picks backends of a trajectory's model)."""
+        return f"{self.prefix}:llm:models"
 
     @property
     def backend_inflight(self) -> str:

@@ -71,7 +71,11 @@ class Turn:
     # assistant turns only
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
     backend_id: str | None = None
-    policy_version: str | None = None  # the model name the backend reported
+    model: str | None = None  # the served model name the backend reported
+    # The weight version vLLM reports for the turn's first token (its oldest), and every span of
+    # it ([start, end) offsets into the turn's tokens) when an update landed mid-generation.
+    policy_version: str | None = None
+    weight_versions: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     latency_s: float | None = None

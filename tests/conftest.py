@@ -13,12 +13,23 @@ from redis import Redis
 from api.app import create_app
 from shared.config import Settings
 from shared.embedded_redis import EmbeddedRedis
+from tests.support.vllm_server import start_vllm_servers, tiny_model, vllm_server  # noqa: F401 - fixtures
 
 # Run as a foreground terminal would: a suite launched in the background by a non-interactive
 # shell inherits SIGINT ignored, and every child it starts would too (`rollouts up` could not
 # be stopped with Ctrl-C). Children inherit only an *ignored* disposition, so this resets them.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+VLLM_FIXTURES = {"vllm_server", "start_vllm_servers"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that starts or uses a real vLLM server is marked `vllm`, whatever its module says."""
+    for item in items:
+        if VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.vllm)
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,11 @@ from fastapi import APIRouter, Body, Depends, HTTPException, Path, Request, Resp
 from pydantic import BaseModel, ConfigDict, Field
 from redis import Redis
 
+from fastapi.responses import JSONResponse
+
 from api.deps import get_keys, get_redis, get_settings, require_admin, require_auth
-from shared.backend_pool import Backend, BackendPool
+from api.errors import validation_response
+from shared.backend_pool import Backend, BackendPool, NotAModelServer, check_serves_model
 from shared.config import Settings
 from shared.keys import Keys
 
@@ -21,15 +24,20 @@ BackendId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,64}$", description="
 class BackendRegistration(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(pattern=r"^https?://[^\s/]+(/[^\s]*)?$", max_length=2048,
+    url: str = Field(pattern=r"^https?://[!-.0-~]+(/[!-~]*)?$", max_length=2048,
                      description="Base URL of a vLLM OpenAI-compatible server, e.g. http://node7:8000")
-    model: str = Field(min_length=1, max_length=256, description="Served model name (the policy version)")
+    model: str = Field(min_length=1, max_length=256, description="Served model name, as the server lists it in GET /v1/models")
     capacity: float = Field(default=1.0, gt=0, le=1_000_000, description="Relative weight: a 2 takes twice the load")
     labels: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]] = Field(
         default_factory=dict, max_length=32
     )
     id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$",
                            description="Default: derived from the URL, so re-registering is idempotent")
+    tokenizer: str | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description="Directory (readable by the rollout workers) with the served model's tokenizer and chat "
+        "template. Default: the model's local path that vLLM reports (`root` in GET /v1/models).",
+    )
 
 
 class DrainRequest(BaseModel):
@@ -42,6 +50,7 @@ class BackendView(BaseModel):
     id: str
     url: str
     model: str
+    tokenizer: str
     capacity: float
     labels: dict[str, str]
     healthy: bool
@@ -83,8 +92,13 @@ def _found(backend: Backend | None, backend_id: str) -> Backend:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=BackendView,
              dependencies=[Depends(require_admin)], summary="Register (or refresh) a backend")
-def register_backend(body: BackendRegistration, pool: BackendPool = Depends(get_pool)) -> BackendView:
-    backend = pool.register(body.url, body.model, body.capacity, body.labels, body.id)
+def register_backend(body: BackendRegistration, pool: BackendPool = Depends(get_pool)) -> BackendView | JSONResponse:
+    """Refused (422) unless the URL is an OpenAI-compatible server that serves the named model."""
+    try:
+        root = check_serves_model(body.url, body.model, pool.settings.llm_probe_timeout_s)
+    except NotAModelServer as exc:
+        return validation_response([{"field": f"body.{exc.field}", "message": str(exc)}])
+    backend = pool.register(body.url, body.model, body.capacity, body.labels, body.id, tokenizer=body.tokenizer or root)
     return BackendView.of(backend)
 
 

@@ -89,7 +89,7 @@ def test_a_tool_call_every_turn_then_finish(scripted_llm: ScriptedLLM, tokenizer
     assert "hello" in observations[0].text and "f.txt" in observations[1].text and "42" in observations[1].text
     first = record.turns[1]
     assert first.tool_calls[0].name == "bash" and first.tool_calls[0].exit_code == 0
-    assert first.policy_version == "scripted-policy-v1" and first.finish_reason == "stop"
+    assert first.model == "scripted-policy-v1" and first.policy_version == "1" and first.finish_reason == "stop"
     assert counts.observation_tokens == sum(t.length for t in observations)
     assert set(record.timings) >= {"llm_s", "tools_s", "template_s", "total_s"}
 

@@ -36,7 +36,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, llm: Script
     settings = Settings(redis_url=None, state_dir=tmp_path / "state")
     env = {
         "ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds",
-        "ROLLOUTS_AGENT_TOKENIZER": str(model_dir),
         "ROLLOUTS_LLM_HEARTBEAT_TIMEOUT_S": "600",  # the scripted backend does not beat
         "ROLLOUTS_HEARTBEAT_INTERVAL_S": "1",
     }
@@ -44,7 +43,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, llm: Script
                   log_dir=tmp_path / "logs", extra_env=env)
     stack.start()
     stack.wait_for_workers()
-    assert client_for(stack).post("/v1/backends", json={"url": llm.url, "model": "scripted"}).status_code == 201
+    assert client_for(stack).post("/v1/backends", json={"url": llm.url, "model": llm.model}).status_code == 201
     yield stack
     stack.stop(timeout=10)
 
@@ -79,7 +78,7 @@ def test_an_agent_job_runs_tools_in_its_sandbox_and_is_scored(stack: Stack, scri
     assert trajectory.stop_reason == "finish" and trajectory.answer == "hello"
     assert trajectory.extra == {"out": "written"}, "collect ran while the sandbox was up"
     assert "hello from init" in trajectory.turns[2].text, "the observation is the tool's real output"
-    assert trajectory.turns[1].policy_version == "scripted-policy-v1"
+    assert trajectory.turns[1].model == "scripted-policy-v1" and trajectory.turns[1].policy_version == "1"
     assert [e.token_ids for e in scripted.exchanges] == [
         trajectory.token_ids[t.start : t.end] for t in trajectory.turns if t.role == "assistant"
     ]
@@ -116,3 +115,25 @@ def test_cancelling_mid_generation_does_not_wait_for_the_backend(stack: Stack, s
     scripted.gates["hang"].set()
     wait_for(lambda: api.get("/v1/backends").json()["backends"][0]["inflight"] == 0, timeout=30,
              what="the abandoned call to release its pin")
+
+
+def test_a_model_whose_tokenizer_the_workers_cannot_read_fails_as_infrastructure(
+    stack: Stack, scripted: ScriptedLLM, tmp_path: Path
+) -> None:
+    """Never another model's tokenizer, never a reward: the job fails naming the model and the path."""
+    api = client_for(stack)
+    [original] = api.get("/v1/backends").json()["backends"]
+    missing = tmp_path / "no-tokenizer-here"
+    registered = api.post("/v1/backends", json={"url": scripted.url, "model": scripted.model,
+                                                 "tokenizer": str(missing)})
+    assert registered.status_code == 201 and registered.json()["tokenizer"] == str(missing)
+    try:
+        scripted.scripts["lost"] = [call("finish", answer="x")]
+        record = wait_status(api, submit(stack, "lost"), timeout=120)
+        assert record["status"] == "failed" and record.get("result") is None
+        assert record["error"]["type"] == "TokenizerUnavailable"
+        assert str(missing) in record["error"]["message"] and scripted.model in record["error"]["message"]
+        assert scripted.exchanges == [], "nothing was generated with a tokenizer that is not the model's"
+    finally:
+        api.post("/v1/backends", json={"url": scripted.url, "model": scripted.model,
+                                       "tokenizer": original["tokenizer"]})

@@ -1,4 +1,4 @@
-"""`rollouts register` and `rollouts cpu-backend --register` against a real API: join, beat, leave on SIGTERM."""
+"""`rollouts register` against a real API and a real vLLM server: join, beat, leave on SIGTERM; refusals."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import uvicorn
 
 from api.app import create_app
-from backend_procs import CpuBackendProcess
+from cli.vllm_server import VLLMServer
 from shared.config import Settings
 from shared.embedded_redis import free_port
 
@@ -50,8 +50,7 @@ def listed(api_url: str) -> list[dict]:
 
 def run_cli(args: list[str], state_dir: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROLLOUTS_STATE_DIR": str(state_dir),
-           "ROLLOUTS_LLM_HEARTBEAT_INTERVAL_S": "0.2",
-           "ROLLOUTS_CPU_BACKEND_MAX_MODEL_LEN": "2048"}  # the model the session's backends built
+           "ROLLOUTS_LLM_HEARTBEAT_INTERVAL_S": "0.2"}
     return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
@@ -63,10 +62,10 @@ def stop(process: subprocess.Popen[bytes]) -> str:
 
 
 def test_register_heartbeats_then_deregisters_on_sigterm(
-    api_url: str, cpu_backend: CpuBackendProcess, cpu_state_dir: Path
+    api_url: str, vllm_server: VLLMServer, tmp_path: Path
 ) -> None:
-    process = run_cli(["register", "--backend-url", cpu_backend.url, "--model", "tiny", "--api-url", api_url,
-                       "--capacity", "3", "--label", "site=test"], cpu_state_dir)
+    process = run_cli(["register", "--backend-url", vllm_server.url, "--model", "tiny", "--api-url", api_url,
+                       "--capacity", "3", "--label", "site=test"], tmp_path)
     try:
         wait_for(lambda: len(listed(api_url)) == 1, "registration")
         [backend] = listed(api_url)
@@ -79,16 +78,12 @@ def test_register_heartbeats_then_deregisters_on_sigterm(
     assert listed(api_url) == [], "SIGTERM deregisters"
 
 
-def test_cpu_backend_command_serves_and_registers_itself(api_url: str, cpu_state_dir: Path) -> None:
-    port = free_port()
-    process = run_cli(["cpu-backend", "--port", str(port), "--register", "--api-url", api_url], cpu_state_dir)
-    try:
-        wait_for(lambda: len(listed(api_url)) == 1, "self-registration")
-        [backend] = listed(api_url)
-        assert backend["url"] == f"http://127.0.0.1:{port}" and backend["healthy"]
-        models = httpx.get(f"{backend['url']}/v1/models").json()
-        assert models["data"][0]["id"] == backend["model"]
-    finally:
-        output = stop(process)
-    assert process.returncode == 0, output
+def test_register_of_a_model_the_server_does_not_serve_exits_with_the_reason(
+    api_url: str, vllm_server: VLLMServer, tmp_path: Path
+) -> None:
+    process = run_cli(["register", "--backend-url", vllm_server.url, "--model", "gpt-5", "--api-url", api_url],
+                      tmp_path)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode != 0
+    assert "gpt-5" in output.decode() and "['tiny']" in output.decode()
     assert listed(api_url) == []

@@ -154,6 +154,17 @@ def test_unhealthy_backend_repins_and_moves_the_charge(pool: BackendPool) -> Non
     assert sum(counts(pool).values()) == 0
 
 
+def test_a_pinned_backend_past_the_load_ceiling_yields_new_trajectories(redis_url: str, settings: Settings) -> None:
+    pool = make_pool(redis_url, settings, llm_pin_per_group=True, llm_load_ceiling=2.0)
+    register_n(pool, 2)
+    first = [pool.acquire(f"job-{i}", group_id="g1").backend_id for i in range(3)]
+    assert len(set(first)) == 1, "within the ceiling the group shares its pin (and prefix cache)"
+    fourth = pool.acquire("job-3", group_id="g1").backend_id
+    assert fourth != first[0], "3 ahead of an idle backend, past a ceiling of 2: the next sample goes there"
+    assert [pool.acquire(f"job-{i}", group_id="g1").backend_id for i in range(3)] == first, "running ones stay"
+    assert sorted(counts(pool).values()) == [1, 3]
+
+
 def test_deregistered_backend_repins_without_negative_counts(pool: BackendPool) -> None:
     register_n(pool, 2)
     pin = pool.acquire("job-1")
@@ -276,22 +287,30 @@ def test_excluded_backend_is_avoided_for_the_call_and_the_route_moves(pool: Back
     assert sum(counts(pool).values()) == 1
 
 
-def test_backend_deregistered_during_acquire_is_repicked_not_cached(pool: BackendPool) -> None:
+def test_backend_deregistered_during_acquire_is_repicked(pool: BackendPool) -> None:
+    """deregister() deletes the registration, then syncs the selection sets: a pick in between is redone."""
     doomed, survivor = register_n(pool, 2)
     pool.drain(survivor)  # the first pick must be the doomed one
+    pool.redis.delete(pool.keys.backend(doomed))  # half-way through deregister(): not yet synced
     real_script = pool._acquire
     calls: list[int] = []
 
     def racing_script(**kwargs: object):  # type: ignore[no-untyped-def]
-        result = real_script(**kwargs)
-        if not calls:
-            pool.redis.delete(pool.keys.backend(doomed))  # deregistered before the address is read
+        if calls:
             pool.drain(survivor, draining=False)
         calls.append(1)
-        return result
+        return real_script(**kwargs)
 
     pool._acquire = racing_script  # type: ignore[method-assign]
     pin = pool.acquire("job-1")
     assert pin.backend_id == survivor and pin.url == "http://10.0.0.1:8000" and len(calls) == 2
-    assert doomed not in pool._addresses, "an empty address is never cached"
     assert counts(pool) == {survivor: 1}
+
+
+def test_a_re_registration_reaches_the_next_pick_at_once(pool: BackendPool) -> None:
+    """A server restarted with another model's tokenizer under the same id: no worker keeps the old one."""
+    [backend_id] = register_n(pool, 1)
+    assert pool.acquire("job-1").tokenizer == ""
+    backend = pool.get(backend_id)
+    pool.register(backend.url, backend.model, tokenizer="/models/other")
+    assert pool.acquire("job-1").tokenizer == "/models/other"

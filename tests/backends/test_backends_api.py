@@ -1,4 +1,5 @@
-"""/v1/backends through the real app (create_app) on a real Redis: validation, auth, 404s, pool state."""
+"""/v1/backends through the real app (create_app) on a real Redis and the session's real vLLM server:
+registration checks what the server serves; validation, auth, 404s, pool state."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from fastapi.testclient import TestClient
 from redis import Redis
 
 from api.app import create_app
+from cli.vllm_server import VLLMServer
 from shared.backend_pool import BackendPool
+from shared.embedded_redis import free_port
 from shared.config import Settings
 from shared.keys import Keys
 
@@ -28,16 +31,19 @@ def client(api_settings: Settings) -> Iterator[TestClient]:
         yield c
 
 
-def register(client: TestClient, **body: object) -> dict:
-    response = client.post("/v1/backends", json={"url": "http://node1:8000", "model": "qwen", **body}, headers=ADMIN)
+def register(client: TestClient, url: str, **body: object) -> dict:
+    response = client.post("/v1/backends", json={"url": url, "model": "tiny", **body}, headers=ADMIN)
     assert response.status_code == 201, response.text
     return response.json()
 
 
-def test_register_list_get_heartbeat_drain_delete(client: TestClient, redis: Redis, api_settings: Settings) -> None:
-    created = register(client, capacity=2, labels={"gpu": "h100"})
+@pytest.mark.vllm
+def test_register_list_get_heartbeat_drain_delete(client: TestClient, redis: Redis, api_settings: Settings,
+                                                  vllm_server: VLLMServer) -> None:
+    created = register(client, vllm_server.url, capacity=2, labels={"gpu": "h100"})
     assert created["healthy"] and not created["draining"] and created["inflight"] == 0
-    assert register(client, capacity=4)["id"] == created["id"], "re-registering one URL is idempotent"
+    assert created["tokenizer"] == str(vllm_server.model), "the model's path vLLM reports is its tokenizer"
+    assert register(client, vllm_server.url, capacity=4)["id"] == created["id"], "re-registering one URL is idempotent"
     backend_id = created["id"]
 
     pool = BackendPool(redis, Keys(api_settings.redis_prefix), api_settings)
@@ -76,6 +82,27 @@ def test_bad_registration_is_422_naming_the_field(client: TestClient, body: dict
     response = client.post("/v1/backends", json=body, headers=ADMIN)
     assert response.status_code == 422
     assert field in response.text
+
+
+@pytest.mark.vllm
+def test_a_model_the_server_does_not_serve_is_refused_naming_what_it_serves(
+    client: TestClient, vllm_server: VLLMServer
+) -> None:
+    response = client.post("/v1/backends", json={"url": vllm_server.url, "model": "llama-70b"}, headers=ADMIN)
+    assert response.status_code == 422
+    [error] = response.json()["errors"]
+    assert error["field"] == "body.model" and "['tiny']" in error["message"] and "llama-70b" in error["message"]
+
+
+def test_a_url_that_is_not_a_model_server_is_refused(client: TestClient, api_settings: Settings) -> None:
+    for url in (f"http://127.0.0.1:{free_port()}", "http://127.0.0.1:1"):  # nothing listens there
+        response = client.post("/v1/backends", json={"url": url, "model": "tiny"}, headers=ADMIN)
+        assert response.status_code == 422
+        [error] = response.json()["errors"]
+        assert error["field"] == "body.url" and url in error["message"] and "/v1/models" in error["message"]
+    # The API itself answers /v1/models with 404: a server, but not an OpenAI-compatible one.
+    with TestClient(create_app(api_settings)) as other:
+        assert other.get("/v1/models").status_code == 404
 
 
 def test_auth_scopes(client: TestClient) -> None:

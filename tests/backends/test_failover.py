@@ -10,15 +10,16 @@ import httpx
 
 from redis import Redis
 
-from backend_procs import CpuBackendProcess
+from cli.vllm_server import VLLMServer
 from shared.backend_pool import BackendPool
 from shared.config import Settings
 from shared.keys import Keys
 from workers.rollout.llm_client import LLMClient, Sampling
+from tests.support.vllm_server import kill_server
 from workers.rollout.llm_routing import complete_routed
 
 
-def wait_until_running(backend: CpuBackendProcess) -> None:
+def wait_until_running(backend: VLLMServer) -> None:
     """Block until the backend reports a request in flight (its vLLM gauge), so the kill lands mid-request."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -31,12 +32,11 @@ def wait_until_running(backend: CpuBackendProcess) -> None:
 
 
 def test_killed_backend_fails_over_and_the_trajectory_goes_on(
-    start_cpu_backends: Callable[..., list[CpuBackendProcess]], redis: Redis, settings: Settings
+    start_backends: Callable[[int], list[VLLMServer]], vllm_server: VLLMServer, redis: Redis, settings: Settings
 ) -> None:
-    processes = start_cpu_backends(2)
+    own = start_backends(1)[0]  # the one to kill: the session's server must live on
     pool = BackendPool(redis, Keys(settings.redis_prefix), settings)
-    served = httpx.get(processes[0].url + "/v1/models", timeout=10).json()["data"][0]["id"]
-    by_id = {pool.register(p.url, served).id: p for p in processes}  # the name the request carries
+    by_id = {pool.register(own.url, "tiny").id: own}
     sampling = Sampling(max_tokens=6, seed=11, ignore_eos=True)
     prompt = [257, 117, 115, 101, 114, 10, 104, 105, 258, 10, 257, 97, 10]
 
@@ -45,6 +45,7 @@ def test_killed_backend_fails_over_and_the_trajectory_goes_on(
         first_backend = turns[0].backend_id
         assert turns[1].backend_id == first_backend, "sticky: every call of a trajectory hits one backend"
         assert pool.get(first_backend).inflight == 1
+        by_id[pool.register(vllm_server.url, "tiny").id] = vllm_server  # the survivor joins
 
         # Turn 3 is a long generation; the pinned backend is killed while it runs.
         history = prompt + turns[1].token_ids + [10, 257, 117, 10]
@@ -52,7 +53,7 @@ def test_killed_backend_fails_over_and_the_trajectory_goes_on(
         with ThreadPoolExecutor(1) as executor:
             pending = executor.submit(complete_routed, pool, client, "job-1", history, long_turn)
             wait_until_running(by_id[first_backend])
-            by_id[first_backend].kill()
+            kill_server(by_id[first_backend])
             after = pending.result(timeout=120)
 
     assert after.backend_id != first_backend
@@ -65,10 +66,10 @@ def test_killed_backend_fails_over_and_the_trajectory_goes_on(
     assert pool.inflight_total() == 0
 
 
-def test_a_passing_probe_brings_a_backend_back(cpu_backend: CpuBackendProcess, redis: Redis,
+def test_a_passing_probe_brings_a_backend_back(vllm_server: VLLMServer, redis: Redis,
                                                settings: Settings) -> None:
     pool = BackendPool(redis, Keys(settings.redis_prefix), settings)
-    backend = pool.register(cpu_backend.url, "tiny")
+    backend = pool.register(vllm_server.url, "tiny")
     pool.set_health(backend.id, False, "probe failed: earlier outage")
     report = pool.maintain(probe=True)
     assert report.recovered == [backend.id] and pool.get(backend.id).healthy

@@ -1,5 +1,5 @@
 """complete_routed against scripted HTTP backends (httpx MockTransport) and a real Redis pool:
-what is sent, and how timeouts, garbage and misnamed models fail over."""
+what is sent, and how timeouts, garbage and a backend that lost the model fail over."""
 
 from __future__ import annotations
 
@@ -14,22 +14,21 @@ import shared.backend_pool as backend_pool
 from shared.backend_pool import BackendPool, NoBackendAvailable
 from shared.config import Settings
 from shared.keys import Keys
-from workers.rollout import llm_routing
 from workers.rollout.llm_client import BackendUnavailable, BadBackendResponse, LLMClient, Sampling
 from workers.rollout.llm_routing import complete_routed
-
-from test_vllm_conformance import VLLM_REQUEST_FIELDS
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
 
 def completion(token_ids: list[int], model: str = "policy-v1") -> dict:
+    """A GenerateTokensResponse of /inference/v1/generate, as vLLM 0.32 answers it."""
     return {
-        "id": "cmpl-1", "object": "text_completion", "created": 0, "model": model,
+        "request_id": "generate-tokens-1", "model": model, "created": 0, "output_mode": "tokens",
         "choices": [{
-            "index": 0, "text": "", "finish_reason": "length", "stop_reason": None, "token_ids": token_ids,
-            "logprobs": {"tokens": [f"token_id:{t}" for t in token_ids], "token_logprobs": [-0.5] * len(token_ids),
-                         "text_offset": [0] * len(token_ids), "top_logprobs": None},
+            "index": 0, "finish_reason": "length", "stop_reason": None, "token_ids": token_ids,
+            "weight_versions": [{"version": "7", "start": 0, "end": len(token_ids)}],
+            "logprobs": {"content": [{"token_id": t, "logprob": -0.5, "rank": 1, "top_logprobs": []}
+                                     for t in token_ids]},
         }],
         "usage": {"prompt_tokens": 2, "completion_tokens": len(token_ids), "total_tokens": 2 + len(token_ids)},
     }
@@ -74,23 +73,43 @@ def timeout(request: httpx.Request) -> httpx.Response:
     raise httpx.ReadTimeout("read timed out", request=request)
 
 
-def test_request_names_the_pinned_model_and_only_vllm_fields(pool: BackendPool) -> None:
+def test_request_names_the_pinned_model_and_states_sampling_in_full(pool: BackendPool) -> None:
     pool.register("http://a:8000", "policy-v1")
-    bodies: list[dict] = []
+    bodies: list[tuple[str, dict]] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
-        bodies.append(json.loads(request.content))
+        bodies.append((request.url.path, json.loads(request.content)))
         return httpx.Response(200, json=completion([5]))
 
     with scripted_client(handler) as client:
         sampling = Sampling(max_tokens=4, seed=1, stop=("x",), stop_token_ids=(5,))
-        turn = complete_routed(pool, client, "job-1", [1, 2, 3], sampling)
-    [body] = bodies
-    assert body["model"] == "policy-v1", "vLLM before 0.8 requires model; it also picks the served policy"
-    assert set(body) <= VLLM_REQUEST_FIELDS
-    assert body["prompt"] == [1, 2, 3] and body["logprobs"] == 0
-    assert body["return_tokens_as_token_ids"] is True and body["return_token_ids"] is True
-    assert turn.model == "policy-v1" and turn.token_ids == [5]
+        turn = complete_routed(pool, client, "job-1", [1, 2, 3], sampling, model="policy-v1")
+    [(path, body)] = bodies
+    assert path == "/inference/v1/generate"
+    assert body["model"] == "policy-v1" and body["token_ids"] == [1, 2, 3] and body["output_mode"] == "tokens"
+    params = body["sampling_params"]
+    assert params["logprobs"] == 0 and params["seed"] == 1 and params["stop"] == ["x"] and params["stop_token_ids"] == [5]
+    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty", "max_tokens", "min_tokens", "n"):
+        assert name in params, f"{name} is left to the model's generation_config"
+    assert turn.model == "policy-v1" and turn.token_ids == [5] and turn.policy_version == "7"
+
+
+def test_only_backends_of_the_trajectory_model_are_picked(pool: BackendPool) -> None:
+    pool.register("http://a:8000", "other-model")
+    pool.register("http://b:8000", "policy-v1")
+    hosts: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        hosts.append(request.url.host)
+        return httpx.Response(200, json=completion([5]))
+
+    with scripted_client(handler) as client:
+        for job in ("job-1", "job-2", "job-3"):
+            complete_routed(pool, client, job, [1], Sampling(max_tokens=1), model="policy-v1")
+    assert hosts == ["b", "b", "b"]
+    with scripted_client(handler) as client, pytest.raises(NoBackendAvailable, match="serving model 'nope'"):
+        complete_routed(pool, client, "job-4", [1], Sampling(max_tokens=1), model="nope")
 
 
 def test_a_read_timeout_fails_over_and_is_never_resent_to_the_same_backend(pool: BackendPool) -> None:
@@ -135,53 +154,18 @@ def test_garbage_everywhere_raises_bad_backend_response(pool: BackendPool) -> No
             complete_routed(pool, client, "job-1", [1, 2], Sampling(max_tokens=2))
 
 
-def test_a_misnamed_registration_uses_the_one_served_model(pool: BackendPool,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(llm_routing, "_served_names", {})
-    pool.register("http://a:8000", "tiny")
-    models: list[str | None] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"object": "list", "data": [{"id": "served-name"}]})
-        model = json.loads(request.content).get("model")
-        models.append(model)
-        if model != "served-name":
-            return httpx.Response(404, json={"error": {"message": f"The model `{model}` does not exist.",
-                                                       "type": "NotFoundError", "param": "model", "code": 404}})
-        return httpx.Response(200, json=completion([3], model="served-name"))
-
-    with scripted_client(handler) as client:
-        for _ in range(2):
-            assert complete_routed(pool, client, "job-1", [1], Sampling(max_tokens=1)).model == "served-name"
-    assert models == ["tiny", "served-name", "served-name"], "the served name is remembered per backend"
+def test_a_backend_that_no_longer_serves_the_model_is_failed_over_and_marked(pool: BackendPool) -> None:
+    """A server restarted with another model answers 404 for the trajectory's: another backend takes the call."""
+    for host in ("a", "b"):
+        pool.register(f"http://{host}:8000", "policy-v1")
+    not_found = {"error": {"message": "The model `policy-v1` does not exist.", "type": "NotFoundError", "code": 404}}
+    backends = Backends(lambda request: httpx.Response(404, json=not_found))
+    with scripted_client(backends) as client:
+        assert complete_routed(pool, client, "job-1", [1, 2], Sampling(max_tokens=2), model="policy-v1").token_ids == [7, 8]
+    bad = next(b for b in pool.backends() if b.url == f"http://{backends.bad_host}:8000")
+    assert not bad.healthy and "no longer serves" in bad.unhealthy_reason
 
 
 def test_no_backend_at_all_is_still_no_backend_available(pool: BackendPool) -> None:
     with scripted_client(lambda request: httpx.Response(500)) as client, pytest.raises(NoBackendAvailable):
         complete_routed(pool, client, "job-1", [1], Sampling(max_tokens=1))
-
-
-def test_a_reloaded_policy_version_is_followed(pool: BackendPool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CPU backend serves its policy version as the model name; a weight reload renames it."""
-    monkeypatch.setattr(llm_routing, "_served_names", {})
-    pool.register("http://a:8000", "policy-0")
-    current = {"name": "policy-0"}
-    models: list[str | None] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"object": "list", "data": [{"id": current["name"]}]})
-        model = json.loads(request.content).get("model")
-        models.append(model)
-        if model != current["name"]:
-            return httpx.Response(404, json={"error": {"message": "no such model", "code": 404}})
-        return httpx.Response(200, json=completion([3], model=current["name"]))
-
-    with scripted_client(handler) as client:
-        assert complete_routed(pool, client, "job-1", [1], Sampling(max_tokens=1)).model == "policy-0"
-        current["name"] = "policy-1"
-        assert complete_routed(pool, client, "job-1", [1], Sampling(max_tokens=1)).model == "policy-1"
-        current["name"] = "policy-2"
-        assert complete_routed(pool, client, "job-1", [1], Sampling(max_tokens=1)).model == "policy-2"
-    assert models == ["policy-0", "policy-0", "policy-1", "policy-1", "policy-2"]

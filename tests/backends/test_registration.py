@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from types import SimpleNamespace
 
 import httpx
 import pytest
 
-from cli.backends import Registration, RegistrationRefused, register_when_up
+from cli.backends import Registration, RegistrationRefused
 
 
 class ScriptedApi:
@@ -66,16 +64,6 @@ def test_backoff_grows_and_is_capped() -> None:
     reg = Registration(None, {}, interval_s=2.0)  # type: ignore[arg-type]
     assert [reg._backoff(n) for n in (1, 2, 3, 10)] == [4.0, 8.0, 16.0, 30.0]
     assert Registration(None, {}, interval_s=60.0)._backoff(5) == 60.0  # type: ignore[arg-type]
-
-
-def test_cpu_backend_does_not_register_when_its_server_never_started() -> None:
-    reg, api = registration([201])
-    server = SimpleNamespace(started=False)
-    reg.stopped.set()  # server.run() returned (port taken) and the command stopped the registration
-    worker = threading.Thread(target=register_when_up, args=(server, reg, 0.001))
-    worker.start()
-    worker.join(30)
-    assert not worker.is_alive() and api.calls == [] and reg.backend_id is None
 
 
 def test_a_registration_that_lands_after_stop_is_withdrawn() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+import pytest
 
 from shared.embedded_redis import free_port
 from tests.support.waiting import wait_for
@@ -120,7 +121,7 @@ def start_up_without_backend(tmp_path: Path, port: int) -> tuple[subprocess.Pope
     """`rollouts up` with its output in a file; returns once Redis, the API and three workers run."""
     log = open(tmp_path / "up.log", "w")
     up = subprocess.Popen(
-        [*ROLLOUTS, "up", "--port", str(port), "--no-cpu-backend"],
+        [*ROLLOUTS, "up", "--port", str(port), "--no-vllm"],
         env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )
     wait_for(lambda: len(children_of(up.pid)) >= 5, timeout=60, what="redis, the API and three workers")
@@ -152,3 +153,61 @@ def test_children_of_a_killed_up_do_not_outlive_it(tmp_path):
         wait_for(lambda: not [pid for pid in children if alive(pid)], timeout=60, what="the orphans to exit")
     finally:
         log.close()
+
+
+def descendants_of(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        children = children_of(frontier.pop())
+        found += children
+        frontier += children
+    return found
+
+
+@pytest.mark.vllm
+def test_up_serves_a_real_vllm_registers_it_and_stops_it_on_ctrl_c(tmp_path):
+    """The embedded default: vLLM on the tiny model (built offline), registered as an operator would."""
+    port = free_port()
+    log = open(tmp_path / "up.log", "w")
+    up = subprocess.Popen([*ROLLOUTS, "up", "--port", str(port)], env=cli_env(tmp_path), cwd=ROOT,
+                          stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def registered() -> list[dict]:
+            try:
+                return [b for b in httpx.get(f"http://127.0.0.1:{port}/v1/backends", timeout=2).json()["backends"]
+                        if b["healthy"]]
+            except (httpx.HTTPError, KeyError, ValueError):
+                return []
+
+        [backend] = wait_for(registered, timeout=900, interval=1.0, what="vLLM to start and register")
+        assert backend["model"].startswith("tiny-chatml") and backend["tokenizer"].endswith(backend["model"])
+        assert httpx.get(f"{backend['url']}/v1/models", timeout=5).json()["data"][0]["id"] == backend["model"]
+        everything = descendants_of(up.pid)
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=120)
+        assert up.returncode == 0
+        assert not [pid for pid in everything if alive(pid)], "`up` left processes (vLLM's engine?) behind"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        log.close()
+    output = (tmp_path / "up.log").read_text()
+    assert "vLLM ready at" in output, output[-2000:]
+
+
+def test_up_with_a_backend_url_that_does_not_answer_exits_naming_it(tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    result = subprocess.run([*ROLLOUTS, "up", "--port", str(free_port()), "--backend-url", dead],
+                            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode != 0
+    assert dead in result.stderr and "/v1/models" in result.stderr
+
+
+def test_up_with_a_model_dir_that_is_not_a_model_exits_with_the_reason(tmp_path):
+    not_a_model = tmp_path / "empty-dir"
+    not_a_model.mkdir()
+    result = subprocess.run([*ROLLOUTS, "up", "--port", str(free_port()), "--model", str(not_a_model)],
+                            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode != 0
+    assert str(not_a_model) in result.stderr and "config.json" in result.stderr

@@ -19,6 +19,7 @@ import httpx
 
 from cli.stack import Stack
 from shared.config import Settings
+from tests.support.scripted_llm import SCRIPTED_MODEL
 from tests.support.waiting import wait_for, wait_status
 
 AGENT_ENV = {
@@ -36,7 +37,7 @@ def agent_stack(tmp_path: Path, model_dir: Path, env: dict[str, str]) -> Iterato
     settings = Settings(redis_url=None, state_dir=tmp_path / "state")
     stack = Stack(
         settings, api_port=0, concurrency={"init": 1, "rollout": 2, "eval": 1}, log_dir=tmp_path / "logs",
-        extra_env={**AGENT_ENV, "ROLLOUTS_AGENT_TOKENIZER": str(model_dir), **env},
+        extra_env={**AGENT_ENV, **env},
     )  # fmt: skip
     stack.start()
     try:
@@ -61,7 +62,7 @@ def submit(api: httpx.Client, script: str, kind: str = "agent-echo", limits: dic
 
 
 def register(api: httpx.Client, url: str) -> str:
-    response = api.post("/v1/backends", json={"url": url, "model": "scripted"})
+    response = api.post("/v1/backends", json={"url": url, "model": SCRIPTED_MODEL})
     assert response.status_code == 201, response.text
     return response.json()["id"]
 

@@ -1,7 +1,8 @@
 """LLM backends that fail: one that hangs, and a scripted one in a process of its own to SIGKILL.
 
-`HangingBackend` accepts every connection and never answers anything, /health included
-(a wedged server: the kernel completes the TCP handshake, nobody reads). `ScriptedProcess`
+`HangingBackend` answers the registration check (`GET /v1/models`) and then never answers
+anything else, /health included (a server that wedged after it registered: the kernel
+completes the TCP handshake, nobody reads). `ScriptedProcess`
 runs tests.support.scripted_llm in a child process that answers the first `serve` requests
 and holds every later one, printing `received N` as each arrives, so a test can SIGKILL
 it with a request in flight: `python -m tests.reliability.fault_backends MODEL_DIR SCRIPTS_JSON SERVE`.
@@ -19,16 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.scripted_llm import ScriptedLLM
+from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
 from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 class HangingBackend:
-    """Accepts connections, reads each request's head, and holds them open, silent, until stopped."""
+    """Answers GET /v1/models; accepts every other request, reads its head, and holds it open, silent."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_dir: Path | None = None) -> None:
+        self.model_dir = model_dir
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._held: list[socket.socket] = []
         self.requests: list[str] = []  # request lines as they arrive ("POST /v1/completions HTTP/1.1")
@@ -42,7 +44,7 @@ class HangingBackend:
 
     def completions(self) -> int:
         """Generation requests taken so far (the pool's /health probes arrive here too)."""
-        return sum(line.startswith("POST /v1/completions") for line in self.requests)
+        return sum(line.startswith(("POST /inference/v1/generate", "POST /v1/completions")) for line in self.requests)
 
     def _accept(self) -> None:
         while not self._stopped.is_set():
@@ -63,7 +65,14 @@ class HangingBackend:
             if not chunk:
                 return
             head += chunk
-        self.requests.append(head.split(b"\r\n", 1)[0].decode(errors="replace"))
+        line = head.split(b"\r\n", 1)[0].decode(errors="replace")
+        self.requests.append(line)
+        if line.startswith("GET /v1/models "):
+            card = {"id": SCRIPTED_MODEL, "object": "model", "root": str(self.model_dir or "")}
+            body = json.dumps({"object": "list", "data": [card]}).encode()
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            conn.close()
 
     def stop(self) -> None:
         self._stopped.set()

@@ -18,7 +18,7 @@ import pytest
 
 from cli.stack import Stack
 from shared.trajectory import Trajectory
-from tests.agent.conftest import model_dir, model_state_dir, tokenizer  # noqa: F401
+from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
     agent_stack, assert_worker_serves_next_job, assistant_backends, call, deregister_all, register, rollout_worker,
     submit, use_only,
@@ -68,8 +68,8 @@ def healthy(tokenizer: Any) -> Iterator[ScriptedLLM]:  # noqa: F811
 
 
 @pytest.fixture()
-def hanging() -> Iterator[HangingBackend]:
-    backend = HangingBackend()
+def hanging(model_dir: Path) -> Iterator[HangingBackend]:  # noqa: F811
+    backend = HangingBackend(model_dir)
     yield backend
     backend.stop()
 

@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from cli.stack import Stack
-from tests.agent.conftest import model_dir, model_state_dir, tokenizer  # noqa: F401
+from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
     agent_stack, assert_worker_serves_next_job, call, observations, submit, use_only,
 )  # fmt: skip

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import statistics
 import threading
 import time
@@ -29,13 +30,13 @@ import pytest
 from redis import Redis
 
 from cli.stack import Stack
-from cpu_backend.bootstrap import build_tokenizer
+from cli.tiny_model import build_tokenizer
 from shared.embedded_redis import free_port
 from shared.keys import Keys
 from shared.trajectory import Trajectory
 from tests.reliability.jobs import statuses, submit
 from tests.support.standin_llm import StandinProcess, marker
-from tests.support.waiting import TERMINAL, client_for
+from tests.support.waiting import TERMINAL, client_for, wait_for
 
 JOBS = int(os.environ.get("ROLLOUTS_LOAD_JOBS", "1000"))
 ROLLOUT_SLOTS_PER_PROCESS = 100  # two processes: 200 in flight
@@ -147,7 +148,6 @@ def test_a_thousand_agent_jobs_with_two_hundred_in_flight_lose_nothing(
 ) -> None:
     env = {
         "ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds",
-        "ROLLOUTS_AGENT_TOKENIZER": str(tokenizer_dir),
         "ROLLOUTS_LLM_HEARTBEAT_TIMEOUT_S": "600",  # the stand-ins do not beat; maintenance still probes /health
     }
     stack = make_stack(concurrency={"init": 8, "rollout": ROLLOUT_SLOTS_PER_PROCESS, "eval": 8}, env=env)
@@ -248,3 +248,41 @@ def test_a_thousand_agent_jobs_with_two_hundred_in_flight_lose_nothing(
     )
     memory = ", ".join(f"{name} {idle[name]:.0f} -> {mib:.0f}" for name, mib in sorted(rss.items()))
     figure(f"worker RSS idle -> peak (MiB): {memory}")
+
+
+def test_backend_counts_return_to_zero_after_jobs_with_rollout_worker_kills(
+    make_stack, standins: list[StandinProcess], figure
+) -> None:
+    """In-flight counts are released on every end of a trajectory, a killed worker's included."""
+    env = {
+        "ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds",
+        "ROLLOUTS_LLM_HEARTBEAT_TIMEOUT_S": "600",
+        "ROLLOUTS_STAGE_RETRIES": "25",  # above the kills a job could meet: re-run, not failed as lost
+    }
+    stack = make_stack(concurrency={"init": 8, "rollout": 40, "eval": 8}, env=env)
+    stack.start_worker("rollout")  # two: one keeps working while the other is killed
+    stack.wait_for_workers(timeout=60)
+    api = client_for(stack)
+    for server in standins:
+        assert api.post("/v1/backends", json={"url": server.url, "model": server.model, "capacity": 50}).status_code == 201
+    ids = submit(api, agent_jobs(200), chunk=200)
+    for _ in range(5):
+        wait_for(lambda: api.get("/v1/backends").json()["inflight"] >= 10, timeout=120, what="trajectories in flight")
+        victim = stack.workers["rollout"][0]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        stack.workers["rollout"].remove(victim)
+        stack.start_worker("rollout")
+    wait_for(lambda: all(s in TERMINAL for s in statuses(api, ids).values()), timeout=900, interval=1.0,
+             what="every job to end")
+    final = statuses(api, ids)
+    assert set(final.values()) == {"done"}, {s for s in final.values()}
+    leftovers = _pool_leftovers(stack)
+    assert leftovers == dict.fromkeys(leftovers, 0), leftovers
+    redis = Redis.from_url(stack.redis_url)
+    try:
+        scores = redis.zrange(Keys(stack.settings.redis_prefix).backend_load, 0, -1, withscores=True)
+    finally:
+        redis.close()
+    assert len(scores) == len(standins) and all(score == 0 for _, score in scores), scores
+    figure("200 agent jobs, 5 rollout-worker SIGKILLs: all done; pool in-flight and load scores back to 0")

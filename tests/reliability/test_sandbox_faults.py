@@ -20,7 +20,7 @@ from cli.stack import Stack
 from shared.config import Settings
 from shared.sandbox import SandboxError
 from shared.tasks.context import StageContext, StageInterrupted
-from tests.agent.conftest import model_dir, model_state_dir, tokenizer  # noqa: F401
+from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
     agent_stack, assert_worker_serves_next_job, call, find_process, kill, observations, rollout_worker, submit,
     use_only,

@@ -75,7 +75,7 @@ def test_rollouts_up_prints_the_redis_address_with_the_password_redacted(protect
     log_path = tmp_path / "up.log"
     with open(log_path, "w") as log:
         up = subprocess.Popen(
-            [sys.executable, "-m", "cli", "up", "--port", str(port), "--no-cpu-backend"],
+            [sys.executable, "-m", "cli", "up", "--port", str(port), "--no-vllm"],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
         try:

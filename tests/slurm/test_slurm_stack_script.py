@@ -1,8 +1,8 @@
 """slurm/stack.sh as an operator runs it: Redis, the API, the stage arrays and a model backend as
 jobs with dependencies, a batch through them, scaling up, and an ordered shutdown.
 
-The vLLM job runs the real slurm/vllm.sbatch with its serve command pointed at the CPU backend
-(which speaks vLLM's protocol), so its wait/register/heartbeat/deregister path runs under Slurm.
+The vLLM job runs the real slurm/vllm.sbatch: vLLM's CPU build serving the tiny model, so its
+serve/wait/register/heartbeat/deregister path runs under Slurm as on a GPU cluster.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.slurm.conftest import REPO, job_env
 from tests.support.waiting import trace, wait_for, wait_status
 
-STAND_IN = "$ROLLOUTS_PYTHON -m cli cpu-backend --host 0.0.0.0 --port $PORT"
 
 
 def _stack(slurm, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -33,13 +33,15 @@ def _backends(api: httpx.Client) -> list[dict]:
     return api.get("/v1/backends").json()["backends"]
 
 
-def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_config, tmp_path, trace_dir):
+@pytest.mark.vllm
+def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_config, tmp_path, trace_dir, tiny_model):
     run_dir = tmp_path / "run"
     config = write_config(
         ROLLOUTS_SLURM_SBATCH_ARGS=f"--partition={slurm.partition} --time=10",
         ROLLOUTS_SLURM_VLLM_SBATCH_ARGS="--gres=none --cpus-per-task=1",  # no GPUs here
-        ROLLOUTS_VLLM_MODEL="tiny-stand-in",
-        ROLLOUTS_VLLM_COMMAND=STAND_IN,
+        ROLLOUTS_VLLM_MODEL=str(tiny_model),
+        ROLLOUTS_VLLM_SERVED_MODEL_NAME="tiny",
+        ROLLOUTS_VLLM_ARGS="--dtype float32",
         ROLLOUTS_DRAIN_TIMEOUT_S="3",
         ROLLOUTS_SLURM_REDIS_PASSWORD="s3cret",  # Redis binds every interface: the API and workers log in
     )
@@ -54,9 +56,9 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
         assert (run_dir / "redis.env").stat().st_mode & 0o077 == 0, "the password file is readable by others"
         api = httpx.Client(base_url=api_url, timeout=10.0)
 
-        backend = wait_for(lambda: next((b for b in _backends(api) if b["healthy"]), None), timeout=150,
+        backend = wait_for(lambda: next((b for b in _backends(api) if b["healthy"]), None), timeout=900,
                            what="the vLLM job's backend to register")
-        assert backend["model"] == "tiny-stand-in" and backend["labels"]["slurm_job"].startswith(roles["vllm"])
+        assert backend["model"] == "tiny" and backend["labels"]["slurm_job"].startswith(roles["vllm"])
 
         _stack(slurm, config, "add", "rollout", "2")  # scale up: another array
         added = (run_dir / "jobs").read_text().splitlines()[-1].split()[1]

@@ -1,9 +1,11 @@
-"""A scripted stand-in for a vLLM backend: deterministic multi-turn agent behaviour for tests.
+"""A scripted test double of a vLLM backend: deterministic multi-turn agent behaviour for tests.
 
-The tiny random CPU model almost never writes a valid tool call, so the loop's
-tool-call paths (a call every turn, malformed calls, finish) are driven by this
-server instead. It speaks the same `/v1/completions` protocol (token-ID prompt in,
-`token_ids` and `logprobs` out, `finish_reason`/`stop_reason`), and is stateless:
+The tiny random model almost never writes a valid tool call, so the loop's tool-call
+paths (a call every turn, malformed calls, finish) are driven by this test double
+instead; everything about the model itself is tested against real vLLM. It answers
+vLLM's token-in/token-out `/inference/v1/generate` (token-ID prompt in, `token_ids`,
+`logprobs.content` and `weight_versions` out, `finish_reason`/`stop_reason`) and serves
+`/v1/models` with the tokenizer's directory as the model's `root`, as vLLM does. Stateless:
 
 - the script is chosen by a marker `[script:NAME]` anywhere in the prompt's text;
 - the turn is the number of assistant headers in the prompt, minus one;
@@ -27,6 +29,7 @@ from typing import Any
 
 MARKER = re.compile(r"\[script:([A-Za-z0-9_-]+)\]")
 ASSISTANT_HEADER = "<|im_start|>assistant"
+SCRIPTED_MODEL = "scripted-policy-v1"  # the name it serves
 
 
 @dataclass
@@ -42,7 +45,8 @@ class Exchange:
 class ScriptedLLM:
     tokenizer: Any
     scripts: dict[str, list[str]] = field(default_factory=dict)
-    model: str = "scripted-policy-v1"
+    model: str = SCRIPTED_MODEL
+    version: str = "1"  # the weight version every reply reports
     exchanges: list[Exchange] = field(default_factory=list)
     gates: dict[str, threading.Event] = field(default_factory=dict)
     received: int = 0
@@ -56,7 +60,7 @@ class ScriptedLLM:
         return f"http://{host}:{port}"
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
-        prompt = [int(t) for t in body["prompt"]]
+        prompt = [int(t) for t in body["token_ids"]]
         text = self.tokenizer.decode(prompt, skip_special_tokens=False)
         found = MARKER.search(text)
         if found is None or found.group(1) not in self.scripts:
@@ -70,7 +74,7 @@ class ScriptedLLM:
         turn = text.count(ASSISTANT_HEADER) - 1
         reply = script[min(turn, len(script) - 1)]
         ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.tokenizer.eos_token_id]
-        max_tokens = int(body.get("max_tokens") or 16)
+        max_tokens = int(body["sampling_params"].get("max_tokens") or 16)
         finish = "stop"
         if len(ids) > max_tokens:
             ids, finish = ids[:max_tokens], "length"
@@ -78,15 +82,15 @@ class ScriptedLLM:
         with self._lock:
             self.exchanges.append(Exchange(prompt, max_tokens, ids, logprobs, finish))
         return {
-            "id": f"cmpl-{len(self.exchanges)}",
-            "object": "text_completion",
+            "request_id": f"generate-tokens-{len(self.exchanges)}",
             "model": self.model,
+            "output_mode": "tokens",
             "choices": [
                 {
                     "index": 0,
-                    "text": self.tokenizer.decode(ids, skip_special_tokens=True),
                     "token_ids": ids,
-                    "logprobs": {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": logprobs},
+                    "logprobs": {"content": [{"token_id": t, "logprob": lp} for t, lp in zip(ids, logprobs)]},
+                    "weight_versions": [{"version": self.version, "start": 0, "end": len(ids)}],
                     "finish_reason": finish,
                     "stop_reason": None,
                 }
@@ -117,13 +121,14 @@ class ScriptedLLM:
                 if self.path == "/health":
                     self._send(200, {})
                 elif self.path == "/v1/models":
-                    self._send(200, {"object": "list", "data": [{"id": llm.model, "object": "model"}]})
+                    card = {"id": llm.model, "object": "model", "root": str(llm.tokenizer.name_or_path)}
+                    self._send(200, {"object": "list", "data": [card]})
                 else:
-                    self._send(404, {"error": {"message": "not found"}})
+                    self._send(404, {"detail": "Not Found"})
 
             def do_POST(self) -> None:
-                if self.path != "/v1/completions":
-                    self._send(404, {"error": {"message": "not found"}})
+                if self.path != "/inference/v1/generate":
+                    self._send(404, {"detail": "Not Found"})
                     return
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 try:

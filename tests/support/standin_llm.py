@@ -24,7 +24,9 @@ vLLM fields honoured (vllm/entrypoints/openai/completion/protocol.py, Completion
   `"token_id:N"` strings and `token_logprobs` made-up deterministic values, one per token.
 A reply ends with EOS (`finish_reason: "stop"`, `stop_reason: null`, as vLLM reports EOS).
 Ignored: sampling parameters (temperature, top_p, top_k, min_p, seed, stop, stop_token_ids,
-ignore_eos). Also served: `GET /health`, `GET /v1/models`, and `GET /stats` (requests
+ignore_eos). It has no `/inference/v1/generate` (a server started without `--enable-scale-out`), so the
+client's fallback path is what the load tests drive. Also served: `GET /health`, `GET /v1/models`
+(with the tokenizer directory as `root`), and `GET /stats` (requests
 served, in flight now, peak in flight, refused) for the test.
 
 Run: `python -m tests.support.standin_llm --tokenizer DIR --port P --delay 2 5`.
@@ -58,6 +60,7 @@ class FastTokenizer:
     under a second instead of importing transformers (and torch with it) on a loaded machine."""
 
     def __init__(self, tokenizer_dir: Path) -> None:
+        self.tokenizer_dir = tokenizer_dir
         from tokenizers import Tokenizer
 
         self._core = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
@@ -214,7 +217,8 @@ def create_app(llm: StandinLLM) -> Any:
         return JSONResponse({})
 
     async def models(_: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{"id": llm.model, "object": "model", "owned_by": "standin"}]})
+        card = {"id": llm.model, "object": "model", "owned_by": "standin", "root": str(llm.tokenizer.tokenizer_dir)}
+        return JSONResponse({"object": "list", "data": [card]})
 
     async def stats(_: Request) -> JSONResponse:
         return JSONResponse(llm.stats())

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from shared.toolserver.result import ToolResult
@@ -137,7 +137,9 @@ class AgentLoop:
             end=0,
             text=self.renderer.decode(completion.token_ids),
             backend_id=completion.backend_id,
-            policy_version=completion.model,
+            model=completion.model,
+            policy_version=completion.policy_version,
+            weight_versions=[asdict(span) for span in completion.weight_versions],
             finish_reason=completion.finish_reason,
             stop_reason=completion.stop_reason,
             latency_s=completion.latency_s,

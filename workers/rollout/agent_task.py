@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shared.jobs.spec import SamplingParams
 from shared.sandbox import Sandbox, SandboxError, create_sandbox
 from shared.tasks.context import StageContext, StageInterrupted
 from shared.toolserver.result import ToolResult
@@ -51,42 +52,56 @@ def loop_config(kind: AgentTask, ctx: StageContext) -> LoopConfig:
 
 def sampling_from_spec(spec: dict[str, Any], max_tokens: int) -> Sampling:
     """The job's sampling parameters under vLLM's names; max_tokens is capped per turn by the loop."""
-    sampling = spec.get("sampling") or {}
+    sampling = SamplingParams.model_validate(spec.get("sampling") or {})
     return Sampling(
         max_tokens=max_tokens,
-        temperature=sampling.get("temperature", 1.0),
-        top_p=sampling.get("top_p", 1.0),
-        top_k=sampling.get("top_k", -1),
-        seed=sampling.get("seed"),
-        stop_token_ids=tuple(sampling.get("stop_token_ids") or ()),
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        min_p=sampling.min_p,
+        seed=sampling.seed,
+        stop=tuple(sampling.stop),
+        stop_token_ids=tuple(sampling.stop_token_ids),
+        repetition_penalty=sampling.repetition_penalty,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
     )
 
 
 def run_agent_task(kind: AgentTask, ctx: StageContext) -> dict[str, Any]:
-    """Run `kind`'s agent on this job; returns the trajectory dict (docs/TRAJECTORY.md)."""
+    """Run `kind`'s agent on this job; returns the trajectory dict (docs/TRAJECTORY.md).
+
+    The trajectory is pinned to its backend first: the tokenizer and chat template are those of
+    the model that backend serves, and every later turn goes only to backends of that model.
+    """
     settings = ctx.settings
     llm = llm_services()
-    parser = get_parser(ctx.task.get("tool_parser") or settings.agent_tool_parser)
-    tools = kind.tool_schemas()
-    renderer = ChatRenderer(load_tokenizer(settings), tools, tool_instructions_json(tools, parser.call_format))
-    config = loop_config(kind, ctx)
     group_id = ctx.spec.get("group_id")
-
-    def generate(prompt: list[int], sampling: Sampling) -> Completion:
-        # A cancel or the deadline does not wait for a generation in flight; if one is left
-        # running, it releases the pin it may have re-taken (failover) when it ends.
-        return call_interruptibly(
-            ctx,
-            lambda: complete_routed(llm.pool, llm.client, ctx.job_id, prompt, sampling, group_id=group_id),
-            on_abandoned=lambda: llm.pool.release(ctx.job_id),
-        )
-
-    sandbox = _start_sandbox(kind, ctx) if any(name != FINISH_TOOL for name in kind.tools) else None
-    loop = AgentLoop(
-        renderer, parser, generate, _tool_runner(sandbox, ctx), config,
-        sampling_from_spec(ctx.spec, config.max_tokens_per_turn), ctx,
-    )  # fmt: skip
+    sandbox: Sandbox | None = None
+    loop: AgentLoop | None = None
     try:
+        pin = llm.pool.acquire(ctx.job_id, group_id, model=ctx.spec.get("model"))
+        parser = get_parser(ctx.task.get("tool_parser") or settings.agent_tool_parser)
+        tools = kind.tool_schemas()
+        renderer = ChatRenderer(load_tokenizer(pin), tools, tool_instructions_json(tools, parser.call_format))
+        config = loop_config(kind, ctx)
+
+        def generate(prompt: list[int], sampling: Sampling) -> Completion:
+            # A cancel or the deadline does not wait for a generation in flight; if one is left
+            # running, it releases the pin it may have re-taken (failover) when it ends.
+            return call_interruptibly(
+                ctx,
+                lambda: complete_routed(llm.pool, llm.client, ctx.job_id, prompt, sampling, group_id=group_id,
+                                        model=pin.model),
+                on_abandoned=lambda: llm.pool.release(ctx.job_id),
+            )  # fmt: skip
+
+        if any(name != FINISH_TOOL for name in kind.tools):
+            sandbox = _start_sandbox(kind, ctx)
+        loop = AgentLoop(
+            renderer, parser, generate, _tool_runner(sandbox, ctx), config,
+            sampling_from_spec(ctx.spec, config.max_tokens_per_turn), ctx,
+        )  # fmt: skip
         trajectory = loop.run(kind.messages(ctx.task))
         ctx.check()
         trajectory.extra = kind.collect(ctx, sandbox)
@@ -134,8 +149,10 @@ def _tool_runner(sandbox: Sandbox | None, ctx: StageContext):  # -> RunTool
     return run_tool
 
 
-def _keep_partial(ctx: StageContext, loop: AgentLoop, reason: str, detail: str | None) -> None:
+def _keep_partial(ctx: StageContext, loop: AgentLoop | None, reason: str, detail: str | None) -> None:
     """Leave the record so far in the job's partial result (cancelled, timed out, failed)."""
+    if loop is None:  # stopped before the first token: nothing to keep
+        return
     record = loop.trajectory
     record.stop_reason, record.stop_detail = reason, detail
     ctx.partial["trajectory"] = record.to_dict()

@@ -1,31 +1,37 @@
-"""Token-in/token-out client for vLLM's OpenAI-compatible `/v1/completions`.
+"""Token-in/token-out client for vLLM: `/inference/v1/generate`, else `/v1/completions`.
 
-The prompt goes out as a list of token IDs (vLLM's CompletionRequest.prompt accepts
-``list[int]``), so nothing is re-tokenized. The generated token IDs come back two ways,
-and this client asks for both so it works across vLLM versions:
+Every prompt goes out as token IDs and every generated token comes back as an ID with its
+logprob, so nothing is re-tokenized. Two vLLM endpoints do that:
 
-- ``return_token_ids: true`` (vLLM >= 0.10.2): the choice carries ``token_ids`` (generated)
-  and ``prompt_token_ids`` (vllm/entrypoints/openai/completion/protocol.py,
-  CompletionRequest.return_token_ids and CompletionResponseChoice.token_ids).
-- ``logprobs: 0`` with ``return_tokens_as_token_ids: true``: each entry of
-  ``choices[0].logprobs.tokens`` is spelled ``"token_id:{id}"`` and
-  ``logprobs.token_logprobs`` holds the sampled token's logprob (CompletionRequest
-  .return_tokens_as_token_ids; CompletionLogProbs). This is also where the per-token
-  logprobs come from in every version.
+- ``POST /inference/v1/generate`` (served with ``--enable-scale-out``; vLLM >= 0.32:
+  vllm/entrypoints/scale_out/token_in_token_out/protocol.py). ``GenerateRequest`` takes
+  ``token_ids``, ``model`` and ``sampling_params`` (vLLM's ``SamplingParams`` fields);
+  ``GenerateTokensChoice`` answers ``token_ids``, ``logprobs.content[].{token_id, logprob}``,
+  ``finish_reason``, ``stop_reason`` and ``weight_versions`` (``WeightVersionSpan``: the
+  ``[start, end)`` output tokens sampled by weights labelled ``version``, vllm/outputs.py).
+  This is the only endpoint that reports the weight version, so the client uses it wherever
+  the server offers it.
+- ``POST /v1/completions`` (any vLLM >= 0.10.2), used when the generate route is missing
+  (404 from the router, not vLLM's own 404 for an unknown model): ``prompt`` as a list of IDs,
+  ``return_token_ids`` (choice ``token_ids``), ``logprobs: 0`` with
+  ``return_tokens_as_token_ids`` (``logprobs.tokens`` spelled ``"token_id:N"``,
+  ``logprobs.token_logprobs``). It silently ignores ``return_weight_versions`` (measured on
+  0.32), so turns served there record no weight version.
 
-Sampling fields pass through under vLLM's names (temperature, top_p, top_k, min_p,
-max_tokens, stop, stop_token_ids, seed, ...). Connection errors and 5xx are retried with
-exponential backoff; a 4xx raises ``BackendRequestError`` with the backend's message. A 2xx
-whose body is not a completion with token IDs and logprobs that line up (not JSON, a missing
-field, a non-string in ``logprobs.tokens``, ``token_ids`` that disagree with the
-``"token_id:N"`` strings) raises ``BadBackendResponse``; ``complete_routed`` treats that like
-an unavailable backend and fails over (a backend answering garbage is as good as dead for
-that call).
+Sampling is stated in full on every request (``Sampling.to_request``): vLLM otherwise fills
+unset fields from the model's generation_config (repetition/presence/frequency penalties,
+top_k, ...), which would change sampling behind the trainer's back.
+
+Connection errors and 5xx are retried with exponential backoff; a 4xx raises
+``BackendRequestError`` with the backend's message. A 2xx whose body is not a completion with
+token IDs and logprobs that line up raises ``BadBackendResponse``; ``complete_routed`` treats
+that like an unavailable backend and fails over.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +41,12 @@ import httpx
 log = logging.getLogger(__name__)
 
 _TOKEN_ID_PREFIX = "token_id:"
+GENERATE_PATH = "/inference/v1/generate"
+COMPLETIONS_PATH = "/v1/completions"
+
+
+class _RouteMissing(Exception):
+    """The server has no such route (FastAPI's own 404), as opposed to vLLM's 404 for an unknown model."""
 
 
 class LLMError(RuntimeError):
@@ -74,36 +86,54 @@ class BadBackendResponse(LLMError):
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling parameters under vLLM's request field names; ``extra`` passes other vLLM fields through."""
+    """What the job means by sampling, in vLLM's ``SamplingParams`` names; every field is sent.
+
+    The defaults are neutral (no penalties, top_k off, min_p off), not vLLM's generation_config.
+    ``extra`` passes other SamplingParams fields through.
+    """
 
     max_tokens: int = 512
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1
+    top_k: int = 0  # 0 (or -1) disables top-k
     min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_request(self) -> dict[str, Any]:
         body: dict[str, Any] = {
+            "n": 1,
             "max_tokens": self.max_tokens,
+            "min_tokens": 0,
             "temperature": self.temperature,
             "top_p": self.top_p,
-            "top_k": self.top_k,
+            "top_k": max(self.top_k, 0),
             "min_p": self.min_p,
+            "seed": self.seed,
+            "stop": list(self.stop),
+            "stop_token_ids": list(self.stop_token_ids),
             "ignore_eos": self.ignore_eos,
+            "repetition_penalty": self.repetition_penalty,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
         }
-        if self.seed is not None:
-            body["seed"] = self.seed
-        if self.stop:
-            body["stop"] = list(self.stop)
-        if self.stop_token_ids:
-            body["stop_token_ids"] = list(self.stop_token_ids)
         body.update(self.extra)
         return body
+
+
+@dataclass(frozen=True)
+class WeightSpan:
+    """Generated tokens ``[start, end)`` of a turn were sampled by the weights labelled ``version``."""
+
+    version: str
+    start: int
+    end: int
 
 
 @dataclass(frozen=True)
@@ -115,12 +145,18 @@ class Completion:
     text: str
     finish_reason: str | None
     stop_reason: int | str | None
-    model: str  # the model name the backend reported: the policy version of this turn
+    model: str  # the served model name the backend reported
     backend_id: str
     prompt_tokens: int
     cached_tokens: int | None
     latency_s: float
     attempts: int
+    weight_versions: tuple[WeightSpan, ...] = ()  # empty where the endpoint does not report them
+
+    @property
+    def policy_version(self) -> str | None:
+        """The weight version of the turn's first token (the oldest, if an update landed mid-turn)."""
+        return self.weight_versions[0].version if self.weight_versions else None
 
 
 class LLMClient:
@@ -142,6 +178,8 @@ class LLMClient:
         )
         self.max_retries = max_retries
         self.backoff_s = backoff_s
+        self._no_generate_route: set[str] = set()  # backends without /inference/v1/generate
+        self._routes_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Any, api_key: str | None = None) -> LLMClient:
@@ -171,9 +209,21 @@ class LLMClient:
         backend_id: str = "",
     ) -> Completion:
         """Generate from a token-ID prompt on one backend; retries only what is safe to retry."""
-        body = request_body(prompt_token_ids, sampling, model)
-        endpoint = url.rstrip("/") + "/v1/completions"
         backend_id = backend_id or url
+        base = url.rstrip("/")
+        if base not in self._no_generate_route:
+            try:
+                return self._post(base + GENERATE_PATH, generate_body(prompt_token_ids, sampling, model),
+                                  _parse_generate, backend_id)  # fmt: skip
+            except _RouteMissing:
+                log.warning("backend %s has no %s (started without --enable-scale-out?): using /v1/completions, "
+                            "which reports no weight versions", backend_id, GENERATE_PATH)  # fmt: skip
+                with self._routes_lock:
+                    self._no_generate_route.add(base)
+        return self._post(base + COMPLETIONS_PATH, request_body(prompt_token_ids, sampling, model),
+                          _parse, backend_id)  # fmt: skip
+
+    def _post(self, endpoint: str, body: dict[str, Any], parse: Any, backend_id: str) -> Completion:
         started = time.perf_counter()
         last_error = ""
         for attempt in range(1, self.max_retries + 2):
@@ -193,7 +243,9 @@ class LLMClient:
                         raise BadBackendResponse(
                             f"{response.status_code} with a body that is not JSON: {response.text[:200]!r}", backend_id
                         ) from exc
-                    return _parse(data, backend_id, time.perf_counter() - started, attempt)
+                    return parse(data, backend_id, time.perf_counter() - started, attempt)
+                if response.status_code == 404 and _is_router_404(response):
+                    raise _RouteMissing(endpoint)
                 if response.status_code < 500:
                     raise BackendRequestError(response.status_code, _error_text(response), backend_id)
                 last_error = f"{response.status_code}: {_error_text(response)}"
@@ -213,20 +265,42 @@ class LLMClient:
             return []
 
 
+def generate_body(prompt_token_ids: list[int], sampling: Sampling, model: str | None = None) -> dict[str, Any]:
+    """The JSON body of one /inference/v1/generate call (GenerateRequest; SamplingParams names)."""
+    body: dict[str, Any] = {
+        "token_ids": list(prompt_token_ids),
+        "sampling_params": {**sampling.to_request(), "logprobs": 0},  # 0: the sampled token's logprob only
+        "output_mode": "tokens",
+        "stream": False,
+    }
+    if model:
+        body["model"] = model
+    return body
+
+
 def request_body(prompt_token_ids: list[int], sampling: Sampling, model: str | None = None) -> dict[str, Any]:
-    """The JSON body of one token-in/token-out /v1/completions call (vLLM field names)."""
+    """The JSON body of one token-in/token-out /v1/completions call (CompletionRequest names)."""
     body = {
         **sampling.to_request(),
         "prompt": list(prompt_token_ids),
         "logprobs": 0,
         "return_tokens_as_token_ids": True,
         "return_token_ids": True,
-        "n": 1,
         "stream": False,
     }
     if model:
         body["model"] = model
     return body
+
+
+def _is_router_404(response: httpx.Response) -> bool:
+    """A 404 for the path itself (FastAPI's {"detail": "Not Found"}, or any non-vLLM body), not vLLM's
+    ErrorResponse 404 for an unknown model, which nests its message under "error"."""
+    try:
+        data = response.json()
+    except ValueError:
+        return True
+    return not (isinstance(data, dict) and isinstance(data.get("error"), dict))
 
 
 def _error_text(response: httpx.Response) -> str:
@@ -253,6 +327,43 @@ def _token_ids_from_strings(tokens: Any) -> list[int] | None:
             return None
         ids.append(int(token[len(_TOKEN_ID_PREFIX):]))
     return ids
+
+
+def _parse_generate(data: dict[str, Any], backend_id: str, latency_s: float, attempts: int) -> Completion:
+    """A GenerateTokensResponse: token ids, per-token logprobs and weight-version spans of choice 0."""
+    try:
+        choice = data["choices"][0]
+        token_ids = [int(t) for t in choice["token_ids"]]
+        content = (choice.get("logprobs") or {}).get("content")
+        if content is None or len(content) != len(token_ids):
+            raise BadBackendResponse(
+                f"{len(token_ids)} token ids but {0 if content is None else len(content)} logprobs", backend_id
+            )
+        if any(int(entry["token_id"]) != token for entry, token in zip(content, token_ids)):
+            raise BadBackendResponse("logprobs.content token ids disagree with token_ids", backend_id)
+        logprobs = [float(entry["logprob"]) for entry in content]
+        spans = tuple(
+            WeightSpan(str(span["version"]), int(span["start"]), int(span["end"]))
+            for span in choice.get("weight_versions") or []
+        )
+        usage = data.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        return Completion(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            text=choice.get("text", ""),
+            finish_reason=choice.get("finish_reason"),
+            stop_reason=choice.get("stop_reason"),
+            model=data.get("model") or "",
+            backend_id=backend_id,
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            cached_tokens=details.get("cached_tokens"),
+            latency_s=latency_s,
+            attempts=attempts,
+            weight_versions=spans,
+        )
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise BadBackendResponse(f"unexpected generate response: {exc!r}", backend_id) from exc
 
 
 def _parse(data: dict[str, Any], backend_id: str, latency_s: float, attempts: int) -> Completion:

@@ -9,10 +9,9 @@ costs one re-pin, not the trajectory.
 from __future__ import annotations
 
 import logging
-import threading
 
 from shared import log_context
-from shared.backend_pool import BackendPool, NoBackendAvailable, Pin
+from shared.backend_pool import BackendPool, NoBackendAvailable
 from workers.rollout.llm_client import (
     BackendRequestError,
     BackendUnavailable,
@@ -24,14 +23,6 @@ from workers.rollout.llm_client import (
 
 log = logging.getLogger(__name__)
 
-# (url, registered model) -> the one model name that backend actually serves, for backends
-# registered under a name they do not serve (see _model_not_served).
-_served_names: dict[tuple[str, str], str] = {}
-_served_lock = threading.Lock()
-# How many times one call follows a rename (a weight reload may land between /v1/models and the retry).
-_RENAME_RETRIES = 2
-
-
 def complete_routed(
     pool: BackendPool,
     client: LLMClient,
@@ -40,16 +31,18 @@ def complete_routed(
     sampling: Sampling,
     group_id: str | None = None,
     failovers: int = 2,
+    model: str | None = None,
 ) -> Completion:
     """Generate one turn on the trajectory's pinned backend, failing over up to ``failovers`` times.
 
-    The request names the pinned backend's registered model (``model``: vLLM before 0.8
-    requires it, and it keeps a server that serves several models, e.g. LoRA adapters, from
-    answering with another one); the response's ``model`` is what the turn records.
+    ``model``: the trajectory's model; only backends serving it are picked (its token ids mean
+    nothing to another model). The request names the pinned backend's registered model, so a
+    server with several models (LoRA adapters) never answers with another one.
 
     A backend that fails the call is excluded for the rest of the call, whatever the cause:
     ``BackendUnavailable`` (connect errors or 5xx after the client's own retries, or a read
-    timeout) and ``BadBackendResponse`` (a 2xx that is not a usable completion). Unavailable
+    timeout), ``BadBackendResponse`` (a 2xx that is not a usable completion) and a 404 for the
+    model (the server was restarted with another model since it registered). Unavailable
     backends are also reported to the pool (an immediate /health probe; a failing one leaves
     the pool for everybody). A read timeout is never re-sent to the same backend: an
     overloaded vLLM still answers /health with 200, and the generation may still be running
@@ -66,14 +59,15 @@ def complete_routed(
     last_error: BackendUnavailable | BadBackendResponse | None = None
     for _ in range(failovers + 1):
         try:
-            pin = pool.acquire(job_id, group_id, exclude=failed)
+            pin = pool.acquire(job_id, group_id, exclude=failed, model=model)
         except NoBackendAvailable:
             if last_error is None:
                 raise
             raise last_error from None
         try:
             with log_context.bind(backend=pin.backend_id):  # every record of this call names its backend
-                return _complete_on(client, pin, prompt_token_ids, sampling)
+                return client.complete(pin.url, prompt_token_ids, sampling, model=pin.model or None,
+                                       backend_id=pin.backend_id)  # fmt: skip
         except BackendUnavailable as exc:
             failed.append(pin.backend_id)
             last_error = exc
@@ -84,41 +78,12 @@ def complete_routed(
             last_error = exc
             log.warning("job %s: backend %s sent an unusable response (%s); failing over", job_id,
                         pin.backend_id, exc)
+        except BackendRequestError as exc:
+            if exc.status != 404:
+                raise
+            failed.append(pin.backend_id)
+            last_error = BadBackendResponse(f"does not serve model {pin.model!r}: {exc.message}", pin.backend_id)
+            pool.set_health(pin.backend_id, False, f"no longer serves model {pin.model!r}")
+            log.warning("job %s: %s; failing over", job_id, last_error)
     assert last_error is not None
     raise last_error
-
-
-def _complete_on(client: LLMClient, pin: Pin, prompt_token_ids: list[int], sampling: Sampling) -> Completion:
-    key = (pin.url, pin.model)
-    model = _served_names.get(key, pin.model) or None
-    for _ in range(_RENAME_RETRIES):
-        try:
-            return client.complete(pin.url, prompt_token_ids, sampling, model=model, backend_id=pin.backend_id)
-        except BackendRequestError as exc:
-            served = _model_not_served(client, pin, model, exc)
-            if served is None:
-                raise
-            with _served_lock:
-                _served_names[key] = served
-            model = served
-    return client.complete(pin.url, prompt_token_ids, sampling, model=model, backend_id=pin.backend_id)
-
-
-def _model_not_served(client: LLMClient, pin: Pin, model: str | None, exc: BackendRequestError) -> str | None:
-    """The name to use instead when a backend 404s the registered model name.
-
-    Only when the backend serves exactly one model: then the registration merely misnames
-    it (or the CPU backend's weights were reloaded under a new policy version), and that one
-    model is what every request gets anyway. With several served models
-    (LoRA adapters) the 404 stands: guessing could silently sample from the wrong policy.
-    """
-    if exc.status != 404 or not model:
-        return None
-    served = client.served_models(pin.url)
-    if len(served) != 1 or served[0] == model:
-        return None
-    log.warning(
-        "backend %s (%s) does not serve model %r but only %r (a misnamed registration, or its weights "
-        "were reloaded under a new version): using %r", pin.backend_id, pin.url, model, served[0], served[0],
-    )
-    return served[0]

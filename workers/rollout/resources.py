@@ -1,6 +1,6 @@
 """Per-process resources of the rollout stage, built once and shared by every slot thread.
 
-The tokenizer (chat templates), the backend pool and the LLM client are all safe to
+The tokenizers (one per served model), the backend pool and the LLM client are all safe to
 share across threads; loading them per trajectory would cost seconds and connections.
 """
 
@@ -12,8 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from shared.backend_pool import BackendPool
-from shared.config import Settings
+from shared.backend_pool import BackendPool, Pin
 from workers.rollout.llm_client import LLMClient
 
 _lock = threading.Lock()
@@ -38,25 +37,35 @@ def llm_services() -> LLMServices:
         return _llm
 
 
-def tokenizer_dir(settings: Settings) -> Path:
-    """The agent tokenizer: the setting, else the CPU backend's model (built offline on first use)."""
-    if settings.agent_tokenizer is not None:
-        return settings.agent_tokenizer
-    if settings.cpu_backend_model is not None:
-        return settings.cpu_backend_model
-    from cpu_backend.bootstrap import tiny_model_dir
-
-    return tiny_model_dir(settings.state_dir, settings.cpu_backend_seed, settings.cpu_backend_max_model_len)
+class TokenizerUnavailable(RuntimeError):
+    """The backend's model has no tokenizer this worker can read: an infrastructure error, never a reward."""
 
 
-def load_tokenizer(settings: Settings) -> Any:
-    return _load_tokenizer(str(tokenizer_dir(settings)))
+def load_tokenizer(pin: Pin) -> Any:
+    """The tokenizer (and chat template) of the model the pinned backend serves; never another model's.
+
+    Backends register the directory of their model's tokenizer (vLLM's `/v1/models` reports
+    the served model's local path as `root`); the workers must see the same path (a shared
+    filesystem on a cluster).
+    """
+    if not pin.tokenizer:
+        raise TokenizerUnavailable(
+            f"backend {pin.backend_id} serves model {pin.model!r} but registered no tokenizer directory; "
+            "register it with `rollouts register --tokenizer DIR` (a local Hugging Face model or tokenizer dir)"
+        )
+    path = Path(pin.tokenizer)
+    if not (path / "tokenizer_config.json").exists() and not (path / "tokenizer.json").exists():
+        raise TokenizerUnavailable(
+            f"model {pin.model!r} (backend {pin.backend_id}): no tokenizer at {path} on this worker's node; "
+            "the directory must be readable here (shared storage) or registered with --tokenizer"
+        )
+    return _load_tokenizer(str(path))
 
 
 _tokenizer_lock = threading.Lock()
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=8)
 def _cached_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 

@@ -24,6 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.exceptions import AbandonedJobError
 from rq.job import Job
 
+from shared.backend_pool import BackendPool
 from shared.batches.hook import on_job_terminal
 from shared.config import get_settings
 from shared.jobs.queues import parse_rq_job_id
@@ -69,4 +70,7 @@ def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: Bas
 def _fail(store: JobStore, job_id: str, stage: str, error: dict[str, Any]) -> None:
     if store.transition(job_id, (stage,), "failed", {"error": error}).applied:
         on_job_terminal(store, job_id)
+        # A rollout whose worker died never released its backend: its in-flight count goes now,
+        # not when its lease expires.
+        BackendPool(store.redis, store.keys, store.settings).release(job_id)
         shutil.rmtree(store.settings.workspaces / job_id, ignore_errors=True)

@@ -1,11 +1,16 @@
-"""Build (once) or load the CPU backend's model and tokenizer, with no network access.
+"""Build (once) the embedded default's model: a tiny Llama that vLLM serves, with no network access.
 
 No model can be downloaded where this runs, so the default is a tiny Llama-architecture
 causal LM built from a config with seeded random weights, and a byte-level tokenizer
 (every byte is a token, so any text round-trips) with ChatML special tokens and chat
-template. It is saved as an ordinary Hugging Face model directory, so everything
-downstream (the agent loop's chat-template deltas included) treats it like a real model.
-Any local HF causal-LM directory can be served instead.
+template. It is saved as an ordinary Hugging Face model directory, so vLLM serves it and
+everything downstream (the agent loop's chat-template deltas included) treats it like a
+real model. `rollouts up --model DIR` serves any local HF causal-LM directory instead.
+
+Shape constraints come from vLLM's CPU build: its attention kernels take head sizes of 32
+and up (`CPUAttentionBackend.get_supported_head_sizes`), so the model has 2 heads of 32.
+The embeddings are untied: vLLM's in-place weight reload does not refresh a tied lm_head,
+and a trainer must be able to push new weights into the running server.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-TINY_MODEL_VERSION = 1
+TINY_MODEL_VERSION = 2
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -59,7 +64,7 @@ def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
 
 
 def build_tiny_model(tokenizer, seed: int, max_model_len: int):  # -> transformers.PreTrainedModel
-    """A 2-layer, 64-wide Llama with seeded weights: real attention, real KV cache, milliseconds a token."""
+    """A 2-layer, 64-wide Llama (2 heads of 32) with seeded weights: real attention, a fraction of a ms a token."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -68,10 +73,11 @@ def build_tiny_model(tokenizer, seed: int, max_model_len: int):  # -> transforme
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
         max_position_embeddings=max_model_len,
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,
         # Wider than the usual 0.02 so the next-token distribution is not flat: sampling and
         # logprobs then differ visibly between tokens.
         initializer_range=0.5,

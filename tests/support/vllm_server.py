@@ -1,0 +1,79 @@
+"""Real vLLM servers for the tests: vLLM's CPU build serving the tiny model, started as `rollouts up` starts it.
+
+One server per test session (`vllm_server`, ~25-80 s to start on 2 cores, then shared by every
+test that asks for it); `start_vllm_servers(n)` starts more for the tests that need two (routing,
+failover, SIGKILL of a backend) and stops them at the end of the test. Tests that use them are
+marked `vllm` (`pytest -m "not vllm"` skips them where vLLM is not installed).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.tiny_model import tiny_model_dir
+from cli.vllm_server import VLLMServer
+from shared.config import Settings
+from shared.embedded_redis import free_port
+
+SERVED_NAME = "tiny"
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """The embedded default's model (tiny Llama, byte-level tokenizer, ChatML), built once per user.
+
+    A stable path: vLLM keys its compile cache (~/.cache/vllm) by the model, so every later
+    server on the same directory starts in about 25 s instead of 80 s.
+    """
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rollouts" / "test-models"
+    return tiny_model_dir(cache, seed=0, max_model_len=4096)
+
+
+def start_server(model: Path, log_dir: Path, served_name: str = SERVED_NAME, args: list[str] | None = None) -> VLLMServer:
+    """Start one vLLM server on a free loopback port and wait until it serves; float32, as the trainer computes."""
+    port = free_port()
+    server = VLLMServer.from_settings(
+        Settings(), model, port, served_name=served_name, log_path=log_dir / f"vllm-{port}.log",
+        args=["--dtype", "float32", "--max-model-len", "4096", *(args or [])],
+    )  # fmt: skip
+    server.start()
+    try:
+        server.wait_until_ready(timeout_s=900)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    server = start_server(tiny_model, tmp_path_factory.mktemp("vllm-logs"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def start_vllm_servers(tiny_model: Path, tmp_path: Path) -> Iterator[Callable[[int], list[VLLMServer]]]:
+    """Start n more servers for this test (stopped at its end); the session's one is not among them."""
+    started: list[VLLMServer] = []
+
+    def start(n: int) -> list[VLLMServer]:
+        servers = [start_server(tiny_model, tmp_path) for _ in range(n)]
+        started.extend(servers)
+        return servers
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def kill_server(server: VLLMServer) -> None:
+    """SIGKILL a server's whole process group at once: a crashed node, for fault tests."""
+    assert server.process is not None
+    os.killpg(server.process.pid, signal.SIGKILL)
+    server.process.wait()

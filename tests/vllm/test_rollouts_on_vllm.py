@@ -1,0 +1,119 @@
+"""The whole service in front of real vLLM servers: token-exact multi-turn trajectories, versions, failover.
+
+The stack is started the way a user does it (`Stack`, as `rollouts up --backend-url` does:
+`rollouts register` beside each server), with the session's vLLM server on the tiny model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cli.stack import Stack
+from cli.vllm_server import VLLMServer
+from shared.config import Settings
+from shared.trajectory import ASSISTANT, Trajectory
+from tests.support.vllm_server import kill_server
+from tests.support.waiting import client_for, wait_for, wait_status
+
+pytestmark = pytest.mark.vllm
+
+ENV = {
+    "ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds",
+    "ROLLOUTS_HEARTBEAT_INTERVAL_S": "1",
+    "ROLLOUTS_MAINTENANCE_INTERVAL_S": "2",
+    "ROLLOUTS_LLM_HEARTBEAT_INTERVAL_S": "1",
+    "ROLLOUTS_LLM_HEARTBEAT_TIMEOUT_S": "5",
+}
+
+
+@pytest.fixture()
+def stack_on(tmp_path: Path) -> Iterator[Callable[[list[VLLMServer]], Stack]]:
+    stacks: list[Stack] = []
+
+    def start(servers: list[VLLMServer]) -> Stack:
+        settings = Settings(redis_url=None, state_dir=tmp_path / "state")
+        stack = Stack(settings, api_port=0, concurrency={"init": 2, "rollout": 8, "eval": 2},
+                      log_dir=tmp_path / "logs", backend_urls=[s.url for s in servers], extra_env=ENV)
+        stacks.append(stack)
+        stack.start()
+        stack.wait_for_workers()
+        return stack
+
+    yield start
+    for stack in stacks:
+        stack.stop(timeout=20)
+
+
+def submit(api: httpx.Client, n: int, seed: int, max_turns: int = 3) -> list[str]:
+    jobs = [{
+        "task": {"kind": "agent-answer", "problem": f"What is {i} + {i}?", "answer": str(2 * i),
+                 "stop_on_no_tool_call": False},
+        "limits": {"max_turns": max_turns, "max_tokens": 3000},
+        "sampling": {"max_tokens": 48, "temperature": 1.0, "seed": seed + i},
+    } for i in range(n)]  # fmt: skip
+    response = api.post("/v1/jobs", json=jobs)
+    assert response.status_code == 202, response.text
+    return response.json()["job_ids"]
+
+
+def recomputed_logprobs(url: str, token_ids: list[int]) -> list[float | None]:
+    """vLLM's own logprob of every token given everything before it (prompt_logprobs), from one prefill."""
+    body = {"model": "tiny", "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    response.raise_for_status()
+    entries = response.json()["choices"][0]["prompt_logprobs"]
+    return [None if e is None else e[str(t)]["logprob"] for e, t in zip(entries, token_ids)]
+
+
+def test_multi_turn_trajectories_are_token_exact_and_carry_vllms_versions(
+    stack_on: Callable[[list[VLLMServer]], Stack], vllm_server: VLLMServer
+) -> None:
+    stack = stack_on([vllm_server])
+    api = client_for(stack)
+    ids = submit(api, 4, seed=100)
+    worst = 0.0
+    for job_id in ids:
+        record = wait_status(api, job_id, timeout=300)
+        assert record["status"] == "done", record.get("error")
+        trajectory = Trajectory.from_dict(record["result"]["trajectory"])  # validates every invariant
+        assistant = [t for t in trajectory.turns if t.role == ASSISTANT]
+        assert len(assistant) >= 2, "nudged turns: the model never calls finish, so it runs to max_turns"
+        assert all(t.model == "tiny" and t.policy_version == "default" for t in assistant)
+        assert all(t.weight_versions == [{"version": "default", "start": 0, "end": t.length}] for t in assistant)
+        recomputed = recomputed_logprobs(vllm_server.url, trajectory.token_ids)
+        for turn in assistant:
+            for position in range(turn.start, turn.end):
+                worst = max(worst, abs(trajectory.logprobs[position] - recomputed[position]))
+    assert worst < 1e-3, f"the record is not what the model saw: max |logprob diff| {worst}"
+    wait_for(lambda: api.get("/v1/backends").json()["inflight"] == 0, timeout=30, what="pins released")
+
+
+def test_a_backend_killed_mid_run_costs_no_job_and_leaves_no_count(
+    stack_on: Callable[[list[VLLMServer]], Stack], vllm_server: VLLMServer,
+    start_vllm_servers: Callable[[int], list[VLLMServer]],
+) -> None:  # fmt: skip
+    [doomed] = start_vllm_servers(1)
+    stack = stack_on([vllm_server, doomed])
+    api = client_for(stack)
+    ids = submit(api, 12, seed=200, max_turns=4)
+    backends = {b["url"]: b["id"] for b in api.get("/v1/backends").json()["backends"]}
+    wait_for(lambda: _inflight(api, backends[doomed.url]) >= 1, timeout=120, what="work on the doomed server")
+    kill_server(doomed)
+    for job_id in ids:
+        record = wait_status(api, job_id, timeout=600)
+        if record["status"] == "done":
+            Trajectory.from_dict(record["result"]["trajectory"])
+        else:  # an infrastructure failure is recorded as such, never as a reward
+            assert record["status"] == "failed" and record.get("result") is None, record
+            assert "backend" in str(record["error"]).lower(), record["error"]
+    survivor = backends[vllm_server.url]
+    wait_for(lambda: _inflight(api, survivor) == 0, timeout=60, what="the survivor's in-flight count to return to 0")
+    assert api.get("/v1/backends").json()["inflight"] == 0
+
+
+def _inflight(api: httpx.Client, backend_id: str) -> int:
+    return next(b["inflight"] for b in api.get("/v1/backends").json()["backends"] if b["id"] == backend_id)
