@@ -1,6 +1,6 @@
 """`python -m examples.train_grpo --out runs/grpo --seeds 3`: GRPO on the CPU through the rollout service.
 
-Starts the whole stack locally (cli.stack.Stack: Redis, API, workers, one CPU backend),
+Starts the whole stack locally (cli.stack.Stack: Redis, API, workers, one vLLM server),
 then, per seed: warm-up, GRPO steps (DAPO batches in, token-exact trajectories out,
 weights saved and reloaded into the backend after each update), and writes
 reward_curve.csv, reward_curve.png and summary.txt to --out.
@@ -21,7 +21,7 @@ import torch
 from examples.train_grpo.policy import build_policy, build_policy_tokenizer, save_policy
 from examples.train_grpo.report import StepRow, plot, summary_text, write_csv
 from examples.train_grpo.run import Config, train_seed
-from examples.train_grpo.service import new_admin_token, start_stack
+from examples.train_grpo.service import start_stack
 from rollouts_client import RolloutClient
 
 log = logging.getLogger("train_grpo")
@@ -56,13 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     base = out / "base"
     if not (base / "config.json").exists():  # what the backend serves until the first reload
         save_policy(build_policy(tokenizer, 0, config.hidden, config.layers), tokenizer, base)
-    admin_token = new_admin_token()
     rows: list[StepRow] = []
-    stack = start_stack(out, base, admin_token, args.rollout_slots)
+    stack = start_stack(out, base, args.rollout_slots)
     try:
         with RolloutClient(stack.api_url, token=stack.settings.token) as client:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
-                rows += train_seed(client, admin_token, seed, config, out)
+                rows += train_seed(client, seed, config, out)
                 write_csv(rows, out / "reward_curve.csv")  # after every seed: a cut-short run keeps its data
     finally:
         stack.stop()

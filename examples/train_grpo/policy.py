@@ -1,4 +1,4 @@
-"""The policy: the CPU backend's byte-level ChatML tokenizer and a small Llama, built offline.
+"""The policy: the embedded default's byte-level ChatML tokenizer and a small Llama, built offline.
 
 The chat template takes `tools` itself and lists only their names: the service then
 does not prepend the tools' JSON schemas to the system message (it does that for
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from cpu_backend.bootstrap import CHATML_TEMPLATE, build_tokenizer
+from cli.tiny_model import CHATML_TEMPLATE, build_tokenizer
 
 TOOLS_TEMPLATE = (
     "{% if tools %}{{ '<|im_start|>tools\\n' }}"
@@ -22,6 +22,7 @@ TOOLS_TEMPLATE = (
     "{{ '<|im_end|>\\n' }}{% endif %}"
 ) + CHATML_TEMPLATE
 MAX_LEN = 512
+HEAD_DIM = 32
 
 
 def build_policy_tokenizer() -> Any:
@@ -31,18 +32,24 @@ def build_policy_tokenizer() -> Any:
 
 
 def build_policy(tokenizer: Any, seed: int, hidden: int = 128, layers: int = 4) -> Any:
-    """A fresh Llama: `layers` x `hidden`, 4 heads (2 KV), weights seeded; about 1M parameters."""
+    """A fresh Llama: `layers` x `hidden`, heads of 32 (half as many KV heads), weights seeded.
+
+    Heads of 32 because vLLM's CPU attention takes no smaller ones; untied embeddings because
+    vLLM's in-place weight reload does not refresh a tied lm_head.
+    """
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    heads = max(1, hidden // HEAD_DIM)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
         intermediate_size=hidden * 2,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        head_dim=HEAD_DIM,
         max_position_embeddings=MAX_LEN,
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -1,14 +1,13 @@
 """The trainer's side of the service: start it locally, run one DAPO batch, reload the backends' weights.
 
 Everything after `start_stack` goes over HTTP: batches and jobs through
-rollouts_client, the backend list through the API, and weight reloads through each
-CPU backend's `POST /admin/load_weights` (docs/TRAINING.md says what vLLM offers
-instead).
+rollouts_client, the backend list through the API, and weight reloads through each vLLM
+server's RL routes (served with VLLM_SERVER_DEV_MODE=1, which the stack sets on loopback):
+pause, `collective_rpc reload_weights`, reset the prefix cache, set the weight version, resume.
 """
 
 from __future__ import annotations
 
-import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 
 from cli.stack import Stack
+from examples.train_grpo.policy import MAX_LEN
 from rollouts_client import Batch, Group, RolloutClient
 from rollouts_client.wire import decode
 from shared.config import Settings
@@ -24,27 +24,19 @@ from shared.config import Settings
 TASK_MODULE = "examples.train_grpo.arith_kind"
 
 
-def start_stack(root: Path, base_model: Path, admin_token: str, rollout_slots: int) -> Stack:
-    """Redis, API, one worker per stage and one CPU backend serving `base_model`, as `rollouts up` would."""
-    env = {
-        "ROLLOUTS_TASK_MODULES": TASK_MODULE,
-        "ROLLOUTS_CPU_BACKEND_MODEL": str(base_model),  # also the agent loop's tokenizer and chat template
-        "ROLLOUTS_CPU_BACKEND_ADMIN_TOKEN": admin_token,
-        "ROLLOUTS_CPU_BACKEND_MAX_MODEL_LEN": "512",
-        "ROLLOUTS_CPU_BACKEND_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    settings = Settings(redis_url=None, state_dir=root / "state")
-    stack = Stack(settings, api_port=0, cpu_backend=True, log_dir=root / "logs", extra_env=env,
+def start_stack(root: Path, base_model: Path, rollout_slots: int) -> Stack:
+    """Redis, API, one worker per stage and one vLLM server on `base_model`, as `rollouts up --model` would.
+
+    float32, as the trainer computes: the first minibatch's ratio is then 1 up to float noise.
+    """
+    env = {"ROLLOUTS_TASK_MODULES": TASK_MODULE, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    settings = Settings(redis_url=None, state_dir=root / "state", vllm_served_model_name="policy",
+                        vllm_args=f"--dtype float32 --max-model-len {MAX_LEN}")
+    stack = Stack(settings, api_port=0, vllm=True, model=base_model, log_dir=root / "logs", extra_env=env,
                   concurrency={"init": 2, "rollout": rollout_slots, "eval": 2})
     stack.start()
     stack.wait_for_workers(timeout=120)
     return stack
-
-
-def new_admin_token() -> str:
-    return secrets.token_urlsafe(24)
 
 
 def backend_urls(client: RolloutClient) -> list[str]:
@@ -52,17 +44,38 @@ def backend_urls(client: RolloutClient) -> list[str]:
     return [b["url"] for b in listing["backends"] if b.get("healthy")]
 
 
-def load_weights(client: RolloutClient, admin_token: str, path: Path, version: str) -> list[str]:
-    """Every healthy backend loads `path` and reports `version` from now on; returns their URLs."""
+def load_weights(client: RolloutClient, path: Path, version: str) -> list[str]:
+    """Every healthy backend loads the checkpoint at `path` and labels its tokens `version`; returns their URLs.
+
+    The order matters: paused, no token is sampled while the weights are half swapped; the
+    reload does not clear the prefix cache, whose KV entries the old weights computed; the
+    version label is what every later turn records (vLLM's `weight_versions`).
+    The checkpoint must have untied embeddings: vLLM's reload does not refresh a tied lm_head.
+    """
     urls = backend_urls(client)
     if not urls:
         raise RuntimeError("no healthy backend to load weights into")
     for url in urls:
-        response = httpx.post(f"{url}/admin/load_weights", json={"path": str(path), "version": version},
-                              headers={"Authorization": f"Bearer {admin_token}"}, timeout=120)
-        if response.status_code != 200 or response.json().get("version") != version:
-            raise RuntimeError(f"{url} refused the weights: {response.status_code} {response.text}")
+        with httpx.Client(base_url=url, timeout=120) as backend:
+            _ok(backend.post("/pause", params={"mode": "wait"}))
+            try:
+                _ok(backend.post("/collective_rpc", json={"method": "reload_weights",
+                                                          "kwargs": {"weights_path": str(path)}}))
+                _ok(backend.post("/reset_prefix_cache"))
+                _ok(backend.post("/update_weight_version", json={"new_version": version}))
+            finally:
+                _ok(backend.post("/resume"))
+            served = _ok(backend.get("/weight_info")).json()
+        if served.get("weight_version") != version:
+            raise RuntimeError(f"{url} reports weight version {served!r} after loading {version}")
     return urls
+
+
+def _ok(response: httpx.Response) -> httpx.Response:
+    if response.status_code >= 400:
+        raise RuntimeError(f"{response.request.method} {response.request.url} answered "
+                           f"{response.status_code}: {response.text[:500]}")
+    return response
 
 
 @dataclass
@@ -124,7 +137,7 @@ def called(trajectory: dict[str, Any], tool: str) -> bool:
 
 
 def policy_versions(trajectory: dict[str, Any]) -> set[str]:
-    """The policy version each assistant turn recorded (the backend's reported model)."""
+    """The policy version each assistant turn recorded (the weight version vLLM reported for its tokens)."""
     return {turn.get("policy_version") or "" for turn in trajectory.get("turns", []) if turn["role"] == "assistant"}
 
 
