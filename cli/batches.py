@@ -10,7 +10,7 @@ from typing import IO, Any
 import click
 from tqdm import tqdm
 
-from cli.jobs import read_jobs
+from cli.tracking import read_jobs
 from rollouts_client import ApiError, Batch, Group, RolloutClient, WaitTimeout
 from shared.config import get_settings
 

@@ -72,9 +72,13 @@ class ApiClient:
 
 class ApiError(RuntimeError):
     def __init__(self, response: httpx.Response) -> None:
+        errors: list[dict[str, Any]] = []
         try:
-            detail = response.json().get("detail", response.text)
-        except ValueError:
+            body = response.json()
+            detail = body.get("detail", response.text)
+            errors = [e for e in body.get("errors") or [] if isinstance(e, dict)]
+        except (ValueError, AttributeError):
             detail = response.text
         super().__init__(f"HTTP {response.status_code}: {detail}")
         self.status_code = response.status_code
+        self.errors = errors  # {field, message} per problem, on a 422

@@ -7,23 +7,47 @@ from pathlib import Path
 import click
 
 from cli.http import ApiClient, ApiError
-from cli.tracking import follow, read_jobs, submit_all, summary_table, write_results
+from cli.tracking import follow, read_row_jobs, submit_all, summary_table, write_results
 from shared.config import get_settings
+from shared.tasks.formats import FORMATS
+from shared.tasks.loaders import LoaderError
 
 _url_option = click.option("--url", default=None, help="API URL (default: ROLLOUTS_API_URL or host:port settings).")
+format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default=None,
+    help="The rows' published format. Default: job lines and tasks as they are, other rows detected one by one.",
+)
+split_option = click.option("--split", default=None, help="The split of a save_to_disk dataset directory.")
 
 
 @click.command()
-@click.argument("jobs_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("jobs_file", type=click.Path(exists=True, path_type=Path))
 @_url_option
+@format_option
+@split_option
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Follow the jobs to the end.")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), help="Write finished jobs as JSONL.")
 @click.option("--timeout", type=float, default=None, help="Stop waiting after this many seconds.")
-def submit(jobs_file: Path, url: str | None, wait: bool, output: Path | None, timeout: float | None) -> None:
-    """Submit the jobs in JOBS_FILE (one JSON job per line) and follow them with a progress bar."""
+def submit(
+    jobs_file: Path,
+    url: str | None,
+    fmt: str | None,
+    split: str | None,
+    wait: bool,
+    output: Path | None,
+    timeout: float | None,
+) -> None:
+    """Submit JOBS_FILE and follow the jobs with a progress bar.
+
+    JOBS_FILE holds job lines, tasks, or rows of a published data set (GSM8K, MATH, plain answer,
+    MBPP, HumanEval, SWE-bench): JSONL, or parquet/arrow/CSV files or a save_to_disk directory.
+    """
     client = ApiClient.from_settings(get_settings(), url)
     try:
-        ids = submit_all(client, read_jobs(jobs_file))
+        ids = submit_all(client, read_row_jobs(jobs_file, fmt, split))
         click.echo(f"submitted {len(ids)} jobs", err=True)
         if not wait:
             click.echo("\n".join(ids))
@@ -32,7 +56,7 @@ def submit(jobs_file: Path, url: str | None, wait: bool, output: Path | None, ti
         click.echo(summary_table([finished[i] for i in dict.fromkeys(ids)]))
         if output:
             write_results(client, ids, output)
-    except (ApiError, ValueError, TimeoutError) as exc:
+    except (ApiError, ValueError, LoaderError, TimeoutError) as exc:
         raise click.ClickException(str(exc)) from None
     finally:
         client.close()

@@ -12,15 +12,15 @@ def main() -> None:
 
 def _register_commands() -> None:
     """Each area's commands live in their own module; add yours here."""
-    from cli import backends, batches, dashboard, jobs, service
+    from cli import backends, batches, dashboard, jobs, service, validate
 
     for command in (service.up, service.api, service.worker, service.run, jobs.submit, jobs.status):
         main.add_command(command)
     main.add_command(backends.register)
-    main.add_command(backends.cpu_backend)
     main.add_command(batches.batch)
     main.add_command(batches.export)
     main.add_command(dashboard.dashboard)
+    main.add_command(validate.validate)
 
 
 _register_commands()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -10,8 +11,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from cli.http import ApiClient
+from cli.http import ApiClient, ApiError
 from shared.jobs.status import TERMINAL
+from shared.tasks.formats import FormatError
+from shared.tasks.loaders import load_rows, row_job
 
 SUBMIT_CHUNK = 500
 
@@ -30,11 +33,74 @@ def read_jobs(path: Path) -> list[dict[str, Any]]:
     return jobs
 
 
+def read_row_jobs(path: Path, fmt: str | None, split: str | None = None) -> list[dict[str, Any]]:
+    """Jobs from a file of job lines, tasks or published rows (JSONL, or parquet etc. through `datasets`);
+    raises ValueError naming the row (1-based) that matches no format or lacks a field."""
+    jobs = []
+    for number, row in enumerate(load_rows(path, split), start=1):
+        try:
+            jobs.append(row_job(row, fmt))
+        except FormatError as exc:
+            raise ValueError(f"{path}: row {number}: {exc}") from None
+    if not jobs:
+        raise ValueError(f"{path}: no rows in the file")
+    return jobs
+
+
+_BODY_INDEX = re.compile(r"^body\[(\d+)\]")
+
+
+def rows_of(error: ApiError) -> dict[int, str]:
+    """A 422's problems by the 0-based index of the job (in the request) they name, as "field: message"."""
+    problems: dict[int, str] = {}
+    for problem in error.errors:
+        match = _BODY_INDEX.match(str(problem.get("field", "")))
+        if match is None:
+            continue
+        index = int(match.group(1))
+        field = str(problem["field"])[match.end() :].lstrip(".")
+        message = str(problem.get("message", "invalid"))
+        text = f"{field}: {message}" if field else message  # a kind's message names its field itself
+        problems[index] = f"{problems[index]}; {text}" if index in problems else text
+    return problems
+
+
 def submit_all(client: ApiClient, jobs: list[dict[str, Any]]) -> list[str]:
+    """Submit in chunks; a refused chunk raises ValueError naming each refused row (1-based)."""
     ids: list[str] = []
     for start in range(0, len(jobs), SUBMIT_CHUNK):
-        ids.extend(client.submit(jobs[start : start + SUBMIT_CHUNK]))
+        chunk = jobs[start : start + SUBMIT_CHUNK]
+        try:
+            ids.extend(client.submit(chunk))
+        except ApiError as exc:
+            problems = rows_of(exc) if exc.status_code == 422 else {}
+            if not problems:
+                raise
+            lines = [f"row {start + index + 1}: {text}" for index, text in sorted(problems.items())]
+            raise ValueError("the API refused rows (nothing was submitted from them):\n" + "\n".join(lines)) from None
     return ids
+
+
+def submit_each(client: ApiClient, jobs: list[dict[str, Any]]) -> tuple[dict[int, str], dict[int, str]]:
+    """Submit every job the API accepts: (job id by index, why it was refused by index)."""
+    ids: dict[int, str] = {}
+    refused: dict[int, str] = {}
+    for start in range(0, len(jobs), SUBMIT_CHUNK):
+        pending = list(range(start, min(start + SUBMIT_CHUNK, len(jobs))))
+        while pending:
+            try:
+                submitted = client.submit([jobs[i] for i in pending])
+            except ApiError as exc:
+                problems = rows_of(exc) if exc.status_code == 422 else {}
+                if not problems:
+                    raise
+                for position, text in problems.items():
+                    refused[pending[position]] = text
+                pending = [index for position, index in enumerate(pending) if position not in problems]
+                continue
+            ids.update(zip(pending, submitted))
+            pending = []
+    return ids, refused
 
 
 def follow(

@@ -74,7 +74,10 @@ def _validate(items: list[Any], many: bool) -> tuple[list[dict[str, Any]], list[
             continue
         where = describe_errors([{"loc": ("task", "kind")}], prefix)[0]["field"]
         try:
-            get_kind(job.task["kind"]).validate(job.task)
+            kind = get_kind(job.task["kind"])
+            kind.validate(job.task)
+            if job.given is not None:  # a row with nothing to give cannot be evaluated: say so now, not as a 0
+                kind.given_rollout(job.task, job.given.output)
         except KeyError as exc:
             problems.append({"field": where, "message": str(exc.args[0])})
             continue

@@ -6,9 +6,9 @@ for validation and every field has one meaning across processes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 # Groups of a batch are named "b.<batch id>.<prompt index>" (shared/batches/spec.py).
@@ -16,16 +16,27 @@ BATCH_GROUP_PREFIX = "b."
 
 
 class SamplingParams(BaseModel):
-    """Passed through to the LLM backend (vLLM's /v1/completions fields)."""
+    """How every turn is sampled, under vLLM's SamplingParams names.
+
+    Every field is sent on every request, unset ones at these neutral defaults, so the served
+    model's generation_config (penalties, top_k, ...) never changes sampling behind the trainer's back.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     temperature: float = Field(default=1.0, ge=0.0, le=10.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=-1, ge=-1, description="-1 disables top-k (vLLM's convention).")
+    top_k: int = Field(default=-1, ge=-1, description="-1 or 0 disables top-k.")
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     max_tokens: int | None = Field(default=None, gt=0, description="Per turn; never more than the context left.")
+    stop: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list, max_length=16, description="Stop strings (the turn's tokens up to the match are kept)."
+    )
     stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
-    seed: int | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0, description="1.0: off.")
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
 
 
 class Limits(BaseModel):
@@ -41,6 +52,27 @@ class Limits(BaseModel):
     total_timeout_s: float | None = Field(default=None, gt=0)
 
 
+class GivenOutput(BaseModel):
+    """Evaluate this instead of sampling: the rollout stage skips the LLM and hands it to eval as is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reference: bool = Field(
+        default=False, description="The task's own reference: the gold patch, reference answer or canonical solution."
+    )
+    output: str | None = Field(
+        default=None,
+        max_length=4 * 1024 * 1024,
+        description="An answer (math), a solution file (code) or a patch (swe), judged as the model's would be.",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> GivenOutput:
+        if self.reference == (self.output is not None):
+            raise ValueError("give exactly one of reference: true or output")
+        return self
+
+
 class JobRequest(BaseModel):
     """One trajectory of one task instance."""
 
@@ -48,11 +80,18 @@ class JobRequest(BaseModel):
 
     task: dict[str, Any] = Field(description="The task instance; `kind` names its task kind (math, code, swe, ...).")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
+    model: str | None = Field(
+        default=None, min_length=1, max_length=256,
+        description="The served model to sample from (a registered backend's model). Unset: any backend's.",
+    )
     limits: Limits = Field(default_factory=Limits)
     group_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
     sample_index: int | None = Field(default=None, ge=0)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
     metadata: dict[str, Any] = Field(default_factory=dict, description="Opaque to the service; returned as given.")
+    given: GivenOutput | None = Field(
+        default=None, description="Evaluate a given output (or the task's reference) without sampling: validation."
+    )
 
     @field_validator("group_id")
     @classmethod
@@ -64,7 +103,11 @@ class JobRequest(BaseModel):
     @field_validator("task")
     @classmethod
     def _task_has_kind(cls, task: dict[str, Any]) -> dict[str, Any]:
+        from shared.tasks.formats import FORMAT_KINDS
+
+        if "kind" not in task and task.get("format") in FORMAT_KINDS:  # a published row: its format says the kind
+            task = {**task, "kind": FORMAT_KINDS[task["format"]]}
         kind = task.get("kind")
         if not isinstance(kind, str) or not kind:
-            raise ValueError("task.kind is required and must be a non-empty string")
+            raise ValueError("task.kind (or task.format of a published row) is required; kind a non-empty string")
         return task

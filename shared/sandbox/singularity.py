@@ -7,7 +7,7 @@ Each sandbox process is an ``apptainer exec`` of the job's image with:
 process only: state that must survive lives in the workspace), ``--pid`` and
 ``--ipc`` (own namespaces, so killing the container's init ends every process
 in it), ``--net --network none`` unless the task asks for network, and exactly
-two binds: the workspace at ``sandbox_workdir`` and the runtime dir (socket).
+two binds: the workspace at the spec's ``workdir`` (default ``sandbox_workdir``) and the runtime dir (socket).
 The tool server must be installed in the image (singularity/sandbox.def).
 """
 
@@ -63,7 +63,7 @@ class SingularitySandbox(Sandbox):
 
     @property
     def workdir(self) -> str:
-        return self.settings.sandbox_workdir
+        return self.spec.workdir or self.settings.sandbox_workdir
 
     @property
     def executable(self) -> str:

@@ -41,6 +41,9 @@ class SandboxSpec(BaseModel):
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     network: bool = False
     env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = Field(
+        default=None, description="Where an image backend binds the workspace (an image built for /testbed)."
+    )
 
 
 @dataclass

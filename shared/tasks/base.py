@@ -37,3 +37,10 @@ class TaskKind:
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
         """Score the rollout on a fresh copy of the state; must return at least {"reward": float}."""
         raise NotImplementedError
+
+    def given_rollout(self, task: dict[str, Any], output: str | None) -> dict[str, Any]:
+        """What `rollout` would return had the model produced `output` (an answer, a solution file, a
+        patch), or the task's own reference when `output` is None: a job with `given` skips sampling
+        and `evaluate` judges this exactly as it judges a rollout. Called by the API too, so raise
+        TaskValidationError (naming the field) when the task has no reference to give."""
+        raise TaskValidationError(f"given: kind {self.name!r} cannot evaluate a given output")

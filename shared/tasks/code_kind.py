@@ -3,7 +3,8 @@
 Task fields: `prompt` (the problem), `tests` (stdin/stdout cases and/or assert
 snippets) and/or `test_code` (a pytest-style module), `entry_file` (default
 solution.py), `starter_code`, `files` (more init files), `scoring` ("fraction"
-or "all"), `timeout_s` per test, `memory_mb` per test process.
+or "all"), `timeout_s` per test, `memory_mb` per test process. MBPP and HumanEval
+rows are read as they are with `format` (shared/tasks/formats.py `code_fields`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from shared.sandbox.workspace import place_files
 from shared.tasks.agentic import AgentTask
 from shared.tasks.base import TaskValidationError
 from shared.tasks.context import StageContext
+from shared.tasks.formats import code_fields, task_format
 from shared.tasks.kind_support import agent_env, optional_number, read_agent_file, relative_path, require_str
 from shared.tasks.registry import register
 
@@ -41,6 +43,8 @@ class CodeKind(AgentTask):
         super().validate(task)
         from workers.eval.code_tests import parse_tests
 
+        task_format(task, self.name)
+        task = code_fields(task)
         require_str(task, "prompt")
         relative_path(task, "entry_file", "solution.py")
         try:
@@ -59,6 +63,7 @@ class CodeKind(AgentTask):
 
     # --- the agent's side ---------------------------------------------------
     def messages(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        task = code_fields(task)
         entry = task.get("entry_file", "solution.py")
         system = task.get("system_prompt") or SYSTEM_PROMPT.format(entry=entry)
         return [{"role": "system", "content": system}, {"role": "user", "content": task["prompt"]}]
@@ -68,6 +73,7 @@ class CodeKind(AgentTask):
 
     def init_files(self, task: dict[str, Any]) -> dict[str, str]:
         """The init state: extra files, and the starter code at the entry file."""
+        task = code_fields(task)
         files = dict(task.get("files") or {})
         if "starter_code" in task:
             files[task.get("entry_file", "solution.py")] = task["starter_code"]
@@ -100,14 +106,17 @@ class CodeKind(AgentTask):
         from workers.eval.code_tests import parse_tests, run_isolated, summary
         from workers.eval.fresh_sandbox import fresh_sandbox, sandbox_python
 
-        task = ctx.task
+        task = code_fields(ctx.task)
         extra = (ctx.outputs.get("rollout") or {}).get("extra") or {}
         solution = extra.get("solution")
         tests = parse_tests(task)
         scoring = task.get("scoring", "fraction")
         if not isinstance(solution, str):
             reason = extra.get("solution_error") or f"the agent left no {task.get('entry_file', 'solution.py')}"
-            return {"reward": 0.0, "passed": 0, "total": len(tests.cases), "scoring": scoring, "error": reason}
+            return {
+                "reward": 0.0, "passed": 0, "total": len(tests.cases), "scoring": scoring,
+                "error": reason, "reason": f"no solution to test: {reason}",
+            }  # fmt: skip
         entry = task.get("entry_file", "solution.py")
         python = sandbox_python(ctx.settings, task)
         timeout = float(task.get("timeout_s", DEFAULT_TIMEOUT_S))
@@ -117,4 +126,17 @@ class CodeKind(AgentTask):
             return fresh_sandbox(spec, ctx.settings, python, ctx.check, lambda: ctx.remaining, populate)
 
         results = run_isolated(open_box, tests, self.init_files(task), entry, solution, python, timeout)
-        return summary(results, scoring)
+        scored = summary(results, scoring)
+        failed = [f"{r['name']}: {r['status']}" for r in results if not r["passed"]]
+        scored["reason"] = f"{scored['passed']}/{scored['total']} tests passed ({scoring} scoring)" + (
+            f"; not passed: {', '.join(failed[:5])}" if failed else ""
+        )
+        return scored
+
+    def given_rollout(self, task: dict[str, Any], output: str | None) -> dict[str, Any]:
+        """A solution file given instead of written by an agent; None: the row's own reference solution."""
+        if output is None:
+            output = code_fields(task).get("reference_solution")
+            if not isinstance(output, str) or not output.strip():
+                raise TaskValidationError("task.reference_solution: the row has no reference solution to evaluate")
+        return {"final_text": "", "answer": None, "extra": {"solution": output}}

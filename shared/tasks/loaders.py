@@ -9,6 +9,12 @@ A row becomes a task by: renaming columns (`fields`, e.g. {"question": "problem"
 adding `kind`, and adding `defaults`, whose string values may name row fields
 (`"mirrors/{instance_id}"`). SWE-bench, SWE-Gym and R2E-Gym rows need no
 renaming: the swe kind reads their columns as they are.
+
+Rows of a published data set (GSM8K, MATH, plain-answer, MBPP, HumanEval,
+SWE-bench) need no mapping at all: `load_rows` reads them from JSONL or, through
+`datasets`, from parquet/arrow/CSV files or a save_to_disk directory, and
+`row_job` makes each a job by its format (named, or detected;
+shared/tasks/formats.py).
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ _FILE_BUILDERS = {
     ".jsonl": "json",
     ".csv": "csv",
 }
+
+
+from shared.tasks.formats import row_to_task
 
 
 class LoaderError(ValueError):
@@ -128,3 +137,37 @@ def _hf_rows(path: Path, split: str | None) -> Iterable[Mapping[str, Any]]:
             raise LoaderError(f"{path}: no split {split!r} (has {', '.join(loaded)})")
         return loaded[split]
     return loaded
+
+
+def load_rows(path: str | Path, split: str | None = None) -> list[dict[str, Any]]:
+    """Every row of a data file as a dict: JSONL read directly, anything else through `datasets`."""
+    path = Path(path)
+    if path.is_file() and path.suffix in (".jsonl", ".ndjson"):
+        rows = []
+        with path.open() as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise LoaderError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise LoaderError(f"{path}:{number}: a JSON object per line")
+                rows.append(row)
+        return rows
+    # A table has one schema: a column that a row lacks comes back as None there (drop it, so a file
+    # mixing formats detects each row by the fields it has).
+    return [
+        {name: _plain(value) for name, value in dict(row).items() if value is not None} for row in _hf_rows(path, split)
+    ]
+
+
+def row_job(row: dict[str, Any], fmt: str | None = None) -> dict[str, Any]:
+    """A row as a job: a job line (`task`) or a task of a named kind as it is, else a published row by its
+    format (`fmt`, or detected). Raises FormatError naming what is missing."""
+    if "task" in row and fmt is None:
+        return row
+    if "kind" in row and fmt is None:
+        return {"task": row}
+    return {"task": row_to_task(row, fmt)}

@@ -1,10 +1,13 @@
 """The `math` kind: a competition-style problem, answered in \\boxed{}, rewarded by equivalence.
 
 Task fields: `problem` (the statement), `answer` (the reference, LaTeX or
-plain), optional `system_prompt`. The agent has the python tool (sympy is
-importable there) and finish. The reward is 1.0 when the last \\boxed{} (in
-the finish answer, else in the last message; else the finish answer itself)
-is mathematically equivalent to the reference (workers/eval/math_equiv.py).
+plain), optional `system_prompt`. Published rows are read as they are with
+`format` (shared/tasks/formats.py): GSM8K (`question`, `answer` ending in
+"#### N"), MATH (`problem`, `solution` with \\boxed{}), plain `answer` rows.
+The agent has the python tool (sympy is importable there) and finish. The
+reward is 1.0 when the last \\boxed{} (in the finish answer, else in the last
+message; else the finish answer itself; else a GSM8K-style "#### N" line) is
+mathematically equivalent to the reference (workers/eval/math_equiv.py).
 """
 
 from __future__ import annotations
@@ -14,9 +17,14 @@ from typing import Any, ClassVar
 from shared.config import Settings
 from shared.sandbox.spec import SandboxSpec
 from shared.tasks.agentic import AgentTask
-from shared.tasks.base import TaskValidationError
 from shared.tasks.context import StageContext
-from shared.tasks.kind_support import agent_env, require_str
+from shared.tasks.formats import (
+    math_problem,
+    math_reference,
+    math_reference_output,
+    task_format,
+)
+from shared.tasks.kind_support import agent_env
 from shared.tasks.registry import register
 
 SYSTEM_PROMPT = (
@@ -26,9 +34,8 @@ SYSTEM_PROMPT = (
 
 
 def reference_answer(task: dict[str, Any]) -> str:
-    """The reference as text (a JSON number is accepted: 0.5 -> "0.5")."""
-    value = task.get("answer")
-    return value if isinstance(value, str) else repr(value)
+    """The reference as text (a JSON number is accepted: 0.5 -> "0.5"), extracted as the row's format says."""
+    return math_reference(task)
 
 
 @register
@@ -38,14 +45,13 @@ class MathKind(AgentTask):
 
     def validate(self, task: dict[str, Any]) -> None:
         super().validate(task)
-        require_str(task, "problem")
-        value = task.get("answer")
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or not str(value).strip():
-            raise TaskValidationError("task.answer: required, the reference answer (a string or a number)")
+        task_format(task, self.name)
+        math_problem(task)
+        math_reference(task)
 
     def messages(self, task: dict[str, Any]) -> list[dict[str, Any]]:
         system = task.get("system_prompt") or SYSTEM_PROMPT
-        return [{"role": "system", "content": system}, {"role": "user", "content": task["problem"]}]
+        return [{"role": "system", "content": system}, {"role": "user", "content": math_problem(task)}]
 
     def sandbox_spec(self, task: dict[str, Any], settings: Settings) -> SandboxSpec:
         return SandboxSpec(env=agent_env(settings))
@@ -56,3 +62,9 @@ class MathKind(AgentTask):
 
         final_text, answer = trajectory_texts(ctx.outputs.get("rollout") or {})
         return grade_math(final_text, answer, reference_answer(ctx.task))
+
+    def given_rollout(self, task: dict[str, Any], output: str | None) -> dict[str, Any]:
+        """An answer given instead of sampled (the finish argument); None: the row's own reference."""
+        if output is None:
+            return math_reference_output(task)
+        return {"final_text": "", "answer": output}

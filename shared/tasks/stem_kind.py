@@ -99,3 +99,9 @@ class StemKind(AgentTask):
             return grade_choice(final_text, answer, choices, task["answer"].strip().upper())
         rel_tol = float(task.get("rel_tol", DEFAULT_REL_TOL))
         return grade_value(final_text, answer, reference_value(task), rel_tol)
+
+    def given_rollout(self, task: dict[str, Any], output: str | None) -> dict[str, Any]:
+        """An answer given instead of sampled (the finish argument); None: the reference letter or value."""
+        if output is None:
+            output = task["answer"].strip().upper() if choices_of(task) else reference_value(task)
+        return {"final_text": "", "answer": output}

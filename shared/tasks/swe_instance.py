@@ -3,12 +3,16 @@
 Accepted field names are SWE-bench's (also SWE-Gym's), with R2E-Gym's
 aliases: `repo_name` for `repo`, `commit_hash` for `base_commit`,
 `docker_image`/`image_name` for `image`. FAIL_TO_PASS and PASS_TO_PASS may
-be lists or JSON-encoded lists (as SWE-bench stores them).
+be lists or JSON-encoded lists (as SWE-bench stores them). `patch` (the gold
+patch) is what validation gives in place of a model's patch.
 
-The repository comes from `repo_path`, on storage the workers see: either a
-git repository (the tree at `base_commit` is exported) or a directory of plain
-files (the tree itself, whose snapshot commit must hash to `base_commit`). In
-both cases the workspace gets a fresh one-commit repository with a fixed
+The repository comes from `repo_path`, on storage the workers see, else from
+the deployment's mirror (`swe_repo_mirror`, one git repository per `repo`):
+either a git repository (the tree at `base_commit` is exported) or a directory
+of plain files (the tree itself, whose snapshot commit must hash to
+`base_commit`). With neither, the Singularity backend copies it out of the
+image's /testbed (SWE-bench's images hold it there at base_commit). In
+every case the workspace gets a fresh one-commit repository with a fixed
 author and date: no history, so no later commit (the fix) to read, and the
 same bytes every time, so eval rebuilds exactly what init built.
 """
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.tasks.base import TaskValidationError
+from shared.tasks.swe_tests import TestPlan, plan_tests, runner_for
 
 SNAPSHOT_MESSAGE = "base"
 _SNAPSHOT_ENV = {
@@ -40,6 +45,8 @@ _SNAPSHOT_ENV = {
 }
 _SKIP = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache")
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
+IMAGE_REPO_DIR = "/testbed"  # where SWE-bench's images hold the repository
+IMAGE_EXPORT_DIR = "/export"  # where the export binds its destination (not over /testbed)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,9 @@ class SweInstance:
     pass_to_pass: tuple[str, ...]
     repo_path: str | None
     image: str | None
+    version: str | None = None
+    test_runner: str | None = None
+    gold_patch: str | None = None
 
     @classmethod
     def from_task(cls, task: dict[str, Any]) -> SweInstance:
@@ -82,14 +92,21 @@ class SweInstance:
             pass_to_pass=_test_list(task, "PASS_TO_PASS"),
             repo_path=text("repo_path", required=False),
             image=text("image", "docker_image", "image_name", required=False),
+            version=str(task["version"]) if isinstance(task.get("version"), (str, int, float)) else None,
+            test_runner=text("test_runner", required=False),
+            gold_patch=text("patch", required=False),
         )
 
     def source(self) -> Path:
-        """Where the repository is read from; raises TaskValidationError if nowhere."""
+        """Where the repository is read from (repo_path, else the mirror); raises TaskValidationError if nowhere."""
         if not self.repo_path:
-            raise TaskValidationError(
-                f"task.repo_path: required with the local sandbox backend (no local copy of {self.repo!r})"
-            )
+            mirrored = mirror_repository(self.repo)
+            if mirrored is None:
+                raise TaskValidationError(
+                    f"task.repo_path: required: no local copy of {self.repo!r} (give repo_path, or set "
+                    f"swe_repo_mirror to a directory holding {self.repo.replace('/', '__')})"
+                )
+            return mirrored
         path = Path(self.repo_path)
         candidates = [path] if path.is_absolute() else [Path.cwd() / path, _PROJECT_ROOT / path]
         for candidate in candidates:
@@ -97,10 +114,35 @@ class SweInstance:
                 return candidate
         raise TaskValidationError(f"task.repo_path: {self.repo_path!r} is not a directory here")
 
+    def test_plan(self) -> TestPlan:
+        """The runner and what it runs (shared/tasks/swe_tests.py); raises TaskValidationError for an id
+        the runner could never report."""
+        runner = runner_for(self.repo, self.test_runner)
+        return plan_tests(self.instance_id, runner, self.test_patch, (*self.fail_to_pass, *self.pass_to_pass))
+
+    @property
+    def official_image(self) -> str:
+        """SWE-bench's evaluation image of this instance (Docker Hub names cannot hold "__")."""
+        return f"docker://swebench/sweb.eval.x86_64.{self.instance_id.lower().replace('__', '_1776_')}:latest"
+
     @property
     def test_files(self) -> list[str]:
         """Files the test patch touches: restored from the task before tests run."""
         return patch_paths(self.test_patch)
+
+
+def mirror_repository(repo: str) -> Path | None:
+    """`repo` (owner/name) in the configured mirror, as owner__name or owner/name (optionally .git)."""
+    from shared.config import get_settings
+
+    mirror = get_settings().swe_repo_mirror
+    if mirror is None or "/" not in repo or ".." in repo.split("/"):
+        return None
+    for name in (repo.replace("/", "__"), repo):
+        for candidate in (mirror / name, mirror / f"{name}.git"):
+            if candidate.is_dir():
+                return candidate
+    return None
 
 
 def _test_list(task: dict[str, Any], field: str) -> tuple[str, ...]:
@@ -148,12 +190,50 @@ def snapshot_commit(tree: Path) -> str:
     return git(tree, "rev-parse", "HEAD").decode().strip()
 
 
+def from_image(instance: SweInstance) -> bool:
+    """Whether the repository comes out of the instance's Singularity image (no repo_path, no mirror copy)."""
+    from shared.config import get_settings
+
+    return (
+        not instance.repo_path
+        and get_settings().sandbox_backend == "singularity"
+        and mirror_repository(instance.repo) is None
+    )
+
+
+def export_from_image(instance: SweInstance, dest: Path) -> None:
+    """Copy the repository out of the image's /testbed (where SWE-bench's images hold it at base_commit)
+    into `dest`, with the image's own tools, its history left behind."""
+    import tempfile
+
+    from shared.config import get_settings
+    from shared.sandbox import SandboxSpec, create_sandbox
+
+    image = instance.image or instance.official_image
+    runtime = Path(tempfile.mkdtemp(prefix="ro-img-"))
+    sandbox = create_sandbox(SandboxSpec(image=image, workdir=IMAGE_EXPORT_DIR), dest, runtime, get_settings())
+    try:
+        copied = sandbox.exec(
+            f"cp -a {IMAGE_REPO_DIR}/. {IMAGE_EXPORT_DIR}/ && rm -rf {IMAGE_EXPORT_DIR}/.git", timeout=600
+        )
+    finally:
+        sandbox.stop()
+        shutil.rmtree(runtime, ignore_errors=True)
+    if not copied.ok:
+        why = (copied.stderr or copied.stdout)[-1000:]
+        raise RuntimeError(f"{instance.instance_id}: cannot copy {IMAGE_REPO_DIR} out of {image}: {why}")
+
+
 def materialize(instance: SweInstance, dest: Path) -> str:
     """Write the repository at base_commit into the empty directory `dest`; returns its commit.
 
     Raises RuntimeError if a plain-file source no longer hashes to base_commit
     (the files were edited after the instance was made).
     """
+    if from_image(instance):
+        dest.mkdir(parents=True, exist_ok=True)
+        export_from_image(instance, dest)
+        return snapshot_commit(dest)
     source = instance.source()
     dest.mkdir(parents=True, exist_ok=True)
     if (source / ".git").exists() or (source / "HEAD").is_file() and (source / "objects").is_dir():

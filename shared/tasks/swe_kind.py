@@ -5,8 +5,11 @@ with bash and the file tools; `collect` takes the agent's diff against a fresh
 copy of the base (computed by git outside the agent's tree, so its .git,
 hooks and config are never used); eval applies that diff to another fresh copy
 in a fresh sandbox, restores the tests from the task and runs FAIL_TO_PASS and
-PASS_TO_PASS (workers/eval/swe_resolve.py). `image` is for the Singularity
-backend; the local backend ignores it.
+PASS_TO_PASS with the repository's own runner (workers/eval/swe_resolve.py).
+`image` is for the Singularity backend (default: SWE-bench's published image of
+the instance, whose environment expects the repository at /testbed, so the
+workspace is bound there and its `testbed` conda Python runs the tests); the
+local backend ignores it.
 """
 
 from __future__ import annotations
@@ -23,22 +26,38 @@ from shared.config import Settings
 from shared.sandbox.spec import SandboxLimits, SandboxSpec
 from shared.sandbox.workspace import WorkspaceError, workspace_diff
 from shared.tasks.agentic import AgentTask
+from shared.tasks.base import TaskValidationError
 from shared.tasks.context import StageContext
+from shared.tasks.formats import task_format
 from shared.tasks.kind_support import agent_env, optional_number
 from shared.tasks.registry import register
-from shared.tasks.swe_instance import SweInstance, check_test_patch, materialize
+from shared.tasks.swe_instance import (
+    SweInstance,
+    check_test_patch,
+    from_image,
+    materialize,
+    mirror_repository,
+)
 
 DEFAULT_TEST_TIMEOUT_S = 300.0
 DEFAULT_MEMORY_MB = 4096
+SWEBENCH_WORKDIR = "/testbed"
+SWEBENCH_ENV_BIN = "/opt/miniconda3/envs/testbed/bin"
 MAX_DIFF_BYTES = 2 * 1024 * 1024
 _CACHE_CLEANUP = "find . -name __pycache__ -type d -prune -exec rm -rf {} + ; rm -rf .pytest_cache; true"
 
 SYSTEM_PROMPT = (
     "You are a software engineer. The repository is checked out in your working directory "
     "(a git repository). Fix the issue the user describes by editing the source code with the "
-    "bash and file tools; run the tests with `python -m pytest` to check your work. Do not edit "
+    "bash and file tools; run the tests with {test_command} to check your work. Do not edit "
     "the tests: they are restored before your change is judged. Call finish when you are done."
 )
+# How the agent is told to run the tests, per runner (shared/tasks/swe_tests.py).
+TEST_HINTS = {
+    "pytest": "`python -m pytest`",
+    "django": "`python tests/runtests.py --verbosity 2 <test labels, e.g. module.Class>`",
+    "sympy": "`python bin/test <test files>`",
+}
 
 
 @register
@@ -48,19 +67,24 @@ class SweKind(AgentTask):
 
     def validate(self, task: dict[str, Any]) -> None:
         super().validate(task)
-        SweInstance.from_task(task)
+        task_format(task, self.name)
+        instance = SweInstance.from_task(task)
+        instance.test_plan()
+        if not instance.repo_path and not from_image(instance) and mirror_repository(instance.repo) is None:
+            instance.source()  # raises, naming task.repo_path and the mirror setting
         optional_number(task, "test_timeout_s", 1, 3600)
         optional_number(task, "memory_mb", 64, 256 * 1024)
 
     # --- the agent's side ---------------------------------------------------
     def messages(self, task: dict[str, Any]) -> list[dict[str, Any]]:
         instance = SweInstance.from_task(task)
-        system = task.get("system_prompt") or SYSTEM_PROMPT
+        system = task.get("system_prompt") or SYSTEM_PROMPT.format(test_command=TEST_HINTS[instance.test_plan().runner])
         user = f"Repository: {instance.repo}\n\n<issue>\n{instance.problem_statement.strip()}\n</issue>"
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     def sandbox_spec(self, task: dict[str, Any], settings: Settings) -> SandboxSpec:
-        return SandboxSpec(image=SweInstance.from_task(task).image, env=agent_env(settings))
+        image, workdir, env = image_setup(SweInstance.from_task(task), settings)
+        return SandboxSpec(image=image, workdir=workdir, env={**agent_env(settings), **env})
 
     def prepare_workspace(self, ctx: StageContext) -> dict[str, Any]:
         instance = SweInstance.from_task(ctx.task)
@@ -93,9 +117,10 @@ class SweKind(AgentTask):
             return {"diff": None, "diff_b64": base64.b64encode(diff).decode("ascii")}
 
     # --- judging ------------------------------------------------------------
-    def eval_spec(self, task: dict[str, Any]) -> SandboxSpec:
+    def eval_spec(self, task: dict[str, Any], settings: Settings) -> SandboxSpec:
         memory = int(task.get("memory_mb", DEFAULT_MEMORY_MB)) * 1024 * 1024
-        return SandboxSpec(image=SweInstance.from_task(task).image, limits=SandboxLimits(memory_bytes=memory))
+        image, workdir, env = image_setup(SweInstance.from_task(task), settings)
+        return SandboxSpec(image=image, workdir=workdir, env=env, limits=SandboxLimits(memory_bytes=memory))
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
         from workers.eval.fresh_sandbox import fresh_sandbox, sandbox_python
@@ -108,19 +133,42 @@ class SweKind(AgentTask):
             diff = base64.b64decode(extra["diff_b64"])
         if not isinstance(diff, (str, bytes)):
             error = extra.get("diff_error") or "the rollout produced no diff"
-            return {"reward": 0.0, "instance_id": instance.instance_id, "resolved": False, "error": error}
+            return {
+                "reward": 0.0, "instance_id": instance.instance_id, "resolved": False, "error": error, "reason": error,
+            }  # fmt: skip
         python = sandbox_python(ctx.settings, ctx.task)
+        if ctx.settings.sandbox_backend == "singularity" and not instance.image and "python" not in ctx.task:
+            python = f"{SWEBENCH_ENV_BIN}/python"  # SWE-bench's image: its testbed environment
         timeout = float(ctx.task.get("test_timeout_s", DEFAULT_TEST_TIMEOUT_S))
+        needs = ("pytest",) if instance.test_plan().runner == "pytest" else ()
         with fresh_sandbox(
-            self.eval_spec(ctx.task),
+            self.eval_spec(ctx.task, ctx.settings),
             ctx.settings,
             python,
             ctx.check,
             lambda: ctx.remaining,
             lambda ws: materialize(instance, ws),
-            needs=("pytest",),
+            needs=needs,
         ) as box:
             return resolve(box, instance, diff, python, timeout)
+
+    def given_rollout(self, task: dict[str, Any], output: str | None) -> dict[str, Any]:
+        """A patch given instead of an agent's diff; None: the row's gold `patch`."""
+        if output is None:
+            output = SweInstance.from_task(task).gold_patch
+            if not output or not output.strip():
+                raise TaskValidationError("task.patch: the row has no gold patch to evaluate")
+        return {"final_text": "", "answer": None, "extra": {"diff": output}}
+
+
+def image_setup(instance: SweInstance, settings: Settings) -> tuple[str | None, str | None, dict[str, str]]:
+    """(image, workdir, env) of the instance's sandboxes. With Singularity: the row's image, else SWE-bench's
+    published one; the workspace at /testbed (where those images' environments expect the repository) and
+    the testbed environment first on PATH. The local backend uses none of these."""
+    if settings.sandbox_backend != "singularity":
+        return instance.image, None, {}
+    path = f"{SWEBENCH_ENV_BIN}:/opt/miniconda3/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    return instance.image or instance.official_image, SWEBENCH_WORKDIR, {"PATH": path}
 
 
 def changed_bytes_at_least(base: Path, workspace: Path, limit: int) -> str | None:

@@ -1,7 +1,8 @@
 """Rewards of answer tasks (math, STEM): extract the answer, compare it, say what happened.
 
 Each grader returns the reward and the details a user needs to trust it:
-what was extracted and from where, the reference, and how they compared.
+what was extracted and from where, the reference, how they compared, and
+`reason`, one sentence saying all that.
 """
 
 from __future__ import annotations
@@ -15,14 +16,27 @@ from workers.eval.units import UnitError, parse_quantity, same_quantity
 DEFAULT_REL_TOL = 0.01
 
 
+def _graded(reward: float, details: dict[str, Any], match: str) -> dict[str, Any]:
+    """The grader's result with its one-line `reason`."""
+    if details["extracted"] is None:
+        reason = f"no answer found ({match}); reference {details['reference']!r}"
+    else:
+        verdict = "matches" if reward == 1.0 else "does not match"
+        reason = (
+            f"answer {details['extracted']!r} (from {details['source']}) {verdict} "
+            f"reference {details['reference']!r} ({match})"
+        )
+    return {"reward": reward, **details, "match": match, "reason": reason}
+
+
 def grade_math(final_text: str, answer: str | None, reference: str, timeout: float = CHECK_TIMEOUT_S) -> dict[str, Any]:
     """1.0 if the boxed (or finish) answer is mathematically equivalent to `reference`."""
     found = boxed_answer(final_text, answer)
     details: dict[str, Any] = {"extracted": found.text, "source": found.source, "reference": reference}
     if found.text is None:
-        return {"reward": 0.0, **details, "match": "no answer: no \\boxed{} and no finish answer"}
+        return _graded(0.0, details, "no answer: no \\boxed{} and no finish answer")
     verdict = equivalent(found.text, reference, timeout)
-    return {"reward": 1.0 if verdict.equivalent else 0.0, **details, "match": verdict.reason}
+    return _graded(1.0 if verdict.equivalent else 0.0, details, verdict.reason)
 
 
 def grade_choice(final_text: str, answer: str | None, choices: dict[str, str], reference: str) -> dict[str, Any]:
@@ -30,9 +44,9 @@ def grade_choice(final_text: str, answer: str | None, choices: dict[str, str], r
     found = choice_letter(final_text, answer, choices)
     details: dict[str, Any] = {"extracted": found.text, "source": found.source, "reference": reference}
     if found.text is None:
-        return {"reward": 0.0, **details, "match": "no choice letter found"}
+        return _graded(0.0, details, "no choice letter found")
     right = found.text == reference
-    return {"reward": 1.0 if right else 0.0, **details, "match": "letter" if right else "different"}
+    return _graded(1.0 if right else 0.0, details, "letter" if right else "different")
 
 
 def grade_value(
@@ -48,7 +62,7 @@ def grade_value(
     found = stated_answer(final_text, answer)
     details: dict[str, Any] = {"extracted": found.text, "source": found.source, "reference": reference}
     if found.text is None:
-        return {"reward": 0.0, **details, "match": "no answer found"}
+        return _graded(0.0, details, "no answer found")
     try:
         expected = parse_quantity(reference)
     except UnitError:
@@ -61,8 +75,8 @@ def grade_value(
             unit_error = str(exc)
         if given is not None:
             same = same_quantity(given, expected, rel_tol)
-            return {"reward": 1.0 if same else 0.0, **details, "match": "quantity" if same else "different"}
+            return _graded(1.0 if same else 0.0, details, "quantity" if same else "different")
         if expected.has_unit:
-            return {"reward": 0.0, **details, "match": f"unreadable quantity: {unit_error}"}
+            return _graded(0.0, details, f"unreadable quantity: {unit_error}")
     verdict = equivalent(found.text, reference, timeout)
-    return {"reward": 1.0 if verdict.equivalent else 0.0, **details, "match": verdict.reason}
+    return _graded(1.0 if verdict.equivalent else 0.0, details, verdict.reason)

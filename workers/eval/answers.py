@@ -17,7 +17,7 @@ from workers.eval.latex import last_boxed, unwrap_text
 @dataclass
 class Extracted:
     text: str | None
-    source: str  # "finish.boxed", "finish", "final_text.boxed", "final_text.phrase", or "none"
+    source: str  # "finish.boxed", "finish", "finish.marker", "final_text.boxed", "final_text.marker", "final_text.phrase", "none"
 
 
 def trajectory_texts(trajectory: dict[str, Any]) -> tuple[str, str | None]:
@@ -29,8 +29,12 @@ def trajectory_texts(trajectory: dict[str, Any]) -> tuple[str, str | None]:
     )
 
 
+_MARKER = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
+
+
 def boxed_answer(final_text: str, answer: str | None) -> Extracted:
-    """For tasks that ask for \\boxed{}: boxed in the finish answer, boxed in the text, the finish answer."""
+    """For tasks that ask for \\boxed{}: boxed in the finish answer, boxed in the text, the finish answer,
+    then a GSM8K-style "#### N" line of the text (how GSM8K writes its answers)."""
     if answer is not None:
         boxed = last_boxed(answer)
         if boxed is not None:
@@ -39,8 +43,17 @@ def boxed_answer(final_text: str, answer: str | None) -> Extracted:
     if boxed is not None:
         return Extracted(boxed, "final_text.boxed")
     if answer is not None:
-        return Extracted(answer.strip(), "finish")
+        marked = _MARKER.findall(answer)
+        return Extracted(_plain_marker(marked[-1]), "finish.marker") if marked else Extracted(answer.strip(), "finish")
+    markers = _MARKER.findall(final_text)
+    if markers:
+        return Extracted(_plain_marker(markers[-1]), "final_text.marker")
     return Extracted(None, "none")
+
+
+def _plain_marker(text: str) -> str:
+    """'1,000.' -> '1000': GSM8K writes thousands separators; a trailing period ends the sentence."""
+    return re.sub(r"(?<=\d),(?=\d{3}\b)", "", text).rstrip(".").strip()
 
 
 _PHRASE = re.compile(r"(?:final answer|answer)\s*(?:is|:|=)\s*:?\s*(.+)", re.IGNORECASE)

@@ -8,8 +8,12 @@ every PASS_TO_PASS test passes. So an agent that edits or deletes tests
 changes nothing. Everything after the fresh checkout runs inside the eval
 sandbox (the agent's patch is untrusted: symlinks, hooks, odd paths).
 
-Per-test outcomes come from pytest's JUnit XML report (xunit1, which keeps
-file paths), not from the text output that the code under test can print into.
+The test runner is the repository's own, as SWE-bench's harness runs it
+(shared/tasks/swe_tests.py): Django's runtests.py with module labels, sympy's
+bin/test, pytest for the rest. Per-test outcomes of pytest come from its JUnit
+XML report (xunit1, which keeps file paths), not from the text output that the
+code under test can print into; Django's and sympy's runners write no report,
+so their verbose logs are parsed as SWE-bench parses them (workers/eval/swe_logs.py).
 
 A test counts only if it *passed*: unlike SWE-bench, an xfail is not a pass
 (for FAIL_TO_PASS nor PASS_TO_PASS), since a ``pytest.xfail()`` call in the
@@ -36,10 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from shared.tasks.swe_instance import SweInstance, patch_paths
+from shared.tasks.swe_tests import TestPlan, django_command, sympy_command
 from workers.eval.fresh_sandbox import EvalBox
+from workers.eval.swe_logs import parse_django_log, parse_sympy_log
 
 GIT_TIMEOUT_S = 120.0
 MAX_REPORT_BYTES = 20 * 1024 * 1024
+MAX_LOG_BYTES = 16 * 1024 * 1024
+# SWE-bench runs sympy's tests with these warnings silenced (they would interleave with the verbose lines).
+_SYMPY_WARNINGS = "ignore::UserWarning,ignore::SyntaxWarning"
 PASSING = {"passed"}
 _SHADOW_NAMES = {"pytest.py", "py.py", "sitecustomize.py", "usercustomize.py"}
 _SHADOW_DIRS = {"pytest", "_pytest", "py"}
@@ -78,7 +87,8 @@ def restore_set(instance: SweInstance, agent_diff: str | bytes) -> list[str]:
     """Files put back to the base commit before the test patch: the test patch's own, the files the
     FAIL_TO_PASS/PASS_TO_PASS node ids name, and any test or tooling-shadowing file the agent touched."""
     paths = list(instance.test_files)
-    for test in (*instance.fail_to_pass, *instance.pass_to_pass):
+    pytest_ids = instance.test_plan().runner == "pytest"  # only pytest ids name their files
+    for test in (*instance.fail_to_pass, *instance.pass_to_pass) if pytest_ids else ():
         path = test.split("::", 1)[0]
         if path and path not in paths:
             paths.append(path)
@@ -98,7 +108,7 @@ def resolve(
     touched = patch_paths(_text(agent_diff))
     details["files_changed"] = touched
     if any(p == ".git" or p.startswith(".git/") for p in touched):
-        return {"reward": 0.0, **details, "patch_applied": False, "error": "the agent's patch touches .git"}
+        return {"reward": 0.0, **details, "patch_applied": False, "error": "the agent's patch touches .git", "reason": "the patch touches .git"}
     if agent_diff.strip():
         raw = agent_diff if isinstance(agent_diff, bytes) else agent_diff.encode("utf-8")
         (box.runtime / "agent.diff").write_bytes(raw)
@@ -107,7 +117,7 @@ def resolve(
         )
         if not applied.ok:
             error = f"the agent's patch does not apply: {(applied.stderr or applied.stdout)[-1000:]}"
-            return {"reward": 0.0, **details, "patch_applied": False, "error": error}
+            return {"reward": 0.0, **details, "patch_applied": False, "error": error, "reason": error}
     details["patch_applied"] = True
 
     restored = restore_set(instance, agent_diff)
@@ -120,16 +130,60 @@ def resolve(
     if not prepared.ok:
         # It applied to the clean base at init; only the agent's changes can have broken it.
         error = f"the test patch no longer applies after the agent's changes: {prepared.stderr[-1000:]}"
-        return {"reward": 0.0, **details, "error": error}
+        return {"reward": 0.0, **details, "error": error, "reason": error}
 
     tests = {"FAIL_TO_PASS": list(instance.fail_to_pass), "PASS_TO_PASS": list(instance.pass_to_pass)}
-    outcomes, run_info = run_pytest(box, [*instance.fail_to_pass, *instance.pass_to_pass], python, test_timeout_s)
+    plan = instance.test_plan()
+    if plan.runner == "pytest":
+        ids = [*instance.fail_to_pass, *instance.pass_to_pass]
+        outcomes, run_info = run_pytest(box, ids, python, test_timeout_s)
+    else:
+        outcomes, run_info = run_logged(box, plan, instance.version, python, test_timeout_s)
     details.update(run_info)
     for group, ids in tests.items():
         details[group] = {test: outcomes.get(test, "missing") for test in ids}
     resolved = all(outcome in PASSING for group in tests for outcome in details[group].values())
     details["resolved"] = resolved
+    details["reason"] = _reason(details, tests)
     return {"reward": 1.0 if resolved else 0.0, **details}
+
+
+def _reason(details: dict[str, Any], tests: dict[str, list[str]]) -> str:
+    """One line: how many of each group passed, and the first tests that did not."""
+    counts = []
+    failing = []
+    for group, ids in tests.items():
+        outcomes = details[group]
+        counts.append(f"{sum(1 for o in outcomes.values() if o in PASSING)}/{len(ids)} {group} passed")
+        failing += [f"{test}: {outcome}" for test, outcome in outcomes.items() if outcome not in PASSING]
+    verdict = "resolved" if details["resolved"] else "not resolved"
+    return f"{verdict} ({details['runner']}): {', '.join(counts)}" + (
+        f"; not passing: {'; '.join(failing[:5])}" if failing else ""
+    )
+
+
+def run_logged(
+    box: EvalBox, plan: TestPlan, version: str | None, python: str, timeout_s: float
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Run Django's or sympy's own runner over the plan's labels; outcomes parsed from its log."""
+    if plan.runner == "django":
+        argv, parse = django_command(python, version, plan.labels), parse_django_log
+        env = ""
+    else:
+        argv, parse = sympy_command(python, plan.labels), parse_sympy_log
+        env = f"PYTHONWARNINGS={shlex.quote(_SYMPY_WARNINGS)} "
+    command = " ".join(shlex.quote(a) for a in argv)
+    result = box.run(f"{env}exec {command} 2>&1", timeout_s, output_cap=MAX_LOG_BYTES)
+    outcomes = parse(result.stdout)
+    info: dict[str, Any] = {
+        "runner": plan.runner,
+        "test_command": env + command,
+        "test_exit_code": result.exit_code,
+        "test_timed_out": result.timed_out,
+    }
+    if not outcomes or result.timed_out:
+        info["test_output"] = result.stdout[-2000:]
+    return outcomes, info
 
 
 def _restore_command(path: str) -> str:
@@ -149,7 +203,12 @@ def run_pytest(
         "-o", "junit_family=xunit1", f"--junitxml={report}", "-q", "--tb=short", "--", *files,
     ]  # fmt: skip
     result = box.run(argv, timeout_s)
-    info: dict[str, Any] = {"test_exit_code": result.exit_code, "test_timed_out": result.timed_out}
+    info: dict[str, Any] = {
+        "runner": "pytest",
+        "test_command": " ".join(["pytest", *files]),
+        "test_exit_code": result.exit_code,
+        "test_timed_out": result.timed_out,
+    }
     outcomes = parse_junit(report)
     if not outcomes:
         info["test_output"] = (result.stdout + result.stderr)[-2000:]

@@ -131,7 +131,9 @@ def _call_handler(stage: str, ctx: StageContext) -> dict[str, Any]:
     if stage == "init":
         output = kind.init(ctx)
     elif stage == "rollout":
-        output = kind.rollout(ctx)
+        given = ctx.spec.get("given")
+        # A given output (validation) is judged exactly as a sampled one; only the sampling is skipped.
+        output = {**kind.given_rollout(ctx.task, given.get("output")), "given": True} if given else kind.rollout(ctx)
     else:
         output = kind.evaluate(ctx)
     if not isinstance(output, dict):
