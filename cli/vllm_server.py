@@ -102,8 +102,8 @@ class VLLMServer:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        return f"http://{host}:{self.port}"
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     def command(self) -> list[str]:
         return [
@@ -113,6 +113,7 @@ class VLLMServer:
             "--host", self.host,
             "--port", str(self.port),
             "--enable-scale-out",
+            "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens: prefix-cache hits per turn
             *(self._cpu_build_args() if self.cpu_build else []),
             *self.args,
         ]  # fmt: skip
@@ -146,6 +147,8 @@ class VLLMServer:
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         if self.host in _LOOPBACK:
             env.setdefault("VLLM_SERVER_DEV_MODE", "1")
+        else:  # never inherited either: the weight-reload routes read any path the server can
+            env.pop("VLLM_SERVER_DEV_MODE", None)
         # The project's virtualenv must not leak into vLLM's: it has its own torch and transformers.
         env.pop("PYTHONPATH", None)
         env.pop("VIRTUAL_ENV", None)
@@ -207,9 +210,16 @@ class VLLMServer:
         return f"; last line: {self.last_log_line()!r}; full log: {self.log_path}"
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the server's process group (its engine core is a child), SIGKILL what outlives it."""
+        """SIGTERM the server's process group (its engine core is a child), SIGKILL what outlives it.
+
+        The group is killed even when the api_server itself has already exited (it crashed, or
+        failed to start): its engine processes would outlive it.
+        """
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
+        if process is None:
+            return
+        if process.poll() is not None:
+            _signal_group(process.pid, signal.SIGKILL)
             return
         _signal_group(process.pid, signal.SIGTERM)
         try:

@@ -108,6 +108,15 @@ def backend_id_for(url: str) -> str:
     return "b-" + hashlib.sha1(url.rstrip("/").encode()).hexdigest()[:12]
 
 
+# The reason given to a backend that answers 404 for its registered model (restarted with another
+# one): its /health still passes, so only a new registration, naming what it serves, brings it back.
+NOT_SERVING_MODEL = "no longer serves model"
+
+
+def _serves_another_model(backend: Backend) -> bool:
+    return backend.unhealthy_reason.startswith(NOT_SERVING_MODEL)
+
+
 def probe_health(url: str, timeout_s: float) -> str | None:
     """GET <url>/health as vLLM serves it; None when healthy, else the reason."""
     try:
@@ -394,7 +403,7 @@ class BackendPool:
                 if reason and backend.healthy:
                     self.set_health(backend.id, False, reason)
                     report.failed_probes.append(backend.id)
-                elif reason is None and not backend.healthy:
+                elif reason is None and not backend.healthy and not _serves_another_model(backend):
                     self.set_health(backend.id, True)
                     report.recovered.append(backend.id)
         report.reaped_leases = self.reap_expired(now, reap_batch)

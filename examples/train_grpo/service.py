@@ -57,14 +57,16 @@ def load_weights(client: RolloutClient, path: Path, version: str) -> list[str]:
         raise RuntimeError("no healthy backend to load weights into")
     for url in urls:
         with httpx.Client(base_url=url, timeout=120) as backend:
+            # Resumed only once the new weights and their label are both in: a server whose reload
+            # failed stays paused (it would serve half-loaded weights under the old label) and the
+            # trainer stops with the error.
             _ok(backend.post("/pause", params={"mode": "wait"}))
-            try:
-                _ok(backend.post("/collective_rpc", json={"method": "reload_weights",
-                                                          "kwargs": {"weights_path": str(path)}}))
-                _ok(backend.post("/reset_prefix_cache"))
-                _ok(backend.post("/update_weight_version", json={"new_version": version}))
-            finally:
-                _ok(backend.post("/resume"))
+            _ok(backend.post("/collective_rpc", json={"method": "reload_weights",
+                                                      "kwargs": {"weights_path": str(path)}}))
+            if _ok(backend.post("/reset_prefix_cache")).json().get("success") is False:
+                raise RuntimeError(f"{url} could not reset its prefix cache after the reload")
+            _ok(backend.post("/update_weight_version", json={"new_version": version}))
+            _ok(backend.post("/resume"))
             served = _ok(backend.get("/weight_info")).json()
         if served.get("weight_version") != version:
             raise RuntimeError(f"{url} reports weight version {served!r} after loading {version}")

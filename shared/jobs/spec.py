@@ -33,7 +33,9 @@ class SamplingParams(BaseModel):
         default_factory=list, max_length=16, description="Stop strings (the turn's tokens up to the match are kept)."
     )
     stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(
+        default=None, ge=0, le=2**63 - 1, description="Turn k of the trajectory samples with seed + k: reproducible."
+    )
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0, description="1.0: off.")
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)

@@ -314,3 +314,16 @@ def test_a_re_registration_reaches_the_next_pick_at_once(pool: BackendPool) -> N
     backend = pool.get(backend_id)
     pool.register(backend.url, backend.model, tokenizer="/models/other")
     assert pool.acquire("job-1").tokenizer == "/models/other"
+
+
+def test_a_backend_serving_another_model_stays_out_until_it_registers_again(pool: BackendPool, monkeypatch) -> None:
+    """Its /health passes, so a probe must not bring it back: only a registration says what it serves."""
+    from shared import backend_pool
+
+    [backend_id] = register_n(pool, 1)
+    monkeypatch.setattr(backend_pool, "probe_health", lambda url, timeout_s: None)
+    pool.set_health(backend_id, False, f"{backend_pool.NOT_SERVING_MODEL} 'm'")
+    pool.maintain(probe=True)
+    assert not pool.get(backend_id).healthy
+    pool.register("http://10.0.0.0:8000", "m2")
+    assert pool.get(backend_id).healthy and pool.get(backend_id).model == "m2"

@@ -117,3 +117,26 @@ def test_a_backend_killed_mid_run_costs_no_job_and_leaves_no_count(
 
 def _inflight(api: httpx.Client, backend_id: str) -> int:
     return next(b["inflight"] for b in api.get("/v1/backends").json()["backends"] if b["id"] == backend_id)
+
+
+def test_a_conversation_past_the_servers_context_stops_as_context_length(vllm_server: VLLMServer, tiny_model) -> None:
+    """The loop believes in a bigger context than the server has: vLLM's generate route refuses the
+    prompt in its own words, and the loop adopts the server's limit and stops instead of failing the job."""
+    from transformers import AutoTokenizer
+
+    from tests.agent.conftest import Unlimited
+    from workers.rollout.agent_loop import AgentLoop, LoopConfig
+    from workers.rollout.chat_delta import ChatRenderer
+    from workers.rollout.llm_client import LLMClient, Sampling
+    from workers.rollout.tool_parsers import get_parser
+
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model, local_files_only=True))
+    config = LoopConfig(max_turns=8, max_context_tokens=100_000, max_tokens_per_turn=400, allowed_tools=("finish",),
+                        stop_on_no_tool_call=False)  # fmt: skip
+    with LLMClient(request_timeout_s=300, max_retries=0) as client:
+        generate = lambda ids, sampling: client.complete(vllm_server.url, ids, sampling, "tiny")  # noqa: E731
+        loop = AgentLoop(renderer, get_parser("hermes"), generate, None, config, Sampling(max_tokens=400, seed=3),
+                         Unlimited())  # fmt: skip
+        record = loop.run([{"role": "user", "content": "x" * 3900}])
+    assert record.stop_reason == "context_length", (record.stop_reason, record.stop_detail)
+    assert len(record.token_ids) <= 4096 and "4096" in (record.stop_detail or "")

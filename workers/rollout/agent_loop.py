@@ -32,7 +32,10 @@ from workers.rollout.tool_parsers import ParsedCall, ParseResult, ToolParser
 
 FINISH_TOOL = "finish"
 # vLLM's (and the CPU backend's) 400 for a request past the model's context.
-_CONTEXT_ERROR = re.compile(r"maximum context length is (\d+) tokens")
+# vLLM's 400 for a prompt past the context, in the wording of /v1/completions ("This model's maximum
+# context length is N tokens", vllm/renderers/params.py) and of /inference/v1/generate, whose prompt
+# reaches the engine's own check ("... longer than the maximum model length of N", v1/engine/input_processor.py).
+_CONTEXT_ERROR = re.compile(r"maximum (?:context length is|model length of) (\d+)")
 
 Generate = Callable[[list[int], Sampling], Completion]
 RunTool = Callable[[str, dict[str, Any], "float | None"], ToolResult]
@@ -190,8 +193,12 @@ class AgentLoop:
                 raise _Stop("context_length", self._context_note)
             cap = self.config.max_tokens_per_turn
             asked = min(self.sampling.max_tokens or cap, cap, left)
+            # Turn k samples with seed + k: the same seed every turn would restart one random stream each turn.
+            seed = self.sampling.seed
+            if seed is not None:
+                seed = (seed + self.trajectory.counts.turns) % 2**63
             try:
-                return self._generate(replace(self.sampling, max_tokens=asked), asked)
+                return self._generate(replace(self.sampling, max_tokens=asked, seed=seed), asked)
             except BackendRequestError as exc:
                 found = _CONTEXT_ERROR.search(exc.message)
                 if found is None or int(found.group(1)) >= self.context_tokens:

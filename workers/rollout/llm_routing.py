@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from shared import log_context
-from shared.backend_pool import BackendPool, NoBackendAvailable
+from shared.backend_pool import NOT_SERVING_MODEL, BackendPool, NoBackendAvailable
 from workers.rollout.llm_client import (
     BackendRequestError,
     BackendUnavailable,
@@ -83,7 +83,7 @@ def complete_routed(
                 raise
             failed.append(pin.backend_id)
             last_error = BadBackendResponse(f"does not serve model {pin.model!r}: {exc.message}", pin.backend_id)
-            pool.set_health(pin.backend_id, False, f"no longer serves model {pin.model!r}")
+            pool.set_health(pin.backend_id, False, f"{NOT_SERVING_MODEL} {pin.model!r}")
             log.warning("job %s: %s; failing over", job_id, last_error)
     assert last_error is not None
     raise last_error
