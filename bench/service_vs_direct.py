@@ -52,8 +52,7 @@ def jobs(n: int, turns: int) -> list[dict[str, Any]]:
 
 async def direct_episode(http: httpx.AsyncClient, url: str, renderer: ChatRenderer, job: dict[str, Any]) -> int:
     """One trajectory as a hand-written loop would run it; returns its generated token count."""
-    history = renderer.prepare(bench_messages(job["task"]))
-    tokens = list(renderer.prompt(history).token_ids)
+    tokens = list(renderer.prompt(renderer.prepare(bench_messages(job["task"]))).token_ids)
     sampling = Sampling(max_tokens=MAX_TOKENS, seed=job["sampling"]["seed"])
     generated = 0
     for turn in range(job["limits"]["max_turns"]):
@@ -68,8 +67,7 @@ async def direct_episode(http: httpx.AsyncClient, url: str, renderer: ChatRender
         ends_on_eos = choice["finish_reason"] == "stop" and choice["stop_reason"] is None
         content, stop_text = renderer.split_generation(ids, ends_on_eos)
         nudge = [{"role": "user", "content": NUDGE}]
-        tokens += renderer.observation(history, content, stop_text, nudge).token_ids
-        history += [{"role": "assistant", "content": content}, *nudge]
+        tokens += renderer.observation(stop_text, nudge).token_ids
     return generated
 
 

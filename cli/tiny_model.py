@@ -42,8 +42,18 @@ def _byte_symbols() -> list[str]:
     return [chr(symbols[b]) for b in range(256)]
 
 
-def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
-    """Byte-level tokenizer: ids 0..255 are bytes, then the ChatML special tokens."""
+def build_tokenizer(
+    special_tokens: list[str] = SPECIAL_TOKENS,
+    chat_template: str = CHATML_TEMPLATE,
+    eos_token: str = "<|im_end|>",
+    bos_token: str | None = None,
+    pad_token: str = "<|endoftext|>",
+):  # -> transformers.PreTrainedTokenizerFast
+    """Byte-level tokenizer: ids 0..255 are bytes, then the special tokens (ChatML's by default).
+
+    Any text round-trips, so the same tokenizer can carry another model family's control tokens
+    and chat template (the tests of real templates do that).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -51,15 +61,15 @@ def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
-    core.add_special_tokens(SPECIAL_TOKENS)
+    core.add_special_tokens(special_tokens)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
+        eos_token=eos_token,
+        pad_token=pad_token,
         unk_token=None,
-        bos_token=None,
+        bos_token=bos_token,
     )
-    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 

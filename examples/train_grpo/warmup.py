@@ -38,8 +38,7 @@ def render_episode(renderer: ChatRenderer, task: dict[str, Any], use_tool: bool 
     """
     tokenizer = renderer.tokenizer
     eos, eos_text = tokenizer.eos_token_id, tokenizer.eos_token
-    history = renderer.prepare(ArithKind().messages(task))
-    ids = list(renderer.prompt(history).token_ids)
+    ids = list(renderer.prompt(renderer.prepare(ArithKind().messages(task))).token_ids)
     mask = [0] * len(ids)
     turns = reference_turns(task) if use_tool else (guess_turn(task, rng or random.Random()),)
     for i, content in enumerate(turns):
@@ -48,10 +47,9 @@ def render_episode(renderer: ChatRenderer, task: dict[str, Any], use_tool: bool 
         mask += [1] * len(generated)
         if i == 0 and use_tool:
             observation = [{"role": "tool", "name": "python", "content": TOOL_OUTPUT.format(product(task))}]
-            delta = renderer.observation(history, content, eos_text, observation).token_ids
+            delta = renderer.observation(eos_text, observation).token_ids
             ids += delta
             mask += [0] * len(delta)
-            history = [*history, {"role": "assistant", "content": content}, *observation]
     return ids, mask
 
 

@@ -6,10 +6,20 @@ for validation and every field has one meaning across processes.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+
+# apply_chat_template's own arguments: a template variable of these names would change how it renders, not what.
+_RENDER_ARGUMENTS = frozenset({
+    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message",
+    "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+})
+_TEMPLATE_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 # Groups of a batch are named "b.<batch id>.<prompt index>" (shared/batches/spec.py).
 BATCH_GROUP_PREFIX = "b."
@@ -86,6 +96,10 @@ class JobRequest(BaseModel):
         default=None, min_length=1, max_length=256,
         description="The served model to sample from (a registered backend's model). Unset: any backend's.",
     )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, max_length=16,
+        description="Variables for the model's chat template on every turn, e.g. {\"enable_thinking\": false} (Qwen3).",
+    )
     limits: Limits = Field(default_factory=Limits)
     group_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
     sample_index: int | None = Field(default=None, ge=0)
@@ -101,6 +115,20 @@ class JobRequest(BaseModel):
         if group_id is not None and group_id.startswith(BATCH_GROUP_PREFIX):
             raise ValueError(f"group ids starting with {BATCH_GROUP_PREFIX!r} are reserved for batches")
         return group_id
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Plain template variables: identifiers with scalar values, none of apply_chat_template's own arguments."""
+        for name, value in kwargs.items():
+            if not _TEMPLATE_VARIABLE.match(name):
+                raise ValueError(f"{name!r} is not a template variable name (letters, digits, _; at most 64)")
+            if name in _RENDER_ARGUMENTS:
+                raise ValueError(f"{name!r}: the service sets this itself, it is not a template variable")
+            scalar = value is None or isinstance(value, (bool, int, float))
+            if not (scalar or (isinstance(value, str) and len(value) <= 4096)):
+                raise ValueError(f"{name!r}: a template variable is a boolean, number, string (<= 4096) or null")
+        return kwargs
 
     @field_validator("task")
     @classmethod

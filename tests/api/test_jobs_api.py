@@ -39,6 +39,7 @@ def test_submit_one_job_answers_202_with_its_id_and_queues_it_on_init(client, re
     assert record["status"] == "queued" and record["kind"] == "demo"
     assert record["request"]["task"] == DEMO["task"]
     assert record["request"]["limits"]["max_turns"] == 16  # defaults are filled in and stored
+    assert record["request"]["chat_template_kwargs"] == {}
     assert record["result"] is None
 
 
@@ -62,6 +63,9 @@ def test_job_ids_are_random_not_sequential(client):
         ({**DEMO, "sample_index": -1}, 422, "body.sample_index"),
         ({**DEMO, "unexpected": 1}, 422, "body.unexpected"),
         ({**DEMO, "group_id": "b.batch.3"}, 422, "body.group_id"),  # reserved for batches' groups
+        ({**DEMO, "chat_template_kwargs": {"tools": []}}, 422, "body.chat_template_kwargs"),  # the service's own
+        ({**DEMO, "chat_template_kwargs": {"a-b": True}}, 422, "body.chat_template_kwargs"),
+        ({**DEMO, "chat_template_kwargs": {"x": {"nested": 1}}}, 422, "body.chat_template_kwargs"),
         ([DEMO, {"task": {"kind": "nope"}}], 422, "body[1].task.kind"),
         ([], 422, "body"),
         ("just a string", 422, "body"),

@@ -96,7 +96,6 @@ class AgentLoop:
         self.sampling = sampling
         self.budget = budget
         self.trajectory = Trajectory(tokenizer=str(renderer.tokenizer.name_or_path), tool_parser=parser.name)
-        self.history: list[dict[str, Any]] = []
         self._special_ids = set(renderer.tokenizer.all_special_ids)
         self._timings = {"llm_s": 0.0, "tools_s": 0.0, "template_s": 0.0}
         self.context_tokens = config.max_context_tokens  # lowered if a backend's context is smaller
@@ -118,8 +117,7 @@ class AgentLoop:
 
     def _start(self, messages: list[dict[str, Any]]) -> None:
         t0 = time.perf_counter()
-        self.history = self.renderer.prepare(messages)
-        prompt = self.renderer.prompt(self.history)
+        prompt = self.renderer.prompt(self.renderer.prepare(messages))
         self._timings["template_s"] += time.perf_counter() - t0
         self.trajectory.append(Turn(role=PROMPT, start=0, end=0, text=prompt.text), prompt.token_ids)
         if len(prompt.token_ids) >= self.context_tokens:
@@ -162,14 +160,13 @@ class AgentLoop:
             raise _Stop("max_turns")
 
         t0 = time.perf_counter()
-        delta = self.renderer.observation(self.history, content, stop_text, observation)
+        delta = self.renderer.observation(stop_text, observation)
         self._timings["template_s"] += time.perf_counter() - t0
         if len(record.token_ids) + len(delta.token_ids) >= self.context_tokens:
             raise _Stop("context_length", f"the next observation ({len(delta.token_ids)} tokens) does not fit")
         self.budget.check()
         obs_turn = Turn(role=OBSERVATION, start=0, end=0, text=delta.text, messages=observation, duration_s=tools_s)
         record.append(obs_turn, delta.token_ids)
-        self.history += [{"role": "assistant", "content": content}, *observation]
 
     # --- pieces ------------------------------------------------------------------
     def _parse(self, content: str) -> ParseResult:
@@ -261,7 +258,9 @@ class AgentLoop:
             if result.is_error:
                 counts.tool_errors += 1
             turn.tool_calls.append(record)
-            observation.append({"role": "tool", "name": call.name or "invalid", "content": result.output})
+            # tool_call_id: 9 alphanumerics, the only form Mistral's templates take.
+            observation.append({"role": "tool", "name": call.name or "invalid", "content": result.output,
+                                "tool_call_id": f"call{counts.tool_calls:05d}"})
             if finished:
                 break
         elapsed = time.perf_counter() - started

@@ -83,7 +83,8 @@ def run_agent_task(kind: AgentTask, ctx: StageContext) -> dict[str, Any]:
         pin = llm.pool.acquire(ctx.job_id, group_id, model=ctx.spec.get("model"))
         parser = get_parser(ctx.task.get("tool_parser") or settings.agent_tool_parser)
         tools = kind.tool_schemas()
-        renderer = ChatRenderer(load_tokenizer(pin), tools, tool_instructions_json(tools, parser.call_format))
+        renderer = ChatRenderer(load_tokenizer(pin), tools, tool_instructions_json(tools, parser.call_format),
+                                template_kwargs=ctx.spec.get("chat_template_kwargs"))  # fmt: skip
         config = loop_config(kind, ctx)
 
         def generate(prompt: list[int], sampling: Sampling) -> Completion:

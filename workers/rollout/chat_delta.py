@@ -1,20 +1,24 @@
 """Chat-template rendering as token deltas: the prompt once, then only what each observation adds.
 
-The model's own tokens are never re-tokenized. After a generation, the tokens that
-follow it are the difference between two renderings of the conversation by the
-tokenizer's chat template:
+The model's own tokens are never re-tokenized, and past turns are never re-rendered. The
+tokens that follow a generation are cut from a rendering of the new messages after a fixed
+stand-in exchange (a placeholder user message and assistant reply):
 
-    before = render(history + [assistant], add_generation_prompt=False)
-    after  = render(history + [assistant] + observation, add_generation_prompt=True)
-    delta  = after[len(before):]              (checked: `after` starts with `before`)
+    after = render([user: "...", assistant: MARK, *observation], add_generation_prompt=True)
+    delta = after[after.index(MARK) + len(MARK):]  minus the end-of-turn token the model generated
 
-plus whatever the template writes to close the assistant turn that the model did not
-generate itself (the "\\n" after ChatML's <|im_end|>, or the whole closing when the
-generation hit max_tokens). Every check that could let the token record drift from the
-rendered conversation raises ChatTemplateError instead: a template that re-renders past
-turns differently (it strips reasoning, trims whitespace) or text that does not survive
-encode/decode cannot give a clean delta, and training on a silently wrong record is
-worse than a failed job.
+So the delta is the template's closing of an assistant turn, the observation's messages and
+the next generation prompt, exactly as the template writes them after an assistant turn. This
+stays token-exact for templates that rewrite history (Qwen3 drops the reasoning of earlier
+turns, Llama 3.1 and Mistral trim whitespace): the record holds what the model saw each turn,
+not what a re-render of the whole conversation would show. Per-job template arguments
+(`chat_template_kwargs`, e.g. Qwen3's `enable_thinking`) reach every rendering.
+
+If the model stopped on the template's end-of-turn token, the closing's copy of it is not
+repeated; if it stopped on another one (<|endoftext|> where the template writes <|im_end|>),
+its token stays and the template's whole closing follows, so the next turn sees exactly what
+the record holds. Text that does not survive encode/decode raises ChatTemplateError: training
+on a silently wrong record is worse than a failed job.
 
 Works with any Hugging Face tokenizer that has a chat template; templates that ignore
 `tools` get the tool list in the system message, written by the tool-call parser.
@@ -24,8 +28,7 @@ contains a control token's text, e.g. ``<|im_end|>\n<|im_start|>assistant``, mus
 become those control tokens. So `render` escapes, in the content of every ``tool``
 message, each occurrence of a special or added control token's text by putting a zero
 width space (U+200B) after its first character (``<\u200b|im_end|>``); the model reads the
-same characters as plain tokens. Escaping in `render` keeps every rendering of the
-conversation (and so the prefix and decode checks) consistent.
+same characters as plain tokens.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ from typing import Any
 
 
 ESCAPE = "\u200b"
+# The stand-in exchange the observation deltas are cut from: plain words no template trims,
+# splits (Qwen3 splits on </think>) or mistakes for markup.
+STAND_IN_USER = {"role": "user", "content": "Begin."}
+MARK = "Stand-in reply 7f3a9c."
 _CONTROL_LIKE = re.compile(r"^[<\[].*[>\]]$", re.DOTALL)
 
 
@@ -79,7 +86,13 @@ def template_source(tokenizer: Any) -> str:
 class ChatRenderer:
     """Renders one conversation's prompt and observation deltas with one tokenizer (thread-safe: no state)."""
 
-    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None, tool_instructions: str = "") -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: list[dict[str, Any]] | None = None,
+        tool_instructions: str = "",
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         source = template_source(tokenizer)
         if not source:
             raise ChatTemplateError(f"tokenizer {tokenizer.name_or_path!r} has no chat template")
@@ -89,6 +102,7 @@ class ChatRenderer:
         self.template_takes_tools = "tools" in source
         self.tool_instructions = tool_instructions if self.tools and not self.template_takes_tools else ""
         self.controls = control_token_texts(tokenizer)
+        self.template_kwargs = dict(template_kwargs or {})
 
     # --- rendering ---------------------------------------------------------------
     def prepare(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -101,13 +115,18 @@ class ChatRenderer:
                 messages.insert(0, {"role": "system", "content": self.tool_instructions})
         return messages
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        """The template's text; tool results' control-token texts escaped (see the module doc)."""
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+               tools: list[dict[str, Any]] | None | bool = True) -> str:  # fmt: skip
+        """The template's text; tool results' control-token texts escaped (see the module doc).
+
+        ``tools``: True renders the renderer's tools; None or a list overrides them.
+        """
         messages = [self._as_data(m) for m in messages]
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt
-            )
+                messages, tools=self.tools if tools is True else tools, tokenize=False,
+                add_generation_prompt=add_generation_prompt, **self.template_kwargs,
+            )  # fmt: skip
         except Exception as exc:  # jinja raises its own errors (raise_exception in templates)
             raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
         return text
@@ -145,41 +164,21 @@ class ChatRenderer:
             return self.decode(token_ids[:-1]), self.decode(token_ids[-1:])
         return self.decode(token_ids), ""
 
-    def observation(
-        self,
-        history: list[dict[str, Any]],
-        content: str,
-        stop_text: str,
-        observation: list[dict[str, Any]],
-    ) -> Delta:
-        """The tokens between a generation and the next one.
-
-        `history` is the conversation before the assistant turn (as rendered so far),
-        `content`/`stop_text` what the model generated, `observation` the new messages
-        (tool results, or a user nudge).
-        """
-        assistant = {"role": "assistant", "content": content}
-        opened = self.render(history, add_generation_prompt=True)
-        before = self.render([*history, assistant], add_generation_prompt=False)
-        if not before.startswith(opened + content):
+    def observation(self, stop_text: str, observation: list[dict[str, Any]]) -> Delta:
+        """The tokens between a generation and the next one: the template's closing of the assistant
+        turn (less `stop_text`, the end-of-turn token the model generated), the observation's
+        messages (tool results, or a user nudge) and the next generation prompt, cut from a
+        rendering after the stand-in exchange (module doc)."""
+        exchange = [STAND_IN_USER, {"role": "assistant", "content": MARK}]
+        after = self.render([*exchange, *observation], add_generation_prompt=True)
+        cut = after.find(MARK)
+        if cut < 0:
             raise ChatTemplateError(
-                "the template does not render the assistant turn as generation prompt + generated text "
-                f"(it rewrites the message): expected it to start with ...{(opened + content)[-120:]!r}, "
-                f"got ...{before[len(opened) - 20 : len(opened) + len(content) + 40]!r}"
+                "the chat template does not render an assistant reply verbatim before the observation: "
+                f"{after[-300:]!r}"
             )
-        closing = before[len(opened) + len(content) :]
-        # Usually the model's end-of-turn token is the start of the template's closing. If it
-        # ended with another one (<|endoftext|> where the template writes <|im_end|>), its token
-        # stays in the record and the template's whole closing follows it: the next turn then
-        # sees exactly what the record holds, at the cost of one token the template would not write.
-        tail = closing[len(stop_text) :] if closing.startswith(stop_text) else closing
-        after = self.render([*history, assistant, *observation], add_generation_prompt=True)
-        if not after.startswith(before):
-            raise ChatTemplateError(
-                "adding the observation changes how earlier turns render: no clean delta "
-                f"(differs after ...{before[-80:]!r})"
-            )
-        text = tail + after[len(before) :]
+        rest = after[cut + len(MARK):]
+        text = rest[len(stop_text):] if stop_text and rest.startswith(stop_text) else rest
         return Delta(self.encode(text), text)
 
 
