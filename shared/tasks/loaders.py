@@ -20,7 +20,7 @@ shared/tasks/formats.py).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,20 @@ def load_jsonl(path: str | Path, kind: str | None = None) -> list[dict[str, Any]
     """
     path = Path(path)
     jobs = []
+    for number, row in _jsonl_objects(path):
+        job = row if "task" in row else {"task": row}
+        if not isinstance(job["task"], dict):
+            raise LoaderError(f"{path}:{number}: `task` must be an object")
+        if kind and "kind" not in job["task"]:
+            job["task"] = {"kind": kind, **job["task"]}
+        if "kind" not in job["task"]:
+            raise LoaderError(f"{path}:{number}: the task names no `kind`")
+        jobs.append(job)
+    return jobs
+
+
+def _jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for every non-blank line; LoaderError naming the line that is not a JSON object."""
     with path.open() as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -57,15 +71,7 @@ def load_jsonl(path: str | Path, kind: str | None = None) -> list[dict[str, Any]
                 raise LoaderError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
             if not isinstance(row, dict):
                 raise LoaderError(f"{path}:{number}: a JSON object per line")
-            job = row if "task" in row else {"task": row}
-            if not isinstance(job["task"], dict):
-                raise LoaderError(f"{path}:{number}: `task` must be an object")
-            if kind and "kind" not in job["task"]:
-                job["task"] = {"kind": kind, **job["task"]}
-            if "kind" not in job["task"]:
-                raise LoaderError(f"{path}:{number}: the task names no `kind`")
-            jobs.append(job)
-    return jobs
+            yield number, row
 
 
 def load_hf(
@@ -143,19 +149,7 @@ def load_rows(path: str | Path, split: str | None = None) -> list[dict[str, Any]
     """Every row of a data file as a dict: JSONL read directly, anything else through `datasets`."""
     path = Path(path)
     if path.is_file() and path.suffix in (".jsonl", ".ndjson"):
-        rows = []
-        with path.open() as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise LoaderError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-                if not isinstance(row, dict):
-                    raise LoaderError(f"{path}:{number}: a JSON object per line")
-                rows.append(row)
-        return rows
+        return [row for _, row in _jsonl_objects(path)]
     # A table has one schema: a column that a row lacks comes back as None there (drop it, so a file
     # mixing formats detects each row by the fields it has).
     return [

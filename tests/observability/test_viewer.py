@@ -49,6 +49,7 @@ def test_the_viewer_lists_jobs_and_shows_a_trajectory_and_an_error(make_stack, t
     assert f"job {job_id}" in detail
     assert '<span class="status-done" id="job-status">done</span>' in detail
     assert '<span id="job-reward">0.75</span>' in detail
+    assert '<p id="evaluation-reason">3 of 4 checks passed</p>' in detail and "the last one" in detail
     assert '<span id="generated-tokens">82</span>' in detail  # the loss-masked tokens of both assistant turns
     assert "tool call: bash" in detail and "echo $((6*7))" in detail and "tool call: finish" in detail
     assert detail.count('class="turn ') == 4 and "backend cpu-1" in detail

@@ -48,4 +48,4 @@ class ViewerDemoKind(TaskKind):
         return sample_trajectory().to_dict()
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
-        return {"reward": 0.75}
+        return {"reward": 0.75, "reason": "3 of 4 checks passed", "checks": {"passed": 3, "failed": ["the last one"]}}
