@@ -1,8 +1,9 @@
 """The rootless path (HPC): a non-root worker, bwrap in an unprivileged user namespace.
 
 Run as root, the test drops to ``nobody`` and starts a sandbox from there with the
-system interpreter of the same Python version and this venv's packages on the path
-(the venv's own interpreter may sit under root's 0700 home). The process limit asked
+system interpreter of the same Python version and this venv's packages and the project on
+the path, bind-mounted where ``nobody`` can reach them (the venv's own interpreter may sit
+under root's 0700 home, and CI clones into a private directory). The process limit asked
 for is above the inherited hard limit, which an unprivileged worker cannot raise: it
 is clamped rather than failing the start.
 """
@@ -16,6 +17,8 @@ import sys
 import sysconfig
 import tempfile
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -43,23 +46,46 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@contextmanager
+def reachable_by_anyone(view: Path, sources: dict[str, str]) -> Iterator[list[str]]:
+    """`sources` bind-mounted read-only under `view`, so an unprivileged user reaches them even when the
+    checkout sits under a private (0700) directory, as CI's clone does. Unmounted before anything is removed."""
+    mounted: list[Path] = []
+    try:
+        for name, source in sources.items():
+            target = view / name
+            target.mkdir(parents=True)
+            subprocess.run(["mount", "--bind", source, str(target)], check=True, capture_output=True)
+            mounted.append(target)
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(target)], check=True, capture_output=True)
+        yield [str(view / name) for name in sources]
+    finally:
+        for target in reversed(mounted):
+            subprocess.run(["umount", "-l", str(target)], check=True, capture_output=True)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to an unprivileged user")
 @pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason=f"{SYSTEM_PYTHON} is not installed")
 def test_sandbox_as_an_unprivileged_user(require_bwrap: None) -> None:
     base = Path(tempfile.mkdtemp(prefix="sbx-rootless-"))
+    # The venv is inside the checkout (scripts/setup.sh makes it there), so one mount carries both, and
+    # the sandbox binds the project (PROJECT_ROOT as the unprivileged process sees it) with its packages.
+    site = Path(sysconfig.get_paths()["purelib"]).resolve().relative_to(PROJECT_ROOT)
     try:
         os.chmod(base, 0o777)
         (base / "ws").mkdir()
         os.chown(base / "ws", 65534, 65534)
-        path = f"{sysconfig.get_paths()['purelib']}:{PROJECT_ROOT}"
-        done = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-             "env", "-i", "PATH=/usr/bin:/bin", "HOME=/tmp", f"PYTHONPATH={path}",
-             SYSTEM_PYTHON, "-c", SCRIPT, str(base)],
-            capture_output=True, text=True, timeout=120, cwd=base,
-        )  # fmt: skip
+        with reachable_by_anyone(base / "view", {"project": str(PROJECT_ROOT)}) as [project]:
+            done = subprocess.run(
+                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                 "env", "-i", "PATH=/usr/bin:/bin", "HOME=/tmp", f"PYTHONPATH={project}/{site}:{project}",
+                 SYSTEM_PYTHON, "-c", SCRIPT, str(base)],
+                capture_output=True, text=True, timeout=120, cwd=base,
+            )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split() == ["65534", "/workspace", "ro", "65534", "False", "False"]
         assert os.stat(base / "ws" / "made.txt").st_uid == 65534
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        # Never remove a tree that still has the checkout mounted in it.
+        if not os.path.ismount(base / "view" / "project"):
+            shutil.rmtree(base, ignore_errors=True)
