@@ -81,6 +81,7 @@ class VLLMServer:
     log_path: Path | None = None
     kv_cache_gib: int = 1
     cpu_build: bool = True  # no GPU here: vLLM's CPU build, with its workarounds
+    env: dict[str, str] = field(default_factory=dict)  # this server's own variables (e.g. the cores it may use)
     process: subprocess.Popen[bytes] | None = None
 
     @classmethod
@@ -141,7 +142,7 @@ class VLLMServer:
         return int(config.get("max_position_embeddings") or config.get("max_seq_len") or 0)
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
         env.setdefault("HF_HUB_OFFLINE", "1")  # no model hub: a model is a local directory
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
