@@ -17,14 +17,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Run a noisy install quietly: its output goes to a log, shown (the end of it) only if it fails.
+quietly() {
+  local log=$1; shift
+  "$@" >"$log" 2>&1 || { tail -n 40 "$log" >&2; echo "setup: failed: $* (full log: $log)" >&2; return 1; }
+}
+
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
 if [ ! -f "$stamp" ]; then
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e ".[dev,cpu,data,train]"
+  echo "setup: installing the project into .venv"
+  quietly .venv/pip-install.log .venv/bin/pip install --upgrade pip
+  quietly .venv/pip-install.log .venv/bin/pip install -e ".[dev,cpu,data,train]"
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
@@ -43,12 +50,14 @@ if [ ! -f "$vllm_stamp" ]; then
   echo "setup: installing $VLLM_PACKAGE into $VLLM_ENV (a few GB, once)"
   rm -rf "$VLLM_ENV"
   "$PY" -m venv "$VLLM_ENV"
-  "$VLLM_ENV/bin/pip" install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-  "$VLLM_ENV/bin/pip" install -q "$VLLM_PACKAGE" 2>&1 | grep -v "^WARNING: Location" || true
+  quietly "$VLLM_ENV/pip-install.log" "$VLLM_ENV/bin/pip" install --upgrade pip
+  # pip's verdict is not the last word (a resolver complaint about a package vLLM does not import
+  # exits non-zero): whether vLLM imports, below, is.
+  quietly "$VLLM_ENV/pip-install.log" "$VLLM_ENV/bin/pip" install "$VLLM_PACKAGE" || true
   # pip may pull torchvision/torchaudio/torchcodec builds that do not match vLLM's torch; they
   # break `import transformers.models.llama` and vLLM's own import, and vLLM's text models need none.
   "$VLLM_ENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  "$VLLM_ENV/bin/python" -c "import vllm.entrypoints.openai.api_server" \
+  quietly "$VLLM_ENV/import-check.log" "$VLLM_ENV/bin/python" -c "import vllm.entrypoints.openai.api_server" \
     || { echo "setup: $VLLM_PACKAGE does not import in $VLLM_ENV" >&2; exit 1; }
   touch "$vllm_stamp"
 fi
