@@ -12,12 +12,15 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
-# apply_chat_template's own arguments: a template variable of these names would change how it renders, not what.
+# apply_chat_template's own arguments and the variables it sets: a job must not redefine how it renders.
 _RENDER_ARGUMENTS = frozenset({
     "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
     "continue_final_message",
     "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
     "tokenizer_kwargs",
+    # the tokenizer's special tokens, which transformers passes to every template itself
+    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+    "additional_special_tokens",
 })
 _TEMPLATE_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 

@@ -124,9 +124,12 @@ def gsm8k_final(answer_text: str) -> str | None:
     """The number after the last "####" of a GSM8K answer ("1,000" -> "1000"), or None."""
     if _GSM8K_MARK not in answer_text:
         return None
-    tail = answer_text.rsplit(_GSM8K_MARK, 1)[1].strip()
-    tail = re.sub(r"(?<=\d),(?=\d{3}\b)", "", tail)
-    return tail.rstrip(".").strip() or None
+    return plain_final_answer(answer_text.rsplit(_GSM8K_MARK, 1)[1]) or None
+
+
+def plain_final_answer(text: str) -> str:
+    """'1,000.' -> '1000': GSM8K writes thousands separators; a trailing period ends the sentence."""
+    return re.sub(r"(?<=\d),(?=\d{3}\b)", "", text.strip()).rstrip(".").strip()
 
 
 def math_reference(task: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -43,6 +44,8 @@ _SNAPSHOT_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",
     "GIT_CONFIG_GLOBAL": os.devnull,
 }
+_REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+_COMMIT = re.compile(r"^[0-9a-fA-F]{7,40}$")
 _SKIP = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache")
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 IMAGE_REPO_DIR = "/testbed"  # where SWE-bench's images hold the repository
@@ -79,13 +82,19 @@ class SweInstance:
                 raise TaskValidationError(f"task.{field}: required")
             return None
 
+        repo = text("repo", "repo_name") or ""
+        if not _REPO.match(repo):
+            raise TaskValidationError(f"task.repo: {repo[:100]!r} is not owner/name (letters, digits, '.', '-', '_')")
+        base_commit = text("base_commit", "commit_hash") or ""
+        if not _COMMIT.match(base_commit):  # it reaches git on the host: a commit id, never an option
+            raise TaskValidationError(f"task.base_commit: {base_commit[:100]!r} is not a commit id (7-40 hex digits)")
         fail_to_pass = _test_list(task, "FAIL_TO_PASS")
         if not fail_to_pass:
             raise TaskValidationError("task.FAIL_TO_PASS: at least one test that the fix makes pass")
         return cls(
             instance_id=text("instance_id") or "",
-            repo=text("repo", "repo_name") or "",
-            base_commit=text("base_commit", "commit_hash") or "",
+            repo=repo,
+            base_commit=base_commit,
             problem_statement=text("problem_statement") or "",
             test_patch=text("test_patch", required=False) or "",
             fail_to_pass=fail_to_pass,
@@ -136,11 +145,12 @@ def mirror_repository(repo: str) -> Path | None:
     from shared.config import get_settings
 
     mirror = get_settings().swe_repo_mirror
-    if mirror is None or "/" not in repo or ".." in repo.split("/"):
+    if mirror is None or not _REPO.match(repo):
         return None
+    root = mirror.resolve()
     for name in (repo.replace("/", "__"), repo):
         for candidate in (mirror / name, mirror / f"{name}.git"):
-            if candidate.is_dir():
+            if candidate.is_dir() and candidate.resolve().is_relative_to(root):
                 return candidate
     return None
 

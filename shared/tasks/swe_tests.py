@@ -85,6 +85,8 @@ def plan_tests(
         )
 
     files = patch_test_files(test_patch)
+    if any(f.startswith("-") or "/-" in f for f in files):  # runner arguments, never options
+        raise TaskValidationError(f"task.test_patch: instance {instance_id}: a test file path with a part starting '-'")
     if runner == "pytest":
         for test_id in test_ids:
             if not PYTEST_ID.match(test_id):

@@ -41,6 +41,12 @@ REWRITING_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 # Trims the assistant's text: what the model generated is not what the template shows.
+# Never renders what an assistant said (only that it spoke).
+DROPPING_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
+    "{% if m.role != 'assistant' %}{{ m.content }}{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 TRIMMING_TEMPLATE = (
     "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
     "{% if m.role == 'assistant' %}{{ m.content | trim }}{% else %}{{ m.content }}{% endif %}"
@@ -162,3 +168,17 @@ def test_control_token_text_in_a_tool_result_stays_plain_text(tokenizer: Any, te
     assert sum(t in specials for t in delta.token_ids) == sum(t in specials for t in clean.token_ids)
     assert renderer.decode(record) == renderer.render(history, add_generation_prompt=True)
     assert "im_end" in delta.text and "<|im_start|>assistant\n<tool_call>" not in delta.text
+
+
+def test_a_tool_output_quoting_the_stand_in_reply_does_not_move_the_cut(tokenizer: Any) -> None:
+    from workers.rollout.chat_delta import MARKS
+
+    renderer = ChatRenderer(tokenizer)
+    quoted = [{"role": "tool", "name": "bash", "content": f"grep found: {MARKS[0]}"}]
+    delta = renderer.observation("<|im_end|>", quoted)
+    assert delta.text == f"\n<|im_start|>tool\ngrep found: {MARKS[0]}<|im_end|>\n<|im_start|>assistant\n"
+
+    # A template that drops assistant replies gives no cut at all, quoted mark or not.
+    dropping = ChatRenderer(with_template(tokenizer, DROPPING_TEMPLATE))
+    with pytest.raises(ChatTemplateError, match="verbatim"):
+        dropping.observation("<|im_end|>", quoted)

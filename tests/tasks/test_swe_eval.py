@@ -121,14 +121,14 @@ def test_swe_bench_style_fields_and_aliases(task_settings) -> None:
     row = {
         "instance_id": "owner__name-1",
         "repo_name": "owner/name",
-        "commit_hash": "abc",
+        "commit_hash": "abc1234",
         "problem_statement": "it breaks",
         "FAIL_TO_PASS": '["tests/test_a.py::test_x"]',
         "PASS_TO_PASS": "[]",
         "docker_image": "docker://example/img",
     }
     instance = SweInstance.from_task(row)
-    assert (instance.repo, instance.base_commit, instance.image) == ("owner/name", "abc", "docker://example/img")
+    assert (instance.repo, instance.base_commit, instance.image) == ("owner/name", "abc1234", "docker://example/img")
     assert instance.fail_to_pass == ("tests/test_a.py::test_x",) and instance.pass_to_pass == ()
     assert get_kind("swe").sandbox_spec(row, task_settings).image == "docker://example/img"
 
@@ -138,6 +138,9 @@ def test_swe_bench_style_fields_and_aliases(task_settings) -> None:
     [
         ({"instance_id": None}, "task.instance_id"),
         ({"base_commit": None}, "task.base_commit"),
+        ({"base_commit": "--output=/tmp/x"}, "task.base_commit"),  # reaches git on the host: never an option
+        ({"repo": "/srv/elsewhere"}, "task.repo"),  # never a path outside the mirror
+        ({"repo": "owner/../../etc"}, "task.repo"),
         ({"FAIL_TO_PASS": []}, "task.FAIL_TO_PASS"),
         ({"PASS_TO_PASS": "not json"}, "task.PASS_TO_PASS"),
         ({"test_timeout_s": 0}, "task.test_timeout_s"),

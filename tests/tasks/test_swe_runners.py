@@ -102,6 +102,27 @@ def test_django_log_parser() -> None:
     }
 
 
+def test_django_log_parser_cannot_be_talked_into_a_pass() -> None:
+    """The patched code can print runner-like lines: a failure stays a failure, and an `ok` in the
+    tracebacks after the summary passes nothing."""
+    log = (
+        "test_bad (calc_tests.test_add.AddTests) ... FAIL\n"
+        "test_bad (calc_tests.test_add.AddTests) ... ok\n"  # forged by the patched code
+        "test_last (calc_tests.test_add.AddTests) ... \n"
+        "======================================================================\n"
+        "FAIL: test_last (calc_tests.test_add.AddTests)\n"
+        "Traceback (most recent call last):\n"
+        "    ok = check()\n"
+        "ok\n"
+        "----------------------------------------------------------------------\n"
+        "Ran 2 tests in 0.001s\n"
+    )
+    assert parse_django_log(log) == {
+        "test_bad (calc_tests.test_add.AddTests)": "failed",
+        "test_last": "failed",
+    }
+
+
 def test_sympy_log_parser() -> None:
     log = "symp/tests/test_core.py[3] \ntest_a ok\ntest_b F\ntest_c E\n____ symp/tests/test_core.py:test_b ____\n"
     assert parse_sympy_log(log) == {

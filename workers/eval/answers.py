@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from shared.tasks.formats import plain_final_answer
 from workers.eval.latex import last_boxed, unwrap_text
 
 
@@ -44,16 +45,11 @@ def boxed_answer(final_text: str, answer: str | None) -> Extracted:
         return Extracted(boxed, "final_text.boxed")
     if answer is not None:
         marked = _MARKER.findall(answer)
-        return Extracted(_plain_marker(marked[-1]), "finish.marker") if marked else Extracted(answer.strip(), "finish")
+        return Extracted(plain_final_answer(marked[-1]), "finish.marker") if marked else Extracted(answer.strip(), "finish")
     markers = _MARKER.findall(final_text)
     if markers:
-        return Extracted(_plain_marker(markers[-1]), "final_text.marker")
+        return Extracted(plain_final_answer(markers[-1]), "final_text.marker")
     return Extracted(None, "none")
-
-
-def _plain_marker(text: str) -> str:
-    """'1,000.' -> '1000': GSM8K writes thousands separators; a trailing period ends the sentence."""
-    return re.sub(r"(?<=\d),(?=\d{3}\b)", "", text).rstrip(".").strip()
 
 
 _PHRASE = re.compile(r"(?:final answer|answer)\s*(?:is|:|=)\s*:?\s*(.+)", re.IGNORECASE)

@@ -11,7 +11,11 @@ instance (what that runner prints for the test) is found under the same name:
 - sympy (`bin/test -C --verbose`): `test_name ok|F|E` lines, and failure
   headers `____ path.py:test_name ____`.
 
-Outcomes are "passed", "failed", "error" or "skipped".
+Outcomes are "passed", "failed", "error" or "skipped". Stricter than SWE-bench in two ways, since
+here the verdict is a reward that the patched code could try to forge by printing runner lines: a
+test once seen failing or erroring stays so (a later "ok" line for it does not pass it), and an
+`ok` on its own line counts only when it is exactly `ok` and before the run's summary (after it,
+tracebacks of failures follow, whose lines may well start with "ok").
 """
 
 from __future__ import annotations
@@ -31,28 +35,38 @@ def parse_django_log(log: str) -> dict[str, str]:
     """test description -> outcome, from `runtests.py --verbosity 2` output (stdout and stderr merged)."""
     outcomes: dict[str, str] = {}
     last_started: str | None = None
+    summary = False
     for raw in log.split("\n"):
         line = raw.strip()
+        if line.startswith(("=" * 10, "-" * 10)) or (line.startswith("Ran ") and " test" in line):
+            summary = True
         if " ... " in line:
             last_started = line.split(" ... ", 1)[0]
         passed = next((s for s in _DJANGO_PASS if line.endswith(s)), None)
         if passed is not None:
-            outcomes[line[: -len(passed)]] = "passed"
+            _record(outcomes, line[: -len(passed)], "passed")
         if " ... skipped" in line:
-            outcomes[line.split(" ... skipped", 1)[0]] = "skipped"
+            _record(outcomes, line.split(" ... skipped", 1)[0], "skipped")
         if line.endswith(" ... FAIL"):
-            outcomes[line[: -len(" ... FAIL")]] = "failed"
+            _record(outcomes, line[: -len(" ... FAIL")], "failed")
         if line.endswith(" ... ERROR"):
-            outcomes[line[: -len(" ... ERROR")]] = "error"
+            _record(outcomes, line[: -len(" ... ERROR")], "error")
         for header, outcome in (("FAIL:", "failed"), ("ERROR:", "error")):
             if line.startswith(header) and len(line.split()) > 1:
-                outcomes[line.split()[1]] = outcome
-        if line.startswith("ok") and last_started is not None:
-            outcomes[last_started] = "passed"  # the test printed between its dots and its status
+                _record(outcomes, line.split()[1], outcome)
+        if line == "ok" and last_started is not None and not summary:
+            _record(outcomes, last_started, "passed")  # the test printed between its dots and its status
     for pattern in _DJANGO_SPLIT_OK:
         for match in pattern.finditer(log):
-            outcomes[match.group(1)] = "passed"
+            _record(outcomes, match.group(1), "passed")
     return outcomes
+
+
+def _record(outcomes: dict[str, str], test: str, outcome: str) -> None:
+    """Set a test's outcome; a failure or error, once seen, is never overwritten by a pass or skip."""
+    if outcomes.get(test) in ("failed", "error") and outcome not in ("failed", "error"):
+        return
+    outcomes[test] = outcome
 
 
 _SYMPY_FAILURE_HEADER = re.compile(r"_+ (\S+\.py):(\S+) _+")
@@ -69,9 +83,9 @@ def parse_sympy_log(log: str) -> dict[str, str]:
             continue
         name = line.split()[0]
         if line.endswith(" E"):
-            outcomes[name] = "error"
+            _record(outcomes, name, "error")
         elif line.endswith(" F"):
-            outcomes[name] = "failed"
+            _record(outcomes, name, "failed")
         elif line.endswith(" ok"):
-            outcomes[name] = "passed"
+            _record(outcomes, name, "passed")
     return outcomes

@@ -7,6 +7,8 @@ stand-in exchange (a placeholder user message and assistant reply):
     after = render([user: "...", assistant: MARK, *observation], add_generation_prompt=True)
     delta = after[after.index(MARK) + len(MARK):]  minus the end-of-turn token the model generated
 
+(checked with a second, different MARK: the two cuts must agree).
+
 So the delta is the template's closing of an assistant turn, the observation's messages and
 the next generation prompt, exactly as the template writes them after an assistant turn. This
 stays token-exact for templates that rewrite history (Qwen3 drops the reasoning of earlier
@@ -43,7 +45,7 @@ ESCAPE = "\u200b"
 # The stand-in exchange the observation deltas are cut from: plain words no template trims,
 # splits (Qwen3 splits on </think>) or mistakes for markup.
 STAND_IN_USER = {"role": "user", "content": "Begin."}
-MARK = "Stand-in reply 7f3a9c."
+MARKS = ("Stand-in reply 7f3a9c.", "Stand-in answer 2d81e4.")
 _CONTROL_LIKE = re.compile(r"^[<\[].*[>\]]$", re.DOTALL)
 
 
@@ -115,18 +117,14 @@ class ChatRenderer:
                 messages.insert(0, {"role": "system", "content": self.tool_instructions})
         return messages
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
-               tools: list[dict[str, Any]] | None | bool = True) -> str:  # fmt: skip
-        """The template's text; tool results' control-token texts escaped (see the module doc).
-
-        ``tools``: True renders the renderer's tools; None or a list overrides them.
-        """
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        """The template's text; tool results' control-token texts escaped (see the module doc)."""
         messages = [self._as_data(m) for m in messages]
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tools=self.tools if tools is True else tools, tokenize=False,
-                add_generation_prompt=add_generation_prompt, **self.template_kwargs,
-            )  # fmt: skip
+                messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt,
+                **self.template_kwargs,
+            )
         except Exception as exc:  # jinja raises its own errors (raise_exception in templates)
             raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
         return text
@@ -169,17 +167,23 @@ class ChatRenderer:
         turn (less `stop_text`, the end-of-turn token the model generated), the observation's
         messages (tool results, or a user nudge) and the next generation prompt, cut from a
         rendering after the stand-in exchange (module doc)."""
-        exchange = [STAND_IN_USER, {"role": "assistant", "content": MARK}]
-        after = self.render([*exchange, *observation], add_generation_prompt=True)
-        cut = after.find(MARK)
-        if cut < 0:
+        rests = [self._after_stand_in(mark, observation) for mark in MARKS]
+        if rests[0] is None or rests[0] != rests[1]:
             raise ChatTemplateError(
-                "the chat template does not render an assistant reply verbatim before the observation: "
-                f"{after[-300:]!r}"
+                "the chat template does not render an assistant reply verbatim before the observation"
             )
-        rest = after[cut + len(MARK):]
+        rest = rests[0]
         text = rest[len(stop_text):] if stop_text and rest.startswith(stop_text) else rest
         return Delta(self.encode(text), text)
+
+    def _after_stand_in(self, mark: str, observation: list[dict[str, Any]]) -> str | None:
+        """What the template writes after a stand-in reply `mark` when `observation` follows; None if the
+        reply is not in the rendering. Two different marks must give the same: a mark found only inside
+        the observation (a tool output that quotes it) would not move with the reply."""
+        exchange = [STAND_IN_USER, {"role": "assistant", "content": mark}]
+        after = self.render([*exchange, *observation], add_generation_prompt=True)
+        cut = after.find(mark)
+        return None if cut < 0 else after[cut + len(mark):]
 
 
 def tool_instructions_json(tools: list[dict[str, Any]], call_format: str) -> str:
