@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 from redis import Redis
 
@@ -19,21 +19,11 @@ from tests.support.vllm_server import kill_server
 from workers.rollout.llm_routing import complete_routed
 
 
-def wait_until_busy(backend: VLLMServer) -> None:
-    """Block until the backend works on the request: its vLLM gauges count it, or its API server is too
-    busy streaming tokens to answer /metrics at once (it is a server of this test's own, nothing else runs there)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            metrics = httpx.get(backend.url + "/metrics", timeout=0.3).text
-        except httpx.TimeoutException:
-            return
-        for line in metrics.splitlines():
-            if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{")):
-                if float(line.rsplit(" ", 1)[1]) >= 1:
-                    return
-        time.sleep(0.01)
-    raise AssertionError("the long request never reached the backend")
+def on_request_sent(client: LLMClient) -> threading.Event:
+    """Set when the client sends its next request (an httpx event hook on the client's own session)."""
+    sent = threading.Event()
+    client._http.event_hooks["request"].append(lambda request: sent.set())
+    return sent
 
 
 def test_killed_backend_fails_over_and_the_trajectory_goes_on(
@@ -57,8 +47,12 @@ def test_killed_backend_fails_over_and_the_trajectory_goes_on(
         history = prompt + turns[1].token_ids + [10, 257, 117, 10]
         long_turn = Sampling(max_tokens=3500, seed=11, ignore_eos=True)
         with ThreadPoolExecutor(1) as executor:
+            sent = on_request_sent(client)
             pending = executor.submit(complete_routed, pool, client, "job-1", history, long_turn)
-            wait_until_busy(by_id[first_backend])
+            # vLLM's /metrics is no witness: its API server answers only after a fast generation ends.
+            # 3500 tokens take seconds here; the kill comes 1 s after the request left.
+            assert sent.wait(60), "the long request was never sent"
+            time.sleep(1.0)
             kill_server(by_id[first_backend])
             after = pending.result(timeout=120)
 
