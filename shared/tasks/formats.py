@@ -65,6 +65,10 @@ def detect(row: dict[str, Any]) -> str:
     raise FormatError(f"matches no known format (its fields: {fields}). Formats need: {needs}")
 
 
+# What NuminaMath-1.5 writes in `answer` where a problem has none to check.
+_NO_ANSWER = frozenset({"proof", "notfound"})
+
+
 def _answer_given(value: Any) -> bool:
     if isinstance(value, bool):
         return False
@@ -151,6 +155,11 @@ def math_reference(task: dict[str, Any]) -> str:
     value = task.get("answer")
     if not _answer_given(value):
         raise TaskValidationError("task.answer: required, the reference answer (a string or a number)")
+    if isinstance(value, str) and value.strip().lower() in _NO_ANSWER:
+        raise TaskValidationError(
+            f"task.answer: {value.strip()!r} marks a problem with no checkable final answer (NuminaMath writes it "
+            "for proofs and unsolved rows): this row could only ever score 0"
+        )
     return value if isinstance(value, str) else repr(value)
 
 

@@ -73,6 +73,8 @@ def test_references_are_extracted() -> None:
         ({"answer": "x #### 1"}, "gsm8k", "task.question"),
         ({"problem": "p", "solution": "no box"}, "math", "task.solution"),
         ({"problem": "p"}, "answer", "task.answer"),
+        ({**NUMINA, "answer": "proof"}, "answer", "task.answer"),  # NuminaMath's "nothing to check"
+        ({**NUMINA, "answer": "notfound"}, "answer", "task.answer"),
         ({**MBPP, "test_list": []}, "mbpp", "task.test_list"),
         ({k: v for k, v in MBPP.items() if k != "code"}, "mbpp", "task.code"),
         ({**HUMANEVAL, "entry_point": "not a name"}, "humaneval", "task.entry_point"),

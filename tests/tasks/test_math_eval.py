@@ -15,6 +15,8 @@ load_task_modules()
 
 EQUIVALENT = [
     ("1/2", "0.5"),
+    ("-1,200", "-1200"),  # a thousands separator, not a tuple, also when negative
+    ("1,000,000", "10^6"),
     ("\\frac{1}{2}", "0.5"),
     ("\\dfrac12", "1/2"),
     ("0.50", "\\tfrac{1}{2}"),

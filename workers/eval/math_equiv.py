@@ -209,8 +209,8 @@ def _structure(text: str) -> Any:
     """("union", [...]) | ("seq", open, close, [...]) | ("eq", lhs, rhs) | ("expr", text)."""
     if "\\cup" in text:
         return ("union", [_structure(p.strip()) for p in text.split("\\cup")])
-    if re.fullmatch(r"\d{1,3}(,\d{3})+(\.\d+)?", text):
-        return ("expr", text.replace(",", ""))  # 1,000,000
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", text):
+        return ("expr", text.replace(",", ""))  # 1,000,000 and -1,200, not tuples
     brackets = _outer_brackets(text)
     inside = brackets[2] if brackets else text
     parts = split_top_level(inside)
