@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 from redis import Redis
 
+from cli.embedded_redis import EmbeddedRedis
 from shared.backend_pool import BackendPool
 from shared.config import Settings
-from shared.embedded_redis import EmbeddedRedis
 from shared.keys import Keys
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared.tasks import StageContext, register
-from shared.tasks.agentic import AgentTask
+from workers.kinds.agentic import AgentTask
 
 SYSTEM = "Think step by step, then call finish with your answer."
 

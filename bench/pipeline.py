@@ -29,9 +29,9 @@ from redis import Redis
 from rq import Queue
 
 from bench.noop_stages import BARE_DONE_KEY, bare_init
+from cli.embedded_redis import EmbeddedRedis
 from cli.stack import Stack
 from shared.config import Settings
-from shared.embedded_redis import EmbeddedRedis
 from shared.keys import Keys
 
 NOOP_ENV = {"ROLLOUTS_TASK_MODULES": "bench.noop_stages", "ROLLOUTS_LOG_LEVEL": "WARNING"}

@@ -24,11 +24,11 @@ from pathlib import Path
 import httpx
 from redis import Redis
 
+from cli.embedded_redis import EmbeddedRedis, free_port
 from cli.tiny_model import tiny_model_dir
 from cli.vllm_server import VLLMServer
 from shared.backend_pool import BackendPool
 from shared.config import Settings
-from shared.embedded_redis import EmbeddedRedis, free_port
 from shared.keys import Keys
 from workers.rollout.llm_client import LLMClient, Sampling
 

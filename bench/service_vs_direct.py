@@ -28,11 +28,11 @@ from typing import Any
 import httpx
 
 from bench.chat_kind import BenchChatKind, bench_messages
+from cli.embedded_redis import free_port
 from cli.stack import Stack
 from cli.tiny_model import tiny_model_dir
 from cli.vllm_server import VLLMServer
 from shared.config import Settings
-from shared.embedded_redis import free_port
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.llm_client import Sampling, generate_body
 from workers.rollout.resources import _load_tokenizer

@@ -31,10 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shared.config import Settings
-from shared.sandbox import SandboxSpec, create_sandbox
-from shared.sandbox.local import bwrap_usable
-from shared.toolserver.bash import PersistentBash
-from shared.toolserver.python import PythonKernel
+from workers.sandbox import SandboxSpec, create_sandbox
+from workers.sandbox.local import bwrap_usable
+from workers.toolserver.bash import PersistentBash
+from workers.toolserver.python import PythonKernel
 
 Stats = tuple[float, float, float]  # p50, mean, p99 in ms
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import click
 
 from cli.http import ApiClient, ApiError
+from cli.loaders import LoaderError
 from cli.tracking import follow, read_row_jobs, submit_all, summary_table, write_results
 from shared.config import get_settings
-from shared.tasks.formats import FORMATS
-from shared.tasks.loaders import LoaderError
+from workers.kinds.formats import FORMATS
 
 _url_option = click.option("--url", default=None, help="API URL (default: ROLLOUTS_API_URL or host:port settings).")
 format_option = click.option(

@@ -14,17 +14,17 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO
 
 import httpx
 
+from cli.embedded_redis import EmbeddedRedis, free_port
+from cli.procs import die_with_parent
 from cli.tiny_model import tiny_model_dir
 from cli.vllm_server import VLLMError, VLLMServer
 from shared.config import STAGES, Settings
-from shared.embedded_redis import EmbeddedRedis, free_port
-from shared.procs import die_with_parent
 
 
 class StackError(RuntimeError):

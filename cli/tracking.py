@@ -12,9 +12,9 @@ from typing import Any
 from tqdm import tqdm
 
 from cli.http import ApiClient, ApiError
+from cli.loaders import load_rows, row_job
 from shared.jobs.status import TERMINAL
-from shared.tasks.formats import FormatError
-from shared.tasks.loaders import load_rows, row_job
+from workers.kinds.formats import FormatError
 
 SUBMIT_CHUNK = 500
 

@@ -20,10 +20,10 @@ import click
 
 from cli.http import ApiClient, ApiError
 from cli.jobs import format_option, split_option
+from cli.loaders import LoaderError, load_rows, row_job
 from cli.tracking import follow, submit_each
 from shared.config import get_settings
-from shared.tasks.formats import FormatError
-from shared.tasks.loaders import LoaderError, load_rows, row_job
+from workers.kinds.formats import FormatError
 
 SCORED_1 = "scored 1"
 SCORED_LESS = "scored less"

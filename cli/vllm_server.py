@@ -35,8 +35,8 @@ from pathlib import Path
 
 import httpx
 
+from cli.procs import die_with_parent
 from shared.config import Settings
-from shared.procs import die_with_parent
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 # vLLM's log prefix: "(APIServer pid=1) INFO 11-24 21:19:35 [launcher.py:195] " or "INFO 11-24 ... [x.py:1] ".

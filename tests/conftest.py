@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from redis import Redis
 
 from api.app import create_app
+from cli.embedded_redis import EmbeddedRedis
 from shared.config import Settings
-from shared.embedded_redis import EmbeddedRedis
 from tests.support.vllm_server import start_vllm_servers, tiny_model, vllm_server  # noqa: F401 - fixtures
 
 # Run as a foreground terminal would: a suite launched in the background by a non-interactive

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from shared.tasks.swe_instance import git, snapshot_commit  # noqa: E402
+from workers.init.swe_repo import git, snapshot_commit  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPOS = HERE / "repos"

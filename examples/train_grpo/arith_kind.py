@@ -14,12 +14,11 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from shared.config import Settings
-from shared.sandbox.spec import SandboxSpec
-from shared.tasks.agentic import AgentTask
 from shared.tasks.base import TaskValidationError
 from shared.tasks.context import StageContext
-from shared.tasks.kind_support import agent_env
 from shared.tasks.registry import register
+from workers.kinds.agentic import AgentTask, agent_env
+from workers.sandbox.spec import SandboxSpec
 
 SYSTEM_PROMPT = "Use python, then finish."
 MAX_OPERAND = 10**6

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from shared.tasks.registry import FORMAT_KINDS
 
 # apply_chat_template's own arguments and the variables it sets: a job must not redefine how it renders.
 _RENDER_ARGUMENTS = frozenset({
@@ -136,8 +137,6 @@ class JobRequest(BaseModel):
     @field_validator("task")
     @classmethod
     def _task_has_kind(cls, task: dict[str, Any]) -> dict[str, Any]:
-        from shared.tasks.formats import FORMAT_KINDS
-
         if "kind" not in task and task.get("format") in FORMAT_KINDS:  # a published row: its format says the kind
             task = {**task, "kind": FORMAT_KINDS[task["format"]]}
         kind = task.get("kind")

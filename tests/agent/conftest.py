@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 
 from shared.config import Settings
-from shared.sandbox import Sandbox, SandboxSpec, create_sandbox
-from shared.sandbox.local import bwrap_usable
 from tests.support.scripted_llm import ScriptedLLM
-
+from workers.sandbox import Sandbox, SandboxSpec, create_sandbox
+from workers.sandbox.local import bwrap_usable
 
 
 class Unlimited:

@@ -10,10 +10,7 @@ import pytest
 
 from shared.codec import pack, unpack
 from shared.config import Settings
-from shared.sandbox import Sandbox
 from shared.tasks import StageContext, StageInterrupted
-from shared.toolserver.result import ToolResult
-from shared.toolserver.schemas import TOOL_SCHEMAS
 from shared.trajectory import OBSERVATION, Trajectory
 from tests.agent.conftest import Unlimited
 from tests.support.scripted_llm import ScriptedLLM
@@ -22,6 +19,9 @@ from workers.rollout.agent_loop import AgentLoop, LoopConfig
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.llm_client import LLMClient, Sampling
 from workers.rollout.tool_parsers import get_parser
+from workers.sandbox import Sandbox
+from workers.toolserver.result import ToolResult
+from workers.toolserver.schemas import TOOL_SCHEMAS
 
 TOOL_NAMES = ("bash", "finish")
 

@@ -10,7 +10,7 @@ import pytest
 
 from shared.config import Settings
 from shared.tasks import StageContext, TaskValidationError
-from shared.tasks.agentic import AgentTask
+from workers.kinds.agentic import AgentTask
 from workers.rollout.agent_task import loop_config, sampling_from_spec
 
 

@@ -20,8 +20,6 @@ from typing import Any
 import pytest
 
 from cli.tiny_model import build_tokenizer
-from shared.toolserver.result import ToolResult
-from shared.toolserver.schemas import TOOL_SCHEMAS
 from shared.trajectory import ASSISTANT, OBSERVATION, Trajectory
 from tests.agent.conftest import Unlimited
 from tests.support.trajectory_checks import Served, assert_decodes_to_conversation, assert_exact_against_backend
@@ -29,6 +27,8 @@ from workers.rollout.agent_loop import AgentLoop, LoopConfig
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.llm_client import Completion, Sampling
 from workers.rollout.tool_parsers import get_parser
+from workers.toolserver.result import ToolResult
+from workers.toolserver.schemas import TOOL_SCHEMAS
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
 TOOL_NAMES = ("bash", "finish")

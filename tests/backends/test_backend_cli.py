@@ -16,9 +16,9 @@ import pytest
 import uvicorn
 
 from api.app import create_app
+from cli.embedded_redis import free_port
 from cli.vllm_server import VLLMServer
 from shared.config import Settings
-from shared.embedded_redis import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

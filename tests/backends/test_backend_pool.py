@@ -238,7 +238,7 @@ def test_missed_heartbeats_leave_the_pool_and_a_beat_brings_it_back(pool: Backen
 
 
 def test_probe_failure_marks_unhealthy(pool: BackendPool) -> None:
-    from shared.embedded_redis import free_port
+    from cli.embedded_redis import free_port
 
     dead = pool.register(f"http://127.0.0.1:{free_port()}", "m")  # nothing listens there
     report = pool.maintain(probe=True)

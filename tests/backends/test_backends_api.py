@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from redis import Redis
 
 from api.app import create_app
+from cli.embedded_redis import free_port
 from cli.vllm_server import VLLMServer
 from shared.backend_pool import BackendPool
-from shared.embedded_redis import free_port
 from shared.config import Settings
 from shared.keys import Keys
 

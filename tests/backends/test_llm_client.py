@@ -11,9 +11,9 @@ import httpx
 import pytest
 import torch
 
+from cli.embedded_redis import free_port
 from cli.tiny_model import load
 from cli.vllm_server import VLLMServer
-from shared.embedded_redis import free_port
 from workers.rollout.llm_client import (
     BackendRequestError,
     BackendUnavailable,

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from redis import Redis
 
-import shared.backend_pool as backend_pool
+import shared.backend_pool.pool as backend_pool
 from shared.backend_pool import BackendPool, NoBackendAvailable
 from shared.config import Settings
 from shared.keys import Keys

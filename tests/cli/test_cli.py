@@ -13,7 +13,7 @@ from typing import IO
 import httpx
 import pytest
 
-from shared.embedded_redis import free_port
+from cli.embedded_redis import free_port
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

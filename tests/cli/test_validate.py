@@ -16,7 +16,6 @@ import pytest
 
 from cli.stack import Stack
 from shared.config import Settings
-from shared.sandbox.local import bwrap_usable
 from tests.support.published_rows import (
     DEEPSCALER,
     GSM8K,
@@ -28,6 +27,7 @@ from tests.support.published_rows import (
 )
 from tests.support.swe_repos import build_mirror
 from tests.support.waiting import wait_for
+from workers.sandbox.local import bwrap_usable
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLLOUTS = [sys.executable, "-m", "cli"]

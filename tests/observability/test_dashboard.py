@@ -11,8 +11,8 @@ import httpx
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from cli.embedded_redis import EmbeddedRedis, free_port
 from shared.config import Settings
-from shared.embedded_redis import EmbeddedRedis, free_port
 from tests.support.waiting import wait_for
 
 

@@ -29,9 +29,9 @@ import msgpack
 import pytest
 from redis import Redis
 
+from cli.embedded_redis import free_port
 from cli.stack import Stack
 from cli.tiny_model import build_tokenizer
-from shared.embedded_redis import free_port
 from shared.keys import Keys
 from shared.trajectory import Trajectory
 from tests.reliability.jobs import statuses, submit

@@ -18,16 +18,23 @@ import pytest
 
 from cli.stack import Stack
 from shared.config import Settings
-from shared.sandbox import SandboxError
 from shared.tasks.context import StageContext, StageInterrupted
 from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
-    agent_stack, assert_worker_serves_next_job, call, find_process, kill, observations, rollout_worker, submit,
+    agent_stack,
+    assert_worker_serves_next_job,
+    call,
+    find_process,
+    kill,
+    observations,
+    rollout_worker,
+    submit,
     use_only,
 )  # fmt: skip
 from tests.reliability.fault_kinds import ToolsAgentKind
 from tests.support.scripted_llm import ScriptedLLM
 from tests.support.waiting import client_for, wait_for, wait_status
+from workers.sandbox import SandboxError
 
 FILE_SIZE_BYTES = 1024 * 1024
 ENV = {"ROLLOUTS_SANDBOX_FILE_SIZE_BYTES": str(FILE_SIZE_BYTES)}
@@ -83,7 +90,7 @@ def test_the_tool_server_killed_mid_call_fails_the_job(stack: Stack, api: httpx.
     failed job is one the trainer drops or resubmits. The partial trajectory is kept."""
     pid = rollout_worker(stack)
     job_id = submit(api, "server-dies", kind="agent-echo")
-    server = find_process(pid, "python", "shared.toolserver")
+    server = find_process(pid, "python", "workers.toolserver")
     find_process(server, "sleep", "60")  # the call is running
     killed = time.monotonic()
     kill(server)
@@ -141,7 +148,7 @@ def test_a_kernel_killed_mid_call_is_an_error_observation(stack: Stack, api: htt
     exits; the call ends at once with the error, not at its timeout."""
     pid = rollout_worker(stack)
     job_id = submit(api, "kernel-killed", kind="agent-tools")
-    server = find_process(pid, "python", "shared.toolserver")
+    server = find_process(pid, "python", "workers.toolserver")
     kernel = find_process(server, "python")  # the kernel: the server's one python child
     started = stack.settings.workspaces / job_id / "started"
     wait_for(started.exists, timeout=60, what="the call to be running in the kernel")

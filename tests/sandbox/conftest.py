@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from shared.config import Settings
-from shared.sandbox import Sandbox, SandboxSpec, create_sandbox
-from shared.sandbox.local import bwrap_usable
+from workers.sandbox import Sandbox, SandboxSpec, create_sandbox
+from workers.sandbox.local import bwrap_usable
 
 
 def pid_namespace_members(ns: str) -> list[int]:

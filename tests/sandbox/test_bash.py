@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.toolserver.bash import PersistentBash
+from workers.toolserver.bash import PersistentBash
 
 
 @pytest.fixture()
@@ -84,7 +84,7 @@ def test_endless_output_is_interrupted_at_the_hard_cap(shell: PersistentBash) ->
 _INTERRUPT_WITH_SIGINT_IGNORED = """
 import json, os, signal, sys
 from pathlib import Path
-from shared.toolserver.bash import PersistentBash
+from workers.toolserver.bash import PersistentBash
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a worker started with `&` from a batch script
 root = Path(sys.argv[1])
 bash = PersistentBash(root, {"PATH": os.environ["PATH"]}, root / ".state", output_cap=1000, hard_output_cap=100_000)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from shared.config import Settings
-from shared.sandbox import SandboxError, SandboxSpec, create_sandbox, local
-from shared.toolserver.client import ToolClient
+from workers.sandbox import SandboxError, SandboxSpec, create_sandbox, local
+from workers.toolserver.client import ToolClient
 
 
 def _running(pid: int) -> bool:
@@ -110,7 +110,7 @@ def test_tool_server_shutdown_kills_daemons_and_reaps_orphans(tmp_path: Path, sh
     ws.mkdir()
     sock = short_dir / "t.sock"
     server = subprocess.Popen(
-        [sys.executable, "-m", "shared.toolserver", "--socket", str(sock), "--workspace", str(ws),
+        [sys.executable, "-m", "workers.toolserver", "--socket", str(sock), "--workspace", str(ws),
          "--state-dir", str(short_dir / "state")],
         cwd=Path(__file__).resolve().parents[2], start_new_session=True,
     )

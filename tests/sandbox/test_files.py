@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.toolserver.files import ToolError, Workspace
+from workers.toolserver.files import ToolError, Workspace
 
 
 @pytest.fixture()
@@ -109,7 +109,7 @@ def test_create_refuses_unencodable_text_and_keeps_the_file(ws: Workspace) -> No
 _WRITE_PAST_LIMIT = """
 import json, resource, signal, sys
 from pathlib import Path
-from shared.toolserver.files import ToolError, Workspace
+from workers.toolserver.files import ToolError, Workspace
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # as in the sandbox: a write past the limit gets EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 ws = Workspace(Path(sys.argv[1]))

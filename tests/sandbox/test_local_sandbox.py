@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shared.config import Settings
-from shared.sandbox import Sandbox, SandboxError, SandboxLimits, SandboxSpec, create_sandbox
+from workers.sandbox import Sandbox, SandboxError, SandboxLimits, SandboxSpec, create_sandbox
 
 from .conftest import pid_namespace_members
 
@@ -275,7 +275,7 @@ def test_concurrent_stops_close_the_uid_lock_once_and_do_not_raise(
     the uid slot's lock fd must be closed once (a second close could hit a reused fd)."""
     import threading
 
-    from shared.sandbox import isolation
+    from workers.sandbox import isolation
 
     if sandbox._slot is None:  # not root: give it a slot so the release path is exercised
         sandbox._slot = isolation.UidSlot(12345, os.open(os.devnull, os.O_RDONLY))
@@ -313,7 +313,7 @@ def test_concurrent_stops_close_the_uid_lock_once_and_do_not_raise(
 def test_uid_slot_release_closes_its_fd_once(monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from shared.sandbox import isolation
+    from workers.sandbox import isolation
 
     slot = isolation.UidSlot(12345, os.open(os.devnull, os.O_RDONLY))
     slot_fd = slot._fd

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.sandbox.local import bwrap_command, bwrap_usable
+from workers.sandbox.local import bwrap_command, bwrap_usable
 
 
 def test_paths_under_tmp_are_bound_after_the_private_tmp(tmp_path: Path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.toolserver.python import PythonKernel
+from workers.toolserver.python import PythonKernel
 
 
 @pytest.fixture(scope="module")

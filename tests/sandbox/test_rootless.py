@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.sandbox.local import PROJECT_ROOT
+from workers.sandbox.local import PROJECT_ROOT
 
 SYSTEM_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent(
     import os, sys
     from pathlib import Path
     from shared.config import Settings
-    from shared.sandbox import SandboxLimits, SandboxSpec, create_sandbox
+    from workers.sandbox import SandboxLimits, SandboxSpec, create_sandbox
 
     base = Path(sys.argv[1])
     settings = Settings(state_dir=base / "state", sandbox_require_isolation=True)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from shared.config import Settings
-from shared.sandbox import SandboxError, SandboxSpec, create_sandbox
-from shared.sandbox.images import ImageCache
-from shared.sandbox.singularity import TOOLSERVER_PYTHON, SingularitySandbox, apptainer_command
+from workers.sandbox import SandboxError, SandboxSpec, create_sandbox
+from workers.sandbox.images import ImageCache
+from workers.sandbox.singularity import TOOLSERVER_PYTHON, SingularitySandbox, apptainer_command
 
 
 def _settings(tmp_path: Path, **extra: object) -> Settings:
@@ -66,7 +66,7 @@ def test_sandbox_wraps_the_tool_server_and_writes_the_env_file(tmp_path: Path) -
     box.runtime_dir.mkdir()
     cmd = box.wrap(box.toolserver_argv(), box.base_env())
     tail = cmd[cmd.index(str(image)) + 1 :]
-    assert tail[:3] == [TOOLSERVER_PYTHON, "-m", "shared.toolserver"]
+    assert tail[:3] == [TOOLSERVER_PYTHON, "-m", "workers.toolserver"]
     assert tail[tail.index("--workspace") + 1] == "/workspace"
     env_text = Path(cmd[cmd.index("--env-file") + 1]).read_text()
     assert "A='x y'\n" in env_text and "B=1,2\n" in env_text and "HOME=/tmp\n" in env_text

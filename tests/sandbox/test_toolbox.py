@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.toolserver.tools import ToolBox, ToolLimits
+from workers.toolserver.tools import ToolBox, ToolLimits
 
 
 @pytest.fixture()

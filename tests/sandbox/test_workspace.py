@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.sandbox.workspace import WorkspaceError, apply_diff, copy_workspace, place_files, workspace_diff
+from workers.sandbox.workspace import WorkspaceError, apply_diff, copy_workspace, place_files, workspace_diff
 
 
 def _tree(root: Path) -> dict[str, object]:

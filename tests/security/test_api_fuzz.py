@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from api.app import create_app
+from cli.embedded_redis import EmbeddedRedis, free_port
 from shared.config import Settings
-from shared.embedded_redis import EmbeddedRedis, free_port
 from tests.support.waiting import wait_for
 
 ADMIN_TOKEN = "fuzz-admin-token"

@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cli.embedded_redis import EmbeddedRedis, free_port
 from cli.stack import Stack
 from shared.config import Settings
-from shared.embedded_redis import EmbeddedRedis, free_port
 from shared.redis_conn import redact_url
 from tests.pipeline.conftest import FAST_RECOVERY_ENV
 from tests.support.waiting import wait_for, wait_status

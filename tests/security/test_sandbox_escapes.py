@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.sandbox import Sandbox, SandboxError
+from workers.sandbox import Sandbox, SandboxError
 
 pytestmark = pytest.mark.usefixtures("require_bwrap")
 

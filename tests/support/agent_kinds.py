@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared.tasks import StageContext, TaskValidationError, register
-from shared.tasks.agentic import AgentTask
+from workers.kinds.agentic import AgentTask
 
 
 @register

@@ -48,7 +48,7 @@ from typing import Any
 
 import httpx
 
-from shared.procs import stop_process
+from cli.procs import stop_process
 
 MARKER = re.compile(r"\[standin:turns=(\d+) answer=([^\]\s]*)\]")
 ASSISTANT_HEADER = "<|im_start|>assistant"

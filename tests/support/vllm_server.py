@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from cli.embedded_redis import free_port
 from cli.tiny_model import tiny_model_dir
 from cli.vllm_server import VLLMServer
 from shared.config import Settings
-from shared.embedded_redis import free_port
 
 SERVED_NAME = "tiny"
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from shared.config import Settings
-from shared.sandbox.local import bwrap_usable
 from shared.tasks import StageContext
+from workers.sandbox.local import bwrap_usable
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.sandbox import SandboxError, SandboxSpec, create_sandbox
 from shared.tasks import StageInterrupted, TaskValidationError, get_kind, load_task_modules
+from workers.sandbox import SandboxError, SandboxSpec, create_sandbox
 
 from .conftest import MakeCtx, rollout
 

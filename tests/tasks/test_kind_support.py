@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.tasks.kind_support import read_agent_file
+from workers.sandbox.workspace import read_agent_file
 
 
 def _read_in_thread(workspace: Path, name: str) -> list[object]:

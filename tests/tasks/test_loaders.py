@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.tasks.loaders import LoaderError, load_hf, load_jsonl
+from cli.loaders import LoaderError, load_hf, load_jsonl
 
 SWE_ROWS = [
     {
@@ -68,7 +68,7 @@ def test_hf_save_to_disk_swe_rows(tmp_path: Path) -> None:
     task = jobs[1]["task"]
     assert task["kind"] == "swe" and task["repo_path"] == "mirrors/owner__repo-1"
     assert task["FAIL_TO_PASS"] == ["tests/test_a.py::test_1"] and isinstance(task["FAIL_TO_PASS"], list)
-    from shared.tasks.swe_instance import SweInstance
+    from workers.init.swe_repo import SweInstance
 
     assert SweInstance.from_task(task).instance_id == "owner__repo-1"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.sandbox import create_sandbox
 from shared.tasks import TaskValidationError, get_kind, load_task_modules
-from shared.tasks.swe_instance import SweInstance, materialize
+from workers.init.swe_repo import SweInstance, materialize
+from workers.sandbox import create_sandbox
 
 from .conftest import EXAMPLES, MakeCtx, example_rows, rollout
 
@@ -105,7 +105,7 @@ def test_edited_source_files_no_longer_match_base_commit(tmp_path: Path) -> None
 def test_git_repository_source_is_exported_without_history(tmp_path: Path) -> None:
     source = tmp_path / "upstream"
     shutil.copytree(EXAMPLES / "swe" / "repos" / "slugkit", source)
-    from shared.tasks.swe_instance import git, snapshot_commit
+    from workers.init.swe_repo import git, snapshot_commit
 
     first = snapshot_commit(source)
     (source / "slugkit" / "core.py").write_text("# the fix, committed later\n")
@@ -222,7 +222,7 @@ def test_xfail_in_the_agents_source_is_not_a_pass(make_ctx: MakeCtx, tmp_path: P
 
 def test_files_named_by_node_ids_are_restored(make_ctx: MakeCtx, tmp_path: Path) -> None:
     """A test file outside the test-path pattern and the test patch is judged as it is at the base."""
-    from shared.tasks.swe_instance import snapshot_commit
+    from workers.init.swe_repo import snapshot_commit
 
     source = tmp_path / "repo"
     shutil.copytree(EXAMPLES / "swe" / "repos" / "slugkit", source)

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from shared.config import Settings, get_settings
-from shared.sandbox.singularity import SingularitySandbox
 from shared.tasks import TaskValidationError, get_kind, load_task_modules
-from shared.tasks.swe_instance import SweInstance
-from shared.tasks.swe_tests import django_label, patch_test_files, plan_tests
 from tests.support.swe_repos import django_row, pytest_row, sympy_row
 from workers.eval.swe_logs import parse_django_log, parse_sympy_log
+from workers.eval.swe_tests import django_label, patch_test_files, plan_tests
+from workers.init.swe_repo import SweInstance
+from workers.sandbox.singularity import SingularitySandbox
 
 from .conftest import MakeCtx, rollout
 
@@ -197,8 +197,8 @@ sys.exit(subprocess.run([host(a) for a in args[i + 1:]]).returncode)
 def test_with_singularity_and_no_local_copy_the_repository_comes_out_of_the_official_image(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shared.sandbox.images import ImageCache
-    from shared.tasks.swe_instance import git, materialize
+    from workers.init.swe_repo import git, materialize
+    from workers.sandbox.images import ImageCache
 
     row = django_row(tmp_path / "image-root" / "testbed")  # the image's /testbed: the repo, .git and all
     fake = tmp_path / "apptainer"

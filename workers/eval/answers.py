@@ -11,7 +11,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from shared.tasks.formats import plain_final_answer
 from workers.eval.latex import last_boxed, unwrap_text
 
 
@@ -19,6 +18,11 @@ from workers.eval.latex import last_boxed, unwrap_text
 class Extracted:
     text: str | None
     source: str  # "finish.boxed", "finish", "finish.marker", "final_text.boxed", "final_text.marker", "final_text.phrase", "none"
+
+
+def plain_final_answer(text: str) -> str:
+    """'1,000.' -> '1000': GSM8K writes thousands separators; a trailing period ends the sentence."""
+    return re.sub(r"(?<=\d),(?=\d{3}\b)", "", text.strip()).rstrip(".").strip()
 
 
 def trajectory_texts(trajectory: dict[str, Any]) -> tuple[str, str | None]:

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.sandbox.workspace import place_files
 from workers.eval.fresh_sandbox import EvalBox
+from workers.sandbox.workspace import place_files
 
 EVAL_DIR = ".eval"
 HARNESS = f"{EVAL_DIR}/harness.py"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.config import Settings
-from shared.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec, create_sandbox
+from workers.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec, create_sandbox
 
 PROBE_TIMEOUT_S = 60.0
 

@@ -1,4 +1,4 @@
-"""The rollout stage of an AgentTask: sandbox up, agent loop, collect, sandbox down.
+"""The rollout stage of an agentic kind: sandbox up, agent loop, collect, sandbox down.
 
 Settings come from three places, most specific first: the task (`max_turns`,
 `max_context_tokens`, `stop_on_no_tool_call`, `tool_parser`), the job
@@ -10,12 +10,11 @@ from __future__ import annotations
 import tempfile
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from shared.config import Settings
 from shared.jobs.spec import SamplingParams
-from shared.sandbox import Sandbox, SandboxError, create_sandbox
 from shared.tasks.context import StageContext, StageInterrupted
-from shared.toolserver.result import ToolResult
 from workers.rollout.agent_loop import FINISH_TOOL, AgentLoop, LoopConfig
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.interruptible import call_interruptibly
@@ -23,12 +22,25 @@ from workers.rollout.llm_client import Completion, Sampling
 from workers.rollout.llm_routing import complete_routed
 from workers.rollout.resources import llm_services, load_tokenizer
 from workers.rollout.tool_parsers import get_parser
+from workers.sandbox import Sandbox, SandboxError, SandboxSpec, create_sandbox
+from workers.toolserver.result import ToolResult
 
-if TYPE_CHECKING:
-    from shared.tasks.agentic import AgentTask
+
+class AgentKind(Protocol):
+    """What the rollout needs of a task kind (workers/kinds/agentic.py's AgentTask provides it)."""
+
+    tools: tuple[str, ...]
+
+    def messages(self, task: dict[str, Any]) -> list[dict[str, Any]]: ...
+
+    def tool_schemas(self) -> list[dict[str, Any]]: ...
+
+    def sandbox_spec(self, task: dict[str, Any], settings: Settings) -> SandboxSpec: ...
+
+    def collect(self, ctx: StageContext, sandbox: Any) -> dict[str, Any]: ...
 
 
-def loop_config(kind: AgentTask, ctx: StageContext) -> LoopConfig:
+def loop_config(kind: AgentKind, ctx: StageContext) -> LoopConfig:
     task, settings = ctx.task, ctx.settings
     limits = ctx.spec.get("limits") or {}
     sampling = ctx.spec.get("sampling") or {}
@@ -68,7 +80,7 @@ def sampling_from_spec(spec: dict[str, Any], max_tokens: int) -> Sampling:
     )
 
 
-def run_agent_task(kind: AgentTask, ctx: StageContext) -> dict[str, Any]:
+def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
     """Run `kind`'s agent on this job; returns the trajectory dict (docs/TRAJECTORY.md).
 
     The trajectory is pinned to its backend first: the tokenizer and chat template are those of
@@ -122,7 +134,7 @@ def run_agent_task(kind: AgentTask, ctx: StageContext) -> dict[str, Any]:
     return trajectory.to_dict()
 
 
-def _start_sandbox(kind: AgentTask, ctx: StageContext) -> Sandbox:
+def _start_sandbox(kind: AgentKind, ctx: StageContext) -> Sandbox:
     # Node-local and short: the tool server's Unix socket path must fit in 108 bytes.
     runtime_dir = Path(tempfile.gettempdir()) / f"ro-{uuid.uuid4().hex[:12]}"
     sandbox = create_sandbox(kind.sandbox_spec(ctx.task, ctx.settings), ctx.workspace, runtime_dir, ctx.settings)

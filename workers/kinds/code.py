@@ -4,7 +4,7 @@ Task fields: `prompt` (the problem), `tests` (stdin/stdout cases and/or assert
 snippets) and/or `test_code` (a pytest-style module), `entry_file` (default
 solution.py), `starter_code`, `files` (more init files), `scoring` ("fraction"
 or "all"), `timeout_s` per test, `memory_mb` per test process. MBPP and HumanEval
-rows are read as they are with `format` (shared/tasks/formats.py `code_fields`).
+rows are read as they are with `format` (workers/kinds/formats.py `code_fields`).
 """
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ import math
 from typing import Any, ClassVar
 
 from shared.config import Settings
-from shared.sandbox.spec import SandboxLimits, SandboxSpec
-from shared.sandbox.workspace import place_files
-from shared.tasks.agentic import AgentTask
 from shared.tasks.base import TaskValidationError
 from shared.tasks.context import StageContext
-from shared.tasks.formats import code_fields, task_format
-from shared.tasks.kind_support import agent_env, optional_number, read_agent_file, relative_path, require_str
 from shared.tasks.registry import register
+from workers.eval.code_tests import parse_tests, run_isolated, summary
+from workers.eval.fresh_sandbox import fresh_sandbox, sandbox_python
+from workers.kinds.agentic import AgentTask, agent_env
+from workers.kinds.formats import code_fields, task_format
+from workers.kinds.task_fields import optional_number, relative_path, require_str
+from workers.sandbox.spec import SandboxLimits, SandboxSpec
+from workers.sandbox.workspace import place_files, read_agent_file
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MEMORY_MB = 512
@@ -41,8 +43,6 @@ class CodeKind(AgentTask):
 
     def validate(self, task: dict[str, Any]) -> None:
         super().validate(task)
-        from workers.eval.code_tests import parse_tests
-
         task_format(task, self.name)
         task = code_fields(task)
         require_str(task, "prompt")
@@ -103,9 +103,6 @@ class CodeKind(AgentTask):
         return SandboxSpec(limits=limits)
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
-        from workers.eval.code_tests import parse_tests, run_isolated, summary
-        from workers.eval.fresh_sandbox import fresh_sandbox, sandbox_python
-
         task = code_fields(ctx.task)
         extra = (ctx.outputs.get("rollout") or {}).get("extra") or {}
         solution = extra.get("solution")

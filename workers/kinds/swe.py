@@ -23,21 +23,23 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from shared.config import Settings
-from shared.sandbox.spec import SandboxLimits, SandboxSpec
-from shared.sandbox.workspace import WorkspaceError, workspace_diff
-from shared.tasks.agentic import AgentTask
 from shared.tasks.base import TaskValidationError
 from shared.tasks.context import StageContext
-from shared.tasks.formats import task_format
-from shared.tasks.kind_support import agent_env, optional_number
 from shared.tasks.registry import register
-from shared.tasks.swe_instance import (
+from workers.eval.fresh_sandbox import fresh_sandbox, sandbox_python
+from workers.eval.swe_resolve import resolve
+from workers.init.swe_repo import (
     SweInstance,
     check_test_patch,
     from_image,
     materialize,
     mirror_repository,
 )
+from workers.kinds.agentic import AgentTask, agent_env
+from workers.kinds.formats import task_format
+from workers.kinds.task_fields import optional_number
+from workers.sandbox.spec import SandboxLimits, SandboxSpec
+from workers.sandbox.workspace import WorkspaceError, workspace_diff
 
 DEFAULT_TEST_TIMEOUT_S = 300.0
 DEFAULT_MEMORY_MB = 4096
@@ -52,7 +54,7 @@ SYSTEM_PROMPT = (
     "bash and file tools; run the tests with {test_command} to check your work. Do not edit "
     "the tests: they are restored before your change is judged. Call finish when you are done."
 )
-# How the agent is told to run the tests, per runner (shared/tasks/swe_tests.py).
+# How the agent is told to run the tests, per runner (workers/eval/swe_tests.py).
 TEST_HINTS = {
     "pytest": "`python -m pytest`",
     "django": "`python tests/runtests.py --verbosity 2 <test labels, e.g. module.Class>`",
@@ -123,9 +125,6 @@ class SweKind(AgentTask):
         return SandboxSpec(image=image, workdir=workdir, env=env, limits=SandboxLimits(memory_bytes=memory))
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
-        from workers.eval.fresh_sandbox import fresh_sandbox, sandbox_python
-        from workers.eval.swe_resolve import resolve
-
         instance = SweInstance.from_task(ctx.task)
         extra = (ctx.outputs.get("rollout") or {}).get("extra") or {}
         diff: str | bytes | None = extra.get("diff")

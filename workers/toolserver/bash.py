@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ptyprocess import PtyProcess
 
-from shared.toolserver.output import CappedBuffer
+from workers.toolserver.output import CappedBuffer
 
 _MARKER = "__RO_DONE_{nonce}_%d__"
 _ANY_MARKER = re.compile(rb"\r?\n__RO_DONE_[0-9a-f]{16}_\d+__\r?\n")

@@ -1,4 +1,4 @@
-"""``python -m shared.toolserver --socket PATH --workspace DIR``: run the in-sandbox tool server."""
+"""``python -m workers.toolserver --socket PATH --workspace DIR``: run the in-sandbox tool server."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import logging
 import os
 from pathlib import Path
 
-from shared.toolserver.server import ToolServer
-from shared.toolserver.tools import ToolBox, ToolLimits
+from workers.toolserver.server import ToolServer
+from workers.toolserver.tools import ToolBox, ToolLimits
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m shared.toolserver", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m workers.toolserver", description=__doc__)
     parser.add_argument("--socket", required=True, type=Path, help="Unix socket to listen on")
     parser.add_argument("--workspace", required=True, type=Path, help="the only tree file tools may touch")
     parser.add_argument(

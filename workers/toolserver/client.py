@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shared.toolserver.protocol import UnencodableMessage, encode_frame, recv_frame
-from shared.toolserver.result import ToolResult
+from workers.toolserver.protocol import UnencodableMessage, encode_frame, recv_frame
+from workers.toolserver.result import ToolResult
 
 # Beyond the tool's own timeout, how long the server may take to interrupt and answer.
 _REPLY_GRACE_S = 30.0

@@ -2,7 +2,7 @@
 
 Task fields: `problem` (the statement), `answer` (the reference, LaTeX or
 plain), optional `system_prompt`. Published rows are read as they are with
-`format` (shared/tasks/formats.py): GSM8K (`question`, `answer` ending in
+`format` (workers/kinds/formats.py): GSM8K (`question`, `answer` ending in
 "#### N"), MATH (`problem`, `solution` with \\boxed{}), plain `answer` rows.
 The agent has the python tool (sympy is importable there) and finish. The
 reward is 1.0 when the last \\boxed{} (in the finish answer, else in the last
@@ -15,17 +15,18 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from shared.config import Settings
-from shared.sandbox.spec import SandboxSpec
-from shared.tasks.agentic import AgentTask
 from shared.tasks.context import StageContext
-from shared.tasks.formats import (
+from shared.tasks.registry import register
+from workers.eval.answer_grading import grade_math
+from workers.eval.answers import trajectory_texts
+from workers.kinds.agentic import AgentTask, agent_env
+from workers.kinds.formats import (
     math_problem,
     math_reference,
     math_reference_output,
     task_format,
 )
-from shared.tasks.kind_support import agent_env
-from shared.tasks.registry import register
+from workers.sandbox.spec import SandboxSpec
 
 SYSTEM_PROMPT = (
     "Solve the math problem. You can run Python (sympy is available) to check your work. "
@@ -57,9 +58,6 @@ class MathKind(AgentTask):
         return SandboxSpec(env=agent_env(settings))
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
-        from workers.eval.answer_grading import grade_math
-        from workers.eval.answers import trajectory_texts
-
         final_text, answer = trajectory_texts(ctx.outputs.get("rollout") or {})
         return grade_math(final_text, answer, reference_answer(ctx.task))
 

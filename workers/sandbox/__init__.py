@@ -10,19 +10,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from shared.config import Settings
-from shared.sandbox.base import Sandbox, SandboxError
-from shared.sandbox.spec import ExecResult, SandboxLimits, SandboxSpec
-from shared.toolserver.result import ToolResult
-from shared.toolserver.schemas import TOOL_NAMES, TOOL_SCHEMAS
+from workers.sandbox.base import Sandbox, SandboxError
+from workers.sandbox.spec import ExecResult, SandboxLimits, SandboxSpec
+from workers.toolserver.result import ToolResult
+from workers.toolserver.schemas import TOOL_NAMES, TOOL_SCHEMAS
 
 
 def create_sandbox(spec: SandboxSpec, workspace: Path, runtime_dir: Path, settings: Settings) -> Sandbox:
     """A not-yet-started sandbox of the configured backend over ``workspace``."""
     if settings.sandbox_backend == "singularity":
-        from shared.sandbox.singularity import SingularitySandbox
+        from workers.sandbox.singularity import SingularitySandbox
 
         return SingularitySandbox(spec, workspace, runtime_dir, settings)
-    from shared.sandbox.local import LocalSandbox
+    from workers.sandbox.local import LocalSandbox
 
     return LocalSandbox(spec, workspace, runtime_dir, settings)
 

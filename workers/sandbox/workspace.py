@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
 
-from shared.toolserver.files import ToolError, Workspace
+from workers.toolserver.files import ToolError, Workspace
 
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "rollouts",
@@ -77,3 +78,29 @@ def apply_diff(workspace: Path, patch: bytes) -> None:
         git_dir = Path(tmp) / "repo.git"
         _git(git_dir, workspace, "init", "-q")
         _git(git_dir, workspace, "apply", "--binary", "--whitespace=nowarn", "-", stdin=patch)
+
+
+def read_agent_file(workspace: Path, relative: str, max_bytes: int) -> str | None:
+    """A file the agent wrote, read without following a symlink out of the workspace;
+    None if it does not exist. Raises ValueError if it is unreadable, not a regular file (a FIFO
+    would block the read forever, a device never end) or too large."""
+    tree = Workspace(workspace, max_file_bytes=max_bytes)
+    try:
+        real = tree.resolve(relative)
+    except ToolError as exc:
+        raise ValueError(str(exc)) from None
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError(f"cannot open {relative}: {exc.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ValueError(f"{relative} is {'a directory' if stat.S_ISDIR(mode) else 'not a regular file'}")
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{relative} is larger than {max_bytes} bytes")
+    return data.decode("utf-8", errors="replace")

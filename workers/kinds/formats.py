@@ -10,21 +10,12 @@ format of a row, or says what each format would need.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from shared.tasks.base import TaskValidationError
-
-# format -> the task kind that runs it
-FORMAT_KINDS: dict[str, str] = {
-    "gsm8k": "math",
-    "math": "math",
-    "answer": "math",
-    "mbpp": "code",
-    "humaneval": "code",
-    "swebench": "swe",
-}
-FORMATS = tuple(FORMAT_KINDS)
+from shared.tasks.registry import FORMAT_KINDS, FORMATS
+from workers.eval.answers import plain_final_answer
+from workers.eval.latex import last_boxed
 
 # What each format needs, for the message when a row matches none.
 _NEEDS = {
@@ -131,11 +122,6 @@ def gsm8k_final(answer_text: str) -> str | None:
     return plain_final_answer(answer_text.rsplit(_GSM8K_MARK, 1)[1]) or None
 
 
-def plain_final_answer(text: str) -> str:
-    """'1,000.' -> '1000': GSM8K writes thousands separators; a trailing period ends the sentence."""
-    return re.sub(r"(?<=\d),(?=\d{3}\b)", "", text.strip()).rstrip(".").strip()
-
-
 def math_reference(task: dict[str, Any]) -> str:
     """The reference answer as text, extracted as the row's format says."""
     fmt = task.get("format")
@@ -145,8 +131,6 @@ def math_reference(task: dict[str, Any]) -> str:
             raise TaskValidationError('task.answer: a GSM8K answer ending in "#### <final answer>"')
         return found
     if fmt == "math":
-        from workers.eval.latex import last_boxed  # light: no sympy
-
         solution = task.get("solution")
         boxed = last_boxed(solution) if isinstance(solution, str) else None
         if boxed is None or not boxed.strip():

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 from redis import Redis
 
-from shared.procs import die_with_parent, stop_process
+from cli.procs import die_with_parent, stop_process
 
 
 def free_port() -> int:

@@ -18,9 +18,9 @@ import shutil
 from pathlib import Path
 
 from shared.config import Settings
-from shared.sandbox.base import Sandbox, SandboxError
-from shared.sandbox.images import ImageCache
-from shared.sandbox.spec import SandboxSpec
+from workers.sandbox.base import Sandbox, SandboxError
+from workers.sandbox.images import ImageCache
+from workers.sandbox.spec import SandboxSpec
 
 # Where singularity/sandbox.def installs the project and its tool server.
 TOOLSERVER_PYTHON = "/opt/rollouts/venv/bin/python"

@@ -18,15 +18,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import shared
 from shared.config import Settings
-from shared.sandbox.base import Sandbox, SandboxError
-from shared.sandbox.isolation import UidSlot, chown_tree
-from shared.sandbox.spec import SandboxSpec
+from workers.sandbox.base import Sandbox, SandboxError
+from workers.sandbox.isolation import UidSlot, chown_tree
+from workers.sandbox.spec import SandboxSpec
 
 log = logging.getLogger("rollouts.sandbox.local")
 
-PROJECT_ROOT = Path(shared.__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 _SYSTEM_RO = ("/usr", "/etc", "/opt")
 _MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 TMPFS_BYTES = 512 * 1024 * 1024

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from shared.sandbox.spec import SandboxLimits
+from workers.sandbox.spec import SandboxLimits
 
 _LOCK_DIR = Path(tempfile.gettempdir()) / "rollouts-sandbox-uids"
 

@@ -24,7 +24,7 @@ from typing import Any
 import zmq
 from jupyter_client import KernelManager
 
-from shared.toolserver.output import CappedBuffer, cap_text
+from workers.toolserver.output import CappedBuffer, cap_text
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _INTERRUPT_GRACE_S = 5.0

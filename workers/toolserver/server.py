@@ -16,9 +16,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from shared.toolserver.protocol import ProtocolError, recv_frame, send_frame
-from shared.toolserver.reaper import OrphanReaper, become_subreaper, kill_descendants
-from shared.toolserver.tools import ToolBox
+from workers.toolserver.protocol import ProtocolError, recv_frame, send_frame
+from workers.toolserver.reaper import OrphanReaper, become_subreaper, kill_descendants
+from workers.toolserver.tools import ToolBox
 
 log = logging.getLogger("rollouts.toolserver")
 

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from shared.config import Settings
-from shared.sandbox.isolation import rlimit_preexec
-from shared.sandbox.spec import ExecResult, SandboxSpec
-from shared.toolserver.client import ToolClient, ToolServerError
-from shared.toolserver.output import CappedBuffer
-from shared.toolserver.result import ToolResult
+from workers.sandbox.isolation import rlimit_preexec
+from workers.sandbox.spec import ExecResult, SandboxSpec
+from workers.toolserver.client import ToolClient, ToolServerError
+from workers.toolserver.output import CappedBuffer
+from workers.toolserver.result import ToolResult
 
 log = logging.getLogger("rollouts.sandbox")
 
@@ -95,10 +95,10 @@ class Sandbox(ABC):
     toolserver_python: str  # the interpreter that runs the tool server inside the sandbox
 
     def toolserver_argv(self) -> list[str]:
-        """How to start ``python -m shared.toolserver`` inside the sandbox."""
+        """How to start ``python -m workers.toolserver`` inside the sandbox."""
         s = self.settings
         return [
-            self.toolserver_python, "-m", "shared.toolserver",
+            self.toolserver_python, "-m", "workers.toolserver",
             "--socket", str(self.socket_path),
             "--workspace", self.workdir,
             "--state-dir", str(self.runtime_dir / "toolserver"),

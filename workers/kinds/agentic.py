@@ -7,21 +7,36 @@ take from the sandbox before it stops (`collect`) and how the result is scored
 shared: `rollout` runs it in a sandbox over the job's workspace and returns the
 trajectory dict (see docs/TRAJECTORY.md).
 
-Heavy imports (transformers, the LLM client) happen inside `rollout`, so the API can
-import task kinds to validate jobs without them.
+The API imports the kinds too (to validate jobs), so the stage libraries keep their heavy
+imports (transformers) inside the functions that need them.
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any, ClassVar
 
 from shared.config import Settings
-from shared.sandbox.spec import SandboxSpec
 from shared.tasks.base import TaskKind, TaskValidationError
 from shared.tasks.context import StageContext
-from shared.toolserver.schemas import TOOL_NAMES, TOOL_SCHEMAS
+from workers.rollout.agent_task import run_agent_task
+from workers.rollout.tool_parsers import known_parsers
+from workers.sandbox.spec import SandboxSpec
+from workers.sandbox.workspace import place_files
+from workers.toolserver.schemas import TOOL_NAMES, TOOL_SCHEMAS
 
 DEFAULT_TOOLS: tuple[str, ...] = ("bash", "python", "view", "create", "str_replace", "finish")
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def agent_env(settings: Settings) -> dict[str, str]:
+    """Environment for the agent's sandbox: with the local backend, this service's Python
+    environment (bound read-only into the sandbox) comes first on PATH, so `python` and
+    `python -m pytest` inside work as they do for the evaluator."""
+    if settings.sandbox_backend != "local":
+        return {}
+    return {"PATH": f"{Path(sys.executable).parent}:{_SYSTEM_PATH}"}
 
 
 class AgentTask(TaskKind):
@@ -48,8 +63,6 @@ class AgentTask(TaskKind):
 
     def prepare_workspace(self, ctx: StageContext) -> dict[str, Any]:
         """Build the job's state in `ctx.workspace` (init stage); default: create it and place the spec's files."""
-        from shared.sandbox.workspace import place_files
-
         ctx.workspace.mkdir(parents=True, exist_ok=True)
         spec = self.sandbox_spec(ctx.task, ctx.settings)
         place_files(ctx.workspace, spec.files)
@@ -70,8 +83,6 @@ class AgentTask(TaskKind):
             raise TaskValidationError(f"kind {self.name!r} names unknown tools: {', '.join(unknown)}")
         parser = task.get("tool_parser")
         if parser is not None:
-            from workers.rollout.tool_parsers import known_parsers  # light: no model libraries
-
             if parser not in known_parsers():
                 raise TaskValidationError(f"task.tool_parser: one of {', '.join(known_parsers())}")
         if not isinstance(task.get("stop_on_no_tool_call", False), bool):
@@ -91,6 +102,4 @@ class AgentTask(TaskKind):
 
     def rollout(self, ctx: StageContext) -> dict[str, Any]:
         """Start the sandbox on the workspace, run the agent loop, collect, stop; returns the trajectory."""
-        from workers.rollout.agent_task import run_agent_task
-
         return run_agent_task(self, ctx)

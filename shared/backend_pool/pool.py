@@ -1,7 +1,7 @@
 """The LLM backend pool: registration, health, and least-loaded sticky selection in Redis.
 
 Every rollout worker shares one view of the pool through Redis, so selection must be
-atomic across processes: one Lua script (backend_pool_acquire.lua) reads the pin of a
+atomic across processes: one Lua script (acquire.lua) reads the pin of a
 route, keeps it while its backend is usable, and otherwise picks the backend with the
 lowest in-flight / capacity score, charging the trajectory to it in the same step.
 
@@ -170,10 +170,10 @@ class BackendPool:
         self.redis = redis
         self.keys = keys
         self.settings = settings
-        self._acquire = redis.register_script((_LUA_DIR / "backend_pool_acquire.lua").read_text())
-        self._release = redis.register_script((_LUA_DIR / "backend_pool_release.lua").read_text())
-        self._sync = redis.register_script((_LUA_DIR / "backend_pool_sync.lua").read_text())
-        self._reconcile = redis.register_script((_LUA_DIR / "backend_pool_reconcile.lua").read_text())
+        self._acquire = redis.register_script((_LUA_DIR / "acquire.lua").read_text())
+        self._release = redis.register_script((_LUA_DIR / "release.lua").read_text())
+        self._sync = redis.register_script((_LUA_DIR / "sync.lua").read_text())
+        self._reconcile = redis.register_script((_LUA_DIR / "reconcile.lua").read_text())
         self._hset_if_exists = redis.register_script(_HSET_IF_EXISTS)
 
     # --- keys the selection scripts share --------------------------------

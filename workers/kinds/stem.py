@@ -13,12 +13,14 @@ import string
 from typing import Any, ClassVar
 
 from shared.config import Settings
-from shared.sandbox.spec import SandboxSpec
-from shared.tasks.agentic import AgentTask
 from shared.tasks.base import TaskValidationError
 from shared.tasks.context import StageContext
-from shared.tasks.kind_support import agent_env, optional_number, require_str
 from shared.tasks.registry import register
+from workers.eval.answer_grading import DEFAULT_REL_TOL, grade_choice, grade_value
+from workers.eval.answers import trajectory_texts
+from workers.kinds.agentic import AgentTask, agent_env
+from workers.kinds.task_fields import optional_number, require_str
+from workers.sandbox.spec import SandboxSpec
 
 CHOICE_PROMPT = (
     "Answer the multiple-choice question. You can run Python to compute. "
@@ -89,9 +91,6 @@ class StemKind(AgentTask):
         return SandboxSpec(env=agent_env(settings))
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
-        from workers.eval.answer_grading import DEFAULT_REL_TOL, grade_choice, grade_value
-        from workers.eval.answers import trajectory_texts
-
         task = ctx.task
         final_text, answer = trajectory_texts(ctx.outputs.get("rollout") or {})
         choices = choices_of(task)

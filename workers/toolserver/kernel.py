@@ -1,6 +1,6 @@
 """The IPython kernel the ``python`` tool starts: stock ipykernel minus hand-offs a lone client never needs.
 
-Run as a script (``python .../kernel.py -f CONNECTION_FILE``), not as ``-m shared.toolserver.kernel``,
+Run as a script (``python .../kernel.py -f CONNECTION_FILE``), not as ``-m workers.toolserver.kernel``,
 so the kernel imports neither the tool server's package nor its dependencies, and the user's
 ``sys.path`` is the one ``ipykernel_launcher`` would give.
 
