@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.tasks.base import TaskValidationError
-from workers.eval.swe_tests import TestPlan, plan_tests, runner_for
+from workers.init.swe_tests import TestPlan, plan_tests, runner_for
 
 SNAPSHOT_MESSAGE = "base"
 _SNAPSHOT_ENV = {
@@ -124,7 +124,7 @@ class SweInstance:
         raise TaskValidationError(f"task.repo_path: {self.repo_path!r} is not a directory here")
 
     def test_plan(self) -> TestPlan:
-        """The runner and what it runs (workers/eval/swe_tests.py); raises TaskValidationError for an id
+        """The runner and what it runs (workers/init/swe_tests.py); raises TaskValidationError for an id
         the runner could never report."""
         runner = runner_for(self.repo, self.test_runner)
         return plan_tests(self.instance_id, runner, self.test_patch, (*self.fail_to_pass, *self.pass_to_pass))
