@@ -26,6 +26,7 @@ from workers.sandbox.isolation import rlimit_preexec
 from workers.sandbox.spec import ExecResult, SandboxSpec
 from workers.toolserver.client import ToolClient, ToolServerError
 from workers.toolserver.output import CappedBuffer
+from workers.toolserver.reaper import descendants, kill_descendants
 from workers.toolserver.result import ToolResult
 
 log = logging.getLogger("rollouts.sandbox")
@@ -282,26 +283,6 @@ class Sandbox(ABC):
                 pass
 
 
-def _descendants(root: int) -> list[int]:
-    """Every live descendant of ``root``, parents before children (one /proc scan)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    found, queue = [], [root]
-    while queue:
-        for child in children.get(queue.pop(0), []):
-            found.append(child)
-            queue.append(child)
-    return found
-
-
 def _kill_group(proc: subprocess.Popen[bytes], launcher_reaps: bool = True) -> None:
     """SIGKILL the sandbox's own process tree and wait until it is gone.
 
@@ -313,16 +294,8 @@ def _kill_group(proc: subprocess.Popen[bytes], launcher_reaps: bool = True) -> N
     jobs that bash put in process groups of their own, and the launcher (the
     tool server itself) does not exit on its own (``launcher_reaps`` False).
     """
-    namespaces = _foreign_pid_namespaces(_descendants(proc.pid))
-    for _ in range(3):
-        tree = _descendants(proc.pid)
-        if not tree:
-            break
-        for pid in tree:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    namespaces = _foreign_pid_namespaces(descendants(proc.pid))
+    kill_descendants(proc.pid)
     if launcher_reaps:
         try:
             proc.wait(5.0)

@@ -83,7 +83,10 @@ def descendants(root: int) -> list[int]:
 
 
 def kill_descendants(root: int, exclude: Iterable[int] = (), rounds: int = 3) -> None:
-    """SIGKILL ``root``'s descendants (skipping ``exclude`` and their trees), then reap ours."""
+    """SIGKILL ``root``'s descendants except the pids in ``exclude``, then reap ours.
+
+    The one process-tree killer: the tool server's shutdown and the sandbox's stop both use it.
+    """
     skip = set(exclude)
     for _ in range(rounds):
         tree = [pid for pid in descendants(root) if pid not in skip]
