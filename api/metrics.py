@@ -16,11 +16,10 @@ from redis import Redis
 from rq import Queue, Worker
 
 from shared.backend_pool import BackendPool
-from shared.batches.keys import BatchKeys
 from shared.config import STAGES, Settings
 from shared.jobs.queues import queue_name
 from shared.jobs.store import JobStore
-from shared.keys import Keys
+from shared.keys import BatchKeys, Keys
 from shared.metrics import COUNTERS, HISTOGRAMS, LABEL_SEP, CounterFamily, HistogramFamily, metric_key
 
 

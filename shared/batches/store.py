@@ -18,10 +18,10 @@ from typing import Any
 
 from redis import Redis
 
-from shared.batches.keys import BatchKeys
 from shared.batches.spec import BatchRequest, group_id, idempotency_key
 from shared.codec import pack, unpack
 from shared.jobs.store import JobStore
+from shared.keys import BatchKeys
 
 
 def _script(name: str) -> str:
