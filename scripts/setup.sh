@@ -27,10 +27,12 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
+stamp=.venv/.installed-$(cat pyproject.toml client/pyproject.toml | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
-  echo "setup: installing the project into .venv"
+  echo "setup: installing the client and the project into .venv"
   quietly .venv/pip-install.log .venv/bin/pip install --upgrade pip
+  # The client first: it is a distribution of its own (./client) that the project depends on.
+  quietly .venv/pip-install.log .venv/bin/pip install -e ./client
   quietly .venv/pip-install.log .venv/bin/pip install -e ".[dev,cpu,data,train]"
   rm -f .venv/.installed-*
   touch "$stamp"
