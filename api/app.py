@@ -7,8 +7,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from api.body_size import BodySizeLimit
 from api.errors import install_error_handlers
-from api.limits import BodySizeLimit
 from api.openapi import install_openapi
 from api.routes import ROUTERS
 from shared.config import Settings, get_settings

@@ -35,7 +35,7 @@ from cli.vllm_server import VLLMServer
 from shared.config import Settings
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.llm_client import Sampling, generate_body
-from workers.rollout.resources import _load_tokenizer
+from workers.rollout.llm_services import _load_tokenizer
 from workers.rollout.tool_parsers import get_parser
 
 NUDGE = Settings().agent_no_tool_call_message

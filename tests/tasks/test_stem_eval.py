@@ -6,7 +6,7 @@ import pytest
 
 from shared.tasks import TaskValidationError, get_kind, load_task_modules
 from workers.eval.answer_grading import grade_choice, grade_value
-from workers.eval.units import UnitError, parse_quantity, same_quantity
+from workers.eval.quantities import UnitError, parse_quantity, same_quantity
 
 from .conftest import MakeCtx, rollout
 

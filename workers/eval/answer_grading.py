@@ -11,7 +11,7 @@ from typing import Any
 
 from workers.eval.answers import boxed_answer, choice_letter, stated_answer
 from workers.eval.math_equiv import CHECK_TIMEOUT_S, equivalent
-from workers.eval.units import UnitError, parse_quantity, same_quantity
+from workers.eval.quantities import UnitError, parse_quantity, same_quantity
 
 DEFAULT_REL_TOL = 0.01
 

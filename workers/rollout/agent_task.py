@@ -20,7 +20,7 @@ from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.interruptible import call_interruptibly
 from workers.rollout.llm_client import Completion, Sampling
 from workers.rollout.llm_routing import complete_routed
-from workers.rollout.resources import llm_services, load_tokenizer
+from workers.rollout.llm_services import llm_services, load_tokenizer
 from workers.rollout.tool_parsers import get_parser
 from workers.sandbox import Sandbox, SandboxError, SandboxSpec, create_sandbox
 from workers.toolserver.result import ToolResult
