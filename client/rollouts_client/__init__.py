@@ -12,7 +12,7 @@ from rollouts_client.aio import AsyncRolloutClient
 from rollouts_client.errors import ApiError, WaitTimeout
 from rollouts_client.models import Batch, BatchCounts, Group, GroupPage, Job, Sample
 from rollouts_client.sync import RolloutClient
-from rollouts_client.training import groups_to_tensors
+from rollouts_client.training import collate_trajectories, groups_to_tensors
 from rollouts_client.wire import RetryPolicy
 
 __all__ = [
@@ -27,5 +27,6 @@ __all__ = [
     "RolloutClient",
     "Sample",
     "WaitTimeout",
+    "collate_trajectories",
     "groups_to_tensors",
 ]

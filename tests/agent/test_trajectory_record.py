@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from rollouts_client.training import collate_trajectories
 from shared.codec import pack, unpack
 from shared.trajectory import ASSISTANT, OBSERVATION, PROMPT, ToolCallRecord, Trajectory, TrajectoryError, Turn
-from shared.training import collate_trajectories
 
 
 def build(prompt: list[int], *turns: tuple[str, list[int]]) -> Trajectory:
