@@ -30,7 +30,6 @@ def _script(name: str) -> str:
 
 
 _FILL, _RECORD, _CLOSE = _script("fill.lua"), _script("record.lua"), _script("close.lua")
-BATCH_STATUSES = ("running", "completed", "exhausted", "cancelled")
 _COUNTERS = ("cursor", "launched", "in_flight", "completed", "used", "informative", "uniform", "failed", "late")
 
 

@@ -218,20 +218,6 @@ def run_isolated(
     return results
 
 
-def run_tests(box: EvalBox, tests: CodeTests, entry: str, python: str, timeout_s: float) -> list[dict[str, Any]]:
-    """Run every case in its own process over one shared box (see `run_isolated` for a box per case).
-
-    Each assert test needs its own token file, so this writes one before each assert test.
-    """
-    results = []
-    for i in range(len(tests.cases)):
-        token = secrets.token_hex(16)
-        if tests.cases[i].stdin is None:
-            place_files(box.workspace, {TOKEN_FILE: token})
-        results.append(run_case(box, tests, i, entry, python, timeout_s, token))
-    return results
-
-
 def run_case(
     box: EvalBox, tests: CodeTests, index: int, entry: str, python: str, timeout_s: float, token: str
 ) -> dict[str, Any]:

@@ -255,15 +255,6 @@ class LLMClient:
                 time.sleep(delay)
         raise BackendUnavailable(f"{last_error} after {self.max_retries + 1} attempts", backend_id)
 
-    def served_models(self, url: str) -> list[str]:
-        """The model names a backend serves (GET /v1/models); empty when it cannot say."""
-        try:
-            response = self._http.get(url.rstrip("/") + "/v1/models")
-            data = response.json() if response.status_code == 200 else {}
-            return [str(card["id"]) for card in data.get("data", []) if isinstance(card, dict) and "id" in card]
-        except (httpx.HTTPError, ValueError, AttributeError, TypeError):
-            return []
-
 
 def generate_body(prompt_token_ids: list[int], sampling: Sampling, model: str | None = None) -> dict[str, Any]:
     """The JSON body of one /inference/v1/generate call (GenerateRequest; SamplingParams names)."""
