@@ -17,7 +17,7 @@ from api.schemas import Cancelled, JobList, JobSummary, JobView, Submitted
 from shared.batches.hook import on_job_terminal
 from shared.codec import unpack
 from shared.jobs.spec import JobRequest
-from shared.jobs.status import ALL_STATUSES, TERMINAL
+from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
 from shared.jobs.store import JobStore
 from shared.tasks import TaskValidationError, get_kind
 
@@ -118,7 +118,7 @@ def job_view(record: dict[str, Any]) -> dict[str, Any]:
         "partial": record.get("partial"),
         "request": spec,
     }
-    if record["status"] == "done":
+    if record["status"] == JobStatus.DONE:
         evaluation = record.get("out:eval") or {}
         view["result"] = {
             "reward": evaluation.get("reward"),
@@ -185,7 +185,7 @@ def _summary(row: list[bytes | None]) -> dict[str, Any]:
         created_at=number("created_at") or 0.0,
         updated_at=number("updated_at") or 0.0,
         finished_at=number("finished_at"),
-        reward=evaluation.get("reward") if text("status") == "done" else None,
+        reward=evaluation.get("reward") if text("status") == JobStatus.DONE else None,
     ).model_dump()
 
 
@@ -209,4 +209,4 @@ def cancel_job(job_id: str, store: JobStore = Depends(get_store)) -> JSONRespons
         assert moved.previous in TERMINAL
         raise HTTPException(status.HTTP_409_CONFLICT, detail=f"job {job_id} is already {moved.previous}")
     on_job_terminal(store, job_id)  # a batch group may now be complete
-    return JSONResponse({"id": job_id, "status": "cancelled", "previous": moved.previous})
+    return JSONResponse({"id": job_id, "status": JobStatus.CANCELLED, "previous": moved.previous})

@@ -17,7 +17,7 @@ from typing import Any
 from shared.batches.spec import BatchRequest, idempotency_key, parse_group_id
 from shared.batches.store import BatchStore, Recorded, closes_groups
 from shared.codec import unpack
-from shared.jobs.status import TERMINAL
+from shared.jobs.status import TERMINAL, JobStatus
 from shared.jobs.store import JobStore
 
 log = logging.getLogger("rollouts.batches")
@@ -89,11 +89,11 @@ def record_job(batches: BatchStore, job_id: str) -> Recorded | None:
         log.warning("job %s claims group %s but is not the batch's job for sample %d; ignored", job_id, k, sample)
         return None
     reward = None
-    if status == "done":
+    if status == JobStatus.DONE:
         reward = (unpack(evaluation_raw) or {}).get("reward")
     error = unpack(error_raw) if error_raw else None
     message = f"{error.get('type', 'error')}: {error.get('message', '')}" if isinstance(error, dict) else ""
-    if status != "done" and not message:
+    if status != JobStatus.DONE and not message:
         message = status
     recorded = batches.record(batch_id, k, sample, job_id, status, reward, message)
     if recorded.group_complete:

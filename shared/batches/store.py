@@ -20,6 +20,7 @@ from redis import Redis
 
 from shared.batches.spec import BatchRequest, group_id, idempotency_key
 from shared.codec import pack, unpack
+from shared.jobs.status import JobStatus
 from shared.jobs.store import JobStore
 from shared.keys import BatchKeys
 
@@ -296,7 +297,7 @@ def group_views(
 
 def _result(record: dict[str, Any] | None) -> dict[str, Any] | None:
     """What GET /v1/jobs/{id} calls `result`: the trajectory and the evaluation of a done job."""
-    if record is None or record.get("status") != "done":
+    if record is None or record.get("status") != JobStatus.DONE:
         return None
     evaluation = record.get("out:eval") or {}
     return {"reward": evaluation.get("reward"), "trajectory": record.get("out:rollout") or {}, "evaluation": evaluation}

@@ -6,6 +6,7 @@ from typing import Any
 
 from shared.batches.grpo import group_stats
 from shared.batches.spec import group_id
+from shared.jobs.status import JobStatus
 
 
 def batch_view(head: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +61,7 @@ def group_view(
         if results is not None:
             entry["result"] = results.get(sample.get("job_id") or "")
         samples.append(entry)
-    rewards = [s["reward"] if s["status"] == "done" else None for s in samples]
+    rewards = [s["reward"] if s["status"] == JobStatus.DONE else None for s in samples]
     stats = group_stats(rewards, head["advantages"])
     return {
         "batch_id": head["id"],

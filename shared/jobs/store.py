@@ -22,7 +22,7 @@ from redis.client import Pipeline
 from shared.codec import pack, unpack
 from shared.config import STAGES, Settings
 from shared.jobs.queues import enqueue_stage
-from shared.jobs.status import ALL_STATUSES, TERMINAL
+from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
 from shared.keys import Keys
 
 _TRANSITION_LUA = resources.files("shared.jobs").joinpath("transition.lua").read_text()
@@ -128,7 +128,7 @@ class JobStore:
     def _write_new_record(self, pipe: Any, job_id: str, spec: dict[str, Any], now: float) -> None:
         record: dict[str, Any] = {
             "id": job_id,
-            "status": "queued",
+            "status": JobStatus.QUEUED,
             "kind": spec["task"]["kind"],
             "created_at": now,
             "updated_at": now,
@@ -141,7 +141,7 @@ class JobStore:
             record["sample_index"] = spec["sample_index"]
         pipe.hset(self.keys.job(job_id), mapping=record)
         pipe.zadd(self.keys.jobs_all, {job_id: now})
-        pipe.zadd(self.keys.jobs_by_status("queued"), {job_id: now})
+        pipe.zadd(self.keys.jobs_by_status(JobStatus.QUEUED), {job_id: now})
         if spec.get("group_id"):
             pipe.zadd(self.keys.jobs_by_group(spec["group_id"]), {job_id: spec.get("sample_index") or 0})
             pipe.expire(self.keys.jobs_by_group(spec["group_id"]), self.settings.job_ttl_s)
@@ -272,7 +272,7 @@ class JobStore:
             self.settings.job_ttl_s if new_status in TERMINAL else 0,
             # Only cancels are published: running workers must hear of them at once, and no
             # one listens for the rest (a PUBLISH wakes every worker process).
-            self.keys.job_events if new_status == "cancelled" else "",
+            self.keys.job_events if new_status == JobStatus.CANCELLED else "",
             guard[0] if guard else "",
             str(guard[1]) if guard else "",
         ]
@@ -295,7 +295,8 @@ class JobStore:
     def cancel(self, job_id: str) -> Transition:
         """Cancel a live job. Queued work is skipped by the worker that dequeues it; running work
         is stopped by its worker, which watches the events channel."""
-        return self.transition(job_id, "*", "cancelled", {"error": {"type": "cancelled", "message": "cancelled by request"}})
+        error = {"type": "cancelled", "message": "cancelled by request"}
+        return self.transition(job_id, "*", JobStatus.CANCELLED, {"error": error})
 
     def trim_indexes(self) -> int:
         """Drop index entries of records that have expired (terminal for longer than job_ttl_s)."""

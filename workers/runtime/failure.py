@@ -28,6 +28,7 @@ from shared.backend_pool import BackendPool
 from shared.batches.hook import on_job_terminal
 from shared.config import get_settings
 from shared.jobs.queues import parse_rq_job_id
+from shared.jobs.status import JobStatus
 from shared.jobs.store import JobStore
 from shared.metrics import MetricsRecorder
 
@@ -68,7 +69,7 @@ def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: Bas
 
 
 def _fail(store: JobStore, job_id: str, stage: str, error: dict[str, Any]) -> None:
-    if store.transition(job_id, (stage,), "failed", {"error": error}).applied:
+    if store.transition(job_id, (stage,), JobStatus.FAILED, {"error": error}).applied:
         on_job_terminal(store, job_id)
         # A rollout whose worker died never released its backend: its in-flight count goes now,
         # not when its lease expires.

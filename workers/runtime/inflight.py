@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from shared.jobs.status import JobStatus
 from shared.tasks.context import StageContext
 
 
@@ -48,7 +49,7 @@ class InflightJobs:
         for ctx in self.snapshot():
             if ctx.job_id in observed:
                 status, attempt = observed[ctx.job_id]
-                if status is None or status == "cancelled":
+                if status is None or status == JobStatus.CANCELLED:
                     ctx.interrupt("cancelled")
                     continue
                 if attempt is not None and attempt != ctx.attempt:

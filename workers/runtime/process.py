@@ -28,6 +28,7 @@ from shared.backend_pool import BackendPool
 from shared.batches.sweep import sweep_batches
 from shared.config import STAGES, Settings
 from shared.jobs.queues import queue_name
+from shared.jobs.status import JobStatus
 from workers.runtime.slots import SlotWorker
 from workers.runtime.state import WorkerState, init_state
 
@@ -220,7 +221,7 @@ class WorkerProcess:
 
     def _on_event(self, message: dict) -> None:
         job_id, _, status = message["data"].decode().partition(" ")
-        if status == "cancelled":
+        if status == JobStatus.CANCELLED:
             ctx = self.state.inflight.get(job_id)
             if ctx is not None:
                 ctx.interrupt("cancelled")

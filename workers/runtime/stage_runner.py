@@ -22,7 +22,7 @@ from shared import log_context
 from shared.batches.hook import on_job_terminal
 from shared.config import STAGES
 from shared.jobs.queues import enqueue_stage, stage_timeout, total_timeout
-from shared.jobs.status import NEXT_STAGE, STAGE_ENTRY_FROM, TERMINAL
+from shared.jobs.status import NEXT_STAGE, STAGE_ENTRY_FROM, TERMINAL, JobStatus
 from shared.tasks import StageContext, StageInterrupted, get_kind
 from workers.runtime.state import WorkerState, log, state
 
@@ -60,7 +60,7 @@ def _run_stage(stage: str, job_id: str, worker_name: str | None) -> str:
     now = time.time()
     job_deadline = record["created_at"] + total_timeout(spec, st.settings)
     if now >= job_deadline:
-        return _finish(st, job_id, stage, "timed_out", _timeout_error(stage, "total"), None, guard)
+        return _finish(st, job_id, stage, JobStatus.TIMED_OUT, _timeout_error(stage, "total"), None, guard)
     stage_deadline = now + stage_timeout(spec, stage, st.settings)
     limit = "total" if job_deadline < stage_deadline else "stage"
 
@@ -99,7 +99,7 @@ def _run_stage(stage: str, job_id: str, worker_name: str | None) -> str:
             # sandboxes included): the error is likely the stop's, so another worker retries it.
             log.warning("job %s: %s raised while this worker drains; handing it back", job_id, stage)
             return _interrupted(st, ctx, "requeue", limit)
-        return _finish(st, job_id, stage, "failed", error, ctx.partial, guard)
+        return _finish(st, job_id, stage, JobStatus.FAILED, error, ctx.partial, guard)
     if interrupted is None and ctx.interrupted in ("cancelled", "superseded"):
         interrupted = ctx.interrupted  # arrived just as the handler returned: it wins
     if interrupted is not None:
@@ -151,11 +151,11 @@ def _hand_on(st: WorkerState, ctx: StageContext, output: dict[str, Any]) -> str:
     if stage == "rollout":
         st.metrics.tool_calls(output)
     if next_stage is None:
-        moved = st.store.transition(job_id, (stage,), "done", fields, guard)
+        moved = st.store.transition(job_id, (stage,), JobStatus.DONE, fields, guard)
         if moved.applied:
             on_job_terminal(st.store, job_id, ctx.spec.get("group_id"))
             st.remove_workspace(job_id)
-            return "done"
+            return JobStatus.DONE
         return _lost_race(st, job_id, moved.previous)
     fields[f"t:{next_stage}:queued"] = now
     with st.redis.pipeline(transaction=True) as pipe:
@@ -191,18 +191,18 @@ def _interrupted(st: WorkerState, ctx: StageContext, reason: str, limit: str) ->
             pipe.execute()
         return "requeued"
     if reason == "timed_out":
-        return _finish(st, job_id, stage, "timed_out", _timeout_error(stage, limit), ctx.partial, guard)
+        return _finish(st, job_id, stage, JobStatus.TIMED_OUT, _timeout_error(stage, limit), ctx.partial, guard)
     # cancelled: the API already set the status; record where it stopped and clean up.
     st.store.set_fields(job_id, {f"t:{stage}:ended": time.time(), "partial": ctx.partial})
     st.remove_workspace(job_id)
-    return "cancelled"
+    return JobStatus.CANCELLED
 
 
 def _finish(
     st: WorkerState,
     job_id: str,
     stage: str,
-    status: str,
+    status: JobStatus,
     error: dict[str, Any],
     partial: dict[str, Any] | None,
     guard: tuple[str, int] | None,
