@@ -1,4 +1,8 @@
-"""Error responses: every rejection is a 4xx whose message names the field; Redis trouble is a 503."""
+"""Error responses: every rejection is a 4xx whose message names the field; Redis trouble is a 503.
+
+Bad input has one body, whoever found it (pydantic, a route, a task kind):
+{"detail": "field: message; ...", "errors": [{"field", "message"}, ...]} (api.schemas.Refusal).
+"""
 
 from __future__ import annotations
 
@@ -7,20 +11,21 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import ValidationError as PydanticValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from shared.errors import ValidationError
 
-def describe_errors(errors: list[dict[str, Any]], prefix: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    """Pydantic errors as {field, message} pairs with a dotted path like `body[2].limits.max_turns`."""
-    out = []
-    for error in errors:
-        path = ""
-        for part in (*prefix, *error.get("loc", ())):
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-        out.append({"field": path or "body", "message": error.get("msg", "invalid")})
-    return out
+
+def problems_of(error: ValidationError) -> list[dict[str, str]]:
+    """Each problem as {field, message}, the field a dotted path like `body[2].limits.max_turns`."""
+    return [{"field": part.field or "body", "message": part.message} for part in error.errors]
+
+
+def describe_errors(errors: list[dict[str, Any]], prefix: tuple[Any, ...] = ()) -> list[dict[str, str]]:
+    """Pydantic errors as {field, message} pairs, without pydantic's "Value error, " in front."""
+    return problems_of(ValidationError.from_pydantic(errors, prefix))
 
 
 def validation_response(problems: list[dict[str, Any]], status_code: int = 422) -> JSONResponse:
@@ -29,12 +34,16 @@ def validation_response(problems: list[dict[str, Any]], status_code: int = 422) 
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ValidationError)
+    async def _invalid(request: Request, exc: ValidationError) -> JSONResponse:
+        return validation_response(problems_of(exc))
+
     @app.exception_handler(RequestValidationError)
     async def _request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return validation_response(describe_errors(list(exc.errors())))
 
-    @app.exception_handler(ValidationError)
-    async def _model_invalid(request: Request, exc: ValidationError) -> JSONResponse:
+    @app.exception_handler(PydanticValidationError)
+    async def _model_invalid(request: Request, exc: PydanticValidationError) -> JSONResponse:
         return validation_response(describe_errors(list(exc.errors()), ("body",)))
 
     @app.exception_handler(RedisConnectionError)

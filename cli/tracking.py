@@ -60,7 +60,7 @@ def rows_of(error: ApiError) -> dict[int, str]:
         index = int(match.group(1))
         field = str(problem["field"])[match.end() :].lstrip(".")
         message = str(problem.get("message", "invalid"))
-        text = f"{field}: {message}" if field else message  # a kind's message names its field itself
+        text = f"{field}: {message}" if field else message  # no field: the job as a whole
         problems[index] = f"{problems[index]}; {text}" if index in problems else text
     return problems
 

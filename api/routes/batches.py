@@ -14,18 +14,19 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
 from fastapi.responses import Response, StreamingResponse
-from pydantic import ValidationError
+from pydantic import ValidationError as PydanticValidationError
 from redis.asyncio import Redis as AsyncRedis
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import require_admin, require_auth
-from api.errors import describe_errors, validation_response
+from api.errors import validation_response
 from api.negotiation import respond
 from shared.batches.hook import batch_store, cancel_groups, start_batch
 from shared.batches.pool import load_pool
 from shared.batches.spec import BatchRequest
 from shared.batches.store import BatchStore, group_views
 from shared.batches.views import batch_view
+from shared.errors import ValidationError
 from shared.redis_conn import MAX_CONNECTIONS
 
 # Groups per page when each embeds its samples' trajectories and evaluations.
@@ -63,7 +64,10 @@ def get_async_redis(request: Request) -> AsyncRedis:
     "",
     status_code=status.HTTP_202_ACCEPTED,
     summary="Create a batch: a prompt pool, n samples per prompt, a target (every prompt, or DAPO)",
-    responses={400: {"description": "Malformed JSON"}, 422: {"description": "Invalid batch or prompt"}},
+    responses={
+        400: {"description": "Malformed JSON"},
+        422: {"description": "Invalid batch or prompts: each problem naming its field (`body.prompts[3].task.kind`)"},
+    },
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY_SCHEMA}}}},
 )
 async def create_batch(request: Request, batches: BatchStore = Depends(get_batches)) -> Response:
@@ -73,20 +77,16 @@ async def create_batch(request: Request, batches: BatchStore = Depends(get_batch
     except orjson.JSONDecodeError as exc:
         return validation_response([{"field": "body", "message": f"malformed JSON: {exc}"}], status_code=400)
     if not isinstance(body, dict):
-        return validation_response([{"field": "body", "message": "expected a batch object"}])
+        raise ValidationError("expected a batch object", ("body",))
     try:
         batch = BatchRequest.model_validate(body)
-    except ValidationError as exc:
-        return validation_response(describe_errors(list(exc.errors()), ("body",)))
+    except PydanticValidationError as exc:
+        raise ValidationError.from_pydantic(exc, ("body",)) from None
     settings = request.app.state.settings
-    pool, problems = await run_in_threadpool(
-        load_pool, batch, settings.prompt_files_root, settings.prompt_file_max_bytes
-    )
-    if problems:
-        return validation_response(problems)
+    pool = await run_in_threadpool(load_pool, batch, settings.prompt_files_root, settings.prompt_file_max_bytes)
     if batch.min_informative_groups is not None and batch.min_informative_groups > len(pool):
         message = f"{batch.min_informative_groups} groups asked for, but the pool has {len(pool)} prompts"
-        return validation_response([{"field": "body.min_informative_groups", "message": message}])
+        raise ValidationError(message, ("body", "min_informative_groups"))
     batch_id = await run_in_threadpool(start_batch, batches, batch, pool)
     head = await run_in_threadpool(batches.head, batch_id)
     return respond(request, batch_view(head), status_code=status.HTTP_202_ACCEPTED)

@@ -7,22 +7,20 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse, Response
-from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import require_admin, require_auth
-from api.errors import describe_errors, validation_response
+from api.errors import validation_response
 from api.negotiation import respond
 from api.schemas import Cancelled, JobList, JobSummary, JobView, Submitted
 from shared.batches.hook import on_job_terminal
 from shared.codec import unpack
-from shared.jobs.spec import JobRequest
+from shared.errors import ValidationError
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
 from shared.jobs.store import JobStore
-from shared.tasks import TaskValidationError, get_kind
+from shared.tasks import validate_job
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_auth)])
-_job_request = TypeAdapter(JobRequest)
 
 
 def get_store(request: Request) -> JobStore:
@@ -34,7 +32,11 @@ def get_store(request: Request) -> JobStore:
     status_code=status.HTTP_202_ACCEPTED,
     response_model=Submitted,
     summary="Submit one job or a list of jobs",
-    responses={413: {"description": "Body or list too large"}, 422: {"description": "Invalid job"}},
+    responses={
+        400: {"description": "Malformed JSON"},
+        413: {"description": "Body or list too large"},
+        422: {"description": "Invalid jobs: every problem of each, naming its field (`body[3].task.kind`)"},
+    },
 )
 async def submit_jobs(request: Request, store: JobStore = Depends(get_store)) -> Any:
     """Validates every job first; nothing is stored unless all are valid. Answers at once with the ids."""
@@ -45,48 +47,35 @@ async def submit_jobs(request: Request, store: JobStore = Depends(get_store)) ->
         return validation_response([{"field": "body", "message": f"malformed JSON: {exc}"}], status_code=400)
     items = body if isinstance(body, list) else [body]
     if not isinstance(body, (list, dict)):
-        return validation_response([{"field": "body", "message": "expected a job object or a list of jobs"}])
+        raise ValidationError("expected a job object or a list of jobs", ("body",))
     if not items:
-        return validation_response([{"field": "body", "message": "the list of jobs is empty"}])
+        raise ValidationError("the list of jobs is empty", ("body",))
     limit = request.app.state.settings.max_jobs_per_request
     if len(items) > limit:
         return validation_response(
             [{"field": "body", "message": f"{len(items)} jobs in one request; the limit is {limit}"}], status_code=413
         )
-    specs, problems = _validate(items, many=isinstance(body, list))
-    if problems:
-        return validation_response(problems)
+    specs = _validate(items, many=isinstance(body, list))
     submitted = await run_in_threadpool(store.submit, specs)
     # Built by hand (the shape is `Submitted`): this is the hot path a trainer hits per job.
     payload = {"job_ids": [s.job_id for s in submitted], "created": [s.created for s in submitted]}
     return respond(request, payload, status_code=status.HTTP_202_ACCEPTED)
 
 
-def _validate(items: list[Any], many: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _validate(items: list[Any], many: bool) -> list[dict[str, Any]]:
+    """The jobs as stored, or one ValidationError naming every problem of every job (`body[i]...`)."""
     specs: list[dict[str, Any]] = []
-    problems: list[dict[str, Any]] = []
+    problems: list[ValidationError] = []
     for index, item in enumerate(items):
-        prefix: tuple[Any, ...] = ("body", index) if many else ("body",)
         try:
-            job = _job_request.validate_python(item)
+            job = validate_job(item, ("body", index) if many else ("body",))
         except ValidationError as exc:
-            problems.extend(describe_errors(list(exc.errors()), prefix))
-            continue
-        where = describe_errors([{"loc": ("task", "kind")}], prefix)[0]["field"]
-        try:
-            kind = get_kind(job.task["kind"])
-            kind.validate(job.task)
-            if job.given is not None:  # a row with nothing to give cannot be evaluated: say so now, not as a 0
-                kind.given_rollout(job.task, job.given.output)
-        except KeyError as exc:
-            problems.append({"field": where, "message": str(exc.args[0])})
-            continue
-        except TaskValidationError as exc:
-            field = describe_errors([{"loc": ()}], prefix)[0]["field"]
-            problems.append({"field": field, "message": str(exc)})
+            problems.append(exc)
             continue
         specs.append(job.model_dump(mode="json"))
-    return specs, problems
+    if problems:
+        raise ValidationError.combine(problems)
+    return specs
 
 
 @router.get("/{job_id}", response_model=JobView, summary="A job's status, timings and, when done, its result")
@@ -142,17 +131,15 @@ def list_jobs(
     store: JobStore = Depends(get_store),
 ) -> Response:
     if status_filter is not None and status_filter not in ALL_STATUSES:
-        raise HTTPException(
-            422,
-            detail=f"status: unknown status {status_filter!r}; one of {', '.join(ALL_STATUSES)}",
-        )
+        known = ", ".join(ALL_STATUSES)
+        raise ValidationError(f"unknown status {status_filter!r}; one of {known}", ("query", "status"))
     page_max = request.app.state.settings.list_page_max
     if limit > page_max:
-        raise HTTPException(422, detail=f"limit: at most {page_max}")
+        raise ValidationError(f"at most {page_max}", ("query", "limit"))
     if ids is not None:
         wanted = [i for i in ids.split(",") if i]
         if len(wanted) > page_max:
-            raise HTTPException(422, detail=f"ids: at most {page_max} per request")
+            raise ValidationError(f"at most {page_max} per request", ("query", "ids"))
         job_ids = wanted
     else:
         job_ids = store.list_ids(status=status_filter, group_id=group_id, limit=limit, offset=offset)

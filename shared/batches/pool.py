@@ -1,9 +1,9 @@
 """Read and check a batch's prompt pool: inline items or a JSONL file the server can read.
 
-Every item is checked before anything is stored (its shape, and its task by
-its kind's own validate), so a batch never starts with a prompt that would
-fail every sample; each problem names the item (`prompts[3].task` or
-`prompts_path:12`).
+Every item is checked before anything is stored, as a job of its own is (validate_job: its
+shape, its kind, the kind's own checks), so a batch never starts with a prompt that would fail
+every sample; each problem names the item and the field (`body.prompts[3].task.kind`, or
+`body.prompts_path:12.task.kind` for line 12 of the file).
 """
 
 from __future__ import annotations
@@ -14,71 +14,72 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import ValidationError
 
 from shared.batches.spec import BatchRequest, PoolItem, normalise_pool_item
-from shared.tasks import TaskValidationError, get_kind
+from shared.errors import Loc, ValidationError
+from shared.tasks import validate_job
 
 MAX_POOL = 1_000_000
 MAX_PROBLEMS = 20
 MAX_FILE_BYTES = 256 * 1024 * 1024  # the default of ROLLOUTS_PROMPT_FILE_MAX_BYTES
+# A pool item is a job less what the batch decides itself (group, sample index, idempotency key).
+_ITEM_FIELDS = frozenset(PoolItem.model_fields)
 
 
 def load_pool(
     request: BatchRequest, files_root: Path | None = None, max_file_bytes: int = MAX_FILE_BYTES
-) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """(pool items as plain dicts, problems as {field, message}); nothing is usable unless problems is empty.
+) -> list[dict[str, Any]]:
+    """The pool items as plain dicts, or a ValidationError naming (up to MAX_PROBLEMS) problems.
 
     `files_root` (ROLLOUTS_PROMPT_FILES_ROOT), when set, is the only tree `prompts_path` may name;
     it must be a regular file (never a FIFO, which would block, or a device such as /dev/zero, which
     never ends) of at most `max_file_bytes` (ROLLOUTS_PROMPT_FILE_MAX_BYTES).
     """
     if request.prompts is not None:
-        raw = [(f"body.prompts[{i}]", item) for i, item in enumerate(request.prompts)]
+        raw: list[tuple[Loc, Any]] = [(("body", "prompts", i), item) for i, item in enumerate(request.prompts)]
     else:
-        raw, problem = _read_jsonl(Path(request.prompts_path or ""), files_root, max_file_bytes)
-        if problem:
-            return [], [problem]
+        raw = _read_jsonl(Path(request.prompts_path or ""), files_root, max_file_bytes)
     if len(raw) > MAX_POOL:
-        return [], [{"field": "body.prompts", "message": f"{len(raw)} prompts; the limit is {MAX_POOL}"}]
+        raise ValidationError(f"{len(raw)} prompts; the limit is {MAX_POOL}", ("body", "prompts"))
     items: list[dict[str, Any]] = []
-    problems: list[dict[str, str]] = []
-    for where, item in raw:
-        checked = _check(where, item)
-        if isinstance(checked, str):
-            problems.append({"field": where, "message": checked})
-            if len(problems) >= MAX_PROBLEMS:
+    problems: list[ValidationError] = []
+    for loc, item in raw:
+        try:
+            items.append(_check(loc, item))
+        except ValidationError as exc:
+            problems.append(exc)
+            if sum(len(p.errors) for p in problems) >= MAX_PROBLEMS:
                 break
-        else:
-            items.append(checked)
-    return items, problems
+    if problems:
+        raise ValidationError.combine(problems)
+    return items
 
 
-def _read_jsonl(
-    path: Path, files_root: Path | None, max_bytes: int = MAX_FILE_BYTES
-) -> tuple[list[tuple[str, Any]], dict[str, str] | None]:
-    field = "body.prompts_path"
+def _read_jsonl(path: Path, files_root: Path | None, max_bytes: int = MAX_FILE_BYTES) -> list[tuple[Loc, Any]]:
+    """(location, parsed line) per non-blank line; line n's location is `body.prompts_path:n`."""
+    loc = ("body", "prompts_path")
     if not path.is_absolute():
-        return [], {"field": field, "message": "must be an absolute path on the server"}
+        raise ValidationError("must be an absolute path on the server", loc)
     if files_root is not None and not path.resolve().is_relative_to(files_root.resolve()):
-        return [], {"field": field, "message": f"must be inside {files_root} (ROLLOUTS_PROMPT_FILES_ROOT)"}
+        raise ValidationError(f"must be inside {files_root} (ROLLOUTS_PROMPT_FILES_ROOT)", loc)
     try:
         text = _read_regular(path, max_bytes)
     except OSError as exc:
-        return [], {"field": field, "message": f"cannot read {path}: {exc.strerror or type(exc).__name__}"}
+        raise ValidationError(f"cannot read {path}: {exc.strerror or type(exc).__name__}", loc) from None
     except ValueError as exc:
-        return [], {"field": field, "message": str(exc)}
-    raw: list[tuple[str, Any]] = []
+        raise ValidationError(str(exc), loc) from None
+    raw: list[tuple[Loc, Any]] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
+        where = ("body", f"prompts_path:{number}")
         try:
-            raw.append((f"{field}:{number}", orjson.loads(line)))
+            raw.append((where, orjson.loads(line)))
         except orjson.JSONDecodeError:
-            return [], {"field": f"{field}:{number}", "message": "not valid JSON"}
+            raise ValidationError("not valid JSON", where) from None
     if not raw:
-        return [], {"field": field, "message": f"{path} holds no prompts"}
-    return raw, None
+        raise ValidationError(f"{path} holds no prompts", loc)
+    return raw
 
 
 def _read_regular(path: Path, max_bytes: int) -> bytes:
@@ -100,26 +101,19 @@ def _read_regular(path: Path, max_bytes: int) -> bytes:
     return data
 
 
-def _check(where: str, item: Any) -> dict[str, Any] | str:
-    """The item as stored, or why it is refused."""
-    try:
-        parsed = PoolItem.model_validate(normalise_pool_item(item))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        path = ".".join(str(part) for part in first.get("loc", ()))
-        return f"{path}: {first.get('msg', 'invalid')}" if path else first.get("msg", "invalid")
-    kind = parsed.task.get("kind")
-    if not isinstance(kind, str) or not kind:
-        return "task.kind is required and must be a non-empty string"
-    try:
-        get_kind(kind).validate(parsed.task)
-    except KeyError as exc:
-        return f"task.kind: {exc.args[0]}"
-    except TaskValidationError as exc:
-        return f"task: {exc}"
-    stored: dict[str, Any] = {"task": parsed.task, "metadata": parsed.metadata}
+def _check(loc: Loc, item: Any) -> dict[str, Any]:
+    """The item as stored (its own sampling and limits only where it set them); ValidationError if refused."""
+    item = normalise_pool_item(item)
+    if isinstance(item, dict):
+        extra = [ValidationError("Extra inputs are not permitted", (*loc, str(name))) for name in item
+                 if name not in _ITEM_FIELDS]  # fmt: skip
+        if extra:
+            raise ValidationError.combine(extra)
+        # null stands for "the batch's", as an absent field does
+        item = {name: value for name, value in item.items() if value is not None or name not in ("sampling", "limits")}
+    job = validate_job(item, loc)
+    stored: dict[str, Any] = {"task": job.task, "metadata": job.metadata}
     for name in ("sampling", "limits"):
-        value = getattr(parsed, name)
-        if value is not None:
-            stored[name] = value.model_dump(mode="json")
+        if name in job.model_fields_set:
+            stored[name] = getattr(job, name).model_dump(mode="json")
     return stored

@@ -2,15 +2,18 @@
 
 from shared.tasks.base import TaskKind, TaskValidationError
 from shared.tasks.context import StageContext, StageInterrupted
-from shared.tasks.registry import get_kind, known_kinds, load_task_modules, register
+from shared.tasks.registry import UnknownKind, get_kind, known_kinds, load_task_modules, register
+from shared.tasks.validation import validate_job
 
 __all__ = [
     "StageContext",
     "StageInterrupted",
     "TaskKind",
     "TaskValidationError",
+    "UnknownKind",
     "get_kind",
     "known_kinds",
     "load_task_modules",
     "register",
+    "validate_job",
 ]

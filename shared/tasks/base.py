@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
+from shared.errors import Loc, ValidationError
 from shared.tasks.context import StageContext
 
+# "task.tests[2].code: a string of Python": the field a kind's message starts with, by convention.
+_NAMED_FIELD = re.compile(r"^((?:task|given)(?:\.[A-Za-z_]\w*|\[\d+\])*): (.+)$", re.DOTALL)
+_LOC_PART = re.compile(r"\[(\d+)\]|\.?([A-Za-z_]\w*)")
 
-class TaskValidationError(ValueError):
-    """A task dict the kind cannot run; the message names the offending field."""
+
+class TaskValidationError(ValidationError):
+    """A task dict the kind cannot run, and where.
+
+    Kinds start the message with the field ("task.text: required, a string"), which becomes `loc`
+    so the API's 422 names `body[3].task.text`; or they pass `loc` themselves. A message naming no
+    field leaves `loc` empty: the problem is the job's as a whole.
+    """
+
+    def __init__(self, message: str, loc: Loc | str | None = None) -> None:
+        if loc is None:
+            loc, message = _split_field(message)
+        super().__init__(message, loc)
+
+
+def _split_field(message: str) -> tuple[Loc, str]:
+    match = _NAMED_FIELD.match(message)
+    if match is None:
+        return (), message
+    loc = tuple(int(index) if index else name for index, name in _LOC_PART.findall(match.group(1)))
+    return loc, match.group(2)
 
 
 class TaskKind:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable
 
+from shared.errors import ValidationError
 from shared.tasks.base import TaskKind
 
 _KINDS: dict[str, TaskKind] = {}
@@ -30,11 +31,21 @@ def register(cls: type[TaskKind]) -> type[TaskKind]:
     return cls
 
 
+class UnknownKind(ValidationError):
+    """A task whose kind no loaded module registered: refused at task.kind, naming the kinds there are."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.kind = name
+        self.known = known
+        super().__init__(f"unknown task kind {name!r}; known kinds: {', '.join(known)}", ("task", "kind"))
+
+
 def get_kind(name: str) -> TaskKind:
+    """The registered kind; UnknownKind (a ValidationError, so a 422 at the API) for any other name."""
     try:
         return _KINDS[name]
     except KeyError:
-        raise KeyError(f"unknown task kind {name!r}; known kinds: {', '.join(known_kinds())}") from None
+        raise UnknownKind(name, known_kinds()) from None
 
 
 def known_kinds() -> list[str]:

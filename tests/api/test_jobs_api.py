@@ -56,7 +56,7 @@ def test_job_ids_are_random_not_sequential(client):
         ({"task": {"kind": "nope"}}, 422, "body.task.kind"),
         ({"sampling": {}}, 422, "body.task"),
         ({"task": {"text": "x"}}, 422, "body.task"),
-        ({"task": {"kind": "demo"}}, 422, "body"),  # the demo kind's own check: task.text is required
+        ({"task": {"kind": "demo"}}, 422, "body.task.text"),  # the demo kind's own check: task.text is required
         ({**DEMO, "limits": {"max_turns": -1}}, 422, "body.limits.max_turns"),
         ({**DEMO, "limits": {"rollout_timeout_s": -5}}, 422, "body.limits.rollout_timeout_s"),
         ({**DEMO, "sampling": {"temperature": "hot"}}, 422, "body.sampling.temperature"),
@@ -77,6 +77,51 @@ def test_bad_jobs_are_rejected_with_the_field_named_and_nothing_stored(client, r
     assert field in problem_fields(response), response.json()
     assert field in response.json()["detail"]
     assert stored_nothing(redis)
+
+
+# One case per source of a refusal: the registry, the kind's own validate, pydantic (a constraint, and a
+# validator of ours, whose message pydantic would prefix with "Value error, ").
+REFUSALS = {
+    "unknown kind": ({"kind": "nope"}, {}, "task.kind", "unknown task kind 'nope'; known kinds: "),
+    "bad field of a kind": ({"kind": "demo", "text": "x", "work_s": -1}, {}, "task.work_s", "a number of seconds"),
+    "bad schema field": ({"kind": "demo", "text": "x"}, {"limits": {"max_turns": 0}}, "limits.max_turns",
+                         "Input should be greater than 0"),
+    "no kind": ({"text": "x"}, {}, "task", "task.kind (or task.format of a published row) is required"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+@pytest.mark.parametrize("route", ["one job", "a list of jobs", "a batch"])
+def test_every_refusal_has_one_shape_wherever_the_job_comes_from(client, redis, case, route):
+    task, rest, field, message = REFUSALS[case]
+    bad = {"task": task, **rest}
+    if route == "one job":
+        response, where = client.post("/v1/jobs", json=bad), f"body.{field}"
+    elif route == "a list of jobs":
+        response, where = client.post("/v1/jobs", json=[DEMO, bad]), f"body[1].{field}"
+    else:
+        body = {"prompts": [DEMO["task"], bad], "n_samples": 1}
+        response, where = client.post("/v1/batches", json=body), f"body.prompts[1].{field}"
+    assert response.status_code == 422, response.text
+    [error] = response.json()["errors"]
+    assert error["field"] == where and error["message"].startswith(message), error
+    assert response.json() == {"detail": f"{where}: {error['message']}", "errors": [error]}
+    assert stored_nothing(redis)
+
+
+def test_a_list_with_many_bad_jobs_names_every_problem_by_index(client, redis):
+    jobs = [DEMO, {"task": {"kind": "nope"}}, DEMO, {**DEMO, "limits": {"max_turns": 0}, "sample_index": -1}]
+    response = client.post("/v1/jobs", json=jobs)
+    assert response.status_code == 422
+    assert problem_fields(response) == ["body[1].task.kind", "body[3].limits.max_turns", "body[3].sample_index"]
+    assert stored_nothing(redis)
+
+
+def test_bad_list_parameters_are_422s_of_the_same_shape(client):
+    response = client.get("/v1/jobs", params={"status": "bogus"})
+    assert response.status_code == 422 and problem_fields(response) == ["query.status"]
+    assert "unknown status 'bogus'" in response.json()["detail"]
+    assert problem_fields(client.get("/v1/jobs", params={"limit": 0})) == ["query.limit"]
 
 
 def test_malformed_json_is_a_400(client, redis):

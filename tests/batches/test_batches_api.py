@@ -58,8 +58,10 @@ def test_invalid_batches_are_refused_naming_the_field(client, tmp_path):
     cases = [
         ({"prompts": [INFORMATIVE], "n_samples": 0}, "body.n_samples"),
         ({"prompts": [INFORMATIVE], "prompts_path": "/x.jsonl"}, "body"),
-        ({"prompts": [INFORMATIVE, {"kind": "nope"}]}, "body.prompts[1]"),
-        ({"prompts": [INFORMATIVE, {"kind": "dapo_sim", "rewards": []}]}, "body.prompts[1]"),
+        ({"prompts": [INFORMATIVE, {"kind": "nope"}]}, "body.prompts[1].task.kind"),
+        ({"prompts": [INFORMATIVE, {"kind": "dapo_sim", "rewards": []}]}, "body.prompts[1].task.rewards"),
+        ({"prompts": [{"task": INFORMATIVE, "limits": {"max_turns": 0}}]}, "body.prompts[0].limits.max_turns"),
+        ({"prompts": [{"task": INFORMATIVE, "group_id": "g"}]}, "body.prompts[0].group_id"),  # the batch's to set
         ({"prompts_path": "relative.jsonl"}, "body.prompts_path"),
         ({"prompts_path": str(tmp_path / "missing.jsonl")}, "body.prompts_path"),
         ({"prompts": [INFORMATIVE], "on_target": "drop"}, "body.on_target"),
@@ -73,6 +75,10 @@ def test_invalid_batches_are_refused_naming_the_field(client, tmp_path):
     bad_line.write_text(json.dumps(INFORMATIVE) + "\n{oops\n")
     response = client.post("/v1/batches", json={"prompts_path": str(bad_line)})
     assert response.status_code == 422 and response.json()["errors"][0]["field"] == "body.prompts_path:2"
+    bad_task = tmp_path / "tasks.jsonl"
+    bad_task.write_text(json.dumps(INFORMATIVE) + "\n" + json.dumps({"kind": "nope"}) + "\n")
+    response = client.post("/v1/batches", json={"prompts_path": str(bad_task)})
+    assert response.status_code == 422 and response.json()["errors"][0]["field"] == "body.prompts_path:2.task.kind"
     assert client.post("/v1/batches", content=b"{").status_code == 400
     assert client.get("/v1/batches/nope").status_code == 404
 
