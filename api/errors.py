@@ -1,7 +1,6 @@
 """Error responses: every rejection is a 4xx whose message names the field; Redis trouble is a 503.
 
-Bad input has one body, whoever found it (pydantic, a route, a task kind):
-{"detail": "field: message; ...", "errors": [{"field", "message"}, ...]} (api.schemas.Refusal).
+Bad input has one body (`Refusal`), whoever found it: pydantic, a route, a task kind.
 """
 
 from __future__ import annotations
@@ -11,11 +10,24 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from pydantic import ValidationError as PydanticValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.errors import ValidationError
+
+
+class Problem(BaseModel):
+    field: str = Field(description="Where: a path into the request, such as `body[3].task.kind` or `query.status`.")
+    message: str = Field(description="What is wrong there.")
+
+
+class Refusal(BaseModel):
+    """The body of every 422 (and of a 400 for malformed JSON): each problem, naming its field."""
+
+    detail: str = Field(description="The first ten problems on one line: `field: message; ...`.")
+    errors: list[Problem]
 
 
 def problems_of(error: ValidationError) -> list[dict[str, str]]:

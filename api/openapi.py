@@ -1,4 +1,8 @@
-"""OpenAPI additions: the jobs POST body is parsed by hand (one job or a list), so describe it here."""
+"""OpenAPI additions: what FastAPI cannot see for itself.
+
+The jobs POST body is parsed by hand (one job or a list), so it is described here; and every 422
+(and 400) is the API's own `Refusal`, not FastAPI's default HTTPValidationError.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,13 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import TypeAdapter
 
+from api.errors import Refusal
 from shared.jobs.spec import JobRequest
 
 REF_TEMPLATE = "#/components/schemas/{model}"
+# Status codes whose body is a Refusal wherever a route declares them (413 may come from the body-size
+# middleware, whose body has only `detail`).
+REFUSAL_CODES = ("400", "422")
 
 
 def install_openapi(app: FastAPI) -> None:
@@ -23,7 +31,24 @@ def install_openapi(app: FastAPI) -> None:
         components.update(body.pop("$defs", {}))
         post = schema["paths"]["/v1/jobs"]["post"]
         post["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+        _describe_refusals(schema)
         app.openapi_schema = schema
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _describe_refusals(schema: dict[str, Any]) -> None:
+    """Point every 400 and 422 at `Refusal`, the body api/errors.py really sends, and drop FastAPI's own."""
+    components = schema["components"]["schemas"]
+    refusal = Refusal.model_json_schema(ref_template=REF_TEMPLATE)
+    components.update(refusal.pop("$defs", {}))
+    components["Refusal"] = refusal
+    ref = REF_TEMPLATE.format(model="Refusal")
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            for code in REFUSAL_CODES:
+                if code in operation.get("responses", {}):
+                    operation["responses"][code]["content"] = {"application/json": {"schema": {"$ref": ref}}}
+    for name in ("HTTPValidationError", "ValidationError"):  # FastAPI's shape, which no route sends
+        components.pop(name, None)

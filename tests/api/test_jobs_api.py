@@ -237,6 +237,21 @@ def test_openapi_describes_the_job_request(client):
     assert client.get("/docs").status_code == 200
 
 
+def test_openapi_describes_the_422_body_the_api_really_sends(client):
+    spec = client.get("/openapi.json").json()
+    refusal = {"$ref": "#/components/schemas/Refusal"}
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            if "422" in operation["responses"]:
+                assert operation["responses"]["422"]["content"]["application/json"]["schema"] == refusal, (method, path)
+    schemas = spec["components"]["schemas"]
+    assert set(schemas["Refusal"]["properties"]) == {"detail", "errors"}
+    assert set(schemas["Problem"]["properties"]) == {"field", "message"}
+    assert "HTTPValidationError" not in schemas  # FastAPI's default shape, which the API never sends
+    for path in ("/v1/jobs", "/v1/batches"):
+        assert spec["paths"][path]["post"]["responses"]["400"]["content"]["application/json"]["schema"] == refusal
+
+
 def test_redis_down_is_a_503_not_a_500(make_client, redis_server):
     client = make_client(redis_url="redis://127.0.0.1:1/0")
     assert client.get("/healthz").status_code == 503
