@@ -68,7 +68,7 @@ class DapoSimKind(TaskKind):
         return {}
 
     def rollout(self, ctx: StageContext) -> dict[str, Any]:
-        index = int(ctx.spec.get("sample_index") or 0)
+        index = ctx.request.sample_index or 0
         seconds = rollout_seconds(ctx.task, index)
         if seconds > 0:
             ctx.sleep(seconds)
@@ -77,4 +77,4 @@ class DapoSimKind(TaskKind):
         return {**tiny_trajectory(index), "extra": {"slept_s": seconds}}
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
-        return {"reward": sample_reward(ctx.task, int(ctx.spec.get("sample_index") or 0))}
+        return {"reward": sample_reward(ctx.task, ctx.request.sample_index or 0)}

@@ -7,13 +7,12 @@ job of a job without a lookup.
 
 from __future__ import annotations
 
-from typing import Any
-
 from redis import Redis
 from redis.client import Pipeline
 from rq import Callback, Queue, Retry
 
 from shared.config import STAGES, Settings
+from shared.jobs.spec import Limits
 
 # rq imports these by name in the worker process; nothing here imports workers/.
 STAGE_FUNCTIONS: dict[str, str] = {stage: f"workers.{stage}.stage.run" for stage in STAGES}
@@ -43,38 +42,39 @@ def stage_queue(stage: str, connection: Redis) -> Queue:
     return Queue(queue_name(stage), connection=connection)
 
 
-def stage_timeout(spec: dict[str, Any], stage: str, settings: Settings) -> float:
-    limits = spec.get("limits") or {}
-    return float(limits.get(f"{stage}_timeout_s") or settings.default_stage_timeout(stage))
+def stage_timeout(limits: Limits, stage: str, settings: Settings) -> float:
+    """The job's own limit for the stage, else the deployment's."""
+    own = {"init": limits.init_timeout_s, "rollout": limits.rollout_timeout_s, "eval": limits.eval_timeout_s}[stage]
+    return float(own or settings.default_stage_timeout(stage))
 
 
-def total_timeout(spec: dict[str, Any], settings: Settings) -> float:
-    limits = spec.get("limits") or {}
-    return float(limits.get("total_timeout_s") or settings.default_total_timeout_s)
+def total_timeout(limits: Limits, settings: Settings) -> float:
+    return float(limits.total_timeout_s or settings.default_total_timeout_s)
 
 
 def enqueue_stage(
     pipe: Pipeline,
     stage: str,
-    job_ids_and_specs: list[tuple[str, dict[str, Any]]],
+    job_ids_and_limits: list[tuple[str, Limits]],
     settings: Settings,
     connection: Redis,
     handback: int | None = None,
 ) -> None:
-    """Queue the given jobs on one stage inside the caller's pipeline (one round trip for many)."""
+    """Queue the given jobs on one stage inside the caller's pipeline (one round trip for many);
+    a job's limits set rq's backstop timeout."""
     queue = stage_queue(stage, connection)
     datas = [
         Queue.prepare_data(
             STAGE_FUNCTIONS[stage],
             args=(job_id,),
             job_id=rq_job_id(job_id, stage, handback),
-            timeout=int(stage_timeout(spec, stage, settings)) + RQ_TIMEOUT_GRACE_S,
+            timeout=int(stage_timeout(limits, stage, settings)) + RQ_TIMEOUT_GRACE_S,
             result_ttl=0,  # results live in the job record, not in rq
             failure_ttl=settings.job_ttl_s,
             retry=Retry(max=settings.stage_retries) if settings.stage_retries else None,
             on_failure=Callback(FAILURE_CALLBACK),
             description=f"{stage} {job_id}",
         )
-        for job_id, spec in job_ids_and_specs
+        for job_id, limits in job_ids_and_limits
     ]
     queue.enqueue_many(datas, pipeline=pipe)

@@ -1,7 +1,8 @@
-"""What a trainer submits: the job request schema, validated once at the API.
+"""What a trainer submits: the job request schema, validated at the API.
 
-Workers read the stored spec as a plain dict (msgpack), so only the API pays
-for validation and every field has one meaning across processes.
+The spec is stored as the plain dict the API validated (msgpack); a stage worker parses it back
+once per stage (`JobRequest.from_stored`), so every field has one meaning and one type across
+processes.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from shared.tasks.registry import FORMAT_KINDS
 
@@ -27,6 +28,8 @@ _TEMPLATE_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 # Groups of a batch are named "b.<batch id>.<prompt index>" (shared/batches/spec.py).
 BATCH_GROUP_PREFIX = "b."
+# Validation context of a spec read back from Redis rather than submitted.
+_STORED = "stored"
 
 
 class SamplingParams(BaseModel):
@@ -113,10 +116,17 @@ class JobRequest(BaseModel):
         default=None, description="Evaluate a given output (or the task's reference) without sampling: validation."
     )
 
+    @classmethod
+    def from_stored(cls, spec: dict[str, Any]) -> JobRequest:
+        """A stored spec, as a stage reads it. Batches store their own jobs under the group ids a
+        trainer may not submit, so that one check is the submission's, not the schema's."""
+        return cls.model_validate(spec, context={_STORED: True})
+
     @field_validator("group_id")
     @classmethod
-    def _group_not_reserved(cls, group_id: str | None) -> str | None:
-        if group_id is not None and group_id.startswith(BATCH_GROUP_PREFIX):
+    def _group_not_reserved(cls, group_id: str | None, info: ValidationInfo) -> str | None:
+        stored = bool(info.context and info.context.get(_STORED))
+        if group_id is not None and group_id.startswith(BATCH_GROUP_PREFIX) and not stored:
             raise ValueError(f"group ids starting with {BATCH_GROUP_PREFIX!r} are reserved for batches")
         return group_id
 

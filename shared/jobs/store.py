@@ -22,6 +22,7 @@ from redis.client import Pipeline
 from shared.codec import pack, unpack
 from shared.config import STAGES, Settings
 from shared.jobs.queues import enqueue_stage
+from shared.jobs.spec import Limits
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
 from shared.keys import Keys
 
@@ -90,7 +91,8 @@ class JobStore:
             with self.redis.pipeline(transaction=True) as pipe:
                 for job_id, spec in new_jobs:
                     self._write_new_record(pipe, job_id, spec, now)
-                enqueue_stage(pipe, "init", new_jobs, self.settings, self.redis)
+                limits = [(job_id, Limits.model_validate(spec.get("limits") or {})) for job_id, spec in new_jobs]
+                enqueue_stage(pipe, "init", limits, self.settings, self.redis)
                 pipe.execute()
         return [Submitted(job_id=i, created=c) for i, c in zip(ids, created)]  # type: ignore[arg-type]
 

@@ -8,9 +8,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.config import Settings
+
+if TYPE_CHECKING:  # shared.jobs.spec imports the task registry, which imports this module
+    from shared.jobs.spec import JobRequest
 
 
 class StageInterrupted(Exception):
@@ -25,7 +28,7 @@ class StageInterrupted(Exception):
 class StageContext:
     job_id: str
     stage: str
-    spec: dict[str, Any]
+    request: JobRequest  # the job as submitted, parsed once by the stage runner
     outputs: dict[str, Any]
     workspace: Path
     settings: Settings
@@ -41,7 +44,8 @@ class StageContext:
 
     @property
     def task(self) -> dict[str, Any]:
-        return self.spec["task"]
+        """The task instance: a plain dict, since its fields are its kind's to define and check."""
+        return self.request.task
 
     @property
     def remaining(self) -> float:

@@ -10,6 +10,7 @@ import pytest
 
 from shared.codec import pack, unpack
 from shared.config import Settings
+from shared.jobs.spec import JobRequest
 from shared.tasks import StageContext, StageInterrupted
 from shared.trajectory import OBSERVATION, Trajectory
 from tests.agent.conftest import Unlimited
@@ -178,7 +179,7 @@ def test_llama3_json_calls_drive_the_loop_too(scripted_llm: ScriptedLLM, tokeniz
 
 def stage_context(tmp_path: Path, seconds: float) -> StageContext:
     return StageContext(
-        job_id="j", stage="rollout", spec={"task": {}}, outputs={}, workspace=tmp_path,
+        job_id="j", stage="rollout", request=JobRequest(task={"kind": "demo"}), outputs={}, workspace=tmp_path,
         settings=Settings(state_dir=tmp_path), deadline=time.time() + seconds,
     )  # fmt: skip
 

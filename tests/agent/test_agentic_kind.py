@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from shared.config import Settings
+from shared.jobs.spec import JobRequest, SamplingParams
 from shared.tasks import StageContext, TaskValidationError
 from workers.kinds.agentic import AgentTask
-from workers.rollout.agent_task import loop_config, sampling_from_spec
+from workers.rollout.agent_task import loop_config, sampling_for
 
 
 class Kind(AgentTask):
@@ -24,7 +25,7 @@ class Kind(AgentTask):
 
 def context(tmp_path: Path, spec: dict[str, Any], seconds: float = 3600, **settings: Any) -> StageContext:
     return StageContext(
-        job_id="j", stage="rollout", spec=spec, outputs={}, workspace=tmp_path,
+        job_id="j", stage="rollout", request=JobRequest.model_validate(spec), outputs={}, workspace=tmp_path,
         settings=Settings(state_dir=tmp_path, **settings), deadline=time.time() + seconds,
     )  # fmt: skip
 
@@ -69,13 +70,13 @@ def test_the_task_overrides_the_job_which_overrides_the_deployment(tmp_path: Pat
 
 
 def test_defaults_and_a_short_stage_keeping_its_time_for_the_agent(tmp_path: Path) -> None:
-    config = loop_config(Kind(), context(tmp_path, {"task": {}}, seconds=20, agent_time_reserve_s=10))
+    config = loop_config(Kind(), context(tmp_path, {"task": {"kind": "k"}}, seconds=20, agent_time_reserve_s=10))
     assert config.max_turns == 16 and config.max_tokens_per_turn == Settings().agent_max_tokens_per_turn
     assert 0 < config.time_reserve_s <= 2.0
 
 
 def test_sampling_comes_from_the_job() -> None:
-    sampling = sampling_from_spec({"sampling": {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "seed": 3,
-                                                "stop_token_ids": [7]}}, max_tokens=128)
+    params = SamplingParams(temperature=0.6, top_p=0.9, top_k=20, seed=3, stop_token_ids=[7])
+    sampling = sampling_for(params, max_tokens=128)
     assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed) == (0.6, 0.9, 20, 3)
     assert sampling.stop_token_ids == (7,) and sampling.max_tokens == 128

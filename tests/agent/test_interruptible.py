@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from shared.config import Settings
+from shared.jobs.spec import JobRequest
 from shared.tasks import StageContext, StageInterrupted
 from workers.rollout.interruptible import call_interruptibly
 
 
 def stage(tmp_path: Path, seconds: float = 3600) -> StageContext:
     return StageContext(
-        job_id="j", stage="rollout", spec={"task": {}}, outputs={}, workspace=tmp_path,
+        job_id="j", stage="rollout", request=JobRequest(task={"kind": "demo"}), outputs={}, workspace=tmp_path,
         settings=Settings(state_dir=tmp_path), deadline=time.time() + seconds,
     )  # fmt: skip
 

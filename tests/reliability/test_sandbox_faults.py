@@ -18,6 +18,7 @@ import pytest
 
 from cli.stack import Stack
 from shared.config import Settings
+from shared.jobs.spec import JobRequest
 from shared.tasks.context import StageContext, StageInterrupted
 from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
@@ -187,7 +188,7 @@ def test_a_deadline_during_sandbox_start_is_an_interruption(tmp_path: Path, monk
     real start-up is a race."""
     from workers.rollout import agent_task
 
-    ctx = StageContext(job_id="j", stage="rollout", spec={"task": {"kind": "agent-echo"}}, outputs={},
+    ctx = StageContext(job_id="j", stage="rollout", request=JobRequest(task={"kind": "agent-echo"}), outputs={},
                        workspace=tmp_path / "ws", settings=Settings(state_dir=tmp_path), deadline=time.time() + 60)
     monkeypatch.setattr(agent_task, "create_sandbox", lambda *args: _StartInterrupted(ctx))
     with pytest.raises(StageInterrupted) as stopped:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from shared.config import Settings
+from shared.jobs.spec import JobRequest
 from shared.tasks import StageContext
 from workers.sandbox.local import bwrap_usable
 
@@ -42,7 +43,7 @@ def make_ctx(tmp_path: Path, task_settings: Settings) -> MakeCtx:
         return StageContext(
             job_id="job-1",
             stage=stage,
-            spec={"task": task},
+            request=JobRequest(task=task),
             outputs=outputs or {},
             workspace=tmp_path / "workspace",
             settings=task_settings,

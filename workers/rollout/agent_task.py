@@ -41,18 +41,16 @@ class AgentKind(Protocol):
 
 
 def loop_config(kind: AgentKind, ctx: StageContext) -> LoopConfig:
-    task, settings = ctx.task, ctx.settings
-    limits = ctx.spec.get("limits") or {}
-    sampling = ctx.spec.get("sampling") or {}
+    task, settings, request = ctx.task, ctx.settings, ctx.request
     context = min(
         settings.agent_max_context_tokens,
-        limits.get("max_tokens") or settings.agent_max_context_tokens,
+        request.limits.max_tokens,
         task.get("max_context_tokens") or settings.agent_max_context_tokens,
     )
     return LoopConfig(
-        max_turns=task.get("max_turns") or limits.get("max_turns") or 16,
+        max_turns=task.get("max_turns") or request.limits.max_turns,
         max_context_tokens=context,
-        max_tokens_per_turn=sampling.get("max_tokens") or settings.agent_max_tokens_per_turn,
+        max_tokens_per_turn=request.sampling.max_tokens or settings.agent_max_tokens_per_turn,
         stop_on_no_tool_call=task.get("stop_on_no_tool_call", settings.agent_stop_on_no_tool_call),
         no_tool_call_message=settings.agent_no_tool_call_message,
         allowed_tools=tuple(kind.tools),
@@ -62,9 +60,8 @@ def loop_config(kind: AgentKind, ctx: StageContext) -> LoopConfig:
     )
 
 
-def sampling_from_spec(spec: dict[str, Any], max_tokens: int) -> Sampling:
+def sampling_for(sampling: SamplingParams, max_tokens: int) -> Sampling:
     """The job's sampling parameters under vLLM's names; max_tokens is capped per turn by the loop."""
-    sampling = SamplingParams.model_validate(spec.get("sampling") or {})
     return Sampling(
         max_tokens=max_tokens,
         temperature=sampling.temperature,
@@ -88,15 +85,16 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
     """
     settings = ctx.settings
     llm = llm_services()
-    group_id = ctx.spec.get("group_id")
+    request = ctx.request
+    group_id = request.group_id
     sandbox: Sandbox | None = None
     loop: AgentLoop | None = None
     try:
-        pin = llm.pool.acquire(ctx.job_id, group_id, model=ctx.spec.get("model"))
+        pin = llm.pool.acquire(ctx.job_id, group_id, model=request.model)
         parser = get_parser(ctx.task.get("tool_parser") or settings.agent_tool_parser)
         tools = kind.tool_schemas()
         renderer = ChatRenderer(load_tokenizer(pin), tools, tool_instructions_json(tools, parser.call_format),
-                                template_kwargs=ctx.spec.get("chat_template_kwargs"))  # fmt: skip
+                                template_kwargs=request.chat_template_kwargs)  # fmt: skip
         config = loop_config(kind, ctx)
 
         def generate(prompt: list[int], sampling: Sampling) -> Completion:
@@ -113,7 +111,7 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
             sandbox = _start_sandbox(kind, ctx)
         loop = AgentLoop(
             renderer, parser, generate, _tool_runner(sandbox, ctx), config,
-            sampling_from_spec(ctx.spec, config.max_tokens_per_turn), ctx,
+            sampling_for(request.sampling, config.max_tokens_per_turn), ctx,
         )  # fmt: skip
         trajectory = loop.run(kind.messages(ctx.task))
         ctx.check()

@@ -16,12 +16,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import pydantic
 from rq.timeouts import JobTimeoutException
 
 from shared import log_context
 from shared.batches.hook import on_job_terminal
 from shared.config import STAGES
 from shared.jobs.queues import enqueue_stage, stage_timeout, total_timeout
+from shared.jobs.spec import JobRequest
 from shared.jobs.status import NEXT_STAGE, STAGE_ENTRY_FROM, TERMINAL, JobStatus
 from shared.tasks import StageContext, StageInterrupted, get_kind
 from workers.runtime.state import WorkerState, log, state
@@ -56,18 +58,22 @@ def _run_stage(stage: str, job_id: str, worker_name: str | None) -> str:
     attempt = taken.attempt
     guard = (f"attempts:{stage}", attempt)
 
-    spec = record["spec"]
+    try:
+        request = JobRequest.from_stored(record["spec"])
+    except pydantic.ValidationError as exc:  # stored by a version of the API whose schema this worker lacks
+        error = {"stage": stage, "type": "invalid_request", "message": str(exc)}
+        return _finish(st, job_id, stage, JobStatus.FAILED, error, None, guard)
     now = time.time()
-    job_deadline = record["created_at"] + total_timeout(spec, st.settings)
+    job_deadline = record["created_at"] + total_timeout(request.limits, st.settings)
     if now >= job_deadline:
         return _finish(st, job_id, stage, JobStatus.TIMED_OUT, _timeout_error(stage, "total"), None, guard)
-    stage_deadline = now + stage_timeout(spec, stage, st.settings)
+    stage_deadline = now + stage_timeout(request.limits, stage, st.settings)
     limit = "total" if job_deadline < stage_deadline else "stage"
 
     ctx = StageContext(
         job_id=job_id,
         stage=stage,
-        spec=spec,
+        request=request,
         outputs={s: record[f"out:{s}"] for s in STAGES if f"out:{s}" in record},
         workspace=st.workspace(job_id),
         settings=st.settings,
@@ -131,9 +137,9 @@ def _call_handler(stage: str, ctx: StageContext) -> dict[str, Any]:
     if stage == "init":
         output = kind.init(ctx)
     elif stage == "rollout":
-        given = ctx.spec.get("given")
+        given = ctx.request.given
         # A given output (validation) is judged exactly as a sampled one; only the sampling is skipped.
-        output = {**kind.given_rollout(ctx.task, given.get("output")), "given": True} if given else kind.rollout(ctx)
+        output = {**kind.given_rollout(ctx.task, given.output), "given": True} if given else kind.rollout(ctx)
     else:
         output = kind.evaluate(ctx)
     if not isinstance(output, dict):
@@ -153,7 +159,7 @@ def _hand_on(st: WorkerState, ctx: StageContext, output: dict[str, Any]) -> str:
     if next_stage is None:
         moved = st.store.transition(job_id, (stage,), JobStatus.DONE, fields, guard)
         if moved.applied:
-            on_job_terminal(st.store, job_id, ctx.spec.get("group_id"))
+            on_job_terminal(st.store, job_id, ctx.request.group_id)
             st.remove_workspace(job_id)
             return JobStatus.DONE
         return _lost_race(st, job_id, moved.previous)
@@ -161,7 +167,7 @@ def _hand_on(st: WorkerState, ctx: StageContext, output: dict[str, Any]) -> str:
     with st.redis.pipeline(transaction=True) as pipe:
         # Queued even if the move is refused: the next stage's worker then finds the job
         # cancelled or already taken and skips it. One transaction, so never the reverse.
-        enqueue_stage(pipe, next_stage, [(job_id, ctx.spec)], st.settings, st.redis)
+        enqueue_stage(pipe, next_stage, [(job_id, ctx.request.limits)], st.settings, st.redis)
         st.store.queue_transition(pipe, job_id, (stage,), next_stage, fields, guard)
         applied, previous = pipe.execute()[-1][:2]
     if applied:
@@ -186,7 +192,7 @@ def _interrupted(st: WorkerState, ctx: StageContext, reason: str, limit: str) ->
     if reason == "requeue":
         # The worker is shutting down: hand the job back to its stage's queue for another worker.
         with st.redis.pipeline(transaction=True) as pipe:
-            enqueue_stage(pipe, stage, [(job_id, ctx.spec)], st.settings, st.redis, handback=ctx.attempt)
+            enqueue_stage(pipe, stage, [(job_id, ctx.request.limits)], st.settings, st.redis, handback=ctx.attempt)
             st.store.queue_transition(pipe, job_id, (stage,), stage, {f"t:{stage}:requeued": time.time()}, guard)
             pipe.execute()
         return "requeued"
