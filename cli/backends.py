@@ -19,6 +19,7 @@ import httpx
 
 from cli.http import ApiClient
 from shared.config import Settings, get_settings
+from shared.errors import RolloutsError
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 _MAX_BACKOFF_S = 30.0
 
 
-class RegistrationRefused(click.ClickException):
+class RegistrationRefused(RolloutsError, click.ClickException):
     """The API refused the registration for good (a 4xx: bad token, bad body)."""
 
 

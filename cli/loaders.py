@@ -33,10 +33,11 @@ _FILE_BUILDERS = {
 }
 
 
+from shared.errors import RolloutsError
 from workers.kinds.formats import row_to_task
 
 
-class LoaderError(ValueError):
+class LoaderError(RolloutsError, ValueError):
     """A file that does not hold task rows; the message names the file (and line)."""
 
 

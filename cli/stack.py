@@ -26,8 +26,9 @@ from cli.tiny_model import tiny_model_dir
 from cli.vllm_server import VLLMError, VLLMServer
 from shared.config import STAGES, Settings
 
+from shared.errors import RolloutsError
 
-class StackError(RuntimeError):
+class StackError(RolloutsError, RuntimeError):
     pass
 
 

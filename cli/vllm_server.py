@@ -37,13 +37,14 @@ import httpx
 
 from cli.procs import die_with_parent
 from shared.config import Settings
+from shared.errors import RolloutsError
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 # vLLM's log prefix: "(APIServer pid=1) INFO 11-24 21:19:35 [launcher.py:195] " or "INFO 11-24 ... [x.py:1] ".
 _LOG_PREFIX = re.compile(r"^(\([^)]*\)\s+)?[A-Z]+\s+\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\]\s*")
 
 
-class VLLMError(RuntimeError):
+class VLLMError(RolloutsError, RuntimeError):
     """vLLM could not be started, or did not become ready; the message says why and where its log is."""
 
 

@@ -9,6 +9,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from shared.config import Settings
+from shared.errors import RolloutsError
 
 
 # redis-py 8 caps a client's connection pool at 100 by default (earlier versions did not cap it).
@@ -21,7 +22,7 @@ from shared.config import Settings
 MAX_CONNECTIONS = 10_000
 
 
-class RedisNotConfigured(RuntimeError):
+class RedisNotConfigured(RolloutsError, RuntimeError):
     """Raised where a process needs Redis but none was configured or started."""
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from shared.errors import RolloutsError
+
 SCHEMA_VERSION = 1
 
 # Turn roles: the initial prompt, a model generation, and the template/observation tokens between two generations.
@@ -35,7 +37,7 @@ STOP_REASONS = (
 )
 
 
-class TrajectoryError(ValueError):
+class TrajectoryError(RolloutsError, ValueError):
     """A record that breaks the token invariants: a bug upstream, never to be trained on."""
 
 

@@ -8,10 +8,7 @@ from fastapi import APIRouter, Body, Depends, HTTPException, Path, Request, Resp
 from pydantic import BaseModel, ConfigDict, Field
 from redis import Redis
 
-from fastapi.responses import JSONResponse
-
 from api.deps import get_keys, get_redis, get_settings, require_admin, require_auth
-from api.errors import validation_response
 from shared.backend_pool import Backend, BackendPool, NotAModelServer, check_serves_model
 from shared.config import Settings
 from shared.keys import Keys
@@ -92,12 +89,12 @@ def _found(backend: Backend | None, backend_id: str) -> Backend:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=BackendView,
              dependencies=[Depends(require_admin)], summary="Register (or refresh) a backend")
-def register_backend(body: BackendRegistration, pool: BackendPool = Depends(get_pool)) -> BackendView | JSONResponse:
+def register_backend(body: BackendRegistration, pool: BackendPool = Depends(get_pool)) -> BackendView:
     """Refused (422) unless the URL is an OpenAI-compatible server that serves the named model."""
     try:
         root = check_serves_model(body.url, body.model, pool.settings.llm_probe_timeout_s)
     except NotAModelServer as exc:
-        return validation_response([{"field": f"body.{exc.field}", "message": str(exc)}])
+        raise exc.within("body") from None
     backend = pool.register(body.url, body.model, body.capacity, body.labels, body.id, tokenizer=body.tokenizer or root)
     return BackendView.of(backend)
 

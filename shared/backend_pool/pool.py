@@ -27,6 +27,7 @@ import httpx
 from redis import Redis
 
 from shared.config import Settings
+from shared.errors import RolloutsError, ValidationError
 from shared.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ _HSET_IF_EXISTS = (
 )
 
 
-class NoBackendAvailable(RuntimeError):
+class NoBackendAvailable(RolloutsError, RuntimeError):
     """No healthy, non-draining backend is registered; the caller should wait and retry."""
 
 
@@ -128,12 +129,12 @@ def probe_health(url: str, timeout_s: float) -> str | None:
     return None
 
 
-class NotAModelServer(ValueError):
-    """A registration whose URL is not an OpenAI-compatible server serving the named model."""
+class NotAModelServer(ValidationError):
+    """A registration whose URL is not an OpenAI-compatible server serving the named model; `field` says
+    which of the two is at fault (`url` or `model`)."""
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
+        super().__init__(message, (field,))
 
 
 def check_serves_model(url: str, model: str, timeout_s: float) -> str:

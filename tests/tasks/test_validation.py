@@ -106,3 +106,20 @@ def test_validation_errors_combine_copy_and_pickle() -> None:
     unknown = pickle.loads(pickle.dumps(UnknownKind("nope", ["demo"])))
     assert (unknown.kind, unknown.field) == ("nope", "task.kind")
     assert isinstance(both, RolloutsError) and isinstance(both, ValueError)
+
+
+def test_the_projects_exceptions_share_one_root_and_keep_their_builtin_base() -> None:
+    from cli.stack import StackError
+    from shared.backend_pool import NoBackendAvailable, NotAModelServer
+    from shared.trajectory import TrajectoryError
+    from workers.rollout.llm_client import BackendUnavailable
+    from workers.sandbox.base import SandboxError
+
+    for error, builtin in [
+        (StackError, RuntimeError), (NoBackendAvailable, RuntimeError), (TrajectoryError, ValueError),
+        (BackendUnavailable, RuntimeError), (SandboxError, RuntimeError),
+    ]:  # fmt: skip
+        assert issubclass(error, RolloutsError) and issubclass(error, builtin), error
+    refused = NotAModelServer("model", "serves ['a'], not 'b'")
+    assert isinstance(refused, ValidationError) and refused.field == "model"
+    assert refused.within("body").field == "body.model"

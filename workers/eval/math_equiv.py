@@ -44,6 +44,7 @@ from sympy.parsing.sympy_parser import (
     standard_transformations,
 )
 
+from shared.errors import RolloutsError
 from workers.eval.latex import drop_text, strip_decorations, to_sympy_syntax, unwrap_text
 
 MAX_ANSWER_CHARS = 400
@@ -78,7 +79,7 @@ _SYMBOL_NAME = re.compile(r"[A-Za-z]+[0-9]*(?:_[A-Za-z0-9]+)?")
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 
 
-class EquivalenceUndecided(RuntimeError):
+class EquivalenceUndecided(RolloutsError, RuntimeError):
     """The check did not finish (time limit, or its process died): an evaluation error, not a 0."""
 
 

@@ -12,6 +12,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from shared.errors import RolloutsError
+
 # Dimension exponents over (m, kg, s, A, K, mol, cd).
 Dims = tuple[int, int, int, int, int, int, int]
 _NONE: Dims = (0, 0, 0, 0, 0, 0, 0)
@@ -79,7 +81,7 @@ _NUMBER = re.compile(
 _TOKEN = re.compile(r"\s*(?:(?P<name>[A-Za-zµμΩÅ°]+)|(?P<op>[*/^()·])|(?P<num>[-+−]?\d+))")
 
 
-class UnitError(ValueError):
+class UnitError(RolloutsError, ValueError):
     """Text that is not a number with a known unit."""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from shared.errors import RolloutsError
 from shared.tasks.base import TaskValidationError
 from shared.tasks.registry import FORMAT_KINDS, FORMATS
 from workers.eval.answers import plain_final_answer
@@ -29,7 +30,7 @@ _NEEDS = {
 _GSM8K_MARK = "####"
 
 
-class FormatError(ValueError):
+class FormatError(RolloutsError, ValueError):
     """A row that matches no format, or lacks a field of the one named; the message names the field."""
 
 

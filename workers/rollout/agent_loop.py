@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
+from shared.errors import RolloutsError
 from shared.trajectory import ASSISTANT, OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
 from workers.rollout.chat_delta import ChatRenderer
 from workers.rollout.llm_client import BackendRequestError, Completion, Sampling
@@ -50,7 +51,7 @@ class Budget(Protocol):
     def check(self) -> None: ...
 
 
-class BackendProtocolError(RuntimeError):
+class BackendProtocolError(RolloutsError, RuntimeError):
     """The backend's answer breaks the token contract (more tokens than asked, logprobs misaligned)."""
 
 

@@ -40,6 +40,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from shared.errors import RolloutsError
+
 
 ESCAPE = "\u200b"
 # The stand-in exchange the observation deltas are cut from: plain words no template trims,
@@ -68,7 +70,7 @@ def escape_control_tokens(text: str, controls: list[str]) -> str:
     return pattern.sub(lambda m: m.group(0)[0] + ESCAPE + m.group(0)[1:], text)
 
 
-class ChatTemplateError(RuntimeError):
+class ChatTemplateError(RolloutsError, RuntimeError):
     """The chat template cannot give a clean token delta for this conversation."""
 
 

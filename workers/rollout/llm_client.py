@@ -38,6 +38,8 @@ from typing import Any
 
 import httpx
 
+from shared.errors import RolloutsError
+
 log = logging.getLogger(__name__)
 
 _TOKEN_ID_PREFIX = "token_id:"
@@ -49,7 +51,7 @@ class _RouteMissing(Exception):
     """The server has no such route (FastAPI's own 404), as opposed to vLLM's 404 for an unknown model."""
 
 
-class LLMError(RuntimeError):
+class LLMError(RolloutsError, RuntimeError):
     """Base of every error this client raises."""
 
 

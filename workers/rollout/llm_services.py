@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.backend_pool import BackendPool, Pin
+from shared.errors import RolloutsError
 from workers.rollout.llm_client import LLMClient
 
 _lock = threading.Lock()
@@ -37,7 +38,7 @@ def llm_services() -> LLMServices:
         return _llm
 
 
-class TokenizerUnavailable(RuntimeError):
+class TokenizerUnavailable(RolloutsError, RuntimeError):
     """The backend's model has no tokenizer this worker can read: an infrastructure error, never a reward."""
 
 

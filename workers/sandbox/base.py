@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.config import Settings
+from shared.errors import RolloutsError
 from workers.sandbox.isolation import rlimit_preexec
 from workers.sandbox.spec import ExecResult, SandboxSpec
 from workers.toolserver.client import ToolClient, ToolServerError
@@ -53,7 +54,7 @@ def _spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     return executor.submit(subprocess.Popen, argv, **kwargs).result()
 
 
-class SandboxError(RuntimeError):
+class SandboxError(RolloutsError, RuntimeError):
     """The sandbox could not start or died: an infrastructure failure, not the agent's."""
 
 

@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from shared.errors import RolloutsError
 from workers.toolserver.files import ToolError, Workspace
 
 _GIT_ENV = {
@@ -28,7 +29,7 @@ _GIT_ENV = {
 }
 
 
-class WorkspaceError(RuntimeError):
+class WorkspaceError(RolloutsError, RuntimeError):
     pass
 
 
