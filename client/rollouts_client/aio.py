@@ -9,20 +9,32 @@ from typing import Any
 
 import httpx
 
-from rollouts_client.errors import WaitTimeout
+from rollouts_client.errors import ApiError, WaitTimeout
 from rollouts_client.models import Batch, Group, GroupPage, Job
-from rollouts_client.wire import RESULTS_PAGE_GROUPS, RetryPolicy, SseParser, batch_body, decode, headers
+from rollouts_client.wire import (
+    RESULTS_PAGE_GROUPS,
+    RetryPolicy,
+    SseParser,
+    backend_body,
+    batch_body,
+    decode,
+    endpoint,
+    headers,
+)
 from rollouts_client.wire import StreamUnavailable as _Unavailable
 
 LIST_CHUNK = 500
 
 
 class AsyncRolloutClient:
-    """See RolloutClient; every method is a coroutine and the iterators are async."""
+    """See RolloutClient; every method is a coroutine and the iterators are async.
+
+    `base_url` and `token` default to ROLLOUTS_API_URL and ROLLOUTS_API_TOKEN, as there.
+    """
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         token: str | None = None,
         *,
         timeout: float = 30.0,
@@ -30,6 +42,7 @@ class AsyncRolloutClient:
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        base_url, token = endpoint(base_url, token)
         self.retry = retry or RetryPolicy()
         self.http = httpx.AsyncClient(
             base_url=base_url, headers=headers(token, msgpack), timeout=timeout, transport=transport
@@ -193,3 +206,45 @@ class AsyncRolloutClient:
         self, batch_id: str, *, results: bool = True, timeout: float | None = None
     ) -> list[Group]:
         return [group async for group in self.iter_groups(batch_id, results=results, timeout=timeout)]
+
+    # --- the service ------------------------------------------------------------
+    async def health(self) -> bool:
+        try:
+            return (await self.http.get("/healthz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def status(self) -> dict[str, Any]:
+        return decode(await self.request("GET", "/v1/status"))
+
+    # --- LLM backends -------------------------------------------------------------
+    async def list_backends(self) -> list[dict[str, Any]]:
+        return decode(await self.request("GET", "/v1/backends"))["backends"]
+
+    async def register_backend(
+        self,
+        url: str,
+        model: str,
+        *,
+        backend_id: str | None = None,
+        tokenizer: str | None = None,
+        capacity: float | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        body = backend_body(url, model, backend_id, tokenizer, capacity, labels)
+        return decode(await self.request("POST", "/v1/backends", json=body), (201,))
+
+    async def backend_heartbeat(self, backend_id: str) -> dict[str, Any]:
+        return decode(await self.request("POST", f"/v1/backends/{backend_id}/heartbeat"))
+
+    async def drain_backend(self, backend_id: str, draining: bool = True) -> dict[str, Any]:
+        response = await self.request("POST", f"/v1/backends/{backend_id}/drain", json={"draining": draining})
+        return decode(response)
+
+    async def deregister_backend(self, backend_id: str) -> bool:
+        response = await self.request("DELETE", f"/v1/backends/{backend_id}")
+        if response.status_code == 404:
+            return False
+        if response.status_code != 204:
+            raise ApiError(response)
+        return True

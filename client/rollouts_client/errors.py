@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 
 
 class ApiError(RuntimeError):
-    """A non-success answer; `detail` is the API's message (it names the offending field)."""
+    """A non-success answer; `detail` is the API's message (it names the offending field).
+
+    On a 422, `errors` lists each problem as {"field", "message"}, so a caller that sent many
+    jobs at once can tell which of them were refused ("body[3].task.kind").
+    """
 
     def __init__(self, response: httpx.Response) -> None:
         detail: object = response.text
+        errors: list[dict[str, Any]] = []
         try:
-            detail = response.json().get("detail", response.text)
+            body = response.json()
         except ValueError:
-            pass
+            body = None
+        if isinstance(body, dict):
+            detail = body.get("detail", response.text)
+            errors = [e for e in body.get("errors") or [] if isinstance(e, dict)]
         super().__init__(f"HTTP {response.status_code}: {detail}")
         self.status_code = response.status_code
         self.detail = detail
+        self.errors = errors
 
 
 class WaitTimeout(TimeoutError):

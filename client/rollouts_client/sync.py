@@ -8,24 +8,35 @@ from typing import Any
 
 import httpx
 
-from rollouts_client.errors import WaitTimeout
+from rollouts_client.errors import ApiError, WaitTimeout
 from rollouts_client.models import Batch, Group, GroupPage, Job
-from rollouts_client.wire import RESULTS_PAGE_GROUPS, RetryPolicy, SseParser, batch_body, decode, headers
+from rollouts_client.wire import (
+    RESULTS_PAGE_GROUPS,
+    RetryPolicy,
+    SseParser,
+    backend_body,
+    batch_body,
+    decode,
+    endpoint,
+    headers,
+)
 from rollouts_client.wire import StreamUnavailable as _Unavailable
 
 LIST_CHUNK = 500
 
 
 class RolloutClient:
-    """Submit jobs and batches, wait for them, stream a batch's groups, cancel.
+    """Submit jobs and batches, wait for them, stream a batch's groups, cancel; register LLM backends.
 
-    Responses come as msgpack by default (`msgpack=False` for JSON); connection
-    errors and 503s are retried (see RetryPolicy).
+    `base_url` and `token` default to the environment's ROLLOUTS_API_URL and
+    ROLLOUTS_API_TOKEN, so a job script can point a trainer at the service without
+    code changes. Responses come as msgpack by default (`msgpack=False` for JSON);
+    connection errors and 503s are retried (see RetryPolicy).
     """
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         token: str | None = None,
         *,
         timeout: float = 30.0,
@@ -33,6 +44,7 @@ class RolloutClient:
         retry: RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        base_url, token = endpoint(base_url, token)
         self.retry = retry or RetryPolicy()
         self.http = httpx.Client(
             base_url=base_url, headers=headers(token, msgpack), timeout=timeout, transport=transport
@@ -200,3 +212,52 @@ class RolloutClient:
 
     def collect_groups(self, batch_id: str, *, results: bool = True, timeout: float | None = None) -> list[Group]:
         return list(self.iter_groups(batch_id, results=results, timeout=timeout))
+
+    # --- the service ------------------------------------------------------------
+    def health(self) -> bool:
+        """Whether the API answers its health check now (one try, no token needed): for waiting on a start."""
+        try:
+            return self.http.get("/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def status(self) -> dict[str, Any]:
+        """Queues and workers: `stages` (queued, running, failed, processes, slots, busy_slots), `jobs`, `in_flight`."""
+        return decode(self.request("GET", "/v1/status"))
+
+    # --- LLM backends (registering, heartbeats and draining need an admin token) -
+    def list_backends(self) -> list[dict[str, Any]]:
+        """Every registered backend: id, url, model, capacity, labels, healthy, draining, inflight, ..."""
+        return decode(self.request("GET", "/v1/backends"))["backends"]
+
+    def register_backend(
+        self,
+        url: str,
+        model: str,
+        *,
+        backend_id: str | None = None,
+        tokenizer: str | None = None,
+        capacity: float | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Add a vLLM server to the pool, or refresh it (the id defaults to one derived from the URL); its view."""
+        body = backend_body(url, model, backend_id, tokenizer, capacity, labels)
+        return decode(self.request("POST", "/v1/backends", json=body), (201,))
+
+    def backend_heartbeat(self, backend_id: str) -> dict[str, Any]:
+        """Keep a backend healthy; ApiError 404 when the pool forgot it (register it again)."""
+        return decode(self.request("POST", f"/v1/backends/{backend_id}/heartbeat"))
+
+    def drain_backend(self, backend_id: str, draining: bool = True) -> dict[str, Any]:
+        """Stop new trajectories on a backend (running ones finish there); draining=False reopens it."""
+        response = self.request("POST", f"/v1/backends/{backend_id}/drain", json={"draining": draining})
+        return decode(response)
+
+    def deregister_backend(self, backend_id: str) -> bool:
+        """Remove a backend from the pool; False when it was not registered."""
+        response = self.request("DELETE", f"/v1/backends/{backend_id}")
+        if response.status_code == 404:
+            return False
+        if response.status_code != 204:
+            raise ApiError(response)
+        return True

@@ -1,18 +1,23 @@
-"""What the sync and async clients share: headers, body decoding, retry policy, SSE parsing."""
+"""What the sync and async clients share: where the API is, headers, body decoding, retry policy, SSE parsing."""
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import msgpack
-import orjson
 
 from rollouts_client.errors import ApiError
 
 MSGPACK = "application/msgpack"
+
+# Where a trainer's client finds the API when its code does not say (a job script exports them).
+API_URL_ENV = "ROLLOUTS_API_URL"
+API_TOKEN_ENV = "ROLLOUTS_API_TOKEN"
 
 
 # Groups per long-poll page when each group embeds its n trajectories (the server caps it too).
@@ -54,6 +59,14 @@ class RetryPolicy:
         return isinstance(exc, httpx.TransportError)
 
 
+def endpoint(base_url: str | None, token: str | None) -> tuple[str, str | None]:
+    """The URL and token given, else ROLLOUTS_API_URL and ROLLOUTS_API_TOKEN; no URL at all is an error."""
+    url = base_url or os.environ.get(API_URL_ENV)
+    if not url:
+        raise ValueError(f"no API URL: pass base_url or set {API_URL_ENV}")
+    return url, token if token is not None else os.environ.get(API_TOKEN_ENV) or None
+
+
 def headers(token: str | None, msgpack_responses: bool) -> dict[str, str]:
     out = {"Accept": MSGPACK if msgpack_responses else "application/json"}
     if token:
@@ -67,7 +80,7 @@ def decode(response: httpx.Response, expected: tuple[int, ...] = (200,)) -> Any:
         raise ApiError(response)
     if response.headers.get("content-type", "").startswith(MSGPACK):
         return msgpack.unpackb(response.content, raw=False, strict_map_key=False)
-    return orjson.loads(response.content)
+    return json.loads(response.content)
 
 
 class SseParser:
@@ -86,7 +99,7 @@ class SseParser:
         fields, self._fields = self._fields, {}
         if "data" not in fields:
             return None
-        return fields.get("event", "message"), fields.get("id", ""), orjson.loads(fields["data"])
+        return fields.get("event", "message"), fields.get("id", ""), json.loads(fields["data"])
 
 
 def batch_body(
@@ -103,4 +116,19 @@ def batch_body(
         body["prompts_path"] = prompts_path
     if min_informative_groups is not None:
         body["min_informative_groups"] = min_informative_groups
+    return body
+
+
+def backend_body(
+    url: str,
+    model: str,
+    backend_id: str | None,
+    tokenizer: str | None,
+    capacity: float | None,
+    labels: dict[str, str] | None,
+) -> dict[str, Any]:
+    """A registration as the API takes it; what is not given is left to the API's defaults."""
+    body: dict[str, Any] = {"url": url, "model": model}
+    optional = {"id": backend_id, "tokenizer": tokenizer, "capacity": capacity, "labels": labels}
+    body.update({name: value for name, value in optional.items() if value is not None})
     return body

@@ -1,0 +1,107 @@
+"""The client calls the CLI makes (status, backends), its environment defaults and its 422 details,
+against a scripted transport (no server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from rollouts_client import ApiError, AsyncRolloutClient, RetryPolicy, RolloutClient
+
+NO_WAIT = RetryPolicy(retries=2, first_delay_s=0.0, max_delay_s=0.0)
+BACKEND = {"id": "node7-8000", "url": "http://node7:8000", "model": "m", "healthy": True, "draining": False}
+
+
+class Recorder:
+    """Answers from a table keyed by (method, path); records each request with its JSON body."""
+
+    def __init__(self, answers: dict[tuple[str, str], list[httpx.Response]]) -> None:
+        self.answers = answers
+        self.seen: list[tuple[str, str, object, str | None]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        self.seen.append((request.method, request.url.path, body, request.headers.get("authorization")))
+        return self.answers[(request.method, request.url.path)].pop(0)
+
+
+def test_backend_calls_send_what_the_api_takes_and_read_what_it_answers() -> None:
+    api = Recorder({
+        ("POST", "/v1/backends"): [httpx.Response(201, json=BACKEND)],
+        ("POST", "/v1/backends/node7-8000/heartbeat"): [httpx.Response(200, json=BACKEND)],
+        ("POST", "/v1/backends/node7-8000/drain"): [httpx.Response(200, json={**BACKEND, "draining": True})],
+        ("GET", "/v1/backends"): [httpx.Response(200, json={"backends": [BACKEND], "inflight": 0, "selectable": 1})],
+        ("DELETE", "/v1/backends/node7-8000"): [httpx.Response(204), httpx.Response(404, json={"detail": "no"})],
+    })
+    with RolloutClient("http://api", "admin", transport=httpx.MockTransport(api)) as client:
+        assert client.register_backend("http://node7:8000", "m", labels={"gpu": "h100"})["id"] == "node7-8000"
+        assert client.backend_heartbeat("node7-8000")["healthy"]
+        assert client.drain_backend("node7-8000")["draining"]
+        assert client.list_backends() == [BACKEND]
+        assert client.deregister_backend("node7-8000") is True
+        assert client.deregister_backend("node7-8000") is False  # already gone
+    registration = {"url": "http://node7:8000", "model": "m", "labels": {"gpu": "h100"}}  # the rest: API defaults
+    assert api.seen[0] == ("POST", "/v1/backends", registration, "Bearer admin")
+    assert api.seen[2][2] == {"draining": True}
+
+
+def test_a_forgotten_backend_is_an_api_error_404() -> None:
+    api = Recorder({("POST", "/v1/backends/b/heartbeat"): [httpx.Response(404, json={"detail": "no backend 'b'"})]})
+    with RolloutClient("http://api", transport=httpx.MockTransport(api)) as client:
+        with pytest.raises(ApiError) as caught:
+            client.backend_heartbeat("b")
+    assert caught.value.status_code == 404 and caught.value.detail == "no backend 'b'"
+
+
+def test_status_is_retried_on_503_and_health_is_one_try() -> None:
+    stages = {"stages": {"init": {"queued": 0}}, "jobs": {}, "in_flight": 0}
+    api = Recorder({
+        ("GET", "/v1/status"): [httpx.Response(503, json={"detail": "redis"}), httpx.Response(200, json=stages)],
+        ("GET", "/healthz"): [httpx.Response(503, json={"detail": "redis"})],
+    })
+    with RolloutClient("http://api", retry=NO_WAIT, transport=httpx.MockTransport(api)) as client:
+        assert client.status() == stages
+        assert client.health() is False
+    assert [path for _, path, _, _ in api.seen] == ["/v1/status", "/v1/status", "/healthz"]
+
+
+def test_health_is_false_while_nothing_listens() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    with RolloutClient("http://api", transport=httpx.MockTransport(refuse)) as client:
+        assert client.health() is False
+
+
+def test_a_422_names_each_refused_job() -> None:
+    problems = [{"field": "body[1].task.kind", "message": "unknown kind"}]
+    api = Recorder({("POST", "/v1/jobs"): [httpx.Response(422, json={"detail": "...", "errors": problems})]})
+    with RolloutClient("http://api", transport=httpx.MockTransport(api)) as client:
+        with pytest.raises(ApiError) as caught:
+            client.submit_jobs([{"task": {"kind": "demo"}}, {"task": {"kind": "nope"}}])
+    assert caught.value.status_code == 422 and caught.value.errors == problems
+
+
+def test_url_and_token_default_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLOUTS_API_URL", "http://from-env:8000")
+    monkeypatch.setenv("ROLLOUTS_API_TOKEN", "env-token")
+    with RolloutClient() as client:
+        assert str(client.http.base_url) == "http://from-env:8000"
+        assert client.http.headers["authorization"] == "Bearer env-token"
+    with RolloutClient("http://given", "given-token") as client:  # what the code says wins
+        assert client.http.headers["authorization"] == "Bearer given-token"
+
+    async def base_url() -> str:
+        async with AsyncRolloutClient() as client:
+            return str(client.http.base_url)
+
+    assert asyncio.run(base_url()) == "http://from-env:8000"
+
+
+def test_no_url_anywhere_says_which_variable_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ROLLOUTS_API_URL", raising=False)
+    with pytest.raises(ValueError, match="ROLLOUTS_API_URL"):
+        RolloutClient()
