@@ -17,8 +17,9 @@ from typing import Any
 import click
 import httpx
 
-from cli.http import ApiClient
-from shared.config import Settings, get_settings
+from cli.connect import connect_admin
+from rollouts_client import ApiError, RolloutClient
+from shared.config import get_settings
 from shared.errors import RolloutsError
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,8 @@ class Registration:
     ``stop``.
     """
 
-    def __init__(self, client: ApiClient, body: dict[str, Any], interval_s: float) -> None:
+    def __init__(self, client: RolloutClient, body: dict[str, Any], interval_s: float) -> None:
+        """`body`: RolloutClient.register_backend's arguments (url, model, backend_id, capacity, ...)."""
         self.client = client
         self.body = body
         self.interval_s = interval_s
@@ -47,11 +49,12 @@ class Registration:
         self.stopped = threading.Event()
 
     def register(self) -> str:
-        response = self.client.request("POST", "/v1/backends", json=self.body)
-        if response.status_code != 201:
-            kind = click.ClickException if response.status_code >= 500 else RegistrationRefused
-            raise kind(f"registration refused ({response.status_code}): {response.text[:500]}")
-        self.backend_id = response.json()["id"]
+        try:
+            backend = self.client.register_backend(**self.body)
+        except ApiError as exc:
+            kind = click.ClickException if exc.status_code >= 500 else RegistrationRefused
+            raise kind(f"registration refused ({exc.status_code}): {str(exc.detail)[:500]}") from None
+        self.backend_id = backend["id"]
         return self.backend_id
 
     def register_until_done(self) -> str | None:
@@ -79,13 +82,15 @@ class Registration:
 
     def beat(self) -> bool:
         """One heartbeat; re-registers if the API forgot the backend. False: the API did not take it."""
-        response = self.client.request("POST", f"/v1/backends/{self.backend_id}/heartbeat")
-        if response.status_code == 404:  # removed by an operator or a wiped Redis: come back
-            log.warning("backend %s was forgotten by the API; registering again", self.backend_id)
-            self.register()
-            return True
-        if response.status_code != 200:
-            log.warning("heartbeat answered %s: %s", response.status_code, response.text[:200])
+        assert self.backend_id is not None
+        try:
+            self.client.backend_heartbeat(self.backend_id)
+        except ApiError as exc:
+            if exc.status_code == 404:  # removed by an operator or a wiped Redis: come back
+                log.warning("backend %s was forgotten by the API; registering again", self.backend_id)
+                self.register()
+                return True
+            log.warning("heartbeat answered %s: %s", exc.status_code, str(exc.detail)[:200])
             return False
         return True
 
@@ -112,20 +117,14 @@ class Registration:
         if backend_id is None:
             return
         try:
-            response = self.client.request("DELETE", f"/v1/backends/{backend_id}")
-            log.info("deregistered %s (%s)", backend_id, response.status_code)
-        except httpx.HTTPError as exc:
+            removed = self.client.deregister_backend(backend_id)
+            log.info("deregistered %s%s", backend_id, "" if removed else " (the pool had already dropped it)")
+        except (httpx.HTTPError, ApiError) as exc:
             log.warning("deregistration failed (the pool will drop it after missed heartbeats): %s", exc)
 
 
 def _message(exc: Exception) -> str:
     return exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
-
-
-def _admin_client(settings: Settings, api_url: str | None, token: str | None) -> ApiClient:
-    base = api_url or settings.api_url or f"http://{settings.api_host}:{settings.api_port}"
-    token = token or settings.token or next(iter(settings.admin_tokens or settings.api_tokens), None)
-    return ApiClient(base, token)
 
 
 def _labels(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -182,10 +181,10 @@ def register(backend_url: str, model: str, backend_id: str | None, tokenizer: st
     _wait_healthy(backend_url, wait_timeout)
     body = {"url": backend_url, "model": model, "capacity": capacity, "labels": _labels(labels)}
     if backend_id:
-        body["id"] = backend_id
+        body["backend_id"] = backend_id
     if tokenizer:
         body["tokenizer"] = tokenizer
-    registration = Registration(_admin_client(settings, api_url, token), body, settings.llm_heartbeat_interval_s)
+    registration = Registration(connect_admin(api_url, settings, token), body, settings.llm_heartbeat_interval_s)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: registration.stopped.set())
     try:

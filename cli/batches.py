@@ -10,19 +10,12 @@ from typing import IO, Any
 import click
 from tqdm import tqdm
 
+from cli.connect import connect
 from cli.tracking import read_jobs
 from rollouts_client import ApiError, Batch, Group, RolloutClient, WaitTimeout
-from shared.config import get_settings
 
 POLL_WAIT_S = 2.0
 _url_option = click.option("--url", default=None, help="API URL (default: ROLLOUTS_API_URL or host:port settings).")
-
-
-def make_client(url: str | None) -> RolloutClient:
-    settings = get_settings()
-    base = url or settings.api_url or f"http://{settings.api_host}:{settings.api_port}"
-    token = settings.token or (settings.api_tokens[0] if settings.api_tokens else None)
-    return RolloutClient(base, token)
 
 
 @click.command()
@@ -56,7 +49,7 @@ def batch(
     options: dict[str, Any] = {"on_target": on_target, "advantages": advantages}
     if max_in_flight:
         options["max_groups_in_flight"] = max_in_flight
-    client = make_client(url)
+    client = connect(url)
     try:
         if server_side:
             created = client.submit_batch(
@@ -148,7 +141,7 @@ def export(
     batch_id: str, output: Path, url: str | None, per_group: bool, all_groups: bool, timeout: float | None
 ) -> None:
     """Write a batch's groups, with trajectories, to OUTPUT as JSONL (waits for a running batch)."""
-    client = make_client(url)
+    client = connect(url)
     lines = 0
     try:
         with output.open("w") as out:

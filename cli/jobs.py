@@ -6,10 +6,10 @@ from pathlib import Path
 
 import click
 
-from cli.http import ApiClient, ApiError
+from cli.connect import connect
 from cli.loaders import LoaderError
 from cli.tracking import follow, read_row_jobs, submit_all, summary_table, write_results
-from shared.config import get_settings
+from rollouts_client import ApiError
 from workers.kinds.formats import FORMATS
 
 _url_option = click.option("--url", default=None, help="API URL (default: ROLLOUTS_API_URL or host:port settings).")
@@ -45,7 +45,7 @@ def submit(
     JOBS_FILE holds job lines, tasks, or rows of a published data set (GSM8K, MATH, plain answer,
     MBPP, HumanEval, SWE-bench): JSONL, or parquet/arrow/CSV files or a save_to_disk directory.
     """
-    client = ApiClient.from_settings(get_settings(), url)
+    client = connect(url)
     try:
         ids = submit_all(client, read_row_jobs(jobs_file, fmt, split))
         click.echo(f"submitted {len(ids)} jobs", err=True)
@@ -66,7 +66,7 @@ def submit(
 @_url_option
 def status(url: str | None) -> None:
     """Queue depths, workers and in-flight jobs per stage."""
-    client = ApiClient.from_settings(get_settings(), url)
+    client = connect(url)
     try:
         info = client.status()
     except ApiError as exc:

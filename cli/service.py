@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from cli.http import ApiClient
+from cli.connect import connect
 from cli.stack import Stack, StackError
 from cli.tracking import follow, read_jobs, submit_all, summary_table, write_results
 from shared.config import STAGES, get_settings
@@ -170,7 +170,7 @@ def run(
     stop_on_sigterm()
     try:
         stack.start()
-        client = ApiClient(stack.api_url, settings.token or (settings.api_tokens[0] if settings.api_tokens else None))
+        client = connect(stack.api_url, settings)
         ids = submit_all(client, jobs)
         click.echo(f"submitted {len(ids)} jobs", err=True)
         finished = follow(client, ids, timeout=timeout)

@@ -24,9 +24,10 @@ from cli.embedded_redis import EmbeddedRedis, free_port
 from cli.procs import die_with_parent
 from cli.tiny_model import tiny_model_dir
 from cli.vllm_server import VLLMError, VLLMServer
+from rollouts_client import ApiError, RetryPolicy, RolloutClient
 from shared.config import STAGES, Settings
-
 from shared.errors import RolloutsError
+
 
 class StackError(RolloutsError, RuntimeError):
     pass
@@ -141,23 +142,23 @@ class Stack:
 
     def _wait_for_backends(self, count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for registrar in self.registrars:
-                if registrar.poll() is not None:
-                    raise StackError(f"`rollouts register` exited with code {registrar.returncode} (see its log)")
-            try:
-                backends = httpx.get(f"{self.api_url}/v1/backends", headers=self._auth, timeout=2.0).json()
-                if sum(1 for b in backends.get("backends", []) if b.get("healthy")) >= count:
-                    return
-            except (httpx.HTTPError, ValueError, AttributeError):
-                pass
-            time.sleep(0.25)
+        with self._probe(2.0) as api:
+            while time.monotonic() < deadline:
+                for registrar in self.registrars:
+                    if registrar.poll() is not None:
+                        raise StackError(f"`rollouts register` exited with code {registrar.returncode} (see its log)")
+                try:
+                    if sum(1 for b in api.list_backends() if b.get("healthy")) >= count:
+                        return
+                except (httpx.HTTPError, ApiError, ValueError, KeyError, AttributeError):
+                    pass
+                time.sleep(0.25)
         raise StackError(f"the LLM backends did not register within {timeout:.0f}s")
 
-    @property
-    def _auth(self) -> dict[str, str]:
-        token = self.settings.token or next(iter(self.settings.api_tokens), None)
-        return {"Authorization": f"Bearer {token}"} if token else {}
+    def _probe(self, timeout: float, token: str | None = None) -> RolloutClient:
+        """A client for readiness checks: no retries (the callers poll); the stack's token unless given."""
+        token = token or self.settings.token or next(iter(self.settings.api_tokens), None)
+        return RolloutClient(self.api_url, token, timeout=timeout, retry=RetryPolicy(retries=0))
 
     def start_worker(self, stage: str, concurrency: int | None = None) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", f"workers.{stage}"]
@@ -187,28 +188,27 @@ class Stack:
 
     def _wait_for_api(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.api is not None and self.api.poll() is not None:
-                raise StackError(f"the API exited with code {self.api.returncode} (port {self.api_port} taken?)")
-            try:
-                if httpx.get(f"{self.api_url}/healthz", timeout=1.0).status_code == 200:
+        with self._probe(1.0) as api:
+            while time.monotonic() < deadline:
+                if self.api is not None and self.api.poll() is not None:
+                    raise StackError(f"the API exited with code {self.api.returncode} (port {self.api_port} taken?)")
+                if api.health():
                     return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+                time.sleep(0.1)
         raise StackError(f"the API did not become healthy within {timeout:.0f}s")
 
-    def wait_for_workers(self, timeout: float = 30.0, headers: dict[str, str] | None = None) -> None:
-        """Block until every started worker process has registered its slots with rq."""
+    def wait_for_workers(self, timeout: float = 30.0, token: str | None = None) -> None:
+        """Block until every started worker process has registered its slots with rq (asking with `token`)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                stages = httpx.get(f"{self.api_url}/v1/status", headers=headers, timeout=2.0).json()["stages"]
-                if all(stages[s]["processes"] >= len(self.workers[s]) for s in STAGES):
-                    return
-            except (httpx.HTTPError, KeyError, ValueError):
-                pass
-            time.sleep(0.1)
+        with self._probe(2.0, token) as api:
+            while time.monotonic() < deadline:
+                try:
+                    stages = api.status()["stages"]
+                    if all(stages[s]["processes"] >= len(self.workers[s]) for s in STAGES):
+                        return
+                except (httpx.HTTPError, ApiError, KeyError, ValueError):
+                    pass
+                time.sleep(0.1)
         raise StackError(f"workers did not register within {timeout:.0f}s")
 
     # --- run and stop -----------------------------------------------------

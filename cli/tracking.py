@@ -11,8 +11,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from cli.http import ApiClient, ApiError
 from cli.loaders import load_rows, row_job
+from rollouts_client import ApiError, Job, RolloutClient
 from shared.jobs.status import TERMINAL
 from workers.kinds.formats import FormatError
 
@@ -65,13 +65,13 @@ def rows_of(error: ApiError) -> dict[int, str]:
     return problems
 
 
-def submit_all(client: ApiClient, jobs: list[dict[str, Any]]) -> list[str]:
+def submit_all(client: RolloutClient, jobs: list[dict[str, Any]]) -> list[str]:
     """Submit in chunks; a refused chunk raises ValueError naming each refused row (1-based)."""
     ids: list[str] = []
     for start in range(0, len(jobs), SUBMIT_CHUNK):
         chunk = jobs[start : start + SUBMIT_CHUNK]
         try:
-            ids.extend(client.submit(chunk))
+            ids.extend(client.submit_jobs(chunk))
         except ApiError as exc:
             problems = rows_of(exc) if exc.status_code == 422 else {}
             if not problems:
@@ -81,7 +81,7 @@ def submit_all(client: ApiClient, jobs: list[dict[str, Any]]) -> list[str]:
     return ids
 
 
-def submit_each(client: ApiClient, jobs: list[dict[str, Any]]) -> tuple[dict[int, str], dict[int, str]]:
+def submit_each(client: RolloutClient, jobs: list[dict[str, Any]]) -> tuple[dict[int, str], dict[int, str]]:
     """Submit every job the API accepts: (job id by index, why it was refused by index)."""
     ids: dict[int, str] = {}
     refused: dict[int, str] = {}
@@ -89,7 +89,7 @@ def submit_each(client: ApiClient, jobs: list[dict[str, Any]]) -> tuple[dict[int
         pending = list(range(start, min(start + SUBMIT_CHUNK, len(jobs))))
         while pending:
             try:
-                submitted = client.submit([jobs[i] for i in pending])
+                submitted = client.submit_jobs([jobs[i] for i in pending])
             except ApiError as exc:
                 problems = rows_of(exc) if exc.status_code == 422 else {}
                 if not problems:
@@ -104,15 +104,15 @@ def submit_each(client: ApiClient, jobs: list[dict[str, Any]]) -> tuple[dict[int
 
 
 def follow(
-    client: ApiClient,
+    client: RolloutClient,
     job_ids: list[str],
     *,
     progress: bool | None = None,
     poll_s: float = 0.5,
     timeout: float | None = None,
-) -> dict[str, dict[str, Any]]:
-    """Poll until every job is terminal; returns the final summary of each job by id."""
-    finished: dict[str, dict[str, Any]] = {}
+) -> dict[str, Job]:
+    """Poll until every job is terminal; returns the final summary of each job (no result) by id."""
+    finished: dict[str, Job] = {}
     pending = list(dict.fromkeys(job_ids))
     deadline = None if timeout is None else time.monotonic() + timeout
     # progress=None: a bar on a terminal, nothing when output is piped (CI logs).
@@ -121,13 +121,13 @@ def follow(
         while pending:
             counts: dict[str, int] = defaultdict(int)
             still: list[str] = []
-            for summary in client.summaries(pending):
-                if summary["status"] in TERMINAL:
-                    finished[summary["id"]] = summary
+            for summary in client.job_summaries(pending):
+                if summary.status in TERMINAL:
+                    finished[summary.id] = summary
                     bar.update(1)
                 else:
-                    still.append(summary["id"])
-                    counts[summary["status"]] += 1
+                    still.append(summary.id)
+                    counts[summary.status] += 1
             pending = still
             bar.set_postfix({k: v for k, v in sorted(counts.items())}, refresh=True)
             if pending:
@@ -139,17 +139,17 @@ def follow(
     return finished
 
 
-def summary_table(summaries: list[dict[str, Any]]) -> str:
+def summary_table(summaries: list[Job]) -> str:
     """Per task kind: jobs, done, failed/other, mean reward, mean wall time."""
-    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_kind: dict[str, list[Job]] = defaultdict(list)
     for summary in summaries:
-        by_kind[summary["kind"]].append(summary)
+        by_kind[summary.kind].append(summary)
     rows = [("kind", "jobs", "done", "not done", "reward mean", "time mean (s)")]
     for kind in sorted(by_kind):
         items = by_kind[kind]
-        done = [s for s in items if s["status"] == "done"]
-        rewards = [s["reward"] for s in done if s.get("reward") is not None]
-        times = [s["finished_at"] - s["created_at"] for s in items if s.get("finished_at")]
+        done = [s for s in items if s.status == "done"]
+        rewards = [s.reward for s in done if s.reward is not None]
+        times = [s.finished_at - s.created_at for s in items if s.finished_at]
         rows.append(
             (
                 kind,
@@ -166,8 +166,8 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_results(client: ApiClient, job_ids: list[str], path: Path) -> None:
-    """One full job record per line (JSONL), in submission order."""
+def write_results(client: RolloutClient, job_ids: list[str], path: Path) -> None:
+    """One full job record per line (JSONL), in submission order, as the API serves it."""
     with path.open("w") as out:
         for job_id in job_ids:
-            out.write(json.dumps(client.job(job_id)) + "\n")
+            out.write(json.dumps(client.get_job(job_id).raw) + "\n")

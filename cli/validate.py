@@ -18,11 +18,11 @@ from typing import Any
 
 import click
 
-from cli.http import ApiClient, ApiError
+from cli.connect import connect
 from cli.jobs import format_option, split_option
 from cli.loaders import LoaderError, load_rows, row_job
 from cli.tracking import follow, submit_each
-from shared.config import get_settings
+from rollouts_client import ApiError, Job, RolloutClient
 from workers.kinds.formats import FormatError
 
 SCORED_1 = "scored 1"
@@ -54,23 +54,23 @@ def reference_jobs(rows: list[dict[str, Any]], fmt: str | None) -> tuple[list[di
     return [jobs.get(i, {}) for i in range(len(rows))], problems
 
 
-def judge(client: ApiClient, summary: dict[str, Any]) -> tuple[str, float | None, str]:
+def judge(client: RolloutClient, summary: Job) -> tuple[str, float | None, str]:
     """(verdict, reward, why) of a finished validation job."""
-    if summary["status"] == "done" and summary.get("reward") == 1.0:
+    if summary.status == "done" and summary.reward == 1.0:
         return SCORED_1, 1.0, ""
-    job = client.job(summary["id"])
-    if summary["status"] == "done":
-        evaluation = (job.get("result") or {}).get("evaluation") or {}
+    job = client.get_job(summary.id)
+    if summary.status == "done":
+        evaluation = (job.result or {}).get("evaluation") or {}
         why = evaluation.get("reason") or evaluation.get("error") or json.dumps(evaluation)[:500]
-        return SCORED_LESS, summary.get("reward"), str(why)
-    error = job.get("error") or {}
-    message = error.get("message") or error.get("reason") or summary["status"]
+        return SCORED_LESS, summary.reward, str(why)
+    error = job.error or {}
+    message = error.get("message") or error.get("reason") or summary.status
     where = f"{error['stage']}: " if error.get("stage") else ""
-    return NOT_EVALUABLE, None, f"job {summary['status']} ({where}{str(message).strip()[-500:]})"
+    return NOT_EVALUABLE, None, f"job {summary.status} ({where}{str(message).strip()[-500:]})"
 
 
 def validate_rows(
-    client: ApiClient, rows: list[dict[str, Any]], fmt: str | None, timeout: float | None, progress: bool | None
+    client: RolloutClient, rows: list[dict[str, Any]], fmt: str | None, timeout: float | None, progress: bool | None
 ) -> list[RowVerdict]:
     jobs, problems = reference_jobs(rows, fmt)
     wanted = [i for i in range(len(rows)) if i not in problems]
@@ -119,7 +119,7 @@ def validate(
     """Evaluate every row's own reference (gold patch, reference answer, canonical solution) as a rollout
     would be evaluated, on the running service's eval fleet; report per row. Exit status 1 if any row
     does not score 1."""
-    client = ApiClient.from_settings(get_settings(), url)
+    client = connect(url)
     try:
         verdicts = validate_rows(client, load_rows(data_file, split), fmt, timeout, progress)
     except (ApiError, LoaderError, TimeoutError) as exc:

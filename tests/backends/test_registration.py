@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from cli.backends import Registration, RegistrationRefused
+from rollouts_client import RetryPolicy, RolloutClient
 
 
 class ScriptedApi:
@@ -18,7 +19,8 @@ class ScriptedApi:
         self.calls: list[tuple[str, str]] = []
         self.on_done = on_done
 
-    def request(self, method: str, path: str, **kwargs: object) -> httpx.Response:
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        method, path = request.method, request.url.path
         self.calls.append((method, path))
         if not self.statuses:
             self.on_done()
@@ -29,13 +31,15 @@ class ScriptedApi:
         body = {"id": "b-1"} if method == "POST" and path == "/v1/backends" else {}
         return httpx.Response(status, json=body)
 
-    def close(self) -> None:
-        pass
+
+def client(handler: Callable[[httpx.Request], httpx.Response]) -> RolloutClient:
+    """The CLI's real client over a scripted transport; no retries of its own, so Registration's show."""
+    return RolloutClient("http://api", transport=httpx.MockTransport(handler), retry=RetryPolicy(retries=0))
 
 
 def registration(statuses: list[int | type[Exception]]) -> tuple[Registration, ScriptedApi]:
     api = ScriptedApi(statuses)
-    reg = Registration(api, {"url": "http://b:8000", "model": "m"}, interval_s=0.001)  # type: ignore[arg-type]
+    reg = Registration(client(api), {"url": "http://b:8000", "model": "m"}, interval_s=0.001)
     api.on_done = reg.stopped.set
     return reg, api
 
@@ -67,15 +71,15 @@ def test_backoff_grows_and_is_capped() -> None:
 
 
 def test_a_registration_that_lands_after_stop_is_withdrawn() -> None:
-    reg, api = registration([])
+    calls: list[tuple[str, str]] = []
 
-    def register_then_stop(method: str, path: str, **kwargs: object) -> httpx.Response:
-        api.calls.append((method, path))
-        if path == "/v1/backends":
+    def register_then_stop(request: httpx.Request) -> httpx.Response:
+        calls.append((request.method, request.url.path))
+        if request.url.path == "/v1/backends":
             reg.stopped.set()  # SIGTERM while the POST is in flight
             return httpx.Response(201, json={"id": "b-1"})
         return httpx.Response(204)
 
-    api.request = register_then_stop  # type: ignore[method-assign]
+    reg = Registration(client(register_then_stop), {"url": "http://b:8000", "model": "m"}, interval_s=0.001)
     assert reg.register_until_done() is None
-    assert api.calls == [("POST", "/v1/backends"), ("DELETE", "/v1/backends/b-1")]
+    assert calls == [("POST", "/v1/backends"), ("DELETE", "/v1/backends/b-1")]
