@@ -13,11 +13,11 @@ from api.deps import require_admin, require_auth
 from api.errors import validation_response
 from api.negotiation import respond
 from api.schemas import Cancelled, JobList, JobSummary, JobView, Submitted
-from shared.batches.hook import on_job_terminal
 from shared.codec import unpack
 from shared.errors import ValidationError
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
 from shared.jobs.store import JobStore
+from shared.jobs.terminal import job_ended
 from shared.tasks import validate_job
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_auth)])
@@ -195,5 +195,7 @@ def cancel_job(job_id: str, store: JobStore = Depends(get_store)) -> JSONRespons
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with id {job_id!r}")
         assert moved.previous in TERMINAL
         raise HTTPException(status.HTTP_409_CONFLICT, detail=f"job {job_id} is already {moved.previous}")
-    on_job_terminal(store, job_id)  # a batch group may now be complete
+    # What the API can do itself: the pin goes, the batch group records the job. The workspace and
+    # the sandbox are the workers': the job's worker removes them when it sees the cancel.
+    job_ended(store, job_id)
     return JSONResponse({"id": job_id, "status": JobStatus.CANCELLED, "previous": moved.previous})

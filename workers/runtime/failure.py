@@ -8,13 +8,13 @@ failure only when
   stage), and after the last one the record is marked failed;
 - the runner itself raised (a bug): the job fails at once with the traceback,
   rather than being retried into the same bug.
-Either way a job is never silently lost.
+Either way a job is never silently lost, and what it held (backend pin, workspace)
+goes through the terminal hook (workers/runtime/terminal.py).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import traceback
 from typing import Any
 
@@ -24,13 +24,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.exceptions import AbandonedJobError
 from rq.job import Job
 
-from shared.backend_pool import BackendPool
-from shared.batches.hook import on_job_terminal
-from shared.config import get_settings
 from shared.jobs.queues import parse_rq_job_id
-from shared.jobs.status import JobStatus
+from shared.jobs.status import TERMINAL, JobStatus
 from shared.jobs.store import JobStore
 from shared.metrics import MetricsRecorder
+from workers.runtime.state import state
+from workers.runtime.terminal import Ended, on_terminal
 
 log = logging.getLogger("rollouts.worker")
 
@@ -40,8 +39,9 @@ RETRYABLE = (AbandonedJobError, RedisConnectionError, RedisTimeoutError)
 
 def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: BaseException, tb: Any) -> None:
     job_id, stage = parse_rq_job_id(job.id)
-    store = JobStore(connection, get_settings())
-    metrics = MetricsRecorder(connection, store.keys.prefix)
+    # The process's own store and settings: its workspaces are where the stage runner put them.
+    st = state()
+    store, metrics = st.store, st.metrics
     if not issubclass(exc_type, RETRYABLE):
         error = {
             "stage": stage,
@@ -51,8 +51,7 @@ def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: Bas
         }
         log.error("job %s: the %s stage runner raised %s; failing the job", job_id, stage, exc_type.__name__)
         job.retries_left = 0  # rq decides on retries after this callback, with this same job object
-        metrics.error(stage, "internal_error")
-        _fail(store, job_id, stage, error)
+        _fail(store, metrics, job_id, stage, error)
         return
     if job.retries_left:
         log.warning("job %s: %s worker lost (%s); re-queued, %d retries left", job_id, stage, exc_type.__name__, job.retries_left)
@@ -64,14 +63,18 @@ def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: Bas
         "type": "worker_lost" if exc_type.__name__ == "AbandonedJobError" else exc_type.__name__,
         "message": f"the {stage} worker stopped without finishing the job ({exc_type.__name__}); no retries left",
     }
-    metrics.error(stage, error["type"])
-    _fail(store, job_id, stage, error)
+    _fail(store, metrics, job_id, stage, error)
 
 
-def _fail(store: JobStore, job_id: str, stage: str, error: dict[str, Any]) -> None:
-    if store.transition(job_id, (stage,), JobStatus.FAILED, {"error": error}).applied:
-        on_job_terminal(store, job_id)
-        # A rollout whose worker died never released its backend: its in-flight count goes now,
-        # not when its lease expires.
-        BackendPool(store.redis, store.keys, store.settings).release(job_id)
-        shutil.rmtree(store.settings.workspaces / job_id, ignore_errors=True)
+def _fail(store: JobStore, metrics: MetricsRecorder, job_id: str, stage: str, error: dict[str, Any]) -> None:
+    """Fail the job if it is still in this stage; a job found over (cancelled while its worker was
+    gone) is tidied the same way. A rollout whose worker died never released its backend: the
+    hook does, now rather than when its lease expires."""
+    moved = store.transition(job_id, (stage,), JobStatus.FAILED, {"error": error})
+    if moved.applied:
+        ended = Ended(JobStatus.FAILED, moved=True, error=error)
+    elif moved.previous in TERMINAL or not moved.previous:
+        ended = Ended(moved.previous, moved=False)
+    else:
+        return  # past this stage: the stage that has the job owns its state
+    on_terminal(store, job_id, ended, metrics)

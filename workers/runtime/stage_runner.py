@@ -4,6 +4,9 @@ This is the body of every rq job. It never lets an exception escape: a task's
 error becomes a `failed` record with the traceback, an interruption becomes
 `cancelled`, `timed_out` or a hand-back to the same queue. rq's own retry is
 left for the one case the runner cannot see: its process dying mid-job.
+
+Each path below returns an Outcome; one that ended the job carries `Ended`, and `run_stage`
+hands that to the terminal hook (workers/runtime/terminal.py) in one place.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,39 +24,42 @@ import pydantic
 from rq.timeouts import JobTimeoutException
 
 from shared import log_context
-from shared.batches.hook import on_job_terminal
+from shared.batches.hook import UNKNOWN, Unknown
 from shared.config import STAGES
 from shared.jobs.queues import enqueue_stage, stage_timeout, total_timeout
 from shared.jobs.spec import JobRequest
 from shared.jobs.status import NEXT_STAGE, STAGE_ENTRY_FROM, TERMINAL, JobStatus
 from shared.tasks import StageContext, StageInterrupted, get_kind
 from workers.runtime.state import WorkerState, log, state
+from workers.runtime.terminal import Ended, on_terminal
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one attempt did: `result` for logs, metrics and tests; `ended` when the job is over."""
+
+    result: str
+    ended: Ended | None = None
 
 
 def run_stage(stage: str, job_id: str, worker_name: str | None = None) -> str:
     """Run `stage` for `job_id`; returns what happened (for logs and tests)."""
+    st = state()
     started = time.monotonic()
     with log_context.bind(job_id=job_id, stage=stage):
-        outcome = _run_stage(stage, job_id, worker_name)
-    state().metrics.stage_attempt(stage, outcome, time.monotonic() - started)
-    return outcome
+        outcome = _run_stage(st, stage, job_id, worker_name)
+        if outcome.ended is not None:
+            on_terminal(st.store, job_id, outcome.ended, st.metrics)
+    st.metrics.stage_attempt(stage, outcome.result, time.monotonic() - started)
+    return outcome.result
 
 
-def _run_stage(stage: str, job_id: str, worker_name: str | None) -> str:
-    st = state()
+def _run_stage(st: WorkerState, stage: str, job_id: str, worker_name: str | None) -> Outcome:
     # Taking the job moves it into the stage and counts a new attempt, whose number is this
     # attempt's fencing token; a job that is terminal or past this stage is not taken.
     taken = st.store.take(job_id, stage, STAGE_ENTRY_FROM[stage], worker_name or st.process_name)
     if not taken.applied:
-        if not taken.previous:
-            log.warning("job %s: no record (expired or deleted); skipping %s", job_id, stage)
-            return "missing"
-        if taken.previous in TERMINAL:
-            # Cancelled (or finished) while queued for this stage: it never runs; tidy up its state.
-            st.remove_workspace(job_id)
-        else:
-            log.info("job %s: status %s is past %s; nothing to do", job_id, taken.previous, stage)
-        return f"skipped:{taken.previous}"
+        return _not_taken(job_id, stage, taken.previous)
     record = taken.record
     assert record is not None
     attempt = taken.attempt
@@ -62,11 +69,12 @@ def _run_stage(stage: str, job_id: str, worker_name: str | None) -> str:
         request = JobRequest.from_stored(record["spec"])
     except pydantic.ValidationError as exc:  # stored by a version of the API whose schema this worker lacks
         error = {"stage": stage, "type": "invalid_request", "message": str(exc)}
-        return _finish(st, job_id, stage, JobStatus.FAILED, error, None, guard)
+        return _finish(st, job_id, stage, JobStatus.FAILED, error, None, guard, UNKNOWN)
     now = time.time()
     job_deadline = record["created_at"] + total_timeout(request.limits, st.settings)
     if now >= job_deadline:
-        return _finish(st, job_id, stage, JobStatus.TIMED_OUT, _timeout_error(stage, "total"), None, guard)
+        error = _timeout_error(stage, "total")
+        return _finish(st, job_id, stage, JobStatus.TIMED_OUT, error, None, guard, request.group_id)
     stage_deadline = now + stage_timeout(request.limits, stage, st.settings)
     limit = "total" if job_deadline < stage_deadline else "stage"
 
@@ -105,7 +113,7 @@ def _run_stage(stage: str, job_id: str, worker_name: str | None) -> str:
             # sandboxes included): the error is likely the stop's, so another worker retries it.
             log.warning("job %s: %s raised while this worker drains; handing it back", job_id, stage)
             return _interrupted(st, ctx, "requeue", limit)
-        return _finish(st, job_id, stage, JobStatus.FAILED, error, ctx.partial, guard)
+        return _finish(st, job_id, stage, JobStatus.FAILED, error, ctx.partial, guard, request.group_id)
     if interrupted is None and ctx.interrupted in ("cancelled", "superseded"):
         interrupted = ctx.interrupted  # arrived just as the handler returned: it wins
     if interrupted is not None:
@@ -147,7 +155,18 @@ def _call_handler(stage: str, ctx: StageContext) -> dict[str, Any]:
     return output
 
 
-def _hand_on(st: WorkerState, ctx: StageContext, output: dict[str, Any]) -> str:
+def _not_taken(job_id: str, stage: str, current: str) -> Outcome:
+    """The job is not this stage's to run: gone, over (cancelled while queued: its state goes), or past it."""
+    if not current:
+        log.warning("job %s: no record (expired or deleted); skipping %s", job_id, stage)
+        return Outcome("missing", Ended("", moved=False))
+    if current in TERMINAL:
+        return Outcome(f"skipped:{current}", Ended(current, moved=False))
+    log.info("job %s: status %s is past %s; nothing to do", job_id, current, stage)
+    return Outcome(f"skipped:{current}")
+
+
+def _hand_on(st: WorkerState, ctx: StageContext, output: dict[str, Any]) -> Outcome:
     """Record the stage's output and queue the next stage, in one transaction."""
     job_id, stage = ctx.job_id, ctx.stage
     guard = (f"attempts:{stage}", ctx.attempt)
@@ -159,10 +178,8 @@ def _hand_on(st: WorkerState, ctx: StageContext, output: dict[str, Any]) -> str:
     if next_stage is None:
         moved = st.store.transition(job_id, (stage,), JobStatus.DONE, fields, guard)
         if moved.applied:
-            on_job_terminal(st.store, job_id, ctx.request.group_id)
-            st.remove_workspace(job_id)
-            return JobStatus.DONE
-        return _lost_race(st, job_id, moved.previous)
+            return Outcome(JobStatus.DONE, Ended(JobStatus.DONE, moved=True, group_id=ctx.request.group_id))
+        return _lost_race(moved.previous)
     fields[f"t:{next_stage}:queued"] = now
     with st.redis.pipeline(transaction=True) as pipe:
         # Queued even if the move is refused: the next stage's worker then finds the job
@@ -171,37 +188,38 @@ def _hand_on(st: WorkerState, ctx: StageContext, output: dict[str, Any]) -> str:
         st.store.queue_transition(pipe, job_id, (stage,), next_stage, fields, guard)
         applied, previous = pipe.execute()[-1][:2]
     if applied:
-        return f"queued:{next_stage}"
-    return _lost_race(st, job_id, previous.decode() if isinstance(previous, bytes) else previous)
+        return Outcome(f"queued:{next_stage}")
+    return _lost_race(previous.decode() if isinstance(previous, bytes) else previous)
 
 
-def _lost_race(st: WorkerState, job_id: str, current: str) -> str:
-    """The move was refused: cancelled meanwhile (state goes now), or a newer attempt owns the job."""
-    if current in TERMINAL:
-        st.remove_workspace(job_id)
-    return f"lost-race:{current or 'missing'}"
+def _lost_race(current: str) -> Outcome:
+    """The move was refused: the job was cancelled or deleted meanwhile (its state goes now), or a
+    newer attempt owns it (and its workspace: left alone)."""
+    if current in TERMINAL or not current:
+        return Outcome(f"lost-race:{current or 'missing'}", Ended(current, moved=False))
+    return Outcome(f"lost-race:{current}")
 
 
-def _interrupted(st: WorkerState, ctx: StageContext, reason: str, limit: str) -> str:
+def _interrupted(st: WorkerState, ctx: StageContext, reason: str, limit: str) -> Outcome:
     job_id, stage = ctx.job_id, ctx.stage
     guard = (f"attempts:{stage}", ctx.attempt)
     if reason == "superseded":
         # A newer attempt at this stage owns the job (and its workspace): leave both alone.
         log.warning("job %s: %s attempt %d superseded by a newer one; dropping it", job_id, stage, ctx.attempt)
-        return "superseded"
+        return Outcome("superseded")
     if reason == "requeue":
         # The worker is shutting down: hand the job back to its stage's queue for another worker.
         with st.redis.pipeline(transaction=True) as pipe:
             enqueue_stage(pipe, stage, [(job_id, ctx.request.limits)], st.settings, st.redis, handback=ctx.attempt)
             st.store.queue_transition(pipe, job_id, (stage,), stage, {f"t:{stage}:requeued": time.time()}, guard)
             pipe.execute()
-        return "requeued"
+        return Outcome("requeued")
     if reason == "timed_out":
-        return _finish(st, job_id, stage, JobStatus.TIMED_OUT, _timeout_error(stage, limit), ctx.partial, guard)
-    # cancelled: the API already set the status; record where it stopped and clean up.
+        error = _timeout_error(stage, limit)
+        return _finish(st, job_id, stage, JobStatus.TIMED_OUT, error, ctx.partial, guard, ctx.request.group_id)
+    # cancelled: the API already set the status (and told the batch); record where it stopped.
     st.store.set_fields(job_id, {f"t:{stage}:ended": time.time(), "partial": ctx.partial})
-    st.remove_workspace(job_id)
-    return JobStatus.CANCELLED
+    return Outcome(JobStatus.CANCELLED, Ended(JobStatus.CANCELLED, moved=False))
 
 
 def _finish(
@@ -212,18 +230,17 @@ def _finish(
     error: dict[str, Any],
     partial: dict[str, Any] | None,
     guard: tuple[str, int] | None,
-) -> str:
+    group_id: str | None | Unknown,
+) -> Outcome:
     fields: dict[str, Any] = {f"t:{stage}:ended": time.time(), "error": error}
     if partial:
         fields["partial"] = partial
     moved = st.store.transition(job_id, "*", status, fields, guard)
-    if not moved.applied and moved.previous == "superseded":
-        return "superseded"
     if moved.applied:
-        st.metrics.error(stage, str(error.get("type", "unknown")))
-        on_job_terminal(st.store, job_id)
-    st.remove_workspace(job_id)
-    return status
+        return Outcome(status, Ended(status, moved=True, error=error, group_id=group_id))
+    if moved.previous == "superseded":
+        return Outcome("superseded")
+    return Outcome(status, Ended(moved.previous, moved=False))  # cancelled or deleted meanwhile
 
 
 def _timeout_error(stage: str, which: str) -> dict[str, Any]:

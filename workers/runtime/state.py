@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -35,13 +34,8 @@ class WorkerState:
     draining: threading.Event = field(default_factory=threading.Event)
 
     def workspace(self, job_id: str) -> Path:
+        """Where the job's state lives across stages; removed only by workers/runtime/terminal.py."""
         return self.settings.workspaces / job_id
-
-    def remove_workspace(self, job_id: str) -> None:
-        """Remove exactly this job's workspace, nothing around it."""
-        path = self.workspace(job_id)
-        if path.exists():
-            shutil.rmtree(path, ignore_errors=True)
 
 
 _state: WorkerState | None = None
