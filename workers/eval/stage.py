@@ -1,12 +1,25 @@
-"""The rq entry point of the eval stage (`workers.eval.stage.run`)."""
+"""The eval stage: the kind scores the rollout; after it the job is done.
+
+`run` is the stage's rq entry point (shared/jobs/queues.py enqueues `workers.eval.stage.run`).
+"""
 
 from __future__ import annotations
 
-from rq import get_current_job
+from typing import Any
 
-from workers.runtime.stage_runner import run_stage
+from shared.tasks import StageContext, TaskKind
+from workers.runtime.stage_runner import Stage, run_stage
+
+
+class EvalStage(Stage):
+    name = "eval"
+
+    def call(self, kind: TaskKind, ctx: StageContext) -> dict[str, Any]:
+        return kind.evaluate(ctx)
+
+
+STAGE = EvalStage()
 
 
 def run(job_id: str) -> str:
-    job = get_current_job()
-    return run_stage("eval", job_id, worker_name=job.worker_name if job else None)
+    return run_stage(STAGE, job_id)

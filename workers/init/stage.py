@@ -1,12 +1,25 @@
-"""The rq entry point of the init stage (`workers.init.stage.run`)."""
+"""The init stage: the kind builds the job's state in its workspace.
+
+`run` is the stage's rq entry point (shared/jobs/queues.py enqueues `workers.init.stage.run`).
+"""
 
 from __future__ import annotations
 
-from rq import get_current_job
+from typing import Any
 
-from workers.runtime.stage_runner import run_stage
+from shared.tasks import StageContext, TaskKind
+from workers.runtime.stage_runner import Stage, run_stage
+
+
+class InitStage(Stage):
+    name = "init"
+
+    def call(self, kind: TaskKind, ctx: StageContext) -> dict[str, Any]:
+        return kind.init(ctx)
+
+
+STAGE = InitStage()
 
 
 def run(job_id: str) -> str:
-    job = get_current_job()
-    return run_stage("init", job_id, worker_name=job.worker_name if job else None)
+    return run_stage(STAGE, job_id)

@@ -1,12 +1,33 @@
-"""The rq entry point of the rollout stage (`workers.rollout.stage.run`)."""
+"""The rollout stage: the kind samples its trajectory, or takes the output the job gives instead.
+
+`run` is the stage's rq entry point (shared/jobs/queues.py enqueues `workers.rollout.stage.run`).
+"""
 
 from __future__ import annotations
 
-from rq import get_current_job
+from typing import Any
 
-from workers.runtime.stage_runner import run_stage
+from shared.metrics import MetricsRecorder
+from shared.tasks import StageContext, TaskKind
+from workers.runtime.stage_runner import Stage, run_stage
+
+
+class RolloutStage(Stage):
+    name = "rollout"
+
+    def call(self, kind: TaskKind, ctx: StageContext) -> dict[str, Any]:
+        given = ctx.request.given
+        if given is None:
+            return kind.rollout(ctx)
+        # A given output (validation) is judged exactly as a sampled one; only the sampling is skipped.
+        return {**kind.given_rollout(ctx.task, given.output), "given": True}
+
+    def record(self, output: dict[str, Any], metrics: MetricsRecorder) -> None:
+        metrics.tool_calls(output)  # latencies of the tool calls the trajectory made
+
+
+STAGE = RolloutStage()
 
 
 def run(job_id: str) -> str:
-    job = get_current_job()
-    return run_stage("rollout", job_id, worker_name=job.worker_name if job else None)
+    return run_stage(STAGE, job_id)

@@ -1,12 +1,15 @@
-"""Run one stage of one job: take it, call the task kind, record the outcome, hand it on.
+"""Run one attempt of one stage of one job: the body of every stage's rq job.
 
-This is the body of every rq job. It never lets an exception escape: a task's
-error becomes a `failed` record with the traceback, an interruption becomes
-`cancelled`, `timed_out` or a hand-back to the same queue. rq's own retry is
-left for the one case the runner cannot see: its process dying mid-job.
+The same for every stage, top to bottom: take the job (which counts the attempt), build its
+context, call the stage, then hand the job on, fail it or stop it. What differs per stage (which
+kind method it calls, what it records of its output) is the Stage that each workers/<stage>/stage.py
+defines and passes in from its rq entry point.
 
-Each path below returns an Outcome; one that ended the job carries `Ended`, and `run_stage`
-hands that to the terminal hook (workers/runtime/terminal.py) in one place.
+It never lets an exception escape: a task's error becomes a `failed` record with the traceback, an
+interruption becomes `cancelled`, `timed_out` or a hand-back to the same queue. rq's own retry is
+left for the one case the runner cannot see: its process dying mid-job. Each path returns an
+Outcome; one that ended the job carries `Ended`, and `run_stage` hands that to the terminal hook
+(workers/runtime/terminal.py) in one place.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pydantic
+from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from shared import log_context
@@ -29,9 +33,27 @@ from shared.config import STAGES
 from shared.jobs.queues import enqueue_stage, stage_timeout, total_timeout
 from shared.jobs.spec import JobRequest
 from shared.jobs.status import NEXT_STAGE, STAGE_ENTRY_FROM, TERMINAL, JobStatus
-from shared.tasks import StageContext, StageInterrupted, get_kind
+from shared.metrics import MetricsRecorder
+from shared.tasks import StageContext, StageInterrupted, TaskKind, get_kind
 from workers.runtime.state import WorkerState, log, state
 from workers.runtime.terminal import Ended, on_terminal
+
+
+class Stage:
+    """What one stage adds to the runner; each stage module defines one and passes it to `run_stage`."""
+
+    name: ClassVar[str]  # the stage's name, its queue's and the status of a job in it
+
+    def call(self, kind: TaskKind, ctx: StageContext) -> dict[str, Any]:
+        """Call the kind's method for this stage; the dict it returns is the stage's output."""
+        raise NotImplementedError
+
+    def record(self, output: dict[str, Any], metrics: MetricsRecorder) -> None:
+        """Metrics from the output of an attempt being handed on; none by default."""
+
+
+# (output, interruption, error): what calling the stage gave; at most one of the last two is set.
+Performed = tuple[dict[str, Any], str | None, dict[str, Any] | None]
 
 
 @dataclass(frozen=True)
@@ -42,66 +64,54 @@ class Outcome:
     ended: Ended | None = None
 
 
-def run_stage(stage: str, job_id: str, worker_name: str | None = None) -> str:
-    """Run `stage` for `job_id`; returns what happened (for logs and tests)."""
+def run_stage(stage: Stage, job_id: str) -> str:
+    """Run one attempt of `stage` for `job_id`; returns what happened (for logs and tests)."""
     st = state()
     started = time.monotonic()
-    with log_context.bind(job_id=job_id, stage=stage):
-        outcome = _run_stage(st, stage, job_id, worker_name)
+    with log_context.bind(job_id=job_id, stage=stage.name):
+        outcome = _attempt(st, stage, job_id)
         if outcome.ended is not None:
             on_terminal(st.store, job_id, outcome.ended, st.metrics)
-    st.metrics.stage_attempt(stage, outcome.result, time.monotonic() - started)
+    st.metrics.stage_attempt(stage.name, outcome.result, time.monotonic() - started)
     return outcome.result
 
 
-def _run_stage(st: WorkerState, stage: str, job_id: str, worker_name: str | None) -> Outcome:
+def _attempt(st: WorkerState, stage: Stage, job_id: str) -> Outcome:
+    name = stage.name
     # Taking the job moves it into the stage and counts a new attempt, whose number is this
     # attempt's fencing token; a job that is terminal or past this stage is not taken.
-    taken = st.store.take(job_id, stage, STAGE_ENTRY_FROM[stage], worker_name or st.process_name)
+    taken = st.store.take(job_id, name, STAGE_ENTRY_FROM[name], _worker_name(st))
     if not taken.applied:
-        return _not_taken(job_id, stage, taken.previous)
+        return _not_taken(job_id, name, taken.previous)
     record = taken.record
     assert record is not None
-    attempt = taken.attempt
-    guard = (f"attempts:{stage}", attempt)
-
+    guard = (f"attempts:{name}", taken.attempt)
     try:
         request = JobRequest.from_stored(record["spec"])
     except pydantic.ValidationError as exc:  # stored by a version of the API whose schema this worker lacks
-        error = {"stage": stage, "type": "invalid_request", "message": str(exc)}
-        return _finish(st, job_id, stage, JobStatus.FAILED, error, None, guard, UNKNOWN)
+        error = {"stage": name, "type": "invalid_request", "message": str(exc)}
+        return _finish(st, job_id, name, JobStatus.FAILED, error, None, guard, UNKNOWN)
     now = time.time()
     job_deadline = record["created_at"] + total_timeout(request.limits, st.settings)
     if now >= job_deadline:
-        error = _timeout_error(stage, "total")
-        return _finish(st, job_id, stage, JobStatus.TIMED_OUT, error, None, guard, request.group_id)
-    stage_deadline = now + stage_timeout(request.limits, stage, st.settings)
+        error = _timeout_error(name, "total")
+        return _finish(st, job_id, name, JobStatus.TIMED_OUT, error, None, guard, request.group_id)
+    stage_deadline = now + stage_timeout(request.limits, name, st.settings)
     limit = "total" if job_deadline < stage_deadline else "stage"
-
     ctx = StageContext(
         job_id=job_id,
-        stage=stage,
+        stage=name,
         request=request,
         outputs={s: record[f"out:{s}"] for s in STAGES if f"out:{s}" in record},
         workspace=st.workspace(job_id),
         settings=st.settings,
         deadline=min(stage_deadline, job_deadline),
-        attempt=attempt,
+        attempt=taken.attempt,
     )
+
     st.inflight.add(ctx)
-    output: dict[str, Any] = {}
-    interrupted: str | None = None
-    error: dict[str, Any] | None = None
     try:
-        output = _call_handler(stage, ctx)
-    except StageInterrupted as stop:
-        interrupted = stop.reason
-    except JobTimeoutException:
-        interrupted = "timed_out"  # rq's backstop fired: the handler ignored its deadline
-    except Exception as exc:
-        log.warning("job %s: %s failed: %s: %s", job_id, stage, type(exc).__name__, exc)
-        message = str(exc) + _disk_full_note(exc, st.settings.workspaces)
-        error = {"stage": stage, "type": type(exc).__name__, "message": message, "traceback": traceback.format_exc()}
+        output, interrupted, error = _perform(stage, ctx, st.settings.workspaces)
     finally:
         # Sandboxes and other per-stage resources go first, before the record says anything.
         st.inflight.remove(ctx)
@@ -111,14 +121,40 @@ def _run_stage(st: WorkerState, stage: str, job_id: str, worker_name: str | None
         if st.draining.is_set():
             # The process is being stopped (a plain scancel signals every process of the task,
             # sandboxes included): the error is likely the stop's, so another worker retries it.
-            log.warning("job %s: %s raised while this worker drains; handing it back", job_id, stage)
+            log.warning("job %s: %s raised while this worker drains; handing it back", job_id, name)
             return _interrupted(st, ctx, "requeue", limit)
-        return _finish(st, job_id, stage, JobStatus.FAILED, error, ctx.partial, guard, request.group_id)
+        return _finish(st, job_id, name, JobStatus.FAILED, error, ctx.partial, guard, request.group_id)
     if interrupted is None and ctx.interrupted in ("cancelled", "superseded"):
         interrupted = ctx.interrupted  # arrived just as the handler returned: it wins
     if interrupted is not None:
         return _interrupted(st, ctx, interrupted, limit)
-    return _hand_on(st, ctx, output)
+    return _hand_on(st, stage, ctx, output)
+
+
+def _worker_name(st: WorkerState) -> str:
+    """The rq worker (one slot) running this attempt, recorded on the job; the process outside rq."""
+    job = get_current_job()
+    return (job.worker_name if job is not None else None) or st.process_name
+
+
+def _perform(stage: Stage, ctx: StageContext, workspaces: Path) -> Performed:
+    """Call the stage: its output, or why it stopped, or what it raised."""
+    try:
+        kind = get_kind(ctx.task["kind"])
+        ctx.check()
+        output = stage.call(kind, ctx)
+        if not isinstance(output, dict):
+            raise TypeError(f"{type(kind).__name__}.{stage.name} returned {type(output).__name__}, expected a dict")
+        return output, None, None
+    except StageInterrupted as stop:
+        return {}, stop.reason, None
+    except JobTimeoutException:
+        return {}, "timed_out", None  # rq's backstop fired: the handler ignored its deadline
+    except Exception as exc:
+        log.warning("job %s: %s failed: %s: %s", ctx.job_id, stage.name, type(exc).__name__, exc)
+        message = str(exc) + _disk_full_note(exc, workspaces)
+        return {}, None, {"stage": stage.name, "type": type(exc).__name__, "message": message,
+                          "traceback": traceback.format_exc()}  # fmt: skip
 
 
 def _disk_full_note(exc: BaseException, workspaces: Path) -> str:
@@ -139,22 +175,6 @@ def _disk_full_note(exc: BaseException, workspaces: Path) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def _call_handler(stage: str, ctx: StageContext) -> dict[str, Any]:
-    kind = get_kind(ctx.task["kind"])
-    ctx.check()
-    if stage == "init":
-        output = kind.init(ctx)
-    elif stage == "rollout":
-        given = ctx.request.given
-        # A given output (validation) is judged exactly as a sampled one; only the sampling is skipped.
-        output = {**kind.given_rollout(ctx.task, given.output), "given": True} if given else kind.rollout(ctx)
-    else:
-        output = kind.evaluate(ctx)
-    if not isinstance(output, dict):
-        raise TypeError(f"{type(kind).__name__}.{stage} returned {type(output).__name__}, expected a dict")
-    return output
-
-
 def _not_taken(job_id: str, stage: str, current: str) -> Outcome:
     """The job is not this stage's to run: gone, over (cancelled while queued: its state goes), or past it."""
     if not current:
@@ -166,17 +186,16 @@ def _not_taken(job_id: str, stage: str, current: str) -> Outcome:
     return Outcome(f"skipped:{current}")
 
 
-def _hand_on(st: WorkerState, ctx: StageContext, output: dict[str, Any]) -> Outcome:
-    """Record the stage's output and queue the next stage, in one transaction."""
-    job_id, stage = ctx.job_id, ctx.stage
-    guard = (f"attempts:{stage}", ctx.attempt)
+def _hand_on(st: WorkerState, stage: Stage, ctx: StageContext, output: dict[str, Any]) -> Outcome:
+    """Record the stage's output and queue the next stage, in one transaction; after the last, done."""
+    job_id, name = ctx.job_id, stage.name
+    guard = (f"attempts:{name}", ctx.attempt)
     now = time.time()
-    next_stage = NEXT_STAGE[stage]
-    fields: dict[str, Any] = {f"t:{stage}:ended": now, f"out:{stage}": output}
-    if stage == "rollout":
-        st.metrics.tool_calls(output)
+    next_stage = NEXT_STAGE[name]
+    fields: dict[str, Any] = {f"t:{name}:ended": now, f"out:{name}": output}
+    stage.record(output, st.metrics)
     if next_stage is None:
-        moved = st.store.transition(job_id, (stage,), JobStatus.DONE, fields, guard)
+        moved = st.store.transition(job_id, (name,), JobStatus.DONE, fields, guard)
         if moved.applied:
             return Outcome(JobStatus.DONE, Ended(JobStatus.DONE, moved=True, group_id=ctx.request.group_id))
         return _lost_race(moved.previous)
@@ -185,7 +204,7 @@ def _hand_on(st: WorkerState, ctx: StageContext, output: dict[str, Any]) -> Outc
         # Queued even if the move is refused: the next stage's worker then finds the job
         # cancelled or already taken and skips it. One transaction, so never the reverse.
         enqueue_stage(pipe, next_stage, [(job_id, ctx.request.limits)], st.settings, st.redis)
-        st.store.queue_transition(pipe, job_id, (stage,), next_stage, fields, guard)
+        st.store.queue_transition(pipe, job_id, (name,), next_stage, fields, guard)
         applied, previous = pipe.execute()[-1][:2]
     if applied:
         return Outcome(f"queued:{next_stage}")
