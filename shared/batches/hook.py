@@ -1,7 +1,10 @@
 """The event-driven half of dynamic sampling: called wherever a job reaches a terminal status.
 
-The stage runner (done, failed, timed_out), rq's failure callback (worker lost
-for good) and every cancel call `on_job_terminal`. For a job of a batch group
+Whoever moves a job to a terminal status calls `on_job_terminal`, through
+shared/jobs/terminal.py's `job_ended`: the stage runner (done, failed, timed_out)
+and rq's failure callback (worker lost for good), via the workers' terminal
+hook, and the jobs API's cancel; a batch's own cancels record their jobs
+directly (`cancel_groups`). For a job of a batch group
 it records the sample; when that completes the group, the Lua script has
 already decided the outcome and reserved the next prompts, and this side
 submits their jobs at once (asynchronous replenishment) or, when the batch
