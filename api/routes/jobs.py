@@ -17,7 +17,7 @@ from shared.codec import unpack
 from shared.errors import ValidationError
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
 from shared.jobs.store import JobStore
-from shared.jobs.terminal import job_ended
+from shared.job_end import job_ended
 from shared.tasks import validate_job
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_auth)])

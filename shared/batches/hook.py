@@ -1,7 +1,7 @@
 """The event-driven half of dynamic sampling: called wherever a job reaches a terminal status.
 
 Whoever moves a job to a terminal status calls `on_job_terminal`, through
-shared/jobs/terminal.py's `job_ended`: the stage runner (done, failed, timed_out)
+shared/job_end.py's `job_ended`: the stage runner (done, failed, timed_out)
 and rq's failure callback (worker lost for good), via the workers' terminal
 hook, and the jobs API's cancel; a batch's own cancels record their jobs
 directly (`cancel_groups`). For a job of a batch group

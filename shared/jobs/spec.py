@@ -12,8 +12,6 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from shared.tasks.registry import FORMAT_KINDS
-
 # apply_chat_template's own arguments and the variables it sets: a job must not redefine how it renders.
 _RENDER_ARGUMENTS = frozenset({
     "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
@@ -25,6 +23,17 @@ _RENDER_ARGUMENTS = frozenset({
     "additional_special_tokens",
 })
 _TEMPLATE_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+# A published data set's format -> the kind that runs its rows (workers/kinds/formats.py reads their fields).
+FORMAT_KINDS: dict[str, str] = {
+    "gsm8k": "math",
+    "math": "math",
+    "answer": "math",
+    "mbpp": "code",
+    "humaneval": "code",
+    "swebench": "swe",
+}
+FORMATS = tuple(FORMAT_KINDS)
 
 # Groups of a batch are named "b.<batch id>.<prompt index>" (shared/batches/spec.py).
 BATCH_GROUP_PREFIX = "b."

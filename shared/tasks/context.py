@@ -8,12 +8,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shared.config import Settings
-
-if TYPE_CHECKING:  # shared.jobs.spec imports the task registry, which imports this module
-    from shared.jobs.spec import JobRequest
+from shared.jobs.spec import JobRequest
 
 
 class StageInterrupted(Exception):

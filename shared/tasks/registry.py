@@ -10,16 +10,6 @@ from shared.tasks.base import TaskKind
 
 _KINDS: dict[str, TaskKind] = {}
 
-# A published data set's format -> the kind that runs its rows (workers/kinds/formats.py reads them).
-FORMAT_KINDS: dict[str, str] = {
-    "gsm8k": "math",
-    "math": "math",
-    "answer": "math",
-    "mbpp": "code",
-    "humaneval": "code",
-    "swebench": "swe",
-}
-FORMATS = tuple(FORMAT_KINDS)
 # The built-in kinds are loaded by name, as a deployment's own are: they live with the workers,
 # above the stage libraries they call, and the API and the workers both load them at start-up.
 _BUILTIN_MODULES = ("workers.kinds",)

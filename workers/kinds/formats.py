@@ -13,8 +13,8 @@ import json
 from typing import Any
 
 from shared.errors import RolloutsError
+from shared.jobs.spec import FORMAT_KINDS, FORMATS
 from shared.tasks.base import TaskValidationError
-from shared.tasks.registry import FORMAT_KINDS, FORMATS
 from workers.eval.answers import plain_final_answer
 from workers.eval.latex import last_boxed
 

@@ -54,7 +54,7 @@ SYSTEM_PROMPT = (
     "bash and file tools; run the tests with {test_command} to check your work. Do not edit "
     "the tests: they are restored before your change is judged. Call finish when you are done."
 )
-# How the agent is told to run the tests, per runner (workers/eval/swe_tests.py).
+# How the agent is told to run the tests, per runner (workers/init/swe_tests.py).
 TEST_HINTS = {
     "pytest": "`python -m pytest`",
     "django": "`python tests/runtests.py --verbosity 2 <test labels, e.g. module.Class>`",

@@ -15,7 +15,7 @@ from typing import Any
 
 from shared.batches.hook import UNKNOWN, Unknown
 from shared.jobs.store import JobStore
-from shared.jobs.terminal import job_ended, release_pin
+from shared.job_end import job_ended, release_pin
 from shared.metrics import MetricsRecorder
 
 log = logging.getLogger("rollouts.worker")
