@@ -89,6 +89,13 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
     group_id = request.group_id
     sandbox: Sandbox | None = None
     loop: AgentLoop | None = None
+
+    def release_pin() -> None:
+        # Pins are per job: once a newer attempt has superseded this one, the pin and its charge are
+        # that attempt's, and releasing them would send its next turn to another backend.
+        if ctx.interrupted != "superseded":
+            llm.pool.release(ctx.job_id)
+
     try:
         pin = llm.pool.acquire(ctx.job_id, group_id, model=request.model)
         parser = get_parser(ctx.task.get("tool_parser") or settings.agent_tool_parser)
@@ -104,7 +111,7 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
                 ctx,
                 lambda: complete_routed(llm.pool, llm.client, ctx.job_id, prompt, sampling, group_id=group_id,
                                         model=pin.model),
-                on_abandoned=lambda: llm.pool.release(ctx.job_id),
+                on_abandoned=release_pin,
             )  # fmt: skip
 
         if any(name != FINISH_TOOL for name in kind.tools):
@@ -126,7 +133,7 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
         _keep_partial(ctx, loop, "error", f"{type(exc).__name__}: {exc}")
         raise
     finally:
-        llm.pool.release(ctx.job_id)
+        release_pin()
         if sandbox is not None:
             sandbox.stop()
     return trajectory.to_dict()
