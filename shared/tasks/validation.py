@@ -11,14 +11,11 @@ from typing import Any
 import pydantic
 
 from shared.errors import Loc, ValidationError
-
-# The module, not the name: shared.jobs.spec imports the registry (FORMAT_KINDS), which runs this
-# package's __init__, which imports this module while spec is still half-loaded.
-from shared.jobs import spec
+from shared.jobs.spec import JobRequest
 from shared.tasks.registry import get_kind
 
 
-def validate_job(item: Any, loc: Loc = ("body",)) -> spec.JobRequest:
+def validate_job(item: Any, loc: Loc = ("body",)) -> JobRequest:
     """`item` (parsed JSON) as a JobRequest, or a ValidationError naming every problem under `loc`.
 
     Raises for: a schema violation (pydantic's errors, every one), an unknown task kind
@@ -26,7 +23,7 @@ def validate_job(item: Any, loc: Loc = ("body",)) -> spec.JobRequest:
     names), and a `given` the kind cannot evaluate (a row with no reference: said now, not as a 0).
     """
     try:
-        job = spec.JobRequest.model_validate(item)
+        job = JobRequest.model_validate(item)
     except pydantic.ValidationError as exc:
         raise ValidationError.from_pydantic(exc, loc) from None
     try:
