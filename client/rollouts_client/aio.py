@@ -20,6 +20,7 @@ from rollouts_client.wire import (
     decode,
     endpoint,
     headers,
+    list_params,
 )
 from rollouts_client.wire import StreamUnavailable as _Unavailable
 
@@ -89,6 +90,12 @@ class AsyncRolloutClient:
             page = decode(await self.request("GET", "/v1/jobs", params=params))
             out.extend(Job.from_api(j) for j in page["jobs"])
         return out
+
+    async def list_jobs(
+        self, *, status: str | None = None, group_id: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[Job]:
+        params = list_params(status, group_id, limit, offset)
+        return [Job.from_api(j) for j in decode(await self.request("GET", "/v1/jobs", params=params))["jobs"]]
 
     async def wait_jobs(self, job_ids: list[str], timeout: float | None = None, poll_s: float = 0.5) -> list[Job]:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -19,6 +19,7 @@ from rollouts_client.wire import (
     decode,
     endpoint,
     headers,
+    list_params,
 )
 from rollouts_client.wire import StreamUnavailable as _Unavailable
 
@@ -92,6 +93,13 @@ class RolloutClient:
             page = decode(self.request("GET", "/v1/jobs", params={"ids": ",".join(chunk), "limit": len(chunk)}))
             out.extend(Job.from_api(j) for j in page["jobs"])
         return out
+
+    def list_jobs(
+        self, *, status: str | None = None, group_id: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[Job]:
+        """One page of job summaries (status, reward; no trajectories), newest first, filtered by status or group."""
+        params = list_params(status, group_id, limit, offset)
+        return [Job.from_api(j) for j in decode(self.request("GET", "/v1/jobs", params=params))["jobs"]]
 
     def wait_jobs(self, job_ids: list[str], timeout: float | None = None, poll_s: float = 0.5) -> list[Job]:
         """Block until every job is terminal; the full records, in the order given. WaitTimeout past `timeout`."""

@@ -119,6 +119,16 @@ def batch_body(
     return body
 
 
+def list_params(status: str | None, group_id: str | None, limit: int, offset: int) -> dict[str, Any]:
+    """GET /v1/jobs's query: the filters given, and the page."""
+    params: dict[str, Any] = {"limit": limit, "offset": offset}
+    if status is not None:
+        params["status"] = status
+    if group_id is not None:
+        params["group_id"] = group_id
+    return params
+
+
 def backend_body(
     url: str,
     model: str,

@@ -18,7 +18,6 @@ import httpx
 from cli.stack import Stack
 from examples.train_grpo.policy import MAX_LEN
 from rollouts_client import Batch, Group, RolloutClient
-from rollouts_client.wire import decode
 from shared.config import Settings
 
 TASK_MODULE = "examples.train_grpo.arith_kind"
@@ -40,8 +39,7 @@ def start_stack(root: Path, base_model: Path, rollout_slots: int) -> Stack:
 
 
 def backend_urls(client: RolloutClient) -> list[str]:
-    listing = decode(client.request("GET", "/v1/backends"))
-    return [b["url"] for b in listing["backends"] if b.get("healthy")]
+    return [b["url"] for b in client.list_backends() if b.get("healthy")]
 
 
 def load_weights(client: RolloutClient, path: Path, version: str) -> list[str]:
@@ -103,15 +101,14 @@ def run_batch(client: RolloutClient, prompts: list[dict[str, Any]], *, n_samples
     batch = wait_settled(client, batch.id, deadline)
     out = StepBatch(batch, [g for g in groups if g.used and g.outcome == "informative"])
     for index in range(batch.counts.launched):
-        jobs = decode(client.request("GET", "/v1/jobs", params={"group_id": f"b.{batch.id}.{index}",
-                                                                "limit": n_samples}))["jobs"]
-        if any(job["status"] == "failed" for job in jobs):
+        jobs = client.list_jobs(group_id=f"b.{batch.id}.{index}", limit=n_samples)
+        if any(job.status == "failed" for job in jobs):
             out.failed_groups += 1
-        done = [job for job in jobs if job["status"] == "done" and job.get("reward") is not None]
+        done = [job for job in jobs if job.status == "done" and job.reward is not None]
         if len(done) < n_samples:  # a group with a failed sample is not a clean sample of the policy
             continue
         for summary in done:
-            job = client.get_job(summary["id"])
+            job = client.get_job(summary.id)
             out.rewards.append(float(job.reward or 0.0))
             out.tool_use.append(called(job.trajectory or {}, "python"))
             out.versions |= policy_versions(job.trajectory or {})
@@ -147,7 +144,6 @@ def wait_idle(client: RolloutClient, timeout: float = 60.0) -> None:
     """Cancelled groups may still hold a generation; wait until no backend has one in flight."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        listing = decode(client.request("GET", "/v1/backends"))
-        if not listing.get("inflight", listing.get("total_inflight", 0)):
+        if not sum(backend.get("inflight", 0) for backend in client.list_backends()):
             return
         time.sleep(0.2)

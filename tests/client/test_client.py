@@ -43,6 +43,27 @@ def test_jobs_submit_wait_and_typed_results_in_msgpack_and_json(stack, client):
         assert json_client.get_job(ids[1]).raw == client.get_job(ids[1]).raw
 
 
+def test_jobs_are_listed_by_group_and_status_in_pages_sync_and_async(stack, client):
+    group = "list-jobs-group"
+    ids = client.submit_jobs([{"task": INFORMATIVE, "group_id": group, "sample_index": i} for i in range(3)])
+    client.wait_jobs(ids, timeout=60)
+    listed = client.list_jobs(group_id=group)
+    assert sorted(j.id for j in listed) == sorted(ids)
+    assert {j.status for j in listed} == {"done"} and sorted(j.reward for j in listed) == [0.0, 0.5, 1.0]
+    assert len(client.list_jobs(group_id=group, limit=2)) == 2
+    assert len(client.list_jobs(group_id=group, limit=2, offset=2)) == 1
+    assert client.list_jobs(group_id=group, status="failed") == []
+
+    async def listed_async() -> list[str]:
+        async with AsyncRolloutClient(stack.api_url) as aclient:
+            return [j.id for j in await aclient.list_jobs(group_id=group, status="done")]
+
+    assert sorted(asyncio.run(listed_async())) == sorted(ids)
+    with pytest.raises(ApiError) as refused:
+        client.list_jobs(status="bogus")
+    assert refused.value.status_code == 422
+
+
 def test_waiting_times_out_and_a_running_job_can_be_cancelled(client):
     (job_id,) = client.submit_jobs({"task": SLOW})
     with pytest.raises(WaitTimeout):
