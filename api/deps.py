@@ -62,9 +62,12 @@ def require_admin(
     allowed = settings.admin_tokens or settings.api_tokens
     if not allowed:
         return
-    if credentials is None or not _token_in(credentials.credentials, allowed):
+    if credentials is None or not _token_in(credentials.credentials, settings.api_tokens + settings.admin_tokens):
+        # Who is asking is unknown: authenticate first (401), as on every other route.
         raise HTTPException(
-            status.HTTP_403_FORBIDDEN if credentials else status.HTTP_401_UNAUTHORIZED,
-            detail="this route needs an admin token",
+            status.HTTP_401_UNAUTHORIZED,
+            detail="missing or invalid bearer token",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    if not _token_in(credentials.credentials, allowed):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail="this route needs an admin token")

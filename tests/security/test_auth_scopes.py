@@ -79,3 +79,11 @@ def test_a_batch_is_cancelled_only_with_the_admin_scope(scoped):
     assert refused.status_code == 403
     assert scoped.get(f"/v1/batches/{batch_id}", headers=READER).json()["status"] == "running"
     assert scoped.delete(f"/v1/batches/{batch_id}", headers=ADMIN).status_code == 200
+
+
+def test_an_unknown_token_on_an_admin_route_is_401_with_a_challenge_not_403(scoped):
+    unknown = scoped.post("/v1/backends/some-id/drain", headers={"authorization": "Bearer guess"})
+    reader = scoped.post("/v1/backends/some-id/drain", headers=READER)
+
+    assert unknown.status_code == 401 and unknown.headers["www-authenticate"] == "Bearer"
+    assert reader.status_code == 403 and "admin" in reader.json()["detail"]
