@@ -15,7 +15,9 @@ from pydantic import ValidationError as PydanticValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from api.json_body import MalformedJSON
 from shared.errors import ValidationError
+from shared.jobs.store import IdempotencyConflict
 
 
 class Problem(BaseModel):
@@ -49,6 +51,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ValidationError)
     async def _invalid(request: Request, exc: ValidationError) -> JSONResponse:
         return validation_response(problems_of(exc))
+
+    @app.exception_handler(IdempotencyConflict)
+    async def _conflict(request: Request, exc: IdempotencyConflict) -> JSONResponse:
+        return validation_response(problems_of(exc), status_code=409)
+
+    @app.exception_handler(MalformedJSON)
+    async def _malformed(request: Request, exc: MalformedJSON) -> JSONResponse:
+        return validation_response(problems_of(exc), status_code=400)
 
     @app.exception_handler(RequestValidationError)
     async def _request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     token: str | None = Field(default=None, description="Bearer token the CLI and clients send.")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     max_jobs_per_request: int = Field(default=5000, gt=0)
+    max_json_depth: int = Field(
+        default=64, ge=4, description="Request bodies nested deeper than this are refused (422 naming the field)."
+    )
     list_page_max: int = Field(default=1000, gt=0)
     prompt_files_root: Path | None = Field(
         default=None,

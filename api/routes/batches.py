@@ -19,7 +19,7 @@ from redis.asyncio import Redis as AsyncRedis
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import require_admin, require_auth
-from api.errors import validation_response
+from api.json_body import load_json_body
 from api.negotiation import respond
 from shared.batches.hook import batch_store, cancel_groups, start_batch
 from shared.batches.pool import load_pool
@@ -72,17 +72,14 @@ def get_async_redis(request: Request) -> AsyncRedis:
 )
 async def create_batch(request: Request, batches: BatchStore = Depends(get_batches)) -> Response:
     """Checks every prompt first; launches the first groups and answers with the batch at once."""
-    try:
-        body = orjson.loads(await request.body())
-    except orjson.JSONDecodeError as exc:
-        return validation_response([{"field": "body", "message": f"malformed JSON: {exc}"}], status_code=400)
+    settings = request.app.state.settings
+    body = load_json_body(await request.body(), settings.max_json_depth)
     if not isinstance(body, dict):
         raise ValidationError("expected a batch object", ("body",))
     try:
         batch = BatchRequest.model_validate(body)
     except PydanticValidationError as exc:
         raise ValidationError.from_pydantic(exc, ("body",)) from None
-    settings = request.app.state.settings
     pool = await run_in_threadpool(load_pool, batch, settings.prompt_files_root, settings.prompt_file_max_bytes)
     if batch.min_informative_groups is not None and batch.min_informative_groups > len(pool):
         message = f"{batch.min_informative_groups} groups asked for, but the pool has {len(pool)} prompts"

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import require_admin, require_auth
-from api.errors import validation_response
+from api.errors import Refusal, validation_response
+from api.json_body import load_json_body
 from api.negotiation import respond
 from api.schemas import Cancelled, JobList, JobSummary, JobView, Submitted
 from shared.codec import unpack
 from shared.errors import ValidationError
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
-from shared.jobs.store import JobStore
+from shared.jobs.store import IdempotencyConflict, JobStore
 from shared.job_end import job_ended
 from shared.tasks import validate_job
 
@@ -34,17 +34,14 @@ def get_store(request: Request) -> JobStore:
     summary="Submit one job or a list of jobs",
     responses={
         400: {"description": "Malformed JSON"},
+        409: {"model": Refusal, "description": "An idempotency key already held by a different job"},
         413: {"description": "Body or list too large"},
         422: {"description": "Invalid jobs: every problem of each, naming its field (`body[3].task.kind`)"},
     },
 )
 async def submit_jobs(request: Request, store: JobStore = Depends(get_store)) -> Any:
     """Validates every job first; nothing is stored unless all are valid. Answers at once with the ids."""
-    raw = await request.body()
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        return validation_response([{"field": "body", "message": f"malformed JSON: {exc}"}], status_code=400)
+    body = load_json_body(await request.body(), request.app.state.settings.max_json_depth)
     items = body if isinstance(body, list) else [body]
     if not isinstance(body, (list, dict)):
         raise ValidationError("expected a job object or a list of jobs", ("body",))
@@ -55,8 +52,12 @@ async def submit_jobs(request: Request, store: JobStore = Depends(get_store)) ->
         return validation_response(
             [{"field": "body", "message": f"{len(items)} jobs in one request; the limit is {limit}"}], status_code=413
         )
-    specs = _validate(items, many=isinstance(body, list))
-    submitted = await run_in_threadpool(store.submit, specs)
+    many = isinstance(body, list)
+    specs = _validate(items, many)
+    try:
+        submitted = await run_in_threadpool(store.submit, specs)
+    except IdempotencyConflict as exc:
+        raise (exc.within("body") if many else IdempotencyConflict(exc.key, exc.job_id, ("body", "idempotency_key"))) from None
     # Built by hand (the shape is `Submitted`): this is the hot path a trainer hits per job.
     payload = {"job_ids": [s.job_id for s in submitted], "created": [s.created for s in submitted]}
     return respond(request, payload, status_code=status.HTTP_202_ACCEPTED)
@@ -117,6 +118,9 @@ def job_view(record: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
+# Past any real job count, and inside the 64-bit range Redis takes for an index.
+MAX_OFFSET = 10**9
+
 _SUMMARY_FIELDS = ("id", "status", "kind", "group_id", "sample_index", "created_at", "updated_at", "finished_at", "out:eval")
 
 
@@ -127,7 +131,7 @@ def list_jobs(
     group_id: str | None = Query(default=None, max_length=128),
     ids: str | None = Query(default=None, description="Comma-separated job ids: fetch exactly these (for polling)."),
     limit: int = Query(default=100, ge=1),
-    offset: int = Query(default=0, ge=0),
+    offset: int = Query(default=0, ge=0, le=MAX_OFFSET, description="Jobs to skip (at most 10**9)."),
     store: JobStore = Depends(get_store),
 ) -> Response:
     if status_filter is not None and status_filter not in ALL_STATUSES:

@@ -21,6 +21,7 @@ from redis.client import Pipeline
 
 from shared.codec import pack, unpack
 from shared.config import STAGES, Settings
+from shared.errors import ValidationError
 from shared.jobs.queues import enqueue_stage
 from shared.jobs.spec import Limits
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
@@ -34,6 +35,17 @@ _BLOB_FIELDS = ("spec", "result", "error", "partial") + tuple(f"out:{s}" for s i
 def new_job_id() -> str:
     """128 random bits: not guessable, not sequential, valid as an rq job id."""
     return secrets.token_hex(16)
+
+
+class IdempotencyConflict(ValidationError):
+    """An idempotency key already names a job with a different request: retrying is not re-asking.
+
+    The store raises it at (index in the submitted list, "idempotency_key"); the API answers 409."""
+
+    def __init__(self, key: str, job_id: str, loc: tuple[str | int, ...]) -> None:
+        self.key = key
+        self.job_id = job_id
+        super().__init__(f"idempotency key {key!r} is held by job {job_id} with a different request", loc)
 
 
 @dataclass(frozen=True)
@@ -114,18 +126,21 @@ class JobStore:
             replies = pipe.execute()
         holders = {key: replies[2 * n + 1].decode() for n, key in enumerate(candidates)}
         taken = {key for key, job_id in candidates.items() if holders[key] != job_id}
-        exists: dict[str, int] = {}
+        held_specs: dict[str, bytes | None] = {}
         # A key can be held by a job whose record was never written (the API died
         # between the two round trips): such a job is created now under that id.
         if taken:
             with self.redis.pipeline(transaction=False) as pipe:
                 for key in taken:
-                    pipe.exists(self.keys.job(holders[key]))
-                exists = dict(zip(taken, pipe.execute()))
+                    pipe.hget(self.keys.job(holders[key]), "spec")
+                held_specs = dict(zip(taken, pipe.execute()))
         for index, key in keyed:
+            first = first_index[key]
+            held = held_specs.get(key)
+            if specs[index] != (specs[first] if held is None else unpack(held)):
+                raise IdempotencyConflict(key, holders[key], (index, "idempotency_key"))
             ids[index] = holders[key]
-            is_first = first_index[key] == index
-            created[index] = is_first and not exists.get(key, 0)
+            created[index] = first == index and held is None
 
     def _write_new_record(self, pipe: Any, job_id: str, spec: dict[str, Any], now: float) -> None:
         record: dict[str, Any] = {
@@ -348,3 +363,4 @@ def decode_record(raw: dict[bytes, bytes]) -> dict[str, Any]:
         else:
             record[name] = value
     return record
+
