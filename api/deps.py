@@ -10,6 +10,7 @@ from redis import Redis
 
 from shared.config import Settings
 from shared.keys import Keys
+from shared.tasks import Access
 
 _bearer = HTTPBearer(auto_error=False, description="Bearer token (ROLLOUTS_API_TOKENS); off when none is set.")
 
@@ -50,6 +51,12 @@ def require_auth(
         )
 
 
+def _is_admin(credentials: HTTPAuthorizationCredentials | None, settings: Settings) -> bool:
+    """An admin token, or any API token when no admin tokens are set (or anyone, with auth off)."""
+    allowed = settings.admin_tokens or settings.api_tokens
+    return not allowed or (credentials is not None and _token_in(credentials.credentials, allowed))
+
+
 def require_admin(
     credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
     settings: Settings = Depends(get_settings),
@@ -59,8 +66,7 @@ def require_admin(
     With admin tokens unset every caller is trusted equally (one team, one token), so existing
     deployments keep working; setting them splits trainers (submit, read) from operators.
     """
-    allowed = settings.admin_tokens or settings.api_tokens
-    if not allowed:
+    if _is_admin(credentials, settings):
         return
     if credentials is None or not _token_in(credentials.credentials, settings.api_tokens + settings.admin_tokens):
         # Who is asking is unknown: authenticate first (401), as on every other route.
@@ -69,5 +75,12 @@ def require_admin(
             detail="missing or invalid bearer token",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    if not _token_in(credentials.credentials, allowed):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, detail="this route needs an admin token")
+    raise HTTPException(status.HTTP_403_FORBIDDEN, detail="this route needs an admin token")
+
+
+def submitter_access(
+    credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
+    settings: Settings = Depends(get_settings),
+) -> Access:
+    """What a submitter may choose: execution settings inline only as an admin; the operator's profiles always."""
+    return Access(admin=_is_admin(credentials, settings), profiles=settings.task_profiles)

@@ -16,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api.json_body import MalformedJSON
-from shared.errors import ValidationError
+from shared.errors import NotPermitted, ValidationError
 from shared.jobs.store import IdempotencyConflict
 
 
@@ -50,7 +50,8 @@ def validation_response(problems: list[dict[str, Any]], status_code: int = 422) 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ValidationError)
     async def _invalid(request: Request, exc: ValidationError) -> JSONResponse:
-        return validation_response(problems_of(exc))
+        forbidden = any(isinstance(part, NotPermitted) for part in exc.errors)  # not this caller's to set
+        return validation_response(problems_of(exc), status_code=403 if forbidden else 422)
 
     @app.exception_handler(IdempotencyConflict)
     async def _conflict(request: Request, exc: IdempotencyConflict) -> JSONResponse:

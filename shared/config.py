@@ -13,7 +13,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -92,6 +92,13 @@ class Settings(BaseSettings):
     stage_retries: int = Field(default=3, ge=0, description="Re-runs of a stage whose worker died.")
     drain_timeout_s: float = Field(
         default=30.0, ge=0, description="On SIGTERM, how long running jobs may finish before they are handed back."
+    )
+    task_profiles: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description=(
+            "Named execution settings an operator allows (JSON: {name: task fields}, e.g. "
+            '{"web": {"sandbox": {"network": true}}}); a task names one as `profile`.'
+        ),
     )
     task_modules: WordList = Field(
         default_factory=list, description="Extra modules imported at start-up to register task kinds."

@@ -90,6 +90,10 @@ def _restore(cls: type[ValidationError], args: tuple[Any, ...], state: dict[str,
     return error
 
 
+class NotPermitted(ValidationError):
+    """Input that is well formed but not this caller's to give (an execution setting from a non-admin): a 403."""
+
+
 def format_loc(loc: Iterable[str | int]) -> str:
     """("body", 3, "task", "kind") -> "body[3].task.kind"; strings already holding a path pass through."""
     path = ""

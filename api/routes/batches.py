@@ -18,7 +18,8 @@ from pydantic import ValidationError as PydanticValidationError
 from redis.asyncio import Redis as AsyncRedis
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import require_admin, require_auth
+from api.deps import require_admin, require_auth, submitter_access
+from api.errors import Refusal
 from api.json_body import load_json_body
 from api.negotiation import respond
 from shared.batches.hook import batch_store, cancel_groups, start_batch
@@ -26,7 +27,8 @@ from shared.batches.pool import load_pool
 from shared.batches.spec import BatchRequest
 from shared.batches.store import BatchStore, group_views
 from shared.batches.views import batch_view
-from shared.errors import ValidationError
+from shared.errors import NotPermitted, ValidationError
+from shared.tasks import Access
 from shared.redis_conn import MAX_CONNECTIONS
 
 # Groups per page when each embeds its samples' trajectories and evaluations.
@@ -66,11 +68,14 @@ def get_async_redis(request: Request) -> AsyncRedis:
     summary="Create a batch: a prompt pool, n samples per prompt, a target (every prompt, or DAPO)",
     responses={
         400: {"description": "Malformed JSON"},
+        403: {"model": Refusal, "description": "prompts_path or execution settings from a caller without the admin scope"},
         422: {"description": "Invalid batch or prompts: each problem naming its field (`body.prompts[3].task.kind`)"},
     },
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY_SCHEMA}}}},
 )
-async def create_batch(request: Request, batches: BatchStore = Depends(get_batches)) -> Response:
+async def create_batch(
+    request: Request, batches: BatchStore = Depends(get_batches), access: Access = Depends(submitter_access)
+) -> Response:
     """Checks every prompt first; launches the first groups and answers with the batch at once."""
     settings = request.app.state.settings
     body = load_json_body(await request.body(), settings.max_json_depth)
@@ -80,7 +85,11 @@ async def create_batch(request: Request, batches: BatchStore = Depends(get_batch
         batch = BatchRequest.model_validate(body)
     except PydanticValidationError as exc:
         raise ValidationError.from_pydantic(exc, ("body",)) from None
-    pool = await run_in_threadpool(load_pool, batch, settings.prompt_files_root, settings.prompt_file_max_bytes)
+    if batch.prompts_path is not None and not access.admin:
+        raise NotPermitted("a file on the server: only an admin names one; send the prompts instead", ("body", "prompts_path"))
+    pool = await run_in_threadpool(
+        load_pool, batch, settings.prompt_files_root, settings.prompt_file_max_bytes, access
+    )
     if batch.min_informative_groups is not None and batch.min_informative_groups > len(pool):
         message = f"{batch.min_informative_groups} groups asked for, but the pool has {len(pool)} prompts"
         raise ValidationError(message, ("body", "min_informative_groups"))

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import require_admin, require_auth
+from api.deps import require_admin, require_auth, submitter_access
 from api.errors import Refusal, validation_response
 from api.json_body import load_json_body
 from api.negotiation import respond
@@ -18,7 +18,7 @@ from shared.errors import ValidationError
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
 from shared.jobs.store import IdempotencyConflict, JobStore
 from shared.job_end import job_ended
-from shared.tasks import validate_job
+from shared.tasks import Access, validate_job
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_auth)])
 
@@ -34,12 +34,16 @@ def get_store(request: Request) -> JobStore:
     summary="Submit one job or a list of jobs",
     responses={
         400: {"description": "Malformed JSON"},
+        403: {"model": Refusal, "description": "Execution settings (task.sandbox network, limits, env, image; server "
+              "paths) from a caller without the admin scope: name an operator's task profile instead"},
         409: {"model": Refusal, "description": "An idempotency key already held by a different job"},
         413: {"description": "Body or list too large"},
         422: {"description": "Invalid jobs: every problem of each, naming its field (`body[3].task.kind`)"},
     },
 )
-async def submit_jobs(request: Request, store: JobStore = Depends(get_store)) -> Any:
+async def submit_jobs(
+    request: Request, store: JobStore = Depends(get_store), access: Access = Depends(submitter_access)
+) -> Any:
     """Validates every job first; nothing is stored unless all are valid. Answers at once with the ids."""
     body = load_json_body(await request.body(), request.app.state.settings.max_json_depth)
     items = body if isinstance(body, list) else [body]
@@ -53,7 +57,7 @@ async def submit_jobs(request: Request, store: JobStore = Depends(get_store)) ->
             [{"field": "body", "message": f"{len(items)} jobs in one request; the limit is {limit}"}], status_code=413
         )
     many = isinstance(body, list)
-    specs = _validate(items, many)
+    specs = _validate(items, many, access)
     try:
         submitted = await run_in_threadpool(store.submit, specs)
     except IdempotencyConflict as exc:
@@ -63,13 +67,13 @@ async def submit_jobs(request: Request, store: JobStore = Depends(get_store)) ->
     return respond(request, payload, status_code=status.HTTP_202_ACCEPTED)
 
 
-def _validate(items: list[Any], many: bool) -> list[dict[str, Any]]:
+def _validate(items: list[Any], many: bool, access: Access) -> list[dict[str, Any]]:
     """The jobs as stored, or one ValidationError naming every problem of every job (`body[i]...`)."""
     specs: list[dict[str, Any]] = []
     problems: list[ValidationError] = []
     for index, item in enumerate(items):
         try:
-            job = validate_job(item, ("body", index) if many else ("body",))
+            job = validate_job(item, ("body", index) if many else ("body",), access)
         except ValidationError as exc:
             problems.append(exc)
             continue

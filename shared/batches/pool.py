@@ -17,7 +17,8 @@ import orjson
 
 from shared.batches.spec import BatchRequest, PoolItem, normalise_pool_item
 from shared.errors import Loc, ValidationError
-from shared.tasks import validate_job
+from shared.tasks import Access, validate_job
+from shared.tasks.validation import ADMIN
 
 MAX_POOL = 1_000_000
 MAX_PROBLEMS = 20
@@ -27,7 +28,10 @@ _ITEM_FIELDS = frozenset(PoolItem.model_fields)
 
 
 def load_pool(
-    request: BatchRequest, files_root: Path | None = None, max_file_bytes: int = MAX_FILE_BYTES
+    request: BatchRequest,
+    files_root: Path | None = None,
+    max_file_bytes: int = MAX_FILE_BYTES,
+    access: Access = ADMIN,
 ) -> list[dict[str, Any]]:
     """The pool items as plain dicts, or a ValidationError naming (up to MAX_PROBLEMS) problems.
 
@@ -45,7 +49,7 @@ def load_pool(
     problems: list[ValidationError] = []
     for loc, item in raw:
         try:
-            items.append(_check(loc, item))
+            items.append(_check(loc, item, access))
         except ValidationError as exc:
             problems.append(exc)
             if sum(len(p.errors) for p in problems) >= MAX_PROBLEMS:
@@ -101,7 +105,7 @@ def _read_regular(path: Path, max_bytes: int) -> bytes:
     return data
 
 
-def _check(loc: Loc, item: Any) -> dict[str, Any]:
+def _check(loc: Loc, item: Any, access: Access) -> dict[str, Any]:
     """The item as stored (its own sampling and limits only where it set them); ValidationError if refused."""
     item = normalise_pool_item(item)
     if isinstance(item, dict):
@@ -111,7 +115,7 @@ def _check(loc: Loc, item: Any) -> dict[str, Any]:
             raise ValidationError.combine(extra)
         # null stands for "the batch's", as an absent field does
         item = {name: value for name, value in item.items() if value is not None or name not in ("sampling", "limits")}
-    job = validate_job(item, loc)
+    job = validate_job(item, loc, access)
     stored: dict[str, Any] = {"task": job.task, "metadata": job.metadata}
     for name in ("sampling", "limits"):
         if name in job.model_fields_set:

@@ -3,9 +3,10 @@
 from shared.tasks.base import TaskKind, TaskValidationError
 from shared.tasks.context import StageContext, StageInterrupted
 from shared.tasks.registry import UnknownKind, get_kind, known_kinds, load_task_modules, register
-from shared.tasks.validation import validate_job
+from shared.tasks.validation import Access, validate_job
 
 __all__ = [
+    "Access",
     "StageContext",
     "StageInterrupted",
     "TaskKind",

@@ -50,6 +50,11 @@ class TaskKind:
     def validate(self, task: dict[str, Any]) -> None:
         """Called by the API before anything is stored: raise TaskValidationError to reject."""
 
+    def execution_settings(self, task: dict[str, Any]) -> list[Loc]:
+        """Where `task` chooses how code runs (sandbox network, limits, env, image; server paths; the
+        interpreter): only an admin may set these inline, anyone through an operator's profile."""
+        return []
+
     def init(self, ctx: StageContext) -> dict[str, Any]:
         """Build the job's state in its workspace (sandbox image, files, repository)."""
         return {}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from shared.config import Settings
+from shared.errors import Loc
 from shared.tasks.base import TaskKind, TaskValidationError
 from shared.tasks.context import StageContext
 from workers.rollout.agent_task import run_agent_task
@@ -26,6 +27,8 @@ from workers.sandbox.spec import SandboxSpec
 from workers.sandbox.workspace import place_files
 from workers.toolserver.schemas import TOOL_NAMES, TOOL_SCHEMAS
 
+# What in a task's `sandbox` decides how code runs, not what it works on (files, setup).
+EXECUTION_FIELDS = frozenset({"image", "limits", "network", "env", "workdir"})
 DEFAULT_TOOLS: tuple[str, ...] = ("bash", "python", "view", "create", "str_replace", "finish")
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -57,9 +60,20 @@ class AgentTask(TaskKind):
         raise NotImplementedError
 
     def sandbox_spec(self, task: dict[str, Any], settings: Settings) -> SandboxSpec:
-        """The sandbox this task runs in; default: `task["sandbox"]` if given, else the backend's defaults."""
-        raw = task.get("sandbox")
-        return SandboxSpec.model_validate(raw) if raw else SandboxSpec()
+        """The sandbox this task runs in: `task["sandbox"]` (its files and setup from anyone, its execution
+        settings from an admin or an operator's profile) over the backend's defaults and the agent's PATH."""
+        spec = SandboxSpec.model_validate(task.get("sandbox") or {})
+        spec.env = {**agent_env(settings), **spec.env}
+        return spec
+
+    def execution_settings(self, task: dict[str, Any]) -> list[Loc]:
+        sandbox = task.get("sandbox")
+        chosen: list[Loc] = []
+        if isinstance(sandbox, dict):
+            chosen += [("task", "sandbox", name) for name in sorted(EXECUTION_FIELDS & sandbox.keys())]
+        if "python" in task:  # the interpreter the evaluator runs the tests with
+            chosen.append(("task", "python"))
+        return chosen
 
     def prepare_workspace(self, ctx: StageContext) -> dict[str, Any]:
         """Build the job's state in `ctx.workspace` (init stage); default: create it and place the spec's files."""

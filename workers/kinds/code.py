@@ -12,13 +12,12 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from shared.config import Settings
 from shared.tasks.base import TaskValidationError
 from shared.tasks.context import StageContext
 from shared.tasks.registry import register
 from workers.eval.code_tests import parse_tests, run_isolated, summary
 from workers.eval.fresh_sandbox import fresh_sandbox, sandbox_python
-from workers.kinds.agentic import AgentTask, agent_env
+from workers.kinds.agentic import AgentTask
 from workers.kinds.formats import code_fields, task_format
 from workers.kinds.task_fields import optional_number, relative_path, require_str
 from workers.sandbox.spec import SandboxLimits, SandboxSpec
@@ -67,9 +66,6 @@ class CodeKind(AgentTask):
         entry = task.get("entry_file", "solution.py")
         system = task.get("system_prompt") or SYSTEM_PROMPT.format(entry=entry)
         return [{"role": "system", "content": system}, {"role": "user", "content": task["prompt"]}]
-
-    def sandbox_spec(self, task: dict[str, Any], settings: Settings) -> SandboxSpec:
-        return SandboxSpec(env=agent_env(settings))
 
     def init_files(self, task: dict[str, Any]) -> dict[str, str]:
         """The init state: extra files, and the starter code at the entry file."""

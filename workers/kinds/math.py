@@ -14,19 +14,17 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from shared.config import Settings
 from shared.tasks.context import StageContext
 from shared.tasks.registry import register
 from workers.eval.answer_grading import grade_math
 from workers.eval.answers import trajectory_texts
-from workers.kinds.agentic import AgentTask, agent_env
+from workers.kinds.agentic import AgentTask
 from workers.kinds.formats import (
     math_problem,
     math_reference,
     math_reference_output,
     task_format,
 )
-from workers.sandbox.spec import SandboxSpec
 
 SYSTEM_PROMPT = (
     "Solve the math problem. You can run Python (sympy is available) to check your work. "
@@ -53,9 +51,6 @@ class MathKind(AgentTask):
     def messages(self, task: dict[str, Any]) -> list[dict[str, Any]]:
         system = task.get("system_prompt") or SYSTEM_PROMPT
         return [{"role": "system", "content": system}, {"role": "user", "content": math_problem(task)}]
-
-    def sandbox_spec(self, task: dict[str, Any], settings: Settings) -> SandboxSpec:
-        return SandboxSpec(env=agent_env(settings))
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
         final_text, answer = trajectory_texts(ctx.outputs.get("rollout") or {})

@@ -12,15 +12,13 @@ from __future__ import annotations
 import string
 from typing import Any, ClassVar
 
-from shared.config import Settings
 from shared.tasks.base import TaskValidationError
 from shared.tasks.context import StageContext
 from shared.tasks.registry import register
 from workers.eval.answer_grading import DEFAULT_REL_TOL, grade_choice, grade_value
 from workers.eval.answers import trajectory_texts
-from workers.kinds.agentic import AgentTask, agent_env
+from workers.kinds.agentic import AgentTask
 from workers.kinds.task_fields import optional_number, require_str
-from workers.sandbox.spec import SandboxSpec
 
 CHOICE_PROMPT = (
     "Answer the multiple-choice question. You can run Python to compute. "
@@ -86,9 +84,6 @@ class StemKind(AgentTask):
             question += "\n\n" + "\n".join(f"({letter}) {text}" for letter, text in choices.items())
         system = task.get("system_prompt") or (CHOICE_PROMPT if choices else VALUE_PROMPT)
         return [{"role": "system", "content": system}, {"role": "user", "content": question}]
-
-    def sandbox_spec(self, task: dict[str, Any], settings: Settings) -> SandboxSpec:
-        return SandboxSpec(env=agent_env(settings))
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
         task = ctx.task

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from shared.config import Settings
+from shared.errors import Loc
 from shared.tasks.base import TaskValidationError
 from shared.tasks.context import StageContext
 from shared.tasks.registry import register
@@ -87,6 +88,10 @@ class SweKind(AgentTask):
     def sandbox_spec(self, task: dict[str, Any], settings: Settings) -> SandboxSpec:
         image, workdir, env = image_setup(SweInstance.from_task(task), settings)
         return SandboxSpec(image=image, workdir=workdir, env={**agent_env(settings), **env})
+
+    def execution_settings(self, task: dict[str, Any]) -> list[Loc]:
+        server_path = [("task", "repo_path")] if task.get("repo_path") else []  # a directory on the workers
+        return [*super().execution_settings(task), *server_path]
 
     def prepare_workspace(self, ctx: StageContext) -> dict[str, Any]:
         instance = SweInstance.from_task(ctx.task)
