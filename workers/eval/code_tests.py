@@ -12,22 +12,17 @@ sandbox's rlimits (memory, CPU), so an infinite loop or a memory hog fails
 that test only. The expected outputs never enter the sandbox.
 
 Every test also runs in its own fresh sandbox over a freshly populated
-workspace (`run_case`), so nothing one test run writes (a rewritten
-.eval/_hidden_tests.py, a shadowing module, a patched harness) reaches the
-next.
+workspace that holds only that test's own files (`run_isolated`), so nothing
+one test run writes reaches the next, and no test's source is there for the
+solution to read.
 
-An assert test passes only if the harness prints a per-run token after the
-test returned. The token never enters the process that runs the solution:
-the shell opens the token file on fd 3 and deletes it, the harness forks a
-child that closes fd 3 and only then imports the solution and runs the test,
-and the parent (which never imports the solution, and makes itself
-non-dumpable so the child cannot read its memory) reads the token after the
-fork and prints it only if the child exited 0 after reporting, through a pipe,
-that the test returned. It is not a global, not in the environment
-(/proc/self/environ), and not on disk once the solution runs. What remains
-possible is what any in-process test allows: a solution that imitates the
-harness's own report (or fools the asserts with objects whose ``__eq__`` always
-holds); the token only stops the cheap forgeries.
+An assert test is judged by `split_harness.py`: the solution runs in a
+process of its own and the test in the judge's, which reads the test's
+source and a per-run token from file descriptors the solution's process
+never holds, and calls the solution's functions over a socket that carries
+plain data only. The judge prints the token after the test returned; the
+solution can neither read the token nor make the judge's comparisons lie
+(see that module's docstring for what crosses and what stays behind).
 """
 
 from __future__ import annotations
@@ -47,71 +42,11 @@ from workers.sandbox.workspace import place_files
 EVAL_DIR = ".eval"
 HARNESS = f"{EVAL_DIR}/harness.py"
 TOKEN_FILE = f"{EVAL_DIR}/token"
-TEST_MODULE = "_hidden_tests"
+TEST_SOURCE = f"{EVAL_DIR}/test.py"
 DETAIL_CHARS = 400
 
-_HARNESS_SOURCE = '''\
-"""Runs one assert test in a child; the parent prints the token (read from fd 3) only if it returned."""
-import ctypes, importlib, os, sys, traceback
-
-TOKEN_FD = 3
-
-
-def run_test(mode, target, module):
-    eval_dir = os.path.join(os.getcwd(), ".eval")
-    sys.path[:0] = [eval_dir, os.getcwd()]
-    if mode == "snippet":
-        with open(target) as handle:
-            source = handle.read()
-        namespace = {"__name__": "__hidden_test__"}
-        exec("from %s import *" % module, namespace)
-        exec(compile(source, "<hidden test>", "exec"), namespace)
-    else:
-        getattr(importlib.import_module("_hidden_tests"), target)()
-
-
-def main():
-    mode, target, module = sys.argv[1], sys.argv[2], sys.argv[3]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    report_r, report_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(TOKEN_FD)
-        os.close(report_r)
-        try:
-            run_test(mode, target, module)
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except BaseException:
-            traceback.print_exc()
-            sys.stderr.flush()
-            os._exit(1)
-        os.write(report_w, b"returned")
-        os._exit(0)
-    os.close(report_w)
-    try:
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the child cannot read this memory
-    except Exception:
-        pass
-    token = os.read(TOKEN_FD, 256).decode().strip()
-    os.close(TOKEN_FD)
-    report = b""
-    while True:
-        chunk = os.read(report_r, 64)
-        if not chunk or len(report) > 64:
-            break
-        report += chunk
-    _, status = os.waitpid(pid, 0)
-    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and report == b"returned":
-        sys.stdout.write("\\n" + token + " PASS\\n")
-        sys.stdout.flush()
-        os._exit(0)
-    os._exit(1)
-
-
-main()
-'''
+# The judge that runs an assert test with the solution in another process (standard library only).
+_HARNESS_SOURCE = (Path(__file__).parent / "split_harness.py").read_text()
 
 
 @dataclass
@@ -169,24 +104,20 @@ def populate(
     init_files: dict[str, str],
     entry: str,
     solution: str,
-    token: str | None = None,
+    index: int,
+    token: str,
 ) -> None:
-    """The judged state: the init files, the agent's solution over them, the harness and test inputs.
-
-    `token` (for one assert test) goes to .eval/token, which the test's shell opens and deletes
-    before the harness starts.
+    """The judged state of case `index`: the init files, the agent's solution over them, and only
+    this case's own input. An assert test's source and `token` go to .eval/, which the test's shell
+    opens (fds 4 and 3) and deletes before anything runs, so the solution never sees either.
     """
     place_files(workspace, {**init_files, entry: solution})
-    eval_files = {HARNESS: _HARNESS_SOURCE}
-    if tests.test_code is not None:
-        eval_files[f"{EVAL_DIR}/{TEST_MODULE}.py"] = tests.test_code
-    for i, case in enumerate(tests.cases):
-        if case.stdin is not None:
-            eval_files[f"{EVAL_DIR}/case_{i}.in"] = case.stdin
-        if case.snippet is not None:
-            eval_files[f"{EVAL_DIR}/case_{i}.py"] = case.snippet
-    if token is not None:
-        eval_files[TOKEN_FILE] = token
+    case = tests.cases[index]
+    if case.stdin is not None:
+        eval_files = {f"{EVAL_DIR}/case_{index}.in": case.stdin}
+    else:
+        source = case.snippet if case.snippet is not None else tests.test_code
+        eval_files = {HARNESS: _HARNESS_SOURCE, TEST_SOURCE: source or "", TOKEN_FILE: token}
     place_files(workspace, eval_files)
 
 
@@ -204,14 +135,14 @@ def run_isolated(
 ) -> list[dict[str, Any]]:
     """Every case in its own fresh sandbox: `open_box(populate_fn)` gives a new box over a new workspace.
 
-    Nothing a test run writes survives into the next one.
+    Nothing a test run writes survives into the next one, and no case's files are there for another's.
     """
     results = []
     for i in range(len(tests.cases)):
         token = secrets.token_hex(16)
 
-        def fill(workspace: Path, token: str = token) -> None:
-            populate(workspace, tests, init_files, entry, solution, token)
+        def fill(workspace: Path, index: int = i, token: str = token) -> None:
+            populate(workspace, tests, init_files, entry, solution, index, token)
 
         with open_box(fill) as box:
             results.append(run_case(box, tests, i, entry, python, timeout_s, token))
@@ -221,19 +152,18 @@ def run_isolated(
 def run_case(
     box: EvalBox, tests: CodeTests, index: int, entry: str, python: str, timeout_s: float, token: str
 ) -> dict[str, Any]:
-    """Run case `index` (an assert test reads `token` from .eval/token, written by populate)."""
+    """Run case `index` (populated by `populate` with `token`)."""
     module = Path(entry).with_suffix("").as_posix().replace("/", ".")
     case = tests.cases[index]
     if case.stdin is not None:
         command = f"exec {_q(python)} {_q(entry)} < {EVAL_DIR}/case_{index}.in"
         cap = max(64 * 1024, 2 * len(case.stdout or "") + 1024)
         return _stdio_result(case, box.run(command, timeout_s, output_cap=cap))
-    if case.snippet is not None:
-        mode, target = "snippet", f"{EVAL_DIR}/case_{index}.py"
-    else:
-        mode, target = "function", str(case.function)
+    mode, target = ("snippet", "-") if case.snippet is not None else ("function", str(case.function))
+    # The harness is read by Python before the solution exists as a process; the token and the test
+    # are open on fds 3 and 4 and gone from the disk.
     command = (
-        f"exec 3< {TOKEN_FILE} && rm -f {TOKEN_FILE} && "
+        f"exec 3< {TOKEN_FILE} 4< {TEST_SOURCE} && rm -f {TOKEN_FILE} {TEST_SOURCE} && "
         f"exec {_q(python)} -I {HARNESS} {mode} {_q(target)} {_q(module)}"
     )
     return _assert_result(case, box.run(command, timeout_s), token)
