@@ -95,3 +95,51 @@ def test_processes_outside_the_sandbox_cannot_be_signalled(sandbox: Sandbox):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+# Each prints "refused" when the kernel says no; a working call prints what it got.
+_KERNEL_ATTEMPTS = {
+    "new user namespace (unshare -U)": "unshare -U -r true 2>/dev/null && echo allowed || echo refused",
+    "new mount namespace": "unshare -m true 2>/dev/null && echo allowed || echo refused",
+    "ptrace a sibling": (
+        "sleep 30 & python3 - $! <<'PY' 2>/dev/null || python - $! <<'PY'\n"
+        "import ctypes, sys\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('refused' if libc.ptrace(16, int(sys.argv[1]), 0, 0) != 0 else 'allowed')\n"
+        "PY\n"
+    ),
+}
+_SYSCALLS = {  # x86-64 numbers: keyctl, bpf, perf_event_open, userfaultfd, io_uring_setup, clone(CLONE_NEWUSER)
+    "keyctl": "libc.syscall(250, 0, 0, 0, 0, 0)",
+    "bpf": "libc.syscall(321, 0, 0, 0)",
+    "perf_event_open": "libc.syscall(298, 0, 0, -1, -1, 0)",
+    "userfaultfd": "libc.syscall(323, 0)",
+    "io_uring_setup": "libc.syscall(425, 1, 0)",
+    "clone(CLONE_NEWUSER)": "libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)",
+}
+
+
+@pytest.mark.parametrize("attempt", sorted(_KERNEL_ATTEMPTS))
+def test_namespaces_and_ptrace_are_refused_inside(sandbox: Sandbox, attempt: str):
+    assert bash(sandbox, _KERNEL_ATTEMPTS[attempt]).strip().splitlines()[-1] == "refused"
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers are x86-64's")
+@pytest.mark.parametrize("name", sorted(_SYSCALLS))
+def test_kernel_interfaces_escapes_use_are_refused_with_eperm(sandbox: Sandbox, name: str):
+    code = (
+        "import ctypes, errno\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"result = {_SYSCALLS[name]}\n"
+        "print(result, errno.errorcode.get(ctypes.get_errno()))\n"
+    )
+    output = sandbox.call("python", {"code": code}).output
+    assert "-1 EPERM" in output, output
+
+
+def test_ordinary_work_still_runs_under_the_filter(sandbox: Sandbox):
+    output = bash(sandbox, "python3 -c 'import subprocess, threading; print(subprocess.run([\"echo\", \"ok\"], "
+                           "capture_output=True, text=True).stdout.strip())' 2>&1 || "
+                           "python -c 'import subprocess; print(subprocess.run([\"echo\", \"ok\"], "
+                           "capture_output=True, text=True).stdout.strip())'; (sleep 0.1 & wait) && echo jobs-ok")  # fmt: skip
+    assert output.split() == ["ok", "jobs-ok"], output

@@ -21,6 +21,7 @@ from pathlib import Path
 from shared.config import Settings
 from workers.sandbox.base import Sandbox, SandboxError
 from workers.sandbox.isolation import UidSlot, chown_tree
+from workers.sandbox.seccomp import with_filter
 from workers.sandbox.spec import SandboxSpec
 
 log = logging.getLogger("rollouts.sandbox.local")
@@ -29,14 +30,19 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 _SYSTEM_RO = ("/usr", "/etc", "/opt")
 _MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 TMPFS_BYTES = 512 * 1024 * 1024
+SECCOMP_FD = 9
 
 
 @functools.lru_cache(maxsize=1)
 def bwrap_usable() -> tuple[bool, str]:
-    """Whether bwrap can create the namespaces we need here, and why not."""
-    probe = ["bwrap", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "true"]
+    """Whether bwrap can create the namespaces we need here, under the seccomp filter, and why not."""
+    probe = ["bwrap", "--unshare-pid", "--unshare-net", "--seccomp", str(SECCOMP_FD), "--ro-bind", "/", "/", "true"]
     if os.geteuid() != 0:
-        probe.insert(1, "--unshare-user")
+        probe[1:1] = ["--unshare-user", "--disable-userns"]
+    try:
+        probe = with_filter(probe, SECCOMP_FD)
+    except (OSError, RuntimeError, ValueError) as exc:  # libseccomp missing or refusing the rules
+        return False, f"cannot build the seccomp filter: {exc}"
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=20)
     except FileNotFoundError:
@@ -68,18 +74,22 @@ def bwrap_command(
     uid: int | None,
     ro_paths: list[str],
     tmpfs_bytes: int = TMPFS_BYTES,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The bwrap argv running ``argv`` in the sandbox (pure: what it builds is tested).
 
     ``uid`` set (the worker is root): bwrap runs privileged without a user
     namespace, then ``setpriv`` drops to that uid with no capabilities, so
     RLIMIT_NPROC applies. ``uid`` None: bwrap creates a user namespace and
-    the sandbox keeps the caller's uid (the rootless HPC case).
+    the sandbox keeps the caller's uid (the rootless HPC case), and cannot make
+    another. ``seccomp_fd``: bwrap loads workers/sandbox/seccomp.py's filter from it.
     """
     cmd = ["bwrap", "--die-with-parent", "--new-session"]
     cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if uid is None:
-        cmd.append("--unshare-user")
+        cmd += ["--unshare-user", "--disable-userns"]
+    if seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
     if not network:
         cmd.append("--unshare-net")
     cmd += ["--hostname", "sandbox"]
@@ -157,7 +167,7 @@ class LocalSandbox(Sandbox):
 
     def wrap(self, argv: list[str], env: dict[str, str]) -> list[str]:
         if self.isolated:
-            return bwrap_command(
+            command = bwrap_command(
                 argv,
                 env=env,
                 workspace=self.workspace,
@@ -166,5 +176,7 @@ class LocalSandbox(Sandbox):
                 network=self.spec.network,
                 uid=self.uid,
                 ro_paths=readonly_paths(),
+                seccomp_fd=SECCOMP_FD,
             )
+            return with_filter(command, SECCOMP_FD)
         return ["env", "-i", "-C", str(self.workspace), *(f"{k}={v}" for k, v in env.items()), *argv]
