@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from api.body_size import BodySizeLimit
 from api.errors import install_error_handlers
@@ -36,7 +37,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if streams is not None:
                 await streams.aclose()
 
-    app = FastAPI(
+    # The /docs and /redoc pages load their scripts from the API itself (fastapi-offline ships them):
+    # clusters and laptops without internet still get readable docs.
+    app = FastAPIOffline(
         title="rollouts",
         summary="Rollout-as-a-service for RL training of multi-turn LLM agents",
         version="0.1.0",
