@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from cli.connect import connect
 from cli.tracking import read_jobs
-from rollouts_client import ApiError, Batch, Group, RolloutClient, WaitTimeout
+from rollouts_client import Batch, Group, RolloutClient, WaitTimeout
 
 POLL_WAIT_S = 2.0
 _url_option = click.option("--url", default=None, help="API URL (default: ROLLOUTS_API_URL or host:port settings).")
@@ -71,7 +71,7 @@ def batch(
             if out:
                 out.close()
         click.echo(summary_line(final))
-    except (ApiError, ValueError, WaitTimeout) as exc:
+    except (ValueError, WaitTimeout) as exc:  # an ApiError is explained by cli/failures.py
         raise click.ClickException(str(exc)) from None
     finally:
         client.close()
@@ -153,7 +153,7 @@ def export(
                 for row in rows:
                     out.write(json.dumps(row) + "\n")
                     lines += 1
-    except (ApiError, WaitTimeout) as exc:
+    except WaitTimeout as exc:
         raise click.ClickException(str(exc)) from None
     finally:
         client.close()

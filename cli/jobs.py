@@ -8,8 +8,7 @@ import click
 
 from cli.connect import connect
 from cli.loaders import LoaderError
-from cli.tracking import follow, read_row_jobs, submit_all, summary_table, write_results
-from rollouts_client import ApiError
+from cli.tracking import RowsRefused, follow, read_row_jobs, submit_all, summary_table, write_results
 from workers.kinds.formats import FORMATS
 
 _url_option = click.option("--url", default=None, help="API URL (default: ROLLOUTS_API_URL or host:port settings).")
@@ -56,7 +55,9 @@ def submit(
         click.echo(summary_table([finished[i] for i in dict.fromkeys(ids)]))
         if output:
             write_results(client, ids, output)
-    except (ApiError, ValueError, LoaderError, TimeoutError) as exc:
+    except RowsRefused:
+        raise  # explained by cli/failures.py, as an ApiError is
+    except (ValueError, LoaderError, TimeoutError) as exc:
         raise click.ClickException(str(exc)) from None
     finally:
         client.close()
@@ -69,8 +70,6 @@ def status(url: str | None) -> None:
     client = connect(url)
     try:
         info = client.status()
-    except ApiError as exc:
-        raise click.ClickException(str(exc)) from None
     finally:
         client.close()
     click.echo(f"{'stage':8} {'queued':>7} {'running':>8} {'failed':>7} {'procs':>6} {'slots':>6} {'busy':>5}")

@@ -4,10 +4,35 @@ from __future__ import annotations
 
 import click
 
+from cli import failures
 
-@click.group()
-def main() -> None:
-    """Rollout-as-a-service: run the stack, submit jobs, watch them."""
+
+class ExplainedGroup(click.Group):
+    """Failures outside the command (API down, bad token, refused input) as one line and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            failure = failures.describe(exc)
+            if failure is None or (ctx.obj or {}).get("verbose"):
+                raise
+            click.echo(f"rollouts: {failure.message}", err=True)
+            ctx.exit(failure.exit_code)
+
+
+@click.group(cls=ExplainedGroup)
+@click.option("--verbose", "-v", is_flag=True, help="On a failure, show the whole traceback.")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool) -> None:
+    """Rollout-as-a-service: run the stack, submit jobs, watch them.
+
+    Exit codes: 0 done, 1 the command failed, 2 usage, 3 the API cannot be reached, 4 the token is
+    missing or lacks the scope, 5 the API refused the input, 6 the API failed.
+    """
+    ctx.obj = {"verbose": verbose}
 
 
 def _register_commands() -> None:

@@ -65,8 +65,12 @@ def rows_of(error: ApiError) -> dict[int, str]:
     return problems
 
 
+class RowsRefused(ValueError):
+    """The API refused rows of a file: each named (1-based) with its problem, nothing of them submitted."""
+
+
 def submit_all(client: RolloutClient, jobs: list[dict[str, Any]]) -> list[str]:
-    """Submit in chunks; a refused chunk raises ValueError naming each refused row (1-based)."""
+    """Submit in chunks; a refused chunk raises RowsRefused naming each refused row (1-based)."""
     ids: list[str] = []
     for start in range(0, len(jobs), SUBMIT_CHUNK):
         chunk = jobs[start : start + SUBMIT_CHUNK]
@@ -77,7 +81,7 @@ def submit_all(client: RolloutClient, jobs: list[dict[str, Any]]) -> list[str]:
             if not problems:
                 raise
             lines = [f"row {start + index + 1}: {text}" for index, text in sorted(problems.items())]
-            raise ValueError("the API refused rows (nothing was submitted from them):\n" + "\n".join(lines)) from None
+            raise RowsRefused("the API refused rows (nothing was submitted from them):\n" + "\n".join(lines)) from None
     return ids
 
 

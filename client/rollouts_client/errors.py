@@ -26,6 +26,10 @@ class ApiError(RuntimeError):
             errors = [e for e in body.get("errors") or [] if isinstance(e, dict)]
         super().__init__(f"HTTP {response.status_code}: {detail}")
         self.status_code = response.status_code
+        try:
+            self.url: str | None = str(response.request.url)
+        except RuntimeError:  # a response built without its request
+            self.url = None
         self.detail = detail
         self.errors = errors
 

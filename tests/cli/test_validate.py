@@ -124,7 +124,7 @@ def test_validate_reports_rows_that_cannot_score_1(stack, tmp_path: Path) -> Non
          service.api_url, "--no-wait"],
         capture_output=True, text=True, timeout=120, cwd=ROOT, env=service.env, check=False,
     )  # fmt: skip
-    assert submitted.returncode == 1 and "row 2: task.FAIL_TO_PASS/PASS_TO_PASS" in submitted.stderr
+    assert submitted.returncode == 5 and "row 2: task.FAIL_TO_PASS/PASS_TO_PASS" in submitted.stderr  # refused input
     assert "django__django-1" in submitted.stderr and "row 1" not in submitted.stderr
 
 
