@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from cli.connect import connect
 from cli.tracking import read_jobs
-from rollouts_client import Batch, Group, RolloutClient, WaitTimeout
+from rollouts_client import Batch, BatchExhausted, Group, RolloutClient, WaitTimeout
 
 POLL_WAIT_S = 2.0
 _url_option = click.option("--url", default=None, help="API URL (default: ROLLOUTS_API_URL or host:port settings).")
@@ -71,6 +71,8 @@ def batch(
             if out:
                 out.close()
         click.echo(summary_line(final))
+        if final.status == "exhausted":
+            raise BatchExhausted(final)  # cli/failures.py: its reason, and a distinct exit code
     except (ValueError, WaitTimeout) as exc:  # an ApiError is explained by cli/failures.py
         raise click.ClickException(str(exc)) from None
     finally:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import httpx
 
 from cli.tracking import RowsRefused
-from rollouts_client import ApiError
+from rollouts_client import ApiError, BatchExhausted
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ API_UNREACHABLE = 3
 NOT_ALLOWED = 4
 REFUSED = 5
 SERVER_ERROR = 6
+BATCH_SHORT = 7
 
 
 def describe(exc: BaseException) -> Failure | None:
@@ -42,6 +43,8 @@ def describe(exc: BaseException) -> Failure | None:
         )
     if isinstance(exc, ApiError):
         return _api_failure(exc)
+    if isinstance(exc, BatchExhausted):
+        return Failure(str(exc), BATCH_SHORT)
     if isinstance(exc, RowsRefused):
         return Failure(str(exc), REFUSED)
     return None

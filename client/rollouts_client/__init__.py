@@ -9,7 +9,7 @@
 """
 
 from rollouts_client.aio import AsyncRolloutClient
-from rollouts_client.errors import ApiError, WaitTimeout
+from rollouts_client.errors import ApiError, BatchExhausted, WaitTimeout
 from rollouts_client.models import Batch, BatchCounts, Group, GroupPage, Job, Sample
 from rollouts_client.sync import RolloutClient
 from rollouts_client.training import collate_trajectories, groups_to_tensors
@@ -20,6 +20,7 @@ __all__ = [
     "AsyncRolloutClient",
     "Batch",
     "BatchCounts",
+    "BatchExhausted",
     "Group",
     "GroupPage",
     "Job",

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from rollouts_client.errors import ApiError, WaitTimeout
+from rollouts_client.errors import ApiError, BatchExhausted, WaitTimeout
 from rollouts_client.models import Batch, Group, GroupPage, Job
 from rollouts_client.wire import (
     RESULTS_PAGE_GROUPS,
@@ -205,9 +205,13 @@ class AsyncRolloutClient:
                 await asyncio.sleep(delay)
 
     async def wait_batch(self, batch_id: str, timeout: float | None = None) -> Batch:
+        """Block until the batch closes; BatchExhausted when a DAPO pool ran out before the target."""
         async for _ in self.iter_groups(batch_id, results=False, timeout=timeout):
             pass
-        return await self.get_batch(batch_id)
+        final = await self.get_batch(batch_id)
+        if final.status == "exhausted":
+            raise BatchExhausted(final)
+        return final
 
     async def collect_groups(
         self, batch_id: str, *, results: bool = True, timeout: float | None = None

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+if TYPE_CHECKING:
+    from rollouts_client.models import Batch
 
 
 class ApiError(RuntimeError):
@@ -36,3 +39,15 @@ class ApiError(RuntimeError):
 
 class WaitTimeout(TimeoutError):
     """A wait with a timeout ended before the jobs or the batch did."""
+
+
+class BatchExhausted(RuntimeError):
+    """A DAPO batch whose pool ran out before its target: `batch.reason` says how far it got.
+
+    Raised by `wait_batch`, so a training loop that waits for a full batch does not go on with a
+    short one in silence (0 informative groups means every prompt got the same reward every time).
+    """
+
+    def __init__(self, batch: Batch) -> None:
+        super().__init__(f"batch {batch.id} could not fill: {batch.reason}")
+        self.batch = batch

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from rollouts_client.errors import ApiError, WaitTimeout
+from rollouts_client.errors import ApiError, BatchExhausted, WaitTimeout
 from rollouts_client.models import Batch, Group, GroupPage, Job
 from rollouts_client.wire import (
     RESULTS_PAGE_GROUPS,
@@ -213,10 +213,14 @@ class RolloutClient:
                 time.sleep(delay)
 
     def wait_batch(self, batch_id: str, timeout: float | None = None) -> Batch:
-        """Block until the batch closes (target met, pool exhausted or cancelled)."""
+        """Block until the batch closes (target met or cancelled); BatchExhausted when a DAPO pool ran
+        out before the target (the groups it did fill are still there: `collect_groups`)."""
         for _ in self.iter_groups(batch_id, results=False, timeout=timeout):
             pass
-        return self.get_batch(batch_id)
+        final = self.get_batch(batch_id)
+        if final.status == "exhausted":
+            raise BatchExhausted(final)
+        return final
 
     def collect_groups(self, batch_id: str, *, results: bool = True, timeout: float | None = None) -> list[Group]:
         return list(self.iter_groups(batch_id, results=results, timeout=timeout))

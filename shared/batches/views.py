@@ -15,7 +15,7 @@ def batch_view(head: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": head["id"],
         "status": head["status"],
-        "reason": head.get("reason"),
+        "reason": exhausted_reason(head) if head["status"] == "exhausted" else head.get("reason"),
         "mode": head["mode"],
         "n_samples": head["n"],
         "pool_size": head["pool_size"],
@@ -39,6 +39,15 @@ def batch_view(head: dict[str, Any]) -> dict[str, Any]:
         },
         "metadata": (head.get("request") or {}).get("metadata") or {},
     }
+
+
+def exhausted_reason(head: dict[str, Any]) -> str:
+    """Why a DAPO batch stopped short, in numbers: a trainer needs to know it was the data, not the service."""
+    return (
+        f"the prompt pool ran out before the target: {head['used']} of {head['target']} groups informative "
+        f"after {head['launched']} of {head['pool_size']} prompts ({head['uniform']} groups had one reward "
+        f"for every sample, {head['failed']} failed)"
+    )
 
 
 def group_view(

@@ -14,7 +14,7 @@ from redis import Redis
 
 from cli.main import main
 from cli.stack import Stack
-from rollouts_client import RolloutClient
+from rollouts_client import BatchExhausted, RolloutClient
 from shared.batches.store import BatchStore
 from shared.config import Settings
 from shared.jobs.store import JobStore
@@ -147,3 +147,21 @@ def test_more_long_polls_than_redis_py_default_pool_all_answer(stack):
     with ThreadPoolExecutor(polls) as pool:
         codes = list(pool.map(long_poll, range(polls)))
     assert codes == [200] * polls
+
+
+def test_a_batch_that_cannot_fill_says_why_and_fails_loudly(stack, tmp_path):
+    uniform = [FAST_UNIFORM] * 3
+    with RolloutClient(stack.api_url) as client:
+        batch = client.submit_batch(uniform, n_samples=2, min_informative_groups=2)
+        with pytest.raises(BatchExhausted) as raised:
+            client.wait_batch(batch.id, timeout=120)
+    reason = raised.value.batch.reason
+    assert raised.value.batch.status == "exhausted"
+    assert "0 of 2 groups informative after 3 of 3 prompts" in reason and "3 groups had one reward" in reason
+
+    prompts = tmp_path / "uniform.jsonl"
+    prompts.write_text("".join(json.dumps({"task": row}) + "\n" for row in uniform))
+    ran = CliRunner().invoke(main, ["batch", str(prompts), "-n", "2", "--min-informative", "2", "--url",
+                                    stack.api_url, "--timeout", "120"])  # fmt: skip
+    assert ran.exit_code == 7, ran.output
+    assert "could not fill" in ran.output and "0 of 2 groups informative" in ran.output
