@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import IO, Any
 
 import click
-from tqdm import tqdm
 
 from cli.connect import connect
+from cli.progress import Progress
+from shared.config import get_settings
 from cli.tracking import read_jobs
 from rollouts_client import Batch, BatchExhausted, Group, RolloutClient, WaitTimeout
 
@@ -86,25 +87,26 @@ def follow_batch(client: RolloutClient, created: Batch, out: IO[str] | None, tim
     least every POLL_WAIT_S even while no group completes.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
-    bar = tqdm(total=created.target, unit="group", disable=None, dynamic_ncols=True)
+    shown = Progress(created.target, "group", get_settings().progress_interval_s)
     cursor, batch = "0-0", created
     try:
         while True:
             page = client.groups(created.id, cursor, POLL_WAIT_S, results=out is not None)
+            used = 0
             for group in page.groups:
-                if group.used:
-                    bar.update(1)
+                used += group.used
                 if out is not None:
                     out.write(json.dumps(group_record(group)) + "\n")
             cursor, batch = page.cursor, page.batch
             c = batch.counts
-            bar.set_postfix(filtered=c.filtered, failed=c.failed, in_flight=c.in_flight, launched=c.launched)
+            shown.update(used, ended={"filtered": c.filtered, "failed": c.failed},
+                         running={"groups": c.in_flight})  # fmt: skip
             if page.done:
                 return client.get_batch(created.id)
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(f"batch {created.id} still running after {timeout}s (it goes on; see `export`)")
     finally:
-        bar.close()
+        shown.close()
 
 
 def summary_line(batch: Batch) -> str:

@@ -9,10 +9,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
 
 from cli.loaders import load_rows, row_job
+from cli.progress import Progress
 from rollouts_client import ApiError, Job, RolloutClient
+from shared.config import get_settings
 from shared.jobs.status import TERMINAL
 from workers.kinds.formats import FormatError
 
@@ -115,31 +116,36 @@ def follow(
     poll_s: float = 0.5,
     timeout: float | None = None,
 ) -> dict[str, Job]:
-    """Poll until every job is terminal; returns the final summary of each job (no result) by id."""
+    """Poll until every job is terminal; returns the final summary of each job (no result) by id.
+
+    Progress: a bar on a terminal, a line every ROLLOUTS_PROGRESS_INTERVAL_S elsewhere (cli/progress.py);
+    `progress=False` shows none."""
     finished: dict[str, Job] = {}
     pending = list(dict.fromkeys(job_ids))
     deadline = None if timeout is None else time.monotonic() + timeout
-    # progress=None: a bar on a terminal, nothing when output is piped (CI logs).
-    bar = tqdm(total=len(pending), unit="job", disable=None if progress is None else not progress, dynamic_ncols=True)
+    shown = Progress(len(pending), "job", get_settings().progress_interval_s, enabled=progress is not False)
+    ended: dict[str, int] = defaultdict(int)
     try:
         while pending:
             counts: dict[str, int] = defaultdict(int)
             still: list[str] = []
+            newly = 0
             for summary in client.job_summaries(pending):
                 if summary.status in TERMINAL:
                     finished[summary.id] = summary
-                    bar.update(1)
+                    ended[summary.status] += 1
+                    newly += 1
                 else:
                     still.append(summary.id)
                     counts[summary.status] += 1
             pending = still
-            bar.set_postfix({k: v for k, v in sorted(counts.items())}, refresh=True)
+            shown.update(newly, ended=ended, running=counts)
             if pending:
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"{len(pending)} jobs still running after {timeout:.0f}s")
                 time.sleep(poll_s)
     finally:
-        bar.close()
+        shown.close()
     return finished
 
 

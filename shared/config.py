@@ -60,6 +60,9 @@ class Settings(BaseSettings):
         description="Tokens with the admin scope (backend registration). Empty: any API token.",
     )
     token: str | None = Field(default=None, description="Bearer token the CLI and clients send.")
+    progress_interval_s: float = Field(
+        default=30.0, gt=0, description="Without a terminal (CI, Slurm, nohup), the CLI's progress line every this often."
+    )
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     max_jobs_per_request: int = Field(default=5000, gt=0)
     max_json_depth: int = Field(
