@@ -77,7 +77,8 @@ def test_a_stage_that_raises_fails_its_job_and_the_others_go_on(make_stack, trac
     assert "Traceback" in failed["error"]["traceback"] and "kinds.py" in failed["error"]["traceback"]
     assert failed["partial"] == {"progress": "rollout started"}
     assert "eval" not in failed["timings"]
-    assert not (stack.settings.workspaces / bad).exists()
+    # The terminal hook removes the workspace right after the status moves (a busy machine shows the gap).
+    wait_for(lambda: not (stack.settings.workspaces / bad).exists(), what="the failed job's workspace to go")
     for job_id in good:
         assert wait_status(api, job_id)["status"] == "done"
 

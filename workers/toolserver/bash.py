@@ -30,7 +30,7 @@ from workers.toolserver.output import CappedBuffer
 
 _MARKER = "__RO_DONE_{nonce}_%d__"
 _ANY_MARKER = re.compile(rb"\r?\n__RO_DONE_[0-9a-f]{16}_\d+__\r?\n")
-_INTERRUPT_GRACE_S = 1.5
+_INTERRUPT_GRACE_S = 3.0  # ^C to a prompt; generous, since a busy machine is slow to deliver it
 
 
 @dataclass
