@@ -48,7 +48,8 @@ class BodySizeLimit:
                 raise
 
     async def _reject(self, send: Send) -> None:
-        body = json.dumps({"detail": f"request body exceeds the limit of {self.max_bytes} bytes"}).encode()
+        message = f"request body exceeds the limit of {self.max_bytes} bytes"
+        body = json.dumps({"detail": message, "errors": [{"field": "body", "message": message}]}).encode()
         await send(
             {
                 "type": "http.response.start",

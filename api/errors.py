@@ -1,15 +1,18 @@
 """Error responses: every rejection is a 4xx whose message names the field; Redis trouble is a 503.
 
-Bad input has one body (`Refusal`), whoever found it: pydantic, a route, a task kind.
+Every error has one body (`Refusal`: `detail`, and `errors` naming each field), whoever found it:
+pydantic, a route, a task kind, auth, a missing id, the body-size cap, Redis being away.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from pydantic import BaseModel, Field
 from pydantic import ValidationError as PydanticValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -26,7 +29,7 @@ class Problem(BaseModel):
 
 
 class Refusal(BaseModel):
-    """The body of every 422 (and of a 400 for malformed JSON): each problem, naming its field."""
+    """The body of every error response (4xx and 5xx): each problem, naming its field."""
 
     detail: str = Field(description="The first ten problems on one line: `field: message; ...`.")
     errors: list[Problem]
@@ -40,6 +43,12 @@ def problems_of(error: ValidationError) -> list[dict[str, str]]:
 def describe_errors(errors: list[dict[str, Any]], prefix: tuple[Any, ...] = ()) -> list[dict[str, str]]:
     """Pydantic errors as {field, message} pairs, without pydantic's "Value error, " in front."""
     return problems_of(ValidationError.from_pydantic(errors, prefix))
+
+
+def error_response(message: str, field: str, status_code: int, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """An error that is not about the input's fields (a missing id, auth, Redis away), in the same shape."""
+    body = {"detail": message, "errors": [{"field": field, "message": message}]}
+    return JSONResponse(body, status_code=status_code, headers=dict(headers or {}))
 
 
 def validation_response(problems: list[dict[str, Any]], status_code: int = 422) -> JSONResponse:
@@ -69,11 +78,17 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _model_invalid(request: Request, exc: PydanticValidationError) -> JSONResponse:
         return validation_response(describe_errors(list(exc.errors()), ("body",)))
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(str(exc.detail), _FIELD_OF_STATUS.get(exc.status_code, ""), exc.status_code, exc.headers)
+
     @app.exception_handler(RedisConnectionError)
     @app.exception_handler(RedisTimeoutError)
     async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(
-            {"detail": f"the job store (Redis) is unavailable: {type(exc).__name__}; retry shortly"},
-            status_code=503,
-            headers={"Retry-After": "1"},
-        )
+        message = f"the job store (Redis) is unavailable: {type(exc).__name__}; retry shortly"
+        return error_response(message, "", 503, {"Retry-After": "1"})
+
+
+# Where an error that is not about one field of the input lies, as a Problem's `field`.
+_FIELD_OF_STATUS = {401: "header.authorization", 403: "header.authorization", 404: "path", 405: "method",
+                    409: "path", 413: "body"}  # fmt: skip

@@ -1,7 +1,7 @@
 """OpenAPI additions: what FastAPI cannot see for itself.
 
-The jobs POST body is parsed by hand (one job or a list), so it is described here; and every 422
-(and 400) is the API's own `Refusal`, not FastAPI's default HTTPValidationError.
+The jobs POST body is parsed by hand (one job or a list), so it is described here; and every error
+response is the API's own `Refusal`, not FastAPI's default HTTPValidationError or `{"detail"}`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from api.errors import Refusal
 from shared.jobs.spec import JobRequest
 
 REF_TEMPLATE = "#/components/schemas/{model}"
-# Status codes whose body is a Refusal wherever a route declares them (413 may come from the body-size
-# middleware, whose body has only `detail`).
-REFUSAL_CODES = ("400", "422")
+# Every error a route declares has the Refusal body (api/errors.py sends nothing else).
+REFUSAL_CODES = ("400", "401", "403", "404", "409", "413", "422", "503")
 
 
 def install_openapi(app: FastAPI) -> None:
@@ -39,7 +38,7 @@ def install_openapi(app: FastAPI) -> None:
 
 
 def _describe_refusals(schema: dict[str, Any]) -> None:
-    """Point every 400 and 422 at `Refusal`, the body api/errors.py really sends, and drop FastAPI's own."""
+    """Point every declared error at `Refusal`, the body api/errors.py really sends, and drop FastAPI's own."""
     components = schema["components"]["schemas"]
     refusal = Refusal.model_json_schema(ref_template=REF_TEMPLATE)
     components.update(refusal.pop("$defs", {}))
