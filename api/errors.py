@@ -15,7 +15,7 @@ from pydantic import ValidationError as PydanticValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from shared.errors import ValidationError
+from shared.errors import StoredResultError, StoredResultGone, ValidationError
 
 
 class Problem(BaseModel):
@@ -57,6 +57,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(PydanticValidationError)
     async def _model_invalid(request: Request, exc: PydanticValidationError) -> JSONResponse:
         return validation_response(describe_errors(list(exc.errors()), ("body",)))
+
+    @app.exception_handler(StoredResultError)
+    async def _stored_result(request: Request, exc: StoredResultError) -> JSONResponse:
+        # Gone: expired or removed, as a 410 says; corrupt: the server's fault. Either names job and file.
+        code = 410 if isinstance(exc, StoredResultGone) else 500
+        return JSONResponse({"detail": str(exc), "job_id": exc.job_id, "file": exc.path}, status_code=code)
 
     @app.exception_handler(RedisConnectionError)
     @app.exception_handler(RedisTimeoutError)

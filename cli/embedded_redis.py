@@ -36,6 +36,7 @@ class EmbeddedRedis:
         appendonly: bool = False,
         extra_args: list[str] | None = None,
         password: str | None = None,
+        maxmemory: int | None = None,
     ) -> None:
         self.port = port or free_port()
         self._own_dir = data_dir is None
@@ -43,6 +44,7 @@ class EmbeddedRedis:
         self.appendonly = appendonly
         self.extra_args = extra_args or []
         self.password = password
+        self.maxmemory = maxmemory  # bytes; None: unbounded (the tests' server)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -65,6 +67,9 @@ class EmbeddedRedis:
             "--appendfsync", "everysec",
             "--protected-mode", "yes",
             "--logfile", str(self.data_dir / "redis.log"),
+            # Bounded, and never evicting: a job record silently dropped would be a lost job. The API
+            # refuses new submissions above its high-water mark (api/admission.py) well before this.
+            *(["--maxmemory", str(self.maxmemory), "--maxmemory-policy", "noeviction"] if self.maxmemory else []),
             *self.extra_args,
         ]
         if self.password:

@@ -18,6 +18,7 @@ from pydantic import ValidationError as PydanticValidationError
 from redis.asyncio import Redis as AsyncRedis
 from starlette.concurrency import run_in_threadpool
 
+from api.admission import require_room
 from api.deps import require_admin, require_auth
 from api.errors import validation_response
 from api.negotiation import respond
@@ -67,7 +68,9 @@ def get_async_redis(request: Request) -> AsyncRedis:
     responses={
         400: {"description": "Malformed JSON"},
         422: {"description": "Invalid batch or prompts: each problem naming its field (`body.prompts[3].task.kind`)"},
+        503: {"description": "No room for new jobs (Redis above its high-water mark, or the results store unhealthy); see Retry-After"},
     },
+    dependencies=[Depends(require_room)],
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY_SCHEMA}}}},
 )
 async def create_batch(request: Request, batches: BatchStore = Depends(get_batches)) -> Response:
