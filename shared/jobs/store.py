@@ -235,7 +235,7 @@ class JobStore:
         """
         for part, ref in record.get("refs", {}).items():
             field = "partial" if part == "partial" else f"out:{part}"
-            record[field] = self.results.get(record["id"], ref)
+            record[field] = self.results.get(record["id"], part, ref)
         return record
 
     def results_usage(self) -> dict[str, int]:

@@ -54,18 +54,19 @@ class ResultStore:
 
     # --- write ------------------------------------------------------------
     def put(self, job_id: str, part: str, value: Any, now: float | None = None) -> tuple[str, int]:
-        """Store `value` as the job's `part`; returns its reference (a path under the root) and size.
+        """Store `value` as the job's `part`; returns its reference (the bucket: the file's path
+        follows from it, the job and the part, so the record keeps only these 11 bytes) and its size.
 
         Raises ResultsUnavailable, naming the path, when the root is missing, unwritable or full:
         the bucket is created under an existing root, never the root itself (a missing shared
         mount must not be replaced by a local directory in silence).
         """
         bucket = time.strftime(_BUCKET_FORMAT, time.gmtime(time.time() if now is None else now))
-        ref = f"{bucket}/{job_id}.{part}{SUFFIX}"
         data = zstandard.ZstdCompressor(level=self.level).compress(pack(value))
         if not self.root.is_dir():
             raise ResultsUnavailable(f"results directory {self.root} does not exist")
         directory = self.root / bucket
+        target = self.path(job_id, part, bucket)
         temp: str | None = None
         try:
             directory.mkdir(exist_ok=True)
@@ -74,19 +75,19 @@ class ResultStore:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.replace(temp, directory / Path(ref).name)
+            os.replace(temp, target)
             temp = None
         except OSError as exc:
-            raise ResultsUnavailable(f"cannot write result {self.root / ref}: {_describe(exc)}") from exc
+            raise ResultsUnavailable(f"cannot write result {target}: {_describe(exc)}") from exc
         finally:
             if temp is not None:
                 Path(temp).unlink(missing_ok=True)
-        return ref, len(data)
+        return bucket, len(data)
 
     # --- read -------------------------------------------------------------
-    def get(self, job_id: str, ref: str) -> Any:
+    def get(self, job_id: str, part: str, ref: str) -> Any:
         """The stored value; StoredResultGone or StoredResultCorrupt naming the job and file otherwise."""
-        path = self._path(ref)
+        path = self.path(job_id, part, ref)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -98,11 +99,11 @@ class ResultStore:
         except Exception as exc:  # zstd and msgpack raise several types for a damaged file
             raise StoredResultCorrupt(job_id, str(path), f"is corrupt: {type(exc).__name__}: {exc}") from exc
 
-    def _path(self, ref: str) -> Path:
-        path = self.root / ref
-        if ".." in Path(ref).parts or Path(ref).is_absolute():
-            raise StoredResultCorrupt("?", ref, "is not a reference under the results root")
-        return path
+    def path(self, job_id: str, part: str, ref: str) -> Path:
+        """Where the job's part lives, given the bucket its record refers to."""
+        if _bucket_start(ref) is None:
+            raise StoredResultCorrupt(job_id, ref, "is not a results bucket (the record's reference is damaged)")
+        return self.root / ref / f"{job_id}.{part}{SUFFIX}"
 
     # --- upkeep -----------------------------------------------------------
     def health(self) -> StoreHealth:
