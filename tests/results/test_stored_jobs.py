@@ -7,7 +7,9 @@ against the session's redis-server, the API through a TestClient on the same Red
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,6 +40,8 @@ class LongTrajectory(TaskKind):
         return {"prepared": True}
 
     def rollout(self, ctx: StageContext) -> dict[str, Any]:
+        if ctx.task.get("noise"):  # incompressible bytes: a result that cannot fit a small disk
+            return {"token_ids": [1], "noise": os.urandom(int(ctx.task["noise"]))}
         if ctx.task.get("hang"):
             ctx.partial["trajectory"] = {"token_ids": list(range(100))}
             ctx.sleep(60)
@@ -132,6 +136,37 @@ def test_a_missing_results_directory_fails_the_job_and_stops_submissions_until_i
     shutil.move(root.with_name("moved-away"), root)
     assert api.get("/healthz").status_code == 200
     assert api.post("/v1/jobs", json={"task": {"kind": "long-trajectory"}}).status_code == 202
+
+
+@pytest.fixture()
+def full_disk(settings: Settings) -> Iterator[None]:
+    """A 1 MiB tmpfs over the results directory: a real ENOSPC. Needs root (to mount)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-capped tmpfs needs root")
+    settings.results.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(settings.results)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield
+    if subprocess.run(["umount", str(settings.results)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", str(settings.results)], capture_output=True)
+
+
+def test_a_full_results_disk_fails_the_job_as_infrastructure_and_the_api_refuses_new_jobs(
+    full_disk: None, worker: WorkerState, make_client: Callable[..., TestClient]
+) -> None:
+    job_id = submit(worker, noise=2 * 1024 * 1024)
+    init_stage.run(job_id)
+
+    assert rollout_stage.run(job_id) == JobStatus.FAILED
+    error = worker.store.get(job_id)["error"]
+    assert error["type"] == "results_unavailable" and "the results store is full" in error["message"]
+    assert not [p for p in worker.settings.results.rglob("*") if p.is_file()], "a partial file was left behind"
+    api = make_client(results_min_free_bytes=2 * 1024 * 1024)  # more than the whole 1 MiB disk
+    assert "bytes free" in api.get("/healthz").json()["results"]
+    assert api.post("/v1/jobs", json={"task": {"kind": "long-trajectory"}}).status_code == 503
 
 
 def test_a_trajectory_lost_between_rollout_and_eval_fails_the_job_naming_the_file(worker: WorkerState) -> None:
