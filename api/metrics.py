@@ -61,10 +61,14 @@ class RedisCollector(Collector):
             "rollouts_redis_limit_bytes", "Redis maxmemory (or the configured size); 0: none.", value=memory.limit
         )
         usage = self.store.results_usage()
-        yield GaugeMetricFamily("rollouts_results_bytes", "Compressed bytes in the results store.", value=usage["bytes"])
+        yield GaugeMetricFamily(
+            "rollouts_results_bytes", "Compressed bytes in the results store.", value=usage["bytes"]
+        )
         yield GaugeMetricFamily("rollouts_results_files", "Files in the results store.", value=usage["files"])
         healthy = self.store.results.health().healthy
-        yield GaugeMetricFamily("rollouts_results_healthy", "1 if the results store can take results.", value=int(healthy))
+        yield GaugeMetricFamily(
+            "rollouts_results_healthy", "1 if the results store can take results.", value=int(healthy)
+        )
         swept = self.redis.hgetall(self.keys.results_sweep)
         removed = CounterMetricFamily(
             "rollouts_results_swept_files", "Stored results removed by the retention sweep.",

@@ -68,7 +68,7 @@ def get_async_redis(request: Request) -> AsyncRedis:
     responses={
         400: {"description": "Malformed JSON"},
         422: {"description": "Invalid batch or prompts: each problem naming its field (`body.prompts[3].task.kind`)"},
-        503: {"description": "No room for new jobs (Redis above its high-water mark, or the results store unhealthy); see Retry-After"},
+        503: {"description": "No room for new jobs: Redis above its high-water mark, or the results store unhealthy"},
     },
     dependencies=[Depends(require_room)],
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY_SCHEMA}}}},

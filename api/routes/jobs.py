@@ -36,7 +36,7 @@ def get_store(request: Request) -> JobStore:
         400: {"description": "Malformed JSON"},
         413: {"description": "Body or list too large"},
         422: {"description": "Invalid jobs: every problem of each, naming its field (`body[3].task.kind`)"},
-        503: {"description": "No room for new jobs (Redis above its high-water mark, or the results store unhealthy); see Retry-After"},
+        503: {"description": "No room for new jobs: Redis above its high-water mark, or the results store unhealthy"},
     },
     dependencies=[Depends(require_room)],
 )

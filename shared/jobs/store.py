@@ -66,7 +66,9 @@ class JobStore:
         self.redis = redis
         self.settings = settings
         self.keys = keys or Keys(settings.redis_prefix)
-        self.results = ResultStore(settings.results, settings.results_min_free_bytes, settings.results_compression_level)
+        self.results = ResultStore(
+            settings.results, settings.results_min_free_bytes, settings.results_compression_level
+        )
         if settings.results_root is None:
             self.results.ensure_root()  # the embedded default; a configured (shared) path must exist
         self._transition = redis.register_script(_TRANSITION_LUA)

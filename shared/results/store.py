@@ -114,7 +114,9 @@ class ResultStore:
             return StoreHealth(False, f"results directory {self.root} is not writable")
         free = shutil.disk_usage(self.root).free
         if free < self.min_free_bytes:
-            return StoreHealth(False, f"results directory {self.root} has {free} bytes free, below {self.min_free_bytes}")
+            return StoreHealth(
+                False, f"results directory {self.root} has {free} bytes free, below {self.min_free_bytes}"
+            )
         return StoreHealth(True)
 
     def sweep(self, max_age_s: float, now: float | None = None) -> SweepReport:
