@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api.json_body import MalformedJSON
-from shared.errors import NotPermitted, ValidationError
+from shared.errors import NotPermitted, StoredResultError, StoredResultGone, ValidationError
 from shared.jobs.store import IdempotencyConflict
 
 
@@ -45,9 +45,16 @@ def describe_errors(errors: list[dict[str, Any]], prefix: tuple[Any, ...] = ()) 
     return problems_of(ValidationError.from_pydantic(errors, prefix))
 
 
-def error_response(message: str, field: str, status_code: int, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    """An error that is not about the input's fields (a missing id, auth, Redis away), in the same shape."""
-    body = {"detail": message, "errors": [{"field": field, "message": message}]}
+def error_response(
+    message: str,
+    field: str,
+    status_code: int,
+    headers: Mapping[str, str] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> JSONResponse:
+    """An error that is not about the input's fields (a missing id, auth, Redis away), in the same shape;
+    `extra` adds fields a caller can act on (the job and file of a lost result)."""
+    body = {"detail": message, "errors": [{"field": field, "message": message}], **(extra or {})}
     return JSONResponse(body, status_code=status_code, headers=dict(headers or {}))
 
 
@@ -81,6 +88,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(str(exc.detail), _FIELD_OF_STATUS.get(exc.status_code, ""), exc.status_code, exc.headers)
+
+    @app.exception_handler(StoredResultError)
+    async def _stored_result(request: Request, exc: StoredResultError) -> JSONResponse:
+        # Gone: expired or removed, as a 410 says; corrupt: the server's fault. Either names job and file.
+        code = 410 if isinstance(exc, StoredResultGone) else 500
+        return error_response(str(exc), "path", code, extra={"job_id": exc.job_id, "file": exc.path})
 
     @app.exception_handler(RedisConnectionError)
     @app.exception_handler(RedisTimeoutError)

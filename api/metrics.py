@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from redis import Redis
 from rq import Queue, Worker
 
+from api.admission import redis_memory
 from shared.backend_pool import BackendPool
 from shared.config import STAGES, Settings
 from shared.jobs.queues import queue_name
@@ -34,6 +35,7 @@ class RedisCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield self._jobs_by_status()
+        yield from self._storage()
         yield from self._stages()
         yield from self._backends()
         yield from self._batches()
@@ -50,6 +52,33 @@ class RedisCollector(Collector):
         for status, count in self.store.counts_by_status().items():
             jobs.add_metric([status], count)
         return jobs
+
+    def _storage(self) -> Iterator[Metric]:
+        """Where job data lives: Redis's memory against its limit, the results store's size and health."""
+        memory = redis_memory(self.redis, self.settings)
+        yield GaugeMetricFamily("rollouts_redis_used_bytes", "Redis used_memory.", value=memory.used)
+        yield GaugeMetricFamily(
+            "rollouts_redis_limit_bytes", "Redis maxmemory (or the configured size); 0: none.", value=memory.limit
+        )
+        usage = self.store.results_usage()
+        yield GaugeMetricFamily(
+            "rollouts_results_bytes", "Compressed bytes in the results store.", value=usage["bytes"]
+        )
+        yield GaugeMetricFamily("rollouts_results_files", "Files in the results store.", value=usage["files"])
+        healthy = self.store.results.health().healthy
+        yield GaugeMetricFamily(
+            "rollouts_results_healthy", "1 if the results store can take results.", value=int(healthy)
+        )
+        swept = self.redis.hgetall(self.keys.results_sweep)
+        removed = CounterMetricFamily(
+            "rollouts_results_swept_files", "Stored results removed by the retention sweep.",
+            value=int(swept.get(b"files_total", 0)),
+        )
+        removed_bytes = CounterMetricFamily(
+            "rollouts_results_swept_bytes", "Bytes of stored results removed by the retention sweep.",
+            value=int(swept.get(b"bytes_total", 0)),
+        )
+        yield from (removed, removed_bytes)
 
     def _stages(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily("rollouts_queue_depth", "Jobs waiting in a stage's rq queue.", labels=["stage"])

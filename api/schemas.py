@@ -76,7 +76,24 @@ class StageStatus(BaseModel):
     busy_slots: int
 
 
+class RedisMemoryStatus(BaseModel):
+    used_bytes: int = Field(description="Redis's used_memory.")
+    limit_bytes: int = Field(description="Its maxmemory (or the configured size); 0: no limit known.")
+    high_water: float = Field(description="The fraction of the limit above which new submissions get 503.")
+    accepting: bool = Field(description="False while new submissions are refused for lack of memory.")
+
+
+class ResultsStatus(BaseModel):
+    root: str = Field(description="The results directory.")
+    bytes: int = Field(description="Compressed bytes of stored results (counted by writes and sweeps).")
+    files: int = Field(description="Stored result files.")
+    healthy: bool
+    reason: str = Field(default="", description="Why not healthy, naming the path.")
+
+
 class ServiceStatus(BaseModel):
     stages: dict[str, StageStatus]
     jobs: dict[str, int] = Field(description="Job records by status.")
     in_flight: int = Field(description="Jobs not yet in a terminal status.")
+    redis: RedisMemoryStatus
+    results: ResultsStatus

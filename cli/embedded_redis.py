@@ -20,6 +20,9 @@ from redis import Redis
 from cli.procs import die_with_parent, stop_process
 
 
+HASH_MAX_LISTPACK_VALUE = 2048
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -36,6 +39,7 @@ class EmbeddedRedis:
         appendonly: bool = False,
         extra_args: list[str] | None = None,
         password: str | None = None,
+        maxmemory: int | None = None,
     ) -> None:
         self.port = port or free_port()
         self._own_dir = data_dir is None
@@ -43,6 +47,7 @@ class EmbeddedRedis:
         self.appendonly = appendonly
         self.extra_args = extra_args or []
         self.password = password
+        self.maxmemory = maxmemory  # bytes; None: unbounded (the tests' server)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -65,6 +70,12 @@ class EmbeddedRedis:
             "--appendfsync", "everysec",
             "--protected-mode", "yes",
             "--logfile", str(self.data_dir / "redis.log"),
+            # Bounded, and never evicting: a job record silently dropped would be a lost job. The API
+            # refuses new submissions above its high-water mark (api/admission.py) well before this.
+            *(["--maxmemory", str(self.maxmemory), "--maxmemory-policy", "noeviction"] if self.maxmemory else []),
+            # A job record (about 30 fields, its request a few hundred bytes) stays one compact listpack
+            # instead of a hash table with a dict entry per field: about half the memory per record.
+            "--hash-max-listpack-value", str(HASH_MAX_LISTPACK_VALUE),
             *self.extra_args,
         ]
         if self.password:

@@ -80,3 +80,10 @@ def status(url: str | None) -> None:
         )
     jobs = ", ".join(f"{k} {v}" for k, v in info["jobs"].items() if v)
     click.echo(f"jobs: {jobs or 'none'}; in flight: {info['in_flight']}")
+    if "redis" in info:  # servers before the results store do not report it
+        redis, results = info["redis"], info["results"]
+        limit = f"{redis['limit_bytes']} ({redis['high_water']:.0%} high-water)" if redis["limit_bytes"] else "no limit"
+        refusing = "" if redis["accepting"] else "; REFUSING new jobs"
+        click.echo(f"redis: {redis['used_bytes']} bytes of {limit}{refusing}")
+        health = "ok" if results["healthy"] else f"UNHEALTHY: {results['reason']}"
+        click.echo(f"results: {results['bytes']} bytes in {results['files']} files under {results['root']} ({health})")

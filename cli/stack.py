@@ -87,7 +87,9 @@ class Stack:
         try:
             if not self.redis_url:
                 data_dir = self.settings.state_dir / "redis" if self.persistent_redis else None
-                self.redis = EmbeddedRedis(data_dir=data_dir, appendonly=self.persistent_redis).start()
+                self.redis = EmbeddedRedis(
+                    data_dir=data_dir, appendonly=self.persistent_redis, maxmemory=self.settings.redis_maxmemory()
+                ).start()
                 self.redis_url = self.redis.url
             if self.api_port == 0:
                 self.api_port = free_port()

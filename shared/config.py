@@ -46,6 +46,37 @@ class Settings(BaseSettings):
     )
     redis_prefix: str = Field(default="ro", description="Namespace of every key the service writes.")
     state_dir: Path = Field(default_factory=_default_state_dir)
+    redis_maxmemory_bytes: int | None = Field(
+        default=None, gt=0,
+        description="maxmemory of the embedded redis-server (noeviction), and the limit the API admits against for "
+        "a Redis that sets none. Unset: redis_maxmemory_fraction of this machine's memory.",
+    )
+    redis_maxmemory_fraction: float = Field(
+        default=0.25, gt=0, le=1, description="The embedded Redis's share of the machine's memory when no size is set."
+    )
+    redis_high_water: float = Field(
+        default=0.8, gt=0, le=1,
+        description="Above this fraction of Redis's maxmemory the API refuses new submissions (503, Retry-After).",
+    )
+    admission_retry_after_s: int = Field(
+        default=30, gt=0, description="The Retry-After of a submission refused for lack of room (Redis or results)."
+    )
+
+    # --- Results store -----------------------------------------------------
+    results_root: Path | None = Field(
+        default=None,
+        description="Where finished jobs' trajectories and evaluations are stored (shared storage on a cluster). "
+        "Default: <state_dir>/results, created on start; a path set here must exist.",
+    )
+    results_ttl_s: int = Field(default=7 * 24 * 3600, gt=0, description="How long stored results are kept.")
+    results_sweep_interval_s: int = Field(
+        default=600, gt=0, description="How often one worker removes stored results older than results_ttl_s."
+    )
+    results_min_free_bytes: int = Field(
+        default=256 * 1024**2, ge=0,
+        description="Below this much free space the results store is unhealthy and submissions are refused.",
+    )
+    results_compression_level: int = Field(default=3, ge=1, le=22, description="zstd level of stored results.")
 
     # --- API ---------------------------------------------------------------
     api_host: str = "127.0.0.1"
@@ -224,6 +255,17 @@ class Settings(BaseSettings):
     @property
     def workspaces(self) -> Path:
         return self.workspace_root or self.state_dir / "workspaces"
+
+    @property
+    def results(self) -> Path:
+        return self.results_root or self.state_dir / "results"
+
+    def redis_maxmemory(self) -> int:
+        """The embedded Redis's maxmemory in bytes: the setting, or a share of this machine's memory."""
+        if self.redis_maxmemory_bytes is not None:
+            return self.redis_maxmemory_bytes
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return int(physical * self.redis_maxmemory_fraction)
 
     @property
     def image_cache(self) -> Path:

@@ -108,3 +108,26 @@ def _pydantic_message(error: Mapping[str, Any]) -> str:
         if message.startswith(prefix):
             return message[len(prefix) :]
     return message
+
+
+class ResultsUnavailable(RolloutsError, OSError):
+    """The results store cannot take a result (directory missing, unwritable or full): an
+    infrastructure failure, so the job fails with it rather than losing its result in silence."""
+
+
+class StoredResultError(RolloutsError, RuntimeError):
+    """A finished job's stored result cannot be read back; names the job and the file."""
+
+    def __init__(self, job_id: str, path: str, problem: str) -> None:
+        self.job_id = job_id
+        self.path = path
+        self.problem = problem
+        super().__init__(f"job {job_id}: stored result {path} {problem}")
+
+
+class StoredResultGone(StoredResultError):
+    """The file is not there (removed by the retention sweep, or by hand)."""
+
+
+class StoredResultCorrupt(StoredResultError):
+    """The file is there but does not decode (truncated, overwritten, not ours)."""

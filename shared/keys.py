@@ -48,6 +48,21 @@ class Keys:
         """String: held by the one process trimming indexes right now."""
         return f"{self.prefix}:lock:maintenance"
 
+    @property
+    def results_usage(self) -> str:
+        """Hash: bytes and files in the results store (added by writes, taken off by the retention sweep)."""
+        return f"{self.prefix}:results:usage"
+
+    @property
+    def results_sweep(self) -> str:
+        """Hash: what the last retention sweep of the results store removed, and when."""
+        return f"{self.prefix}:results:swept"
+
+    @property
+    def results_sweep_lock(self) -> str:
+        """String: held for one sweep interval by the process that swept the results store."""
+        return f"{self.prefix}:lock:results-sweep"
+
     # --- LLM backend pool -----------------------------------------------------
     def backend(self, backend_id: str) -> str:
         """Hash: one backend's registration (url, model, capacity, labels, health, draining)."""

@@ -18,6 +18,7 @@ from pydantic import ValidationError as PydanticValidationError
 from redis.asyncio import Redis as AsyncRedis
 from starlette.concurrency import run_in_threadpool
 
+from api.admission import require_room
 from api.deps import require_admin, require_auth, submitter_access
 from api.errors import Refusal
 from api.json_body import load_json_body
@@ -70,7 +71,9 @@ def get_async_redis(request: Request) -> AsyncRedis:
         400: {"description": "Malformed JSON"},
         403: {"model": Refusal, "description": "prompts_path or execution settings from a caller without the admin scope"},
         422: {"description": "Invalid batch or prompts: each problem naming its field (`body.prompts[3].task.kind`)"},
+        503: {"description": "No room for new jobs: Redis above its high-water mark, or the results store unhealthy"},
     },
+    dependencies=[Depends(require_room)],
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY_SCHEMA}}}},
 )
 async def create_batch(

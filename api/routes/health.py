@@ -1,8 +1,8 @@
-"""Liveness: no auth, no Redis round trip beyond a ping, so load balancers can poll it cheaply."""
+"""Liveness: no auth, a Redis ping and a look at the results directory, so load balancers can poll it cheaply."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from redis import Redis
 
@@ -11,10 +11,17 @@ from api.deps import get_redis
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", summary="Liveness and Redis reachability")
-def healthz(redis: Redis = Depends(get_redis)) -> JSONResponse:
+@router.get("/healthz", summary="Liveness, Redis reachability and the results store's health")
+def healthz(request: Request, redis: Redis = Depends(get_redis)) -> JSONResponse:
+    body = {"status": "ok", "redis": "ok", "results": "ok"}
     try:
         redis.ping()
     except Exception as exc:  # any Redis failure means "not healthy", never a 500
-        return JSONResponse({"status": "degraded", "redis": f"unreachable: {type(exc).__name__}"}, status_code=503)
-    return JSONResponse({"status": "ok", "redis": "ok"})
+        body["redis"] = f"unreachable: {type(exc).__name__}"
+    results = request.app.state.store.results.health()
+    if not results.healthy:
+        body["results"] = results.reason
+    if body["redis"] != "ok" or body["results"] != "ok":
+        body["status"] = "degraded"
+        return JSONResponse(body, status_code=503)
+    return JSONResponse(body)

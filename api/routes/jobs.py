@@ -8,15 +8,15 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from api.admission import require_room
 from api.deps import require_admin, require_auth, submitter_access
 from api.errors import Refusal, validation_response
 from api.json_body import load_json_body
 from api.negotiation import respond
 from api.schemas import Cancelled, JobList, JobSummary, JobView, Submitted
-from shared.codec import unpack
 from shared.errors import ValidationError
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
-from shared.jobs.store import IdempotencyConflict, JobStore
+from shared.jobs.store import IdempotencyConflict, JobStore, reward_of
 from shared.job_end import job_ended
 from shared.tasks import Access, validate_job
 
@@ -39,7 +39,9 @@ def get_store(request: Request) -> JobStore:
         409: {"model": Refusal, "description": "An idempotency key already held by a different job"},
         413: {"description": "Body or list too large"},
         422: {"description": "Invalid jobs: every problem of each, naming its field (`body[3].task.kind`)"},
+        503: {"description": "No room for new jobs: Redis above its high-water mark, or the results store unhealthy"},
     },
+    dependencies=[Depends(require_room)],
 )
 async def submit_jobs(
     request: Request, store: JobStore = Depends(get_store), access: Access = Depends(submitter_access)
@@ -83,12 +85,21 @@ def _validate(items: list[Any], many: bool, access: Access) -> list[dict[str, An
     return specs
 
 
-@router.get("/{job_id}", response_model=JobView, summary="A job's status, timings and, when done, its result")
+@router.get(
+    "/{job_id}",
+    response_model=JobView,
+    summary="A job's status, timings and, when done, its result",
+    responses={
+        404: {"description": "No such job"},
+        410: {"description": "The job's stored result is gone (expired or removed); names the job and the file"},
+        500: {"description": "The job's stored result is corrupt; names the job and the file"},
+    },
+)
 def get_job(job_id: str, request: Request, store: JobStore = Depends(get_store)) -> Response:
     record = store.get(job_id)
     if record is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with id {job_id!r}")
-    return respond(request, job_view(record))
+    return respond(request, job_view(store.with_outputs(record)))
 
 
 def job_view(record: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +136,9 @@ def job_view(record: dict[str, Any]) -> dict[str, Any]:
 # Past any real job count, and inside the 64-bit range Redis takes for an index.
 MAX_OFFSET = 10**9
 
-_SUMMARY_FIELDS = ("id", "status", "kind", "group_id", "sample_index", "created_at", "updated_at", "finished_at", "out:eval")
+_SUMMARY_FIELDS = (
+    "id", "status", "kind", "group_id", "sample_index", "created_at", "updated_at", "finished_at", "reward", "out:eval",
+)
 
 
 @router.get("", response_model=JobList, summary="List jobs, newest first, by status or GRPO group")
@@ -161,7 +174,6 @@ def list_jobs(
 
 def _summary(row: list[bytes | None]) -> dict[str, Any]:
     values = dict(zip(_SUMMARY_FIELDS, row))
-    evaluation = unpack(values["out:eval"]) or {}
 
     def text(name: str) -> str | None:
         value = values[name]
@@ -180,7 +192,7 @@ def _summary(row: list[bytes | None]) -> dict[str, Any]:
         created_at=number("created_at") or 0.0,
         updated_at=number("updated_at") or 0.0,
         finished_at=number("finished_at"),
-        reward=evaluation.get("reward") if text("status") == JobStatus.DONE else None,
+        reward=reward_of(values["reward"], values["out:eval"]) if text("status") == JobStatus.DONE else None,
     ).model_dump()
 
 

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from redis import Redis
 from rq import Queue, Worker
 
+from api.admission import redis_memory
 from api.deps import get_redis, require_auth
 from api.schemas import ServiceStatus
 from shared.config import STAGES
@@ -37,9 +38,16 @@ def service_status(request: Request, redis: Redis = Depends(get_redis)) -> Servi
             "slots": len(workers),
             "busy_slots": busy,
         }
-    jobs = request.app.state.store.counts_by_status()
+    store = request.app.state.store
+    jobs = store.counts_by_status()
+    memory = redis_memory(redis, request.app.state.settings)
+    health = store.results.health()
     return ServiceStatus(
         stages=stages,
         jobs=jobs,
         in_flight=sum(count for status, count in jobs.items() if status not in TERMINAL),
+        redis={"used_bytes": memory.used, "limit_bytes": memory.limit, "high_water": memory.high_water,
+               "accepting": not memory.over_high_water},  # fmt: skip
+        results={"root": str(store.results.root), **store.results_usage(), "healthy": health.healthy,
+                 "reason": health.reason},  # fmt: skip
     )

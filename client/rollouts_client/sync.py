@@ -234,7 +234,8 @@ class RolloutClient:
             return False
 
     def status(self) -> dict[str, Any]:
-        """Queues and workers: `stages` (queued, running, failed, processes, slots, busy_slots), `jobs`, `in_flight`."""
+        """Queues and workers: `stages` (queued, running, failed, processes, slots, busy_slots), `jobs`, `in_flight`;
+        `redis` (used_bytes, limit_bytes, high_water, accepting) and `results` (root, bytes, files, healthy)."""
         return decode(self.request("GET", "/v1/status"))
 
     # --- LLM backends (registering, heartbeats and draining need an admin token) -

@@ -21,7 +21,7 @@ from shared.batches.spec import BatchRequest, idempotency_key, parse_group_id
 from shared.batches.store import BatchStore, Recorded, closes_groups
 from shared.codec import unpack
 from shared.jobs.status import TERMINAL, JobStatus
-from shared.jobs.store import JobStore
+from shared.jobs.store import JobStore, reward_of
 
 log = logging.getLogger("rollouts.batches")
 _stores: weakref.WeakKeyDictionary[JobStore, BatchStore] = weakref.WeakKeyDictionary()
@@ -75,8 +75,8 @@ def on_job_terminal(jobs: JobStore, job_id: str, group_id: str | None | Unknown 
 
 def record_job(batches: BatchStore, job_id: str) -> Recorded | None:
     """Record a terminal job of a batch group and act on what that decided; None for other jobs."""
-    fields = ("group_id", "sample_index", "status", "out:eval", "error")
-    group_raw, sample_raw, status_raw, evaluation_raw, error_raw = batches.redis.hmget(
+    fields = ("group_id", "sample_index", "status", "reward", "out:eval", "error")
+    group_raw, sample_raw, status_raw, reward_raw, evaluation_raw, error_raw = batches.redis.hmget(
         batches.jobs.keys.job(job_id), fields
     )
     parsed = parse_group_id(group_raw.decode() if group_raw else None)
@@ -93,7 +93,7 @@ def record_job(batches: BatchStore, job_id: str) -> Recorded | None:
         return None
     reward = None
     if status == JobStatus.DONE:
-        reward = (unpack(evaluation_raw) or {}).get("reward")
+        reward = reward_of(reward_raw, evaluation_raw)
     error = unpack(error_raw) if error_raw else None
     message = f"{error.get('type', 'error')}: {error.get('message', '')}" if isinstance(error, dict) else ""
     if status != JobStatus.DONE and not message:

@@ -20,6 +20,7 @@ from redis import Redis
 
 from shared.batches.spec import BatchRequest, group_id, idempotency_key
 from shared.codec import pack, unpack
+from shared.errors import StoredResultError
 from shared.jobs.status import JobStatus
 from shared.jobs.store import JobStore
 from shared.keys import BatchKeys
@@ -278,7 +279,11 @@ def decode_group(raw: dict[bytes, bytes]) -> dict[str, Any]:
 def group_views(
     batches: BatchStore, batch_id: str, indices: list[int], with_results: bool = False
 ) -> list[dict[str, Any]]:
-    """The public view of these completed groups; `with_results` embeds each sample's trajectory and evaluation."""
+    """The public view of these completed groups; `with_results` embeds each sample's trajectory and evaluation.
+
+    A sample whose stored result cannot be read has `result` None and `result_error` naming the
+    job and the file, so one lost file does not break a page or a stream of a whole batch.
+    """
     from shared.batches.views import group_view
 
     head = batches.head(batch_id)
@@ -287,17 +292,22 @@ def group_views(
     groups = batches.groups(batch_id, indices)
     prompts = batches.prompts(batch_id, indices)
     results: dict[str, dict[str, Any] | None] | None = None
+    errors: dict[str, str] = {}
     if with_results:
         job_ids = [s["job_id"] for g in groups for s in g["samples"].values() if s.get("job_id")]
         results = {}
         for job_id, record in zip(job_ids, batches.jobs.get_many(job_ids)):
-            results[job_id] = _result(record)
-    return [group_view(head, k, g, p, results) for k, g, p in zip(indices, groups, prompts)]
+            try:
+                results[job_id] = _result(batches.jobs, record)
+            except StoredResultError as exc:
+                results[job_id], errors[job_id] = None, str(exc)
+    return [group_view(head, k, g, p, results, errors) for k, g, p in zip(indices, groups, prompts)]
 
 
-def _result(record: dict[str, Any] | None) -> dict[str, Any] | None:
+def _result(jobs: JobStore, record: dict[str, Any] | None) -> dict[str, Any] | None:
     """What GET /v1/jobs/{id} calls `result`: the trajectory and the evaluation of a done job."""
     if record is None or record.get("status") != JobStatus.DONE:
         return None
+    record = jobs.with_outputs(record)
     evaluation = record.get("out:eval") or {}
     return {"reward": evaluation.get("reward"), "trajectory": record.get("out:rollout") or {}, "evaluation": evaluation}

@@ -56,6 +56,7 @@ def group_view(
     group: dict[str, Any],
     prompt: dict[str, Any] | None,
     results: dict[str, dict[str, Any] | None] | None = None,
+    result_errors: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One completed group: samples in order, rewards, mean, std, advantages; results when asked for."""
     samples = []
@@ -69,6 +70,8 @@ def group_view(
         }
         if results is not None:
             entry["result"] = results.get(sample.get("job_id") or "")
+            if (result_errors or {}).get(sample.get("job_id") or ""):
+                entry["result_error"] = (result_errors or {})[sample["job_id"]]
         samples.append(entry)
     rewards = [s["reward"] if s["status"] == JobStatus.DONE else None for s in samples]
     stats = group_stats(rewards, head["advantages"])

@@ -26,10 +26,13 @@ from shared.jobs.queues import enqueue_stage
 from shared.jobs.spec import Limits
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
 from shared.keys import Keys
+from shared.results import ResultStore
 
 _TRANSITION_LUA = resources.files("shared.jobs").joinpath("transition.lua").read_text()
 _TAKE_LUA = resources.files("shared.jobs").joinpath("take.lua").read_text()
-_BLOB_FIELDS = ("spec", "result", "error", "partial") + tuple(f"out:{s}" for s in STAGES)
+_BLOB_FIELDS = ("spec", "result", "error", "partial", "reward") + tuple(f"out:{s}" for s in STAGES)
+# The large parts of a job, kept in the results store; the record holds `ref:<part>` to each.
+STORED_PARTS = ("rollout", "eval", "partial")
 
 
 def new_job_id() -> str:
@@ -75,6 +78,11 @@ class JobStore:
         self.redis = redis
         self.settings = settings
         self.keys = keys or Keys(settings.redis_prefix)
+        self.results = ResultStore(
+            settings.results, settings.results_min_free_bytes, settings.results_compression_level
+        )
+        if settings.results_root is None:
+            self.results.ensure_root()  # the embedded default; a configured (shared) path must exist
         self._transition = redis.register_script(_TRANSITION_LUA)
         self._take = redis.register_script(_TAKE_LUA)
 
@@ -221,6 +229,37 @@ class JobStore:
                 pipe.zcard(self.keys.jobs_by_status(status))
             return dict(zip(ALL_STATUSES, pipe.execute()))
 
+    # --- stored results ---------------------------------------------------
+    def store_part(self, job_id: str, part: str, value: Any) -> dict[str, Any]:
+        """Write one large part to the results store; returns the record field that refers to it.
+
+        Raises ResultsUnavailable (naming the path) when the store cannot take it.
+        """
+        ref, size = self.results.put(job_id, part, value)
+        try:
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hincrby(self.keys.results_usage, "bytes", size)
+                pipe.hincrby(self.keys.results_usage, "files", 1)
+                pipe.execute()
+        except Exception:  # the usage gauge is advisory; the result itself is safe on disk
+            pass
+        return {f"ref:{part}": ref}
+
+    def with_outputs(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record with each stored part read back in place (`out:<stage>`, `partial`).
+
+        Raises StoredResultGone or StoredResultCorrupt naming the job and the file.
+        """
+        for part, ref in record.get("refs", {}).items():
+            field = "partial" if part == "partial" else f"out:{part}"
+            record[field] = self.results.get(record["id"], part, ref)
+        return record
+
+    def results_usage(self) -> dict[str, int]:
+        """Bytes and files in the results store, as counted by writes and sweeps."""
+        raw = self.redis.hgetall(self.keys.results_usage)
+        return {"bytes": int(raw.get(b"bytes", 0)), "files": int(raw.get(b"files", 0))}
+
     # --- write ------------------------------------------------------------
     def transition(
         self,
@@ -339,9 +378,17 @@ def _encode_field(name: str, value: Any) -> Any:
     return value
 
 
+def reward_of(reward: bytes | None, evaluation: bytes | None) -> Any:
+    """A done job's reward from its raw `reward` field (or, in records written before the results
+    store, its `out:eval` blob)."""
+    if reward is not None:
+        return unpack(reward)
+    return (unpack(evaluation) or {}).get("reward")
+
+
 def decode_record(raw: dict[bytes, bytes]) -> dict[str, Any]:
     """Turn a raw job hash into a plain dict: blobs unpacked, numbers parsed, per-stage fields nested."""
-    record: dict[str, Any] = {"timings": {}, "attempts": {}, "workers": {}, "lost": {}}
+    record: dict[str, Any] = {"timings": {}, "attempts": {}, "workers": {}, "lost": {}, "refs": {}}
     for raw_name, raw_value in raw.items():
         name = raw_name.decode()
         if name in _BLOB_FIELDS:
@@ -356,6 +403,8 @@ def decode_record(raw: dict[bytes, bytes]) -> dict[str, Any]:
             record[group][rest] = int(value)
         elif group == "worker":
             record["workers"][rest] = value
+        elif group == "ref":
+            record["refs"][rest] = value
         elif name in ("created_at", "updated_at", "finished_at"):
             record[name] = float(value)
         elif name == "sample_index":

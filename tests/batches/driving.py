@@ -9,7 +9,10 @@ TERMINAL = ("done", "failed", "cancelled", "timed_out")
 
 
 def finish_job(batches: BatchStore, job_id: str, status: str = "done", reward: float | None = None) -> None:
-    fields = {"out:eval": {"reward": reward}} if status == "done" else {"error": {"type": "boom", "message": "x"}}
+    if status == "done":  # as the eval stage's runner records it: the evaluation stored, the reward inline
+        fields = {**batches.jobs.store_part(job_id, "eval", {"reward": reward}), "reward": reward}
+    else:
+        fields = {"error": {"type": "boom", "message": "x"}}
     assert batches.jobs.transition(job_id, "*", status, fields).applied
     record_job(batches, job_id)
 

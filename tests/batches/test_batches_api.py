@@ -208,7 +208,8 @@ def test_msgpack_and_embedded_results(client, batches):
     batch = create(client, prompts=[INFORMATIVE], min_informative_groups=1)
     for job_id in batches.group_job_ids(batch["id"], 0):
         record = batches.jobs.get(job_id)
-        batches.jobs.set_fields(job_id, {"out:rollout": {"token_ids": [1, 2], "sample": record["sample_index"]}})
+        trajectory = {"token_ids": [1, 2], "sample": record["sample_index"]}
+        batches.jobs.set_fields(job_id, batches.jobs.store_part(job_id, "rollout", trajectory))
     finish_group(batches, batch["id"], 0)
     response = client.get(
         f"/v1/batches/{batch['id']}/groups",
@@ -220,6 +221,25 @@ def test_msgpack_and_embedded_results(client, batches):
     samples = page["groups"][0]["samples"]
     assert [s["result"]["trajectory"]["sample"] for s in samples] == [0, 1]
     assert [s["result"]["reward"] for s in samples] == [0.0, 1.0]
+
+
+def test_a_sample_whose_stored_result_is_gone_says_so_and_the_page_still_comes(client, batches):
+    batch = create(client, prompts=[INFORMATIVE], min_informative_groups=1)
+    first, second = batches.group_job_ids(batch["id"], 0)
+    for job_id in (first, second):
+        batches.jobs.set_fields(job_id, batches.jobs.store_part(job_id, "rollout", {"token_ids": [1, 2]}))
+    finish_group(batches, batch["id"], 0)
+    lost = batches.jobs.results.path(first, "rollout", batches.jobs.get(first)["refs"]["rollout"])
+    lost.unlink()
+
+    page = client.get(f"/v1/batches/{batch['id']}/groups", params={"results": "true", "wait": 0})
+
+    assert page.status_code == 200
+    lost_sample, kept_sample = page.json()["groups"][0]["samples"]
+    assert lost_sample["result"] is None and first in lost_sample["result_error"]
+    assert str(lost) in lost_sample["result_error"]
+    assert kept_sample["result"]["trajectory"] == {"token_ids": [1, 2]} and "result_error" not in kept_sample
+    assert client.get(f"/v1/jobs/{first}").status_code == 410
 
 
 def test_a_job_submitted_outside_the_batch_with_its_group_id_does_not_count(client, batches):

@@ -122,7 +122,7 @@ def test_sweep_submits_a_reservation_whose_launch_was_lost_and_records_missed_jo
     jobs = batches.group_job_ids(batch_id, 0)
     for job_id in jobs[:-1]:
         finish_job(batches, job_id, "done", 1.0)
-    assert batches.jobs.transition(jobs[-1], "*", "done", {"out:eval": {"reward": 1.0}}).applied
+    assert batches.jobs.transition(jobs[-1], "*", "done", {"reward": 1.0}).applied
     record = batches.record(batch_id, 0, 3, jobs[-1], "done", 1.0)  # the hook's Lua half only
     assert record.reserved == (1,)
     assert batches.group_job_ids(batch_id, 1) == []
@@ -130,7 +130,7 @@ def test_sweep_submits_a_reservation_whose_launch_was_lost_and_records_missed_jo
     assert repaired["launched"] == 1 and len(batches.group_job_ids(batch_id, 1)) == 4
     # a job that ended without its hook running (crash after the status move)
     job_id = batches.group_job_ids(batch_id, 1)[0]
-    assert batches.jobs.transition(job_id, "*", "done", {"out:eval": {"reward": 1.0}}).applied
+    assert batches.jobs.transition(job_id, "*", "done", {"reward": 1.0}).applied
     assert sweep(batches, launch_grace_s=0.0)["recorded"] == 1
     assert batches.group(batch_id, 1)["recorded"] == 1
     # the sweep is idempotent: nothing more to do
@@ -160,7 +160,7 @@ def test_one_batch_whose_launch_always_fails_does_not_stop_the_sweep(batches, mo
         jobs = batches.group_job_ids(batch_id, 0)
         for job_id in jobs[:-1]:
             finish_job(batches, job_id, "done", 1.0)
-        assert batches.jobs.transition(jobs[-1], "*", "done", {"out:eval": {"reward": 1.0}}).applied
+        assert batches.jobs.transition(jobs[-1], "*", "done", {"reward": 1.0}).applied
         assert batches.record(batch_id, 0, 3, jobs[-1], "done", 1.0).reserved == (1,)  # launch lost
         ids.append(batch_id)
     broken, healthy = ids

@@ -93,6 +93,7 @@ def test_up_serves_submit_and_status_and_stops_everything_on_ctrl_c(tmp_path):
         )
         assert status.returncode == 0, status.stderr
         assert "rollout" in status.stdout and "done 24" in status.stdout
+        assert "redis: " in status.stdout and "results: " in status.stdout and "UNHEALTHY" not in status.stdout
 
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=90) == 0, (tmp_path / "up.log").read_text()[-3000:]

@@ -37,6 +37,10 @@ def test_a_job_goes_through_every_stage_and_back(make_stack, trace_dir):
         ["init", "start"], ["init", "end"], ["rollout", "start"], ["rollout", "end"], ["eval", "start"], ["eval", "end"],
     ]
     assert not (stack.settings.workspaces / job_id).exists(), "the workspace outlived its job"
+    # the trajectory and evaluation went to the results store; the embedded Redis is bounded
+    service = api.get("/v1/status").json()
+    assert service["results"]["files"] == 2 and service["results"]["healthy"]
+    assert service["redis"]["limit_bytes"] == stack.settings.redis_maxmemory() and service["redis"]["accepting"]
 
 
 def test_a_hundred_jobs_submitted_at_once_all_finish(make_stack):

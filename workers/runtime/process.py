@@ -26,6 +26,7 @@ from rq.worker_registration import clean_worker_registry
 
 from shared.backend_pool import BackendPool
 from shared.batches.sweep import sweep_batches
+from shared.results.sweep import sweep_results
 from shared.config import STAGES, Settings
 from shared.jobs.queues import queue_name
 from shared.jobs.status import JobStatus
@@ -200,6 +201,11 @@ class WorkerProcess:
             self.state.store.trim_indexes()
         except Exception:
             log.exception("trimming job indexes failed")
+        try:
+            store = self.state.store
+            sweep_results(store.redis, store.keys, store.results, self.settings)
+        except Exception:
+            log.exception("sweeping the results store failed")
         try:
             # Drop silent or failing LLM backends, reap leases of crashed rollouts, fix counts.
             self._pool.maintain()

@@ -30,9 +30,11 @@ from rq.timeouts import JobTimeoutException
 from shared import log_context
 from shared.batches.hook import UNKNOWN, Unknown
 from shared.config import STAGES
+from shared.errors import ResultsUnavailable, StoredResultError
 from shared.jobs.queues import enqueue_stage, stage_timeout, total_timeout
 from shared.jobs.spec import JobRequest
 from shared.jobs.status import NEXT_STAGE, STAGE_ENTRY_FROM, TERMINAL, JobStatus
+from shared.jobs.store import STORED_PARTS
 from shared.metrics import MetricsRecorder
 from shared.tasks import StageContext, StageInterrupted, TaskKind, get_kind
 from workers.runtime.state import WorkerState, log, state
@@ -98,6 +100,11 @@ def _attempt(st: WorkerState, stage: Stage, job_id: str) -> Outcome:
         return _finish(st, job_id, name, JobStatus.TIMED_OUT, error, None, guard, request.group_id)
     stage_deadline = now + stage_timeout(request.limits, name, st.settings)
     limit = "total" if job_deadline < stage_deadline else "stage"
+    try:
+        record = st.store.with_outputs(record)  # an earlier stage's output may sit in the results store
+    except StoredResultError as exc:
+        error = {"stage": name, "type": "results_unavailable", "message": str(exc)}
+        return _finish(st, job_id, name, JobStatus.FAILED, error, None, guard, request.group_id)
     ctx = StageContext(
         job_id=job_id,
         stage=name,
@@ -192,7 +199,14 @@ def _hand_on(st: WorkerState, stage: Stage, ctx: StageContext, output: dict[str,
     guard = (f"attempts:{name}", ctx.attempt)
     now = time.time()
     next_stage = NEXT_STAGE[name]
-    fields: dict[str, Any] = {f"t:{name}:ended": now, f"out:{name}": output}
+    fields: dict[str, Any] = {f"t:{name}:ended": now}
+    try:
+        fields.update(_output_fields(st, job_id, name, output))
+    except ResultsUnavailable as exc:
+        # The output cannot be kept: the job fails with the store's fault, never a reward.
+        log.error("job %s: %s output not stored: %s", job_id, name, exc)
+        error = {"stage": name, "type": "results_unavailable", "message": str(exc)}
+        return _finish(st, job_id, name, JobStatus.FAILED, error, None, guard, ctx.request.group_id)
     stage.record(output, st.metrics)
     if next_stage is None:
         moved = st.store.transition(job_id, (name,), JobStatus.DONE, fields, guard)
@@ -209,6 +223,24 @@ def _hand_on(st: WorkerState, stage: Stage, ctx: StageContext, output: dict[str,
     if applied:
         return Outcome(f"queued:{next_stage}")
     return _lost_race(previous.decode() if isinstance(previous, bytes) else previous)
+
+
+def _output_fields(st: WorkerState, job_id: str, stage: str, output: dict[str, Any]) -> dict[str, Any]:
+    """The record fields of a stage's output: a large one (the trajectory, the evaluation) goes to the
+    results store and the record keeps its reference (and the reward); a small one stays inline."""
+    if stage not in STORED_PARTS:
+        return {f"out:{stage}": output}
+    fields = st.store.store_part(job_id, stage, output)
+    if stage == "eval":
+        fields["reward"] = output.get("reward")
+    return fields
+
+
+def _partial_fields(st: WorkerState, job_id: str, partial: dict[str, Any] | None) -> dict[str, Any]:
+    """Where a stopped stage's partial output goes: the results store, like a finished one."""
+    if not partial:
+        return {}
+    return st.store.store_part(job_id, "partial", partial)
 
 
 def _lost_race(current: str) -> Outcome:
@@ -237,7 +269,12 @@ def _interrupted(st: WorkerState, ctx: StageContext, reason: str, limit: str) ->
         error = _timeout_error(stage, limit)
         return _finish(st, job_id, stage, JobStatus.TIMED_OUT, error, ctx.partial, guard, ctx.request.group_id)
     # cancelled: the API already set the status (and told the batch); record where it stopped.
-    st.store.set_fields(job_id, {f"t:{stage}:ended": time.time(), "partial": ctx.partial})
+    fields: dict[str, Any] = {f"t:{stage}:ended": time.time()}
+    try:
+        fields.update(_partial_fields(st, job_id, ctx.partial))
+    except ResultsUnavailable as exc:
+        log.error("job %s: partial output of the cancelled %s not stored: %s", job_id, stage, exc)
+    st.store.set_fields(job_id, fields)
     return Outcome(JobStatus.CANCELLED, Ended(JobStatus.CANCELLED, moved=False))
 
 
@@ -251,9 +288,12 @@ def _finish(
     guard: tuple[str, int] | None,
     group_id: str | None | Unknown,
 ) -> Outcome:
-    fields: dict[str, Any] = {f"t:{stage}:ended": time.time(), "error": error}
-    if partial:
-        fields["partial"] = partial
+    fields: dict[str, Any] = {f"t:{stage}:ended": time.time()}
+    try:
+        fields.update(_partial_fields(st, job_id, partial))
+    except ResultsUnavailable as exc:
+        error = {**error, "message": f"{error.get('message', '')} (its partial output was not stored: {exc})"}
+    fields["error"] = error
     moved = st.store.transition(job_id, "*", status, fields, guard)
     if moved.applied:
         return Outcome(status, Ended(status, moved=True, error=error, group_id=group_id))
