@@ -59,6 +59,7 @@ class JobList(BaseModel):
     jobs: list[JobSummary]
     limit: int
     offset: int
+    next_cursor: str | None = Field(default=None, description="Pass as `cursor` for the next page; null on the last.")
 
 
 class Cancelled(BaseModel):

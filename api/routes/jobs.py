@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -44,10 +44,18 @@ def get_store(request: Request) -> JobStore:
     dependencies=[Depends(require_room)],
 )
 async def submit_jobs(
-    request: Request, store: JobStore = Depends(get_store), access: Access = Depends(submitter_access)
+    request: Request,
+    store: JobStore = Depends(get_store),
+    access: Access = Depends(submitter_access),
+    idempotency_key: str | None = Header(
+        default=None, min_length=1, max_length=200, description="A retry-safe submission: the key of a single job, "
+        "or `<key>/<index>` of each job of a list, for jobs that name no `idempotency_key` of their own.",
+    ),
 ) -> Any:
     """Validates every job first; nothing is stored unless all are valid. Answers at once with the ids."""
     body = load_json_body(await request.body(), request.app.state.settings.max_json_depth)
+    if idempotency_key is not None:
+        body = with_request_key(body, idempotency_key)
     items = body if isinstance(body, list) else [body]
     if not isinstance(body, (list, dict)):
         raise ValidationError("expected a job object or a list of jobs", ("body",))
@@ -67,6 +75,15 @@ async def submit_jobs(
     # Built by hand (the shape is `Submitted`): this is the hot path a trainer hits per job.
     payload = {"job_ids": [s.job_id for s in submitted], "created": [s.created for s in submitted]}
     return respond(request, payload, status_code=status.HTTP_202_ACCEPTED)
+
+
+def with_request_key(body: Any, key: str) -> Any:
+    """The Idempotency-Key header as the jobs' own keys, where they have none."""
+    if isinstance(body, dict):
+        return {"idempotency_key": key, **body}
+    if isinstance(body, list):
+        return [{"idempotency_key": f"{key}/{i}", **job} if isinstance(job, dict) else job for i, job in enumerate(body)]
+    return body
 
 
 def _validate(items: list[Any], many: bool, access: Access) -> list[dict[str, Any]]:
@@ -149,6 +166,10 @@ def list_jobs(
     ids: str | None = Query(default=None, description="Comma-separated job ids: fetch exactly these (for polling)."),
     limit: int = Query(default=100, ge=1),
     offset: int = Query(default=0, ge=0, le=MAX_OFFSET, description="Jobs to skip (at most 10**9)."),
+    cursor: str | None = Query(
+        default=None, max_length=200, description="The `next_cursor` of the page before: pages that stay put while "
+        "jobs are submitted (instead of `offset`).",
+    ),
     store: JobStore = Depends(get_store),
 ) -> Response:
     if status_filter is not None and status_filter not in ALL_STATUSES:
@@ -161,15 +182,17 @@ def list_jobs(
         wanted = [i for i in ids.split(",") if i]
         if len(wanted) > page_max:
             raise ValidationError(f"at most {page_max} per request", ("query", "ids"))
-        job_ids = wanted
+        job_ids, next_cursor = wanted, None
     else:
-        job_ids = store.list_ids(status=status_filter, group_id=group_id, limit=limit, offset=offset)
+        if cursor is not None and offset:
+            raise ValidationError("give cursor or offset, not both", ("query", "offset"))
+        job_ids, next_cursor = store.list_page(status_filter, group_id, limit, offset=offset, after=cursor)
     with store.redis.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
             pipe.hmget(store.keys.job(job_id), _SUMMARY_FIELDS)
         rows = pipe.execute()
     jobs = [_summary(row) for row in rows if row[0] is not None]
-    return respond(request, {"jobs": jobs, "limit": limit, "offset": offset})
+    return respond(request, {"jobs": jobs, "limit": limit, "offset": offset, "next_cursor": next_cursor})
 
 
 def _summary(row: list[bytes | None]) -> dict[str, Any]:

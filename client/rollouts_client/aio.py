@@ -60,6 +60,7 @@ class AsyncRolloutClient:
 
     async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         delays = iter(self.retry.delays())
+        has_key = "Idempotency-Key" in (kwargs.get("headers") or {})
         while True:
             error: Exception | None = None
             response: httpx.Response | None = None
@@ -67,7 +68,7 @@ class AsyncRolloutClient:
                 response = await self.http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
                 error = exc
-            delay = next(delays, None) if self.retry.retryable(method, error, response) else None
+            delay = next(delays, None) if self.retry.retryable(method, error, response, has_key) else None
             if delay is None:
                 if error is not None:
                     raise error
@@ -76,8 +77,11 @@ class AsyncRolloutClient:
             await asyncio.sleep(delay)
 
     # --- jobs -------------------------------------------------------------------
-    async def submit_jobs(self, jobs: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
-        return decode(await self.request("POST", "/v1/jobs", json=jobs), (202,))["job_ids"]
+    async def submit_jobs(
+        self, jobs: list[dict[str, Any]] | dict[str, Any], *, idempotency_key: str | None = None
+    ) -> list[str]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return decode(await self.request("POST", "/v1/jobs", json=jobs, headers=headers), (202,))["job_ids"]
 
     async def get_job(self, job_id: str) -> Job:
         return Job.from_api(decode(await self.request("GET", f"/v1/jobs/{job_id}")))
@@ -96,6 +100,20 @@ class AsyncRolloutClient:
     ) -> list[Job]:
         params = list_params(status, group_id, limit, offset)
         return [Job.from_api(j) for j in decode(await self.request("GET", "/v1/jobs", params=params))["jobs"]]
+
+    async def iter_jobs(
+        self, *, status: str | None = None, group_id: str | None = None, page_size: int = 500
+    ) -> AsyncIterator[Job]:
+        """Every job summary, page after page by cursor (see RolloutClient.iter_jobs)."""
+        cursor: str | None = None
+        while True:
+            params = list_params(status, group_id, page_size, cursor=cursor)
+            page = decode(await self.request("GET", "/v1/jobs", params=params))
+            for job in page["jobs"]:
+                yield Job.from_api(job)
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
 
     async def wait_jobs(self, job_ids: list[str], timeout: float | None = None, poll_s: float = 0.5) -> list[Job]:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -62,6 +62,7 @@ class RolloutClient:
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         delays = iter(self.retry.delays())
+        has_key = "Idempotency-Key" in (kwargs.get("headers") or {})
         while True:
             error: Exception | None = None
             response: httpx.Response | None = None
@@ -69,7 +70,7 @@ class RolloutClient:
                 response = self.http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
                 error = exc
-            delay = next(delays, None) if self.retry.retryable(method, error, response) else None
+            delay = next(delays, None) if self.retry.retryable(method, error, response, has_key) else None
             if delay is None:
                 if error is not None:
                     raise error
@@ -78,9 +79,14 @@ class RolloutClient:
             time.sleep(delay)
 
     # --- jobs -------------------------------------------------------------------
-    def submit_jobs(self, jobs: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
-        """Submit one job or a list; returns their ids (an idempotency key answers with the existing job)."""
-        return decode(self.request("POST", "/v1/jobs", json=jobs), (202,))["job_ids"]
+    def submit_jobs(
+        self, jobs: list[dict[str, Any]] | dict[str, Any], *, idempotency_key: str | None = None
+    ) -> list[str]:
+        """Submit one job or a list; returns their ids. With `idempotency_key` (the Idempotency-Key
+        header) a retry of the same request answers with the same jobs; another request under the
+        same key is an ApiError 409."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return decode(self.request("POST", "/v1/jobs", json=jobs, headers=headers), (202,))["job_ids"]
 
     def get_job(self, job_id: str) -> Job:
         return Job.from_api(decode(self.request("GET", f"/v1/jobs/{job_id}")))
@@ -100,6 +106,20 @@ class RolloutClient:
         """One page of job summaries (status, reward; no trajectories), newest first, filtered by status or group."""
         params = list_params(status, group_id, limit, offset)
         return [Job.from_api(j) for j in decode(self.request("GET", "/v1/jobs", params=params))["jobs"]]
+
+    def iter_jobs(
+        self, *, status: str | None = None, group_id: str | None = None, page_size: int = 500
+    ) -> Iterator[Job]:
+        """Every job summary, newest first (by group: in sample order), page after page by cursor:
+        jobs submitted meanwhile neither repeat nor push others out, as they would with offsets."""
+        cursor: str | None = None
+        while True:
+            params = list_params(status, group_id, page_size, cursor=cursor)
+            page = decode(self.request("GET", "/v1/jobs", params=params))
+            yield from (Job.from_api(j) for j in page["jobs"])
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
 
     def wait_jobs(self, job_ids: list[str], timeout: float | None = None, poll_s: float = 0.5) -> list[Job]:
         """Block until every job is terminal; the full records, in the order given. WaitTimeout past `timeout`."""

@@ -51,10 +51,14 @@ class RetryPolicy:
             delay = min(delay * 2, self.max_delay_s)
 
     @staticmethod
-    def retryable(method: str, exc: Exception | None, response: httpx.Response | None) -> bool:
+    def retryable(
+        method: str, exc: Exception | None, response: httpx.Response | None, idempotent: bool = False
+    ) -> bool:
+        """503s always; transport errors of reads, and of a POST only where it cannot have been taken
+        (no connection) unless it carries an Idempotency-Key, which makes a repeat safe."""
         if response is not None:
             return response.status_code == 503
-        if method == "POST":
+        if method == "POST" and not idempotent:
             return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
         return isinstance(exc, httpx.TransportError)
 
@@ -119,9 +123,11 @@ def batch_body(
     return body
 
 
-def list_params(status: str | None, group_id: str | None, limit: int, offset: int) -> dict[str, Any]:
-    """GET /v1/jobs's query: the filters given, and the page."""
-    params: dict[str, Any] = {"limit": limit, "offset": offset}
+def list_params(
+    status: str | None, group_id: str | None, limit: int, offset: int = 0, cursor: str | None = None
+) -> dict[str, Any]:
+    """GET /v1/jobs's query: the filters given, and the page (by offset, or after a cursor)."""
+    params: dict[str, Any] = {"limit": limit, "offset": offset} if cursor is None else {"limit": limit, "cursor": cursor}
     if status is not None:
         params["status"] = status
     if group_id is not None:

@@ -35,6 +35,23 @@ _BLOB_FIELDS = ("spec", "result", "error", "partial", "reward") + tuple(f"out:{s
 STORED_PARTS = ("rollout", "eval", "partial")
 
 
+def encode_cursor(job_id: str, score: float) -> str:
+    """A page cursor: the last job of the page and its place in time, opaque to clients."""
+    return f"{score!r}_{job_id}"
+
+
+def decode_cursor(cursor: str) -> tuple[str, float]:
+    """(job id, score) of a cursor; ValidationError at query.cursor when it is not one of ours."""
+    score, _, job_id = cursor.partition("_")
+    try:
+        value = float(score)
+    except ValueError:
+        value = float("nan")
+    if not job_id or not job_id.isalnum() or len(job_id) > 64 or value != value or value in (float("inf"), float("-inf")):
+        raise ValidationError("not a cursor from an earlier page (next_cursor)", ("query", "cursor"))
+    return job_id, value
+
+
 def new_job_id() -> str:
     """128 random bits: not guessable, not sequential, valid as an rq job id."""
     return secrets.token_hex(16)
@@ -196,18 +213,55 @@ class JobStore:
         offset: int = 0,
     ) -> list[str]:
         """Newest first; by group: in sample order. Entries whose record expired are dropped."""
+        return self.list_page(status, group_id, limit, offset=offset)[0]
+
+    def list_page(
+        self,
+        status: str | None = None,
+        group_id: str | None = None,
+        limit: int = 100,
+        *,
+        offset: int = 0,
+        after: str | None = None,
+    ) -> tuple[list[str], str | None]:
+        """A page of ids and the cursor of the next one (None after the last page).
+
+        `after` is a cursor from an earlier page: the page starts right after the job it names,
+        wherever that job is now, so jobs submitted meanwhile neither repeat nor push others off a
+        page as they do with `offset`. A cursor whose job has left the index (its status moved on,
+        its record expired) continues from the job's position in time.
+        """
         if group_id:
             index, reverse = self.keys.jobs_by_group(group_id), False
         elif status:
             index, reverse = self.keys.jobs_by_status(status), True
         else:
             index, reverse = self.keys.jobs_all, True
+        start = offset if after is None else self._position_after(index, after, reverse)
         fetch = self.redis.zrevrange if reverse else self.redis.zrange
-        ids = [member.decode() for member in fetch(index, offset, offset + limit - 1)]
+        rows = fetch(index, start, start + limit, withscores=True)  # one more than the page: is there a next?
+        page = [(member.decode(), score) for member, score in rows[:limit]]
+        next_cursor = encode_cursor(*page[-1]) if len(rows) > limit else None
+        ids = [job_id for job_id, _ in page]
         if group_id and status:
             statuses = self.statuses(ids)
             ids = [i for i, s in zip(ids, statuses) if s == status]
-        return ids
+        return ids, next_cursor
+
+    def _position_after(self, index: str, cursor: str, reverse: bool) -> int:
+        """Where the page after `cursor` starts in `index` (a rank)."""
+        job_id, score = decode_cursor(cursor)
+        rank = (self.redis.zrevrank if reverse else self.redis.zrank)(index, job_id)
+        if rank is not None:
+            return rank + 1
+        # Gone from the index: count what sorts before it (by score, then by id, as Redis orders ties).
+        if reverse:
+            newer = self.redis.zcount(index, f"({score!r}", "+inf")
+            ties = [m.decode() for m in self.redis.zrangebyscore(index, score, score)]
+            return newer + sum(1 for member in ties if member > job_id)
+        older = self.redis.zcount(index, "-inf", f"({score!r}")
+        ties = [m.decode() for m in self.redis.zrangebyscore(index, score, score)]
+        return older + sum(1 for member in ties if member < job_id)
 
     def statuses(self, job_ids: list[str]) -> list[str | None]:
         with self.redis.pipeline(transaction=False) as pipe:

@@ -126,3 +126,24 @@ def test_batches_refuse_deep_bodies_too(client):
     body = '{"prompts": [{"task": {"kind": "demo", "text": "a"}, "metadata": ' + nested(100) + "}], \"n\": 2}"
     response = client.post("/v1/batches", content=body)
     assert response.status_code == 422 and "deep" in response.text
+
+
+def test_the_idempotency_key_header_makes_a_retry_safe(client):
+    first = client.post("/v1/jobs", json=DEMO, headers={"Idempotency-Key": "step-7"}).json()
+    retry = client.post("/v1/jobs", json=DEMO, headers={"Idempotency-Key": "step-7"}).json()
+    other = client.post("/v1/jobs", json={"task": {"kind": "demo", "text": "b"}}, headers={"Idempotency-Key": "step-7"})
+
+    assert retry == {"job_ids": first["job_ids"], "created": [False]}
+    assert other.status_code == 409 and fields(other) == ["body.idempotency_key"]
+
+
+def test_the_header_keys_each_job_of_a_list_by_its_index(client):
+    jobs = [DEMO, {"task": {"kind": "demo", "text": "b"}}, {**DEMO, "idempotency_key": "own"}]
+    first = client.post("/v1/jobs", json=jobs, headers={"Idempotency-Key": "batch-3"}).json()
+    retry = client.post("/v1/jobs", json=jobs, headers={"Idempotency-Key": "batch-3"}).json()
+
+    assert retry == {"job_ids": first["job_ids"], "created": [False, False, False]}
+    assert len(set(first["job_ids"])) == 3
+    stored = client.get(f"/v1/jobs/{first['job_ids'][1]}").json()["request"]
+    assert stored["idempotency_key"] == "batch-3/1"
+    assert client.get(f"/v1/jobs/{first['job_ids'][2]}").json()["request"]["idempotency_key"] == "own"

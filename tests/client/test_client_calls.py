@@ -105,3 +105,22 @@ def test_no_url_anywhere_says_which_variable_to_set(monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("ROLLOUTS_API_URL", raising=False)
     with pytest.raises(ValueError, match="ROLLOUTS_API_URL"):
         RolloutClient()
+
+
+def test_a_post_with_an_idempotency_key_is_retried_after_a_lost_answer() -> None:
+    calls: list[httpx.Request] = []
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if len(calls) == 1:
+            raise httpx.ReadTimeout("the answer was lost", request=request)
+        return httpx.Response(202, json={"job_ids": ["j1"], "created": [False]})
+
+    policy = RetryPolicy(retries=2, first_delay_s=0.0, max_delay_s=0.0)
+    with RolloutClient("http://api", retry=policy, msgpack=False, transport=httpx.MockTransport(flaky)) as client:
+        assert client.submit_jobs({"task": {"kind": "demo"}}, idempotency_key="k") == ["j1"]
+        assert [c.headers["idempotency-key"] for c in calls] == ["k", "k"]
+        calls.clear()
+        with pytest.raises(httpx.ReadTimeout):  # without a key a lost answer may hide a taken job: no retry
+            client.submit_jobs({"task": {"kind": "demo"}})
+        assert len(calls) == 1
