@@ -39,6 +39,7 @@ def collate_trajectories(
     padding_side: str = "right",
     max_length: int | None = None,
     tensors: str = "auto",
+    rewards: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """Pad a batch to its longest trajectory (or `max_length`).
 
@@ -48,6 +49,11 @@ def collate_trajectories(
     `prompt_lengths`. A trajectory longer than `max_length` raises ValueError: cutting it would
     drop generated tokens the rewards depend on, which is the caller's decision to make.
     `tensors` is "auto" (torch if importable), "torch" or "numpy".
+
+    Per-token rewards, for trainers that learn from them: `token_rewards` (float32) holds a
+    trajectory's own `token_rewards` (aligned with its tokens) where it has them, else the row's
+    entry of `rewards` on its last generated token, the usual place of an outcome reward; it is
+    there when `rewards` is given or any trajectory carries `token_rewards`.
     """
     if padding_side not in ("right", "left"):
         raise ValueError("padding_side must be 'right' or 'left'")
@@ -66,6 +72,10 @@ def collate_trajectories(
     attention = np.zeros((batch, width), dtype=np.int64)
     loss = np.zeros((batch, width), dtype=np.int64)
     logprobs = np.zeros((batch, width), dtype=np.float32)
+    per_token = rewards is not None or any("token_rewards" in r for r in records)
+    if rewards is not None and len(rewards) != batch:
+        raise ValueError(f"{len(rewards)} rewards for {batch} trajectories")
+    token_rewards = np.zeros((batch, width), dtype=np.float32)
     for row, record in enumerate(records):
         n = len(record["token_ids"])
         span = slice(0, n) if padding_side == "right" else slice(width - n, width)
@@ -73,6 +83,8 @@ def collate_trajectories(
         attention[row, span] = 1
         loss[row, span] = record["loss_mask"]
         logprobs[row, span] = [0.0 if lp is None else lp for lp in record["logprobs"]]
+        if per_token:
+            token_rewards[row, span] = _token_rewards(record, None if rewards is None else rewards[row])
     out: dict[str, Any] = {
         "input_ids": input_ids,
         "attention_mask": attention,
@@ -81,7 +93,24 @@ def collate_trajectories(
         "lengths": np.array([len(r["token_ids"]) for r in records], dtype=np.int64),
         "prompt_lengths": np.array([int(r.get("prompt_length") or 0) for r in records], dtype=np.int64),
     }
+    if per_token:
+        out["token_rewards"] = token_rewards
     return _as_torch(out) if use_torch else out
+
+
+def _token_rewards(record: Mapping[str, Any], reward: float | None) -> list[float]:
+    """One row's per-token rewards: its own, else `reward` on the last generated token."""
+    n = len(record["token_ids"])
+    own = record.get("token_rewards")
+    if own is not None:
+        if len(own) != n:
+            raise ValueError(f"token_rewards has {len(own)} entries for {n} tokens")
+        return [float(value or 0.0) for value in own]
+    row = [0.0] * n
+    if reward is not None and n:
+        generated = [t for t, mask in enumerate(record["loss_mask"]) if mask]
+        row[generated[-1] if generated else n - 1] = float(reward)
+    return row
 
 
 def groups_to_tensors(
@@ -98,7 +127,7 @@ def groups_to_tensors(
     Rows are the samples of the given groups that are done, in group order; a failed sample
     has no reward to learn from and is left out. Alongside `collate_trajectories`' arrays this
     adds per-row `advantages`, `rewards` and `group_index` (the position of the row's group in
-    the list given).
+    the list given), and `token_rewards` (each row's reward on its last generated token).
     """
     trajectories: list[dict[str, Any]] = []
     advantages: list[float] = []
@@ -117,7 +146,12 @@ def groups_to_tensors(
             rewards.append(float(sample.reward or 0.0))
             group_index.append(index)
     batch = collate_trajectories(
-        trajectories, pad_token_id=pad_token_id, padding_side=padding_side, max_length=max_length, tensors=tensors
+        trajectories,
+        pad_token_id=pad_token_id,
+        padding_side=padding_side,
+        max_length=max_length,
+        tensors=tensors,
+        rewards=rewards,
     )
     np = _numpy()
     extra = {

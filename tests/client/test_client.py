@@ -91,6 +91,11 @@ def test_a_batch_becomes_padded_training_tensors_with_group_advantages(client):
     expected = expected / (np.std([1.0, 0.0, 0.5]) + 1e-6)
     np.testing.assert_allclose(tensors["advantages"], np.tile(expected, 2), rtol=1e-5)
     assert tensors["loss_mask"][1].tolist() == [0, 0, 0, 1, 1, 0]  # sample 1 generated two tokens
+    # per-token rewards: each row's reward on its last generated token, nothing elsewhere
+    for row in range(6):
+        last = int(np.flatnonzero(tensors["loss_mask"][row])[-1])
+        assert tensors["token_rewards"][row, last] == tensors["rewards"][row]
+        assert np.count_nonzero(np.delete(tensors["token_rewards"][row], last)) == 0
     with pytest.raises(ValueError):
         groups_to_tensors(client.collect_groups(batch.id, results=False))
 

@@ -91,3 +91,20 @@ def test_the_wheel_requires_httpx_and_msgpack_only(tmp_path: Path) -> None:
     packages = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert packages == {"rollouts_client"}, packages
     assert "rollouts_client/py.typed" in names
+
+
+def test_a_trajectorys_own_token_rewards_are_kept_and_checked():
+    import numpy as np
+
+    from rollouts_client import collate_trajectories
+
+    shaped = {"token_ids": [5, 6, 7, 8], "loss_mask": [0, 1, 0, 1], "logprobs": [None, -0.1, None, -0.2],
+              "token_rewards": [0.0, 0.5, 0.0, 1.0]}  # fmt: skip
+    plain = {"token_ids": [5, 6, 7], "loss_mask": [0, 1, 1], "logprobs": [None, -0.3, -0.4]}
+
+    batch = collate_trajectories([shaped, plain], rewards=[9.0, 2.0], tensors="numpy")
+
+    np.testing.assert_allclose(batch["token_rewards"], [[0.0, 0.5, 0.0, 1.0], [0.0, 0.0, 2.0, 0.0]])
+    assert "token_rewards" not in collate_trajectories([plain], tensors="numpy")
+    with pytest.raises(ValueError, match="token_rewards has 2 entries for 3 tokens"):
+        collate_trajectories([{**plain, "token_rewards": [0.0, 1.0]}], tensors="numpy")
