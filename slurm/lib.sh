@@ -136,15 +136,45 @@ rollouts_forward_and_wait() {
   return "$rc"
 }
 
-# The body of init.sbatch, rollout.sbatch and eval.sbatch. The worker replaces this shell
-# (exec), so the signals meant for the batch shell (--signal=B:TERM@..., scancel --batch)
-# reach the worker itself and nothing else: it stops taking jobs, lets running ones finish
-# for drain_timeout_s, hands the rest back to the stage's queue and exits 0.
+# The body of init.sbatch, rollout.sbatch and eval.sbatch: the worker runs as this shell's child
+# and every signal meant for the batch shell reaches it through here, and nothing else does.
+# SIGTERM (scancel --batch --signal=TERM, preemption, a scale-down) drains it: it stops taking
+# jobs, lets running ones finish for drain_timeout_s, hands the rest back and exits 0. SIGUSR1 is
+# the time-limit warning (--signal=B:USR1@300): the task first submits its own successor, then
+# drains, so a fleet outlives any time limit without losing or repeating a job.
 rollouts_run_worker() {
-  local stage=$1
+  local stage=$1 pid
   rollouts_setup
   rollouts_wait_for redis ROLLOUTS_REDIS_URL
   rollouts_log "starting the $stage worker: $ROLLOUTS_PYTHON -m cli worker $stage ${ROLLOUTS_SLURM_WORKER_ARGS:-}"
   # shellcheck disable=SC2086 # a command prefix and extra options, split on purpose
-  exec $ROLLOUTS_PYTHON -m cli worker "$stage" ${ROLLOUTS_SLURM_WORKER_ARGS:-}
+  $ROLLOUTS_PYTHON -m cli worker "$stage" ${ROLLOUTS_SLURM_WORKER_ARGS:-} &
+  pid=$!
+  trap "rollouts_renew $stage; kill -TERM $pid 2>/dev/null" USR1
+  rollouts_forward_and_wait "$pid"
+}
+
+# Submits this task again: the same stage script and array index, partition and time limit, the
+# deployment's sbatch options, logs beside this task's. Recorded in the stack's job list (so
+# `stack.sh status` and `down` see it). Not while `stack.sh down` is stopping the stack.
+rollouts_renew() {
+  local stage=$1 jobs=$ROLLOUTS_RUN_DIR/jobs limit logs id var
+  if [ -e "$ROLLOUTS_RUN_DIR/stopping" ]; then
+    rollouts_log "time limit near, and the stack is stopping: not renewing"
+    return 0
+  fi
+  limit=$(squeue -h -j "${SLURM_JOB_ID}" -o %l 2>/dev/null)
+  logs=$(scontrol show job "${SLURM_JOB_ID}" 2>/dev/null | sed -n 's/^ *StdOut=//p')
+  logs=${logs%/*}
+  var=ROLLOUTS_SLURM_${stage^^}_SBATCH_ARGS
+  # shellcheck disable=SC2086 # option lists from the config, split on purpose
+  id=$(sbatch --parsable --array="${SLURM_ARRAY_TASK_ID:-0}" --partition="${SLURM_JOB_PARTITION}" \
+    ${limit:+--time="$limit"} --output="${logs:-$ROLLOUTS_RUN_DIR/logs}/%x-%A_%a.log" \
+    ${ROLLOUTS_SLURM_SBATCH_ARGS:-} ${!var:-} "$ROLLOUTS_HOME/slurm/$stage.sbatch") || {
+    rollouts_log "time limit near: resubmitting the $stage task failed; draining anyway"
+    return 0
+  }
+  id=${id%%;*}
+  [ -e "$jobs" ] && echo "$stage $id" >> "$jobs"
+  rollouts_log "time limit near: renewed as job $id; draining"
 }

@@ -4,8 +4,12 @@
 #   slurm/stack.sh up [--init N] [--rollout N] [--eval N] [--vllm N]
 #   slurm/stack.sh add <init|rollout|eval|vllm> N     # scale up: one more array of N tasks
 #   slurm/stack.sh add api                            # a replacement API (then cancel the old)
-#   slurm/stack.sh status
+#   slurm/stack.sh scale <init|rollout|eval|vllm> N   # exactly N tasks: submit more, or drain the surplus
+#   slurm/stack.sh status                             # jobs and addresses (passwords shown as ***)
 #   slurm/stack.sh down                               # drain workers, then backends, API, Redis
+#
+# Worker tasks renew themselves before their time limit (slurm/lib.sh, rollouts_renew): the
+# successors are recorded here too, so status, scale and down cover them.
 #
 # Job ids go to $ROLLOUTS_RUN_DIR/jobs, logs to $ROLLOUTS_RUN_DIR/logs. Every sbatch gets
 # $ROLLOUTS_SLURM_SBATCH_ARGS (partition, account, QOS...) and the per-role
@@ -64,7 +68,7 @@ cmd_up() {
     [ -z "$(alive "$id")" ] || die "job $id of a previous stack is still queued; run 'slurm/stack.sh down' first"
   done
   mkdir -p "$LOGS"
-  rm -f "$JOBS" "$ROLLOUTS_RUN_DIR/redis.env" "$ROLLOUTS_RUN_DIR/api.env"
+  rm -f "$JOBS" "$ROLLOUTS_RUN_DIR/redis.env" "$ROLLOUTS_RUN_DIR/api.env" "$ROLLOUTS_RUN_DIR/stopping"
 
   local after=()
   if [ -z "${ROLLOUTS_REDIS_URL:-}" ]; then
@@ -92,13 +96,47 @@ cmd_add() {
   submit "$role" "$n" > /dev/null
 }
 
+tasks_of() {  # every queued task of a role, one per line ("123_4" for array tasks), oldest job first
+  local id
+  for id in $(ids_of "$1"); do squeue -h -r -j "$id" -o '%i %t' 2>/dev/null; done
+}
+
+cmd_scale() {
+  local role=${1:?scale needs a role} want=${2:?scale needs a count} have surplus task state
+  case $role in init | rollout | eval | vllm) ;; *) die "cannot scale $role" ;; esac
+  [[ $want =~ ^[0-9]+$ ]] || die "the count must be a number, not '$want'"
+  [ -r "$JOBS" ] || die "no stack recorded in $JOBS"
+  mapfile -t have < <(tasks_of "$role")
+  if [ "${#have[@]}" -lt "$want" ]; then
+    submit "$role" $((want - ${#have[@]})) > /dev/null
+  elif [ "${#have[@]}" -gt "$want" ]; then
+    surplus=$((${#have[@]} - want))
+    # Pending tasks go first (they hold no job), then the newest running ones, which drain:
+    # they finish or hand back what they run, then exit (no renewal: that is SIGUSR1's).
+    while read -r task state; do
+      [ "$surplus" -gt 0 ] || break
+      if [ "$state" = PD ]; then
+        scancel "$task" 2>/dev/null
+      else
+        scancel --batch --signal=TERM "$task" 2>/dev/null
+      fi
+      echo "$role: stopping $task ($state)" >&2
+      surplus=$((surplus - 1))
+    done < <(printf '%s\n' "${have[@]}" | sort -k2,2r -k1,1r)
+  fi
+  echo "$role: $want tasks" >&2
+}
+
 cmd_status() {
   [ -r "$JOBS" ] || die "no stack recorded in $JOBS"
-  local role id
+  local role id line
   while read -r role id; do
     printf '%-8s %s\n' "$role" "$(alive "$id" | tr '\n' ' ')"
   done < "$JOBS"
-  cat "$ROLLOUTS_RUN_DIR"/*.env 2>/dev/null | grep -v '_JOB=' || true
+  # The addresses, with any password in a URL shown as *** (the files themselves are private).
+  cat "$ROLLOUTS_RUN_DIR"/*.env 2>/dev/null | grep -v '_JOB=' | while IFS= read -r line; do
+    rollouts_redact "$line"
+  done
 }
 
 # Waits until none of the given jobs is queued any more; false after $1 seconds.
@@ -135,6 +173,7 @@ cmd_down() {
   [ -r "$JOBS" ] || die "no stack recorded in $JOBS"
   local drain=${ROLLOUTS_DRAIN_TIMEOUT_S:-30}
   local grace=$(( ${drain%.*} + 60 ))
+  touch "$ROLLOUTS_RUN_DIR/stopping"  # a worker warned of its time limit now does not renew
   # Workers first (they hand back unfinished jobs), then backends (they deregister while the
   # API is up), then the API, then Redis, which keeps every job record on disk.
   stop_jobs "$grace" $(ids_of init rollout eval)
@@ -146,6 +185,6 @@ cmd_down() {
 }
 
 case ${1:-} in
-  up | add | status | down) cmd=$1; shift; "cmd_$cmd" "$@" ;;
-  *) sed -n '2,8p' "$0" >&2; exit 2 ;;
+  up | add | scale | status | down) cmd=$1; shift; "cmd_$cmd" "$@" ;;
+  *) sed -n '2,12p' "$0" >&2; exit 2 ;;
 esac
