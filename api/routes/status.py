@@ -6,12 +6,12 @@ from collections import defaultdict
 
 from fastapi import APIRouter, Depends, Request
 from redis import Redis
-from rq import Queue, Worker
+from rq import Worker
 
 from api.deps import get_redis, require_auth
 from api.schemas import ServiceStatus
 from shared.config import STAGES
-from shared.jobs.queues import queue_name
+from shared.jobs.queues import stage_queue
 from shared.jobs.status import TERMINAL
 
 router = APIRouter(prefix="/v1", tags=["status"], dependencies=[Depends(require_auth)])
@@ -21,7 +21,7 @@ router = APIRouter(prefix="/v1", tags=["status"], dependencies=[Depends(require_
 def service_status(request: Request, redis: Redis = Depends(get_redis)) -> ServiceStatus:
     stages = {}
     for stage in STAGES:
-        queue = Queue(queue_name(stage), connection=redis)
+        queue = stage_queue(stage, redis)
         workers = Worker.all(queue=queue)
         processes: dict[str, int] = defaultdict(int)
         busy = 0

@@ -11,12 +11,10 @@ from redis import Redis
 from redis.client import Pipeline
 from rq import Callback, Queue, Retry
 
-from shared.config import STAGES, Settings
+from shared.config import Settings
+from shared.jobs.rq_payloads import FAILURE_CALLBACK, JOB_SERIALIZER, STAGE_FUNCTIONS, StageJob
 from shared.jobs.spec import Limits
 
-# rq imports these by name in the worker process; nothing here imports workers/.
-STAGE_FUNCTIONS: dict[str, str] = {stage: f"workers.{stage}.stage.run" for stage in STAGES}
-FAILURE_CALLBACK = "workers.runtime.failure.on_stage_failure"
 # Extra seconds past a stage's own limit before rq's hard backstop interrupts it;
 # the stage runner stops the job cooperatively well before that.
 RQ_TIMEOUT_GRACE_S = 30
@@ -39,7 +37,9 @@ def parse_rq_job_id(rq_id: str) -> tuple[str, str]:
 
 
 def stage_queue(stage: str, connection: Redis) -> Queue:
-    return Queue(queue_name(stage), connection=connection)
+    """A stage's rq queue, with JSON payloads and the job class that runs only stage entry points;
+    every process that touches rq's queues or registries goes through this."""
+    return Queue(queue_name(stage), connection=connection, serializer=JOB_SERIALIZER, job_class=StageJob)
 
 
 def stage_timeout(limits: Limits, stage: str, settings: Settings) -> float:

@@ -27,7 +27,7 @@ from rq.worker_registration import clean_worker_registry
 from shared.backend_pool import BackendPool
 from shared.batches.sweep import sweep_batches
 from shared.config import STAGES, Settings
-from shared.jobs.queues import queue_name
+from shared.jobs.queues import queue_name, stage_queue
 from shared.jobs.status import JobStatus
 from workers.runtime.slots import SlotWorker
 from workers.runtime.state import WorkerState, init_state
@@ -60,7 +60,7 @@ class WorkerProcess:
         self.drain_timeout_s = settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         self._stop = threading.Event()
         self._signals = 0
-        queue = Queue(queue_name(stage), connection=self.state.redis)
+        queue = stage_queue(stage, self.state.redis)
         self.slots = [
             SlotWorker(
                 [queue],
@@ -73,7 +73,7 @@ class WorkerProcess:
             )
             for index in range(self.concurrency)
         ]
-        self._all_queues = [Queue(queue_name(s), connection=self.state.redis) for s in STAGES]
+        self._all_queues = [stage_queue(s, self.state.redis) for s in STAGES]
         self._pool = BackendPool(self.state.redis, self.state.store.keys, settings)
         self._release_lock = self.state.redis.register_script(_RELEASE_IF_OURS)
         self._threads: list[threading.Thread] = []

@@ -24,6 +24,8 @@ from rq.job import Job
 from rq.timeouts import TimerDeathPenalty
 from rq.worker import SimpleWorker
 
+from shared.jobs.rq_payloads import JOB_SERIALIZER, StageJob
+
 # Slots never clean registries themselves (see run_maintenance_tasks).
 _NEVER = 10**9
 
@@ -32,7 +34,10 @@ class SlotWorker(SimpleWorker):
     death_penalty_class = TimerDeathPenalty
 
     def __init__(self, *args: Any, poll_interval: float, heartbeat_ttl: int, **kwargs: Any) -> None:
-        super().__init__(*args, maintenance_interval=_NEVER, **kwargs)
+        # JSON payloads naming only stage entry points (shared/jobs/rq_payloads.py), never pickles.
+        super().__init__(
+            *args, maintenance_interval=_NEVER, serializer=JOB_SERIALIZER, job_class=StageJob, **kwargs
+        )
         self._poll_interval = max(1, int(poll_interval))
         self._heartbeat_ttl = heartbeat_ttl
         self._busy_lock = threading.Lock()
