@@ -45,6 +45,10 @@ class Settings(BaseSettings):
         description="Redis to use. Unset: `rollouts up` starts an embedded redis-server.",
     )
     redis_prefix: str = Field(default="ro", description="Namespace of every key the service writes.")
+    redis_request_timeout_s: float = Field(
+        default=0.5, gt=0,
+        description="The API's limit on one Redis call: while Redis is away a request gets its 503 this soon.",
+    )
     state_dir: Path = Field(default_factory=_default_state_dir)
 
     # --- API ---------------------------------------------------------------

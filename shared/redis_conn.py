@@ -6,6 +6,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from redis import Redis
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
 
 from shared.config import Settings
@@ -22,24 +23,51 @@ from shared.errors import RolloutsError
 MAX_CONNECTIONS = 10_000
 
 
+# What a client retries: the server gone (refused, reset) or not answering in time.
+RETRIED = (ConnectionError, TimeoutError)
+
+
 class RedisNotConfigured(RolloutsError, RuntimeError):
     """Raised where a process needs Redis but none was configured or started."""
 
 
 def connect(settings: Settings, *, decode_responses: bool = False) -> Redis:
-    """A client that retries briefly on connection errors (a Redis restart) instead of failing the job."""
+    """A patient client for workers and the CLI: it retries through a short Redis outage (a restart)
+    instead of failing the job; longer outages are ridden out by the callers (slot restarts)."""
+    return Redis.from_url(
+        _url(settings),
+        decode_responses=decode_responses,
+        health_check_interval=30,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8, supported_errors=RETRIED),
+        socket_connect_timeout=5.0,
+        socket_keepalive=True,
+        max_connections=MAX_CONNECTIONS,
+    )
+
+
+def connect_for_requests(settings: Settings) -> Redis:
+    """The API's client: while Redis is away a request fails fast (the API answers 503 with
+    Retry-After, the client retries) rather than holding the caller through the patient client's
+    ~7 s of retries. One quick retry covers a pooled connection that Redis closed; a frozen Redis
+    (accepting, never answering) costs one `redis_request_timeout_s`."""
+    timeout = settings.redis_request_timeout_s
+    return Redis.from_url(
+        _url(settings),
+        health_check_interval=30,
+        retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), retries=1, supported_errors=(ConnectionError,)),
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+        socket_keepalive=True,
+        max_connections=MAX_CONNECTIONS,
+    )
+
+
+def _url(settings: Settings) -> str:
     if not settings.redis_url:
         raise RedisNotConfigured(
             "ROLLOUTS_REDIS_URL is not set; start the stack with `rollouts up` or point it at a Redis"
         )
-    return Redis.from_url(
-        settings.redis_url,
-        decode_responses=decode_responses,
-        health_check_interval=30,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
-        socket_keepalive=True,
-        max_connections=MAX_CONNECTIONS,
-    )
+    return settings.redis_url
 
 
 def redact_url(url: str | None) -> str:

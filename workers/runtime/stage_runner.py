@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pydantic
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
@@ -150,6 +152,11 @@ def _perform(stage: Stage, ctx: StageContext, workspaces: Path) -> Performed:
         return {}, stop.reason, None
     except JobTimeoutException:
         return {}, "timed_out", None  # rq's backstop fired: the handler ignored its deadline
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        # Redis was away past the client's retries: not the task's fault, so the job goes back to
+        # its queue for another attempt (or, if Redis is still away, rq's failure path retries it).
+        log.warning("job %s: Redis unreachable in %s (%s); handing the job back", ctx.job_id, stage.name, exc)
+        return {}, "requeue", None
     except Exception as exc:
         log.warning("job %s: %s failed: %s: %s", ctx.job_id, stage.name, type(exc).__name__, exc)
         message = str(exc) + _disk_full_note(exc, workspaces)
