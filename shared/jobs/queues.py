@@ -7,17 +7,23 @@ job of a job without a lookup.
 
 from __future__ import annotations
 
+import re
+
 from redis import Redis
 from redis.client import Pipeline
 from rq import Callback, Queue, Retry
 
-from shared.config import Settings
+from shared.config import STAGES, Settings
 from shared.jobs.rq_payloads import FAILURE_CALLBACK, JOB_SERIALIZER, STAGE_FUNCTIONS, StageJob
 from shared.jobs.spec import Limits
 
 # Extra seconds past a stage's own limit before rq's hard backstop interrupts it;
 # the stage runner stops the job cooperatively well before that.
 RQ_TIMEOUT_GRACE_S = 30
+
+
+_JOB_ID = re.compile(r"[0-9a-f]{32}")  # shared/jobs/store.py's new_job_id
+_RQ_JOB_ID = re.compile(rf"[0-9a-f]{{32}}-(?:{'|'.join(STAGES)})(?:-h[0-9]+)?")
 
 
 def queue_name(stage: str) -> str:
@@ -34,6 +40,17 @@ def parse_rq_job_id(rq_id: str) -> tuple[str, str]:
     """(job id, stage) of an rq job id; job ids are hex, so they never contain a dash."""
     job_id, stage = rq_id.split("-")[:2]
     return job_id, stage
+
+
+def is_job_id(job_id: object) -> bool:
+    """Whether `job_id` has the form of this service's job ids (so it is safe in a path)."""
+    return isinstance(job_id, str) and _JOB_ID.fullmatch(job_id) is not None
+
+
+def is_stage_rq_job_id(rq_id: str) -> bool:
+    """Whether an rq job id is one this service made (`<32 hex>-<stage>[-h<n>]`); a forged job's id
+    must not reach code that turns a job id into a path (its workspace)."""
+    return _RQ_JOB_ID.fullmatch(rq_id) is not None
 
 
 def stage_queue(stage: str, connection: Redis) -> Queue:

@@ -24,7 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.exceptions import AbandonedJobError
 from rq.job import Job
 
-from shared.jobs.queues import parse_rq_job_id
+from shared.jobs.queues import is_stage_rq_job_id, parse_rq_job_id
 from shared.jobs.status import TERMINAL, JobStatus
 from shared.jobs.store import JobStore
 from shared.metrics import MetricsRecorder
@@ -38,6 +38,10 @@ RETRYABLE = (AbandonedJobError, RedisConnectionError, RedisTimeoutError)
 
 
 def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: BaseException, tb: Any) -> None:
+    if not is_stage_rq_job_id(job.id):
+        log.warning("rq job %r is not one of this service's (forged?); dropped without touching any job", job.id)
+        job.retries_left = 0
+        return
     job_id, stage = parse_rq_job_id(job.id)
     # The process's own store and settings: its workspaces are where the stage runner put them.
     st = state()

@@ -32,7 +32,8 @@ from rq.timeouts import JobTimeoutException
 from shared import log_context
 from shared.batches.hook import UNKNOWN, Unknown
 from shared.config import STAGES
-from shared.jobs.queues import enqueue_stage, stage_timeout, total_timeout
+from shared.jobs.queues import enqueue_stage, is_job_id, stage_timeout, total_timeout
+from shared.jobs.rq_payloads import ForbiddenJobFunction
 from shared.jobs.spec import JobRequest
 from shared.jobs.status import NEXT_STAGE, STAGE_ENTRY_FROM, TERMINAL, JobStatus
 from shared.metrics import MetricsRecorder
@@ -68,6 +69,9 @@ class Outcome:
 
 def run_stage(stage: Stage, job_id: str) -> str:
     """Run one attempt of `stage` for `job_id`; returns what happened (for logs and tests)."""
+    if not is_job_id(job_id):
+        # A forged rq job (see shared/jobs/rq_payloads.py): its argument must never become a path.
+        raise ForbiddenJobFunction(f"{job_id!r} is not a job id; the {stage.name} stage does not run for it")
     st = state()
     started = time.monotonic()
     with log_context.bind(job_id=job_id, stage=stage.name):
