@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from redis import Redis
@@ -65,9 +67,20 @@ def connect_for_requests(settings: Settings) -> Redis:
 def _url(settings: Settings) -> str:
     if not settings.redis_url:
         raise RedisNotConfigured(
-            "ROLLOUTS_REDIS_URL is not set; start the stack with `rollouts up` or point it at a Redis"
+            "ROLLOUTS_REDIS_URL is not set (nor ROLLOUTS_REDIS_URL_FILE to a file holding it); "
+            "start the stack with `rollouts up` or point it at a Redis"
         )
     return settings.redis_url
+
+
+def write_url_file(path: Path, url: str) -> None:
+    """Write the URL (with its password) where only this user can read it: created 0600, never a
+    moment readable by others, and a link planted at `path` is not followed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(fd, 0o600)  # an existing file keeps its old mode through O_CREAT
+        out.write(url + "\n")
 
 
 def redact_url(url: str | None) -> str:
