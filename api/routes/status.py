@@ -6,12 +6,11 @@ from collections import defaultdict
 
 from fastapi import APIRouter, Depends, Request
 from redis import Redis
-from rq import Worker
 
 from api.deps import get_redis, require_auth
 from api.schemas import ServiceStatus
 from shared.config import STAGES
-from shared.jobs.queues import stage_queue
+from shared.jobs.queues import stage_queue, stage_workers
 from shared.jobs.status import TERMINAL
 
 router = APIRouter(prefix="/v1", tags=["status"], dependencies=[Depends(require_auth)])
@@ -22,7 +21,7 @@ def service_status(request: Request, redis: Redis = Depends(get_redis)) -> Servi
     stages = {}
     for stage in STAGES:
         queue = stage_queue(stage, redis)
-        workers = Worker.all(queue=queue)
+        workers = stage_workers(stage, queue.connection)
         processes: dict[str, int] = defaultdict(int)
         busy = 0
         for worker in workers:

@@ -11,7 +11,7 @@ import re
 
 from redis import Redis
 from redis.client import Pipeline
-from rq import Callback, Queue, Retry
+from rq import Callback, Queue, Retry, Worker
 
 from shared.config import STAGES, Settings
 from shared.jobs.rq_payloads import FAILURE_CALLBACK, JOB_SERIALIZER, STAGE_FUNCTIONS, StageJob
@@ -57,6 +57,20 @@ def stage_queue(stage: str, connection: Redis) -> Queue:
     """A stage's rq queue, with JSON payloads and the job class that runs only stage entry points;
     every process that touches rq's queues or registries goes through this."""
     return Queue(queue_name(stage), connection=connection, serializer=JOB_SERIALIZER, job_class=StageJob)
+
+
+class _WorkerView(Worker):
+    """An rq Worker read for status, leaving the caller's client alone: rq's Worker raises the
+    client's socket timeout to its dequeue wait (415 s by default) for every later connection,
+    which would make the API's fail-fast client wait minutes on a frozen Redis."""
+
+    def _set_connection(self, connection: Redis) -> Redis:
+        return connection
+
+
+def stage_workers(stage: str, connection: Redis) -> list[Worker]:
+    """The rq workers (slots) registered on a stage's queue."""
+    return _WorkerView.all(queue=stage_queue(stage, connection))
 
 
 def stage_timeout(limits: Limits, stage: str, settings: Settings) -> float:
