@@ -139,7 +139,9 @@ def test_workers_take_jobs_again_after_a_redis_outage_and_no_job_is_lost(
     away = back - down
 
     back_wall = time.time() - (time.monotonic() - back)
-    second_jobs = [dict(j, idempotency_key=f"second-{n}") for n, j in enumerate(scripted_jobs(SECOND_WAVE, trace_dir, SLEEP))]
+    second_jobs = [
+        dict(job, idempotency_key=f"second-{n}") for n, job in enumerate(scripted_jobs(SECOND_WAVE, trace_dir, SLEEP))
+    ]
     second = _submit_until_accepted(api, second_jobs)
     final = wait_all_terminal(api, first + second, timeout=240)
     resumed = _first_job_after(api, first + second, back_wall)
@@ -169,7 +171,8 @@ def test_workers_take_jobs_again_after_a_redis_outage_and_no_job_is_lost(
     figure(
         f"Redis {'SIGKILLed, restarted on its AOF' if fault == 'kill' else 'frozen (SIGSTOP/SIGCONT)'}, "
         f"{away:.1f} s away, {len(running)} rollouts running at the fault: all {len(final)} jobs done, none lost, "
-        f"each done once, {reruns} stage re-runs; API 503 in {waits[len(waits) // 2]:.2f} s median, {waits[-1]:.2f} s max ({len(waits)} probes); "
+        f"each done once, {reruns} stage re-runs; "
+        f"API 503 in {waits[len(waits) // 2]:.2f} s median, {waits[-1]:.2f} s max ({len(waits)} probes); "
         "every slot took a job again within " + ", ".join(f"{s} {max(resumed[s].values()):.1f} s" for s in STAGES)
         + " of Redis' return; "
         f"slots registered {sum(status[s]['slots'] for s in STAGES)}/{sum(SLOTS.values())}"

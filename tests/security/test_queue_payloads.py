@@ -34,7 +34,8 @@ class _CreatesFileWhenUnpickled:
 
 def _forge(redis: Redis, stage: str, rq_id: str, fields: dict[str, bytes | str]) -> None:
     """An rq job hash and its queue entry, written as an attacker with Redis access would."""
-    redis.hset(f"rq:job:{rq_id}", mapping={"status": "queued", "origin": stage, "created_at": "2026-01-01T00:00:00.000000Z",
+    created = "2026-01-01T00:00:00.000000Z"
+    redis.hset(f"rq:job:{rq_id}", mapping={"status": "queued", "origin": stage, "created_at": created,
                                            "description": "forged", **fields})  # fmt: skip
     redis.rpush(f"rq:queue:{stage}", rq_id)
 
@@ -66,7 +67,8 @@ def test_a_pickled_payload_or_a_forged_function_runs_nothing(make_stack, trace_d
         victim.mkdir()
         planted.append(victim)
         forged.append((stage, f"path-{stage}"))
-        _forge(redis, stage, forged[-1][1], {"data": json.dumps([f"workers.{stage}.stage.run", None, [str(victim)], {}])})
+        path_as_job_id = json.dumps([f"workers.{stage}.stage.run", None, [str(victim)], {}])
+        _forge(redis, stage, forged[-1][1], {"data": path_as_job_id})
         forged.append((stage, f"callback-{stage}"))
         _forge(redis, stage, forged[-1][1], {
             "data": json.dumps(["workers.init.stage.run", None, ["0" * 32], {}]),
