@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -73,13 +74,27 @@ def run_stage(stage: Stage, job_id: str) -> str:
         # A forged rq job (see shared/jobs/rq_payloads.py): its argument must never become a path.
         raise ForbiddenJobFunction(f"{job_id!r} is not a job id; the {stage.name} stage does not run for it")
     st = state()
+    current = get_current_job()
+    _returned.rq_id = None
     started = time.monotonic()
     with log_context.bind(job_id=job_id, stage=stage.name):
         outcome = _attempt(st, stage, job_id)
         if outcome.ended is not None:
             on_terminal(st.store, job_id, outcome.ended, st.metrics)
     st.metrics.stage_attempt(stage.name, outcome.result, time.monotonic() - started)
+    _returned.rq_id = current.id if current is not None else None
     return outcome.result
+
+
+# The rq job whose run_stage last returned on this thread (a slot runs one at a time).
+_returned = threading.local()
+
+
+def runner_returned(rq_job_id: str) -> bool:
+    """Whether this thread's runner returned for this rq job: an error rq reports after that is in
+    rq's own bookkeeping (two executions of one rq job, each re-queued once across a Redis outage,
+    remove each other's execution records), and the job's record already says what the attempt did."""
+    return getattr(_returned, "rq_id", None) == rq_job_id
 
 
 def _attempt(st: WorkerState, stage: Stage, job_id: str) -> Outcome:
