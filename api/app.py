@@ -15,7 +15,7 @@ from api.routes import ROUTERS
 from shared.config import Settings, get_settings
 from shared.jobs.store import JobStore
 from shared.keys import Keys
-from shared.redis_conn import connect
+from shared.redis_conn import connect_for_requests
 from shared.tasks import load_task_modules
 
 
@@ -27,7 +27,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         load_task_modules(settings.task_modules)
         app.state.settings = settings
         app.state.keys = Keys(settings.redis_prefix)
-        app.state.redis = connect(settings)
+        app.state.redis = connect_for_requests(settings)
         app.state.store = JobStore(app.state.redis, settings, app.state.keys)
         try:
             yield

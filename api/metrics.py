@@ -13,12 +13,11 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from redis import Redis
-from rq import Queue, Worker
 
 from api.admission import redis_memory
 from shared.backend_pool import BackendPool
 from shared.config import STAGES, Settings
-from shared.jobs.queues import queue_name
+from shared.jobs.queues import stage_queue, stage_workers
 from shared.jobs.store import JobStore
 from shared.keys import BatchKeys, Keys
 from shared.metrics import COUNTERS, HISTOGRAMS, LABEL_SEP, CounterFamily, HistogramFamily, metric_key
@@ -85,11 +84,11 @@ class RedisCollector(Collector):
         running = GaugeMetricFamily("rollouts_stage_running", "Jobs a stage's workers are running.", labels=["stage"])
         slots = GaugeMetricFamily("rollouts_worker_slots", "Worker slots by stage and state.", labels=["stage", "state"])
         for stage in STAGES:
-            queue = Queue(queue_name(stage), connection=self.redis)
+            queue = stage_queue(stage, self.redis)
             depth.add_metric([stage], queue.count)
             running.add_metric([stage], self.redis.zcard(queue.started_job_registry.key))
             states: dict[str, int] = defaultdict(int)
-            for worker in Worker.all(queue=queue):
+            for worker in stage_workers(stage, queue.connection):
                 states["busy" if worker.get_state() == "busy" else "idle"] += 1
             for state in ("busy", "idle"):
                 slots.add_metric([stage, state], states[state])

@@ -84,6 +84,8 @@ def up(
     redis_note = "embedded" if stack.redis else "configured"
     click.echo(f"rollouts up: API {stack.api_url} (docs at {stack.api_url}/docs), {redis_note} Redis {redact_url(stack.redis_url)}")
     click.echo(f"  export ROLLOUTS_API_URL={stack.api_url}  # for `rollouts submit` / `status` in another shell")
+    if stack.redis_url_file is not None:
+        click.echo(f"  export ROLLOUTS_REDIS_URL_FILE={stack.redis_url_file}  # Redis URL and password, mode 0600")
     try:
         code = stack.wait()
         click.echo(f"a service process exited with code {code}; stopping the rest", err=True)

@@ -10,6 +10,7 @@ a `rollouts register` process beside it that heartbeats and deregisters on SIGTE
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from cli.vllm_server import VLLMError, VLLMServer
 from rollouts_client import ApiError, RetryPolicy, RolloutClient
 from shared.config import STAGES, Settings
 from shared.errors import RolloutsError
+from shared.redis_conn import write_url_file
 
 
 class StackError(RolloutsError, RuntimeError):
@@ -62,6 +64,7 @@ class Stack:
         self.extra_env = extra_env or {}
         self.redis: EmbeddedRedis | None = None
         self.redis_url = settings.redis_url
+        self.redis_url_file: Path | None = None  # set when the stack starts its own Redis
         self.api: subprocess.Popen[bytes] | None = None
         self.vllm_server: VLLMServer | None = None
         self.registrars: list[subprocess.Popen[bytes]] = []
@@ -76,7 +79,11 @@ class Stack:
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.extra_env)
-        env["ROLLOUTS_REDIS_URL"] = self.redis_url or ""
+        if self.redis_url_file is not None:
+            env["ROLLOUTS_REDIS_URL"] = ""
+            env["ROLLOUTS_REDIS_URL_FILE"] = str(self.redis_url_file)
+        else:
+            env["ROLLOUTS_REDIS_URL"] = self.redis_url or ""
         env["ROLLOUTS_API_PORT"] = str(self.api_port)
         env["ROLLOUTS_API_URL"] = self.api_url
         env["ROLLOUTS_STATE_DIR"] = str(self.settings.state_dir)
@@ -86,11 +93,7 @@ class Stack:
     def start(self, timeout: float = 60.0) -> Stack:
         try:
             if not self.redis_url:
-                data_dir = self.settings.state_dir / "redis" if self.persistent_redis else None
-                self.redis = EmbeddedRedis(
-                    data_dir=data_dir, appendonly=self.persistent_redis, maxmemory=self.settings.redis_maxmemory()
-                ).start()
-                self.redis_url = self.redis.url
+                self.start_redis()
             if self.api_port == 0:
                 self.api_port = free_port()
             self.start_api()
@@ -108,6 +111,22 @@ class Stack:
             self.stop()
             raise
         return self
+
+    def start_redis(self) -> EmbeddedRedis:
+        """The embedded Redis: loopback only, a random password, its URL in a 0600 file that the
+        stack's processes read (ROLLOUTS_REDIS_URL_FILE), never in their argv or environment."""
+        data_dir = self.settings.state_dir / "redis" if self.persistent_redis else None
+        password = secrets.token_urlsafe(32)
+        self.redis = EmbeddedRedis(
+            data_dir=data_dir,
+            appendonly=self.persistent_redis,
+            password=password,
+            maxmemory=self.settings.redis_maxmemory(),
+        ).start()
+        self.redis_url = self.redis.url
+        self.redis_url_file = self.settings.state_dir / "redis.url"
+        write_url_file(self.redis_url_file, self.redis_url)
+        return self.redis
 
     def start_api(self) -> subprocess.Popen[bytes]:
         self.api = self._spawn("api", [sys.executable, "-m", "cli", "api", "--port", str(self.api_port)])
@@ -240,6 +259,8 @@ class Stack:
         if self.redis is not None:
             self.redis.stop()
             self.redis = None
+        if self.redis_url_file is not None:
+            self.redis_url_file.unlink(missing_ok=True)
         for log in self._logs:
             log.close()
         self._logs.clear()

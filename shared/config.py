@@ -15,7 +15,7 @@ from pathlib import Path
 
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 STAGES: tuple[str, ...] = ("init", "rollout", "eval")
@@ -44,7 +44,16 @@ class Settings(BaseSettings):
         default=None,
         description="Redis to use. Unset: `rollouts up` starts an embedded redis-server.",
     )
+    redis_url_file: Path | None = Field(
+        default=None,
+        description="A file (mode 0600) holding the Redis URL and its password, read when redis_url is unset; "
+        "`rollouts up` writes <state_dir>/redis.url for its embedded Redis and names it here for its processes.",
+    )
     redis_prefix: str = Field(default="ro", description="Namespace of every key the service writes.")
+    redis_request_timeout_s: float = Field(
+        default=0.5, gt=0,
+        description="The API's limit on one Redis call: while Redis is away a request gets its 503 this soon.",
+    )
     state_dir: Path = Field(default_factory=_default_state_dir)
     redis_maxmemory_bytes: int | None = Field(
         default=None, gt=0,
@@ -251,6 +260,13 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [word.strip() for word in value.split(",") if word.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _read_redis_url_file(self) -> Settings:
+        """The URL from `redis_url_file`: it carries the password, which is kept out of argv and env."""
+        if not self.redis_url and self.redis_url_file is not None and self.redis_url_file.is_file():
+            self.redis_url = self.redis_url_file.read_text().strip() or None
+        return self
 
     @property
     def workspaces(self) -> Path:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from redis import Redis
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
 
 from shared.config import Settings
@@ -22,24 +25,62 @@ from shared.errors import RolloutsError
 MAX_CONNECTIONS = 10_000
 
 
+# What a client retries: the server gone (refused, reset) or not answering in time.
+RETRIED = (ConnectionError, TimeoutError)
+
+
 class RedisNotConfigured(RolloutsError, RuntimeError):
     """Raised where a process needs Redis but none was configured or started."""
 
 
 def connect(settings: Settings, *, decode_responses: bool = False) -> Redis:
-    """A client that retries briefly on connection errors (a Redis restart) instead of failing the job."""
-    if not settings.redis_url:
-        raise RedisNotConfigured(
-            "ROLLOUTS_REDIS_URL is not set; start the stack with `rollouts up` or point it at a Redis"
-        )
+    """A patient client for workers and the CLI: it retries through a short Redis outage (a restart)
+    instead of failing the job; longer outages are ridden out by the callers (slot restarts)."""
     return Redis.from_url(
-        settings.redis_url,
+        _url(settings),
         decode_responses=decode_responses,
         health_check_interval=30,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8, supported_errors=RETRIED),
+        socket_connect_timeout=5.0,
         socket_keepalive=True,
         max_connections=MAX_CONNECTIONS,
     )
+
+
+def connect_for_requests(settings: Settings) -> Redis:
+    """The API's client: while Redis is away a request fails fast (the API answers 503 with
+    Retry-After, the client retries) rather than holding the caller through the patient client's
+    ~7 s of retries. One quick retry covers a pooled connection that Redis closed; a frozen Redis
+    (accepting, never answering) costs one `redis_request_timeout_s`."""
+    timeout = settings.redis_request_timeout_s
+    return Redis.from_url(
+        _url(settings),
+        health_check_interval=30,
+        retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), retries=1, supported_errors=(ConnectionError,)),
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+        socket_keepalive=True,
+        max_connections=MAX_CONNECTIONS,
+    )
+
+
+def _url(settings: Settings) -> str:
+    if not settings.redis_url:
+        raise RedisNotConfigured(
+            "ROLLOUTS_REDIS_URL is not set (nor ROLLOUTS_REDIS_URL_FILE to a file holding it); "
+            "start the stack with `rollouts up` or point it at a Redis"
+        )
+    return settings.redis_url
+
+
+def write_url_file(path: Path, url: str) -> None:
+    """Write the URL (with its password) where only this user can read it: created 0600, never a
+    moment readable by others, and a link planted at `path` is not followed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(fd, 0o600)  # an existing file keeps its old mode through O_CREAT
+        out.write(url + "\n")
 
 
 def redact_url(url: str | None) -> str:

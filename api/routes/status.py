@@ -6,13 +6,12 @@ from collections import defaultdict
 
 from fastapi import APIRouter, Depends, Request
 from redis import Redis
-from rq import Queue, Worker
 
 from api.admission import redis_memory
 from api.deps import get_redis, require_auth
 from api.schemas import ServiceStatus
 from shared.config import STAGES
-from shared.jobs.queues import queue_name
+from shared.jobs.queues import stage_queue, stage_workers
 from shared.jobs.status import TERMINAL
 
 router = APIRouter(prefix="/v1", tags=["status"], dependencies=[Depends(require_auth)])
@@ -22,8 +21,8 @@ router = APIRouter(prefix="/v1", tags=["status"], dependencies=[Depends(require_
 def service_status(request: Request, redis: Redis = Depends(get_redis)) -> ServiceStatus:
     stages = {}
     for stage in STAGES:
-        queue = Queue(queue_name(stage), connection=redis)
-        workers = Worker.all(queue=queue)
+        queue = stage_queue(stage, redis)
+        workers = stage_workers(stage, queue.connection)
         processes: dict[str, int] = defaultdict(int)
         busy = 0
         for worker in workers:

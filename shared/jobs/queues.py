@@ -7,19 +7,23 @@ job of a job without a lookup.
 
 from __future__ import annotations
 
+import re
+
 from redis import Redis
 from redis.client import Pipeline
-from rq import Callback, Queue, Retry
+from rq import Callback, Queue, Retry, Worker
 
 from shared.config import STAGES, Settings
+from shared.jobs.rq_payloads import FAILURE_CALLBACK, JOB_SERIALIZER, STAGE_FUNCTIONS, StageJob
 from shared.jobs.spec import Limits
 
-# rq imports these by name in the worker process; nothing here imports workers/.
-STAGE_FUNCTIONS: dict[str, str] = {stage: f"workers.{stage}.stage.run" for stage in STAGES}
-FAILURE_CALLBACK = "workers.runtime.failure.on_stage_failure"
 # Extra seconds past a stage's own limit before rq's hard backstop interrupts it;
 # the stage runner stops the job cooperatively well before that.
 RQ_TIMEOUT_GRACE_S = 30
+
+
+_JOB_ID = re.compile(r"[0-9a-f]{32}")  # shared/jobs/store.py's new_job_id
+_RQ_JOB_ID = re.compile(rf"[0-9a-f]{{32}}-(?:{'|'.join(STAGES)})(?:-h[0-9]+)?")
 
 
 def queue_name(stage: str) -> str:
@@ -38,8 +42,35 @@ def parse_rq_job_id(rq_id: str) -> tuple[str, str]:
     return job_id, stage
 
 
+def is_job_id(job_id: object) -> bool:
+    """Whether `job_id` has the form of this service's job ids (so it is safe in a path)."""
+    return isinstance(job_id, str) and _JOB_ID.fullmatch(job_id) is not None
+
+
+def is_stage_rq_job_id(rq_id: str) -> bool:
+    """Whether an rq job id is one this service made (`<32 hex>-<stage>[-h<n>]`); a forged job's id
+    must not reach code that turns a job id into a path (its workspace)."""
+    return _RQ_JOB_ID.fullmatch(rq_id) is not None
+
+
 def stage_queue(stage: str, connection: Redis) -> Queue:
-    return Queue(queue_name(stage), connection=connection)
+    """A stage's rq queue, with JSON payloads and the job class that runs only stage entry points;
+    every process that touches rq's queues or registries goes through this."""
+    return Queue(queue_name(stage), connection=connection, serializer=JOB_SERIALIZER, job_class=StageJob)
+
+
+class _WorkerView(Worker):
+    """An rq Worker read for status, leaving the caller's client alone: rq's Worker raises the
+    client's socket timeout to its dequeue wait (415 s by default) for every later connection,
+    which would make the API's fail-fast client wait minutes on a frozen Redis."""
+
+    def _set_connection(self, connection: Redis) -> Redis:
+        return connection
+
+
+def stage_workers(stage: str, connection: Redis) -> list[Worker]:
+    """The rq workers (slots) registered on a stage's queue."""
+    return _WorkerView.all(queue=stage_queue(stage, connection))
 
 
 def stage_timeout(limits: Limits, stage: str, settings: Settings) -> float:

@@ -26,6 +26,7 @@ from workers.eval import stage as eval_stage
 from workers.init import stage as init_stage
 from workers.rollout import stage as rollout_stage
 from workers.runtime import state as worker_state
+from workers.runtime import stage_runner
 from workers.runtime.failure import on_stage_failure
 from workers.runtime.state import WorkerState, init_state
 
@@ -191,3 +192,30 @@ def test_the_api_cancel_releases_the_pin_and_leaves_the_workspace_to_the_worker(
 
     assert not pinned(worker, job_id)
     assert (worker.settings.workspaces / job_id).exists(), "only a worker removes a workspace"
+
+
+def test_an_rq_error_after_the_runner_returned_leaves_the_record(worker: WorkerState, monkeypatch) -> None:
+    """Across a Redis outage one rq job can run twice at once. The older execution is superseded and
+    returns; rq's bookkeeping of it then fails (a KeyError on the execution record the newer one
+    removed). That must not fail the job the newer attempt is running."""
+    job_id = submit(worker, task={"end": "hang"})
+    init_stage.run(job_id)
+    rq_job = SimpleNamespace(id=f"{job_id}-rollout", retries_left=2, worker_name=None)
+    monkeypatch.setattr(stage_runner, "get_current_job", lambda: rq_job)
+    result: list[str] = []
+
+    def older_execution() -> None:  # a slot thread: the runner, then rq's failure path on that thread
+        result.append(rollout_stage.run(job_id))
+        on_stage_failure(rq_job, worker.redis, KeyError, KeyError(b"created_at"), None)
+
+    thread = threading.Thread(target=older_execution, daemon=True)
+    thread.start()
+    wait_for(lambda: pinned(worker, job_id), what="the first attempt to run")
+    assert worker.store.take(job_id, "rollout", ("rollout",), "the-newer-execution").attempt == 2
+    enforce_cancels(worker)
+    thread.join(timeout=30)
+
+    assert result == ["superseded"]
+    record = worker.store.get(job_id)
+    assert record["status"] == "rollout" and "error" not in record, record.get("error")
+    assert rq_job.retries_left == 0

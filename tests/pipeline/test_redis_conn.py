@@ -1,11 +1,15 @@
-"""The Redis client a worker process shares among its threads must hold one connection per slot and more."""
+"""The Redis clients: a worker process's holds one connection per slot and more; the API's stays fail-fast."""
 
 from __future__ import annotations
 
 import threading
 
+from redis import Redis
+from rq.worker import SimpleWorker
+
 from shared.config import Settings
-from shared.redis_conn import connect
+from shared.jobs.queues import stage_queue, stage_workers
+from shared.redis_conn import connect, connect_for_requests
 
 
 def test_one_client_serves_more_blocked_threads_than_redis_py_s_default_pool(redis_url: str) -> None:
@@ -29,3 +33,15 @@ def test_one_client_serves_more_blocked_threads_than_redis_py_s_default_pool(red
         thread.join(timeout=60)
     client.close()
     assert not errors, errors[:3]
+
+
+def test_reading_worker_status_leaves_the_api_client_s_fail_fast_timeout_alone(redis_url: str) -> None:
+    # rq's Worker raises its client's socket timeout to its dequeue wait (415 s by default) for every
+    # later connection: on the API's client, a request would wait minutes on a frozen Redis.
+    api_client = connect_for_requests(Settings(redis_url=redis_url))
+    slot_client = Redis.from_url(redis_url)
+    SimpleWorker([stage_queue("init", slot_client)], connection=slot_client, name="status-probe.0").register_birth()
+    assert [w.name for w in stage_workers("init", api_client)] == ["status-probe.0"]
+    assert api_client.connection_pool.connection_kwargs["socket_timeout"] == 0.5
+    api_client.close()
+    slot_client.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from redis import Redis
+from redis.exceptions import AuthenticationError, ResponseError
 
 from cli.embedded_redis import EmbeddedRedis, free_port
 from cli.stack import Stack
@@ -94,3 +97,36 @@ def test_rollouts_up_prints_the_redis_address_with_the_password_redacted(protect
     assert f"Redis {redact_url(protected_redis.url)}" in banner and ":***@" in banner
     assert code == 0
     assert PASSWORD not in log_path.read_text()
+
+
+def test_the_embedded_redis_has_a_random_password_on_loopback_and_only_a_0600_file_holds_its_url(tmp_path):
+    settings = Settings(redis_url=None, state_dir=tmp_path / "state")
+    stack = Stack(settings, api_port=0, concurrency={"init": 1, "rollout": 1, "eval": 1}, log_dir=tmp_path / "logs",
+                  extra_env=FAST_RECOVERY_ENV)  # fmt: skip
+    with stack:
+        stack.wait_for_workers()
+        assert stack.redis is not None and stack.redis_url_file is not None
+        password = stack.redis.password
+        assert password and len(password) >= 32 and password in stack.redis_url
+        assert stat.S_IMODE(stack.redis_url_file.stat().st_mode) == 0o600
+        assert stack.redis_url_file.read_text().strip() == stack.redis_url
+        with pytest.raises((AuthenticationError, ResponseError)):
+            Redis(port=stack.redis.port).ping()  # no password: refused
+        with Redis.from_url(stack.redis_url) as client:
+            assert client.config_get("bind")["bind"] == "127.0.0.1"
+        # The stack's processes read the file: the password is in no argv and no environment.
+        for process in stack.children():
+            for view in ("cmdline", "environ"):
+                assert password.encode() not in Path(f"/proc/{process.pid}/{view}").read_bytes(), view
+        api = httpx.Client(base_url=stack.api_url, timeout=10.0)
+        job_id = api.post("/v1/jobs", json={"task": {"kind": "scripted"}}).json()["job_ids"][0]
+        assert wait_status(api, job_id)["status"] == "done"
+        status = subprocess.run(
+            [sys.executable, "-m", "cli", "status"], env={**stack.env, "ROLLOUTS_API_URL": stack.api_url},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        url_file = stack.redis_url_file
+    assert status.returncode == 0, status.stderr
+    assert "rollout" in status.stdout and "done 1" in status.stdout
+    assert password not in status.stdout + status.stderr
+    assert not url_file.exists()  # removed with the stack

@@ -7,7 +7,9 @@ failure only when
   it has retries left (the runner re-takes a job whose status is its own
   stage), and after the last one the record is marked failed;
 - the runner itself raised (a bug): the job fails at once with the traceback,
-  rather than being retried into the same bug.
+  rather than being retried into the same bug;
+- rq's own bookkeeping failed after the runner returned (the runner already recorded what the
+  attempt did): nothing more is done.
 Either way a job is never silently lost, and what it held (backend pin, workspace)
 goes through the terminal hook (workers/runtime/terminal.py).
 """
@@ -24,10 +26,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.exceptions import AbandonedJobError
 from rq.job import Job
 
-from shared.jobs.queues import parse_rq_job_id
+from shared.jobs.queues import is_stage_rq_job_id, parse_rq_job_id
 from shared.jobs.status import TERMINAL, JobStatus
 from shared.jobs.store import JobStore
 from shared.metrics import MetricsRecorder
+from workers.runtime.stage_runner import runner_returned
 from workers.runtime.state import state
 from workers.runtime.terminal import Ended, on_terminal
 
@@ -38,7 +41,16 @@ RETRYABLE = (AbandonedJobError, RedisConnectionError, RedisTimeoutError)
 
 
 def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: BaseException, tb: Any) -> None:
+    if not is_stage_rq_job_id(job.id):
+        log.warning("rq job %r is not one of this service's (forged?); dropped without touching any job", job.id)
+        job.retries_left = 0
+        return
     job_id, stage = parse_rq_job_id(job.id)
+    if runner_returned(job.id):
+        log.warning("job %s: rq failed to record the end of the %s attempt (%s: %s); the job's record "
+                    "stands", job_id, stage, exc_type.__name__, exc_value)  # fmt: skip
+        job.retries_left = 0
+        return
     # The process's own store and settings: its workspaces are where the stage runner put them.
     st = state()
     store, metrics = st.store, st.metrics

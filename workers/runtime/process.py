@@ -18,7 +18,9 @@ import threading
 import time
 from types import FrameType
 
+from redis.backoff import ExponentialBackoff
 from redis.client import PubSub, PubSubWorkerThread
+from redis.exceptions import RedisError
 from rq import Queue
 from rq.registry import DeferredJobRegistry, FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.timeouts import TimerDeathPenalty
@@ -28,7 +30,7 @@ from shared.backend_pool import BackendPool
 from shared.batches.sweep import sweep_batches
 from shared.results.sweep import sweep_results
 from shared.config import STAGES, Settings
-from shared.jobs.queues import queue_name
+from shared.jobs.queues import queue_name, stage_queue
 from shared.jobs.status import JobStatus
 from workers.runtime.slots import SlotWorker
 from workers.runtime.state import WorkerState, init_state
@@ -61,25 +63,27 @@ class WorkerProcess:
         self.drain_timeout_s = settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         self._stop = threading.Event()
         self._signals = 0
-        queue = Queue(queue_name(stage), connection=self.state.redis)
-        self.slots = [
-            SlotWorker(
-                [queue],
-                connection=self.state.redis,
-                name=f"{self.state.process_name}.{index}",
-                poll_interval=min(2.0, settings.heartbeat_interval_s),
-                heartbeat_ttl=settings.heartbeat_ttl_s,
-                job_monitoring_interval=max(1, int(settings.heartbeat_interval_s)),
-                worker_ttl=settings.heartbeat_ttl_s,
-            )
-            for index in range(self.concurrency)
-        ]
-        self._all_queues = [Queue(queue_name(s), connection=self.state.redis) for s in STAGES]
+        self._queue = stage_queue(stage, self.state.redis)
+        self.slots = [self._new_slot(index) for index in range(self.concurrency)]
+        self._all_queues = [stage_queue(s, self.state.redis) for s in STAGES]
         self._pool = BackendPool(self.state.redis, self.state.store.keys, settings)
         self._release_lock = self.state.redis.register_script(_RELEASE_IF_OURS)
         self._threads: list[threading.Thread] = []
         self._pubsub: PubSub | None = None
         self._pubsub_thread: PubSubWorkerThread | None = None
+
+    def _new_slot(self, index: int) -> SlotWorker:
+        """Slot `index`'s rq worker; a restarted slot gets a fresh one under the same name."""
+        settings = self.settings
+        return SlotWorker(
+            [self._queue],
+            connection=self.state.redis,
+            name=f"{self.state.process_name}.{index}",
+            poll_interval=min(2.0, settings.heartbeat_interval_s),
+            heartbeat_ttl=settings.heartbeat_ttl_s,
+            job_monitoring_interval=max(1, int(settings.heartbeat_interval_s)),
+            worker_ttl=settings.heartbeat_ttl_s,
+        )
 
     # --- lifecycle --------------------------------------------------------
     def run(self) -> None:
@@ -87,8 +91,8 @@ class WorkerProcess:
         signal.signal(signal.SIGINT, self._on_signal)
         log.info("%s: %d slots on queue %r", self.state.process_name, self.concurrency, queue_name(self.stage))
         self._start_events_listener()
-        for slot in self.slots:
-            thread = threading.Thread(target=self._run_slot, args=(slot,), name=slot.name, daemon=True)
+        for index, slot in enumerate(self.slots):
+            thread = threading.Thread(target=self._run_slot, args=(index,), name=slot.name, daemon=True)
             thread.start()
             self._threads.append(thread)
         # Maintenance probes backends and walks registries: its own thread, so a slow pass never
@@ -113,11 +117,36 @@ class WorkerProcess:
         self.state.draining.set()
         self._stop.set()
 
-    def _run_slot(self, slot: SlotWorker) -> None:
-        try:
-            slot.work(logging_level=self.settings.log_level, with_scheduler=False)
-        except Exception:
-            log.exception("slot %s crashed", slot.name)
+    def _run_slot(self, index: int) -> None:
+        """Run slot `index` until the process stops. rq's work loop quits on a Redis error it does not
+        retry itself (a ConnectionError in its suspension check, a TimeoutError anywhere); then this
+        waits for Redis and starts the slot afresh, so an outage never leaves a process without slots."""
+        while not self._stop.is_set():
+            slot = self.slots[index]
+            try:
+                slot.work(logging_level=self.settings.log_level, with_scheduler=False)
+            except Exception:
+                log.exception("slot %s stopped on an error", slot.name)
+            if self._stop.is_set() or slot.stop_requested:
+                return
+            log.warning("slot %s left rq's work loop; restarting it once Redis answers", slot.name)
+            if not self._wait_for_redis():
+                return
+            _forget_worker(slot)
+            self.slots[index] = self._new_slot(index)
+
+    def _wait_for_redis(self) -> bool:
+        """Block until Redis answers a PING (True) or the process is stopping (False)."""
+        backoff = ExponentialBackoff(cap=1.0, base=0.1)
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                self.state.redis.ping()
+                return True
+            except RedisError:
+                failures += 1
+                self._stop.wait(backoff.compute(failures))
+        return False
 
     def _shutdown(self) -> None:
         for slot in self.slots:
@@ -142,12 +171,18 @@ class WorkerProcess:
     # --- supervision ------------------------------------------------------
     def _heartbeat(self) -> None:
         self.state.metrics.flush()
-        for slot in self.slots:
-            if slot.busy:
-                try:
+        for slot in list(self.slots):
+            try:
+                if slot.busy:
                     slot.heartbeat_busy_job()
-                except Exception:
-                    log.exception("heartbeat failed for %s", slot.name)
+                slot.ensure_registered()
+            except RedisError as exc:
+                # Redis is away: skip the other slots this beat (each call would wait out the client's
+                # retries); slots ride it out in rq's loop or are restarted by _run_slot.
+                log.warning("heartbeat of %s failed: %s: %s", slot.name, type(exc).__name__, exc)
+                break
+            except Exception:
+                log.exception("heartbeat failed for %s", slot.name)
         self._enforce_cancels_and_deadlines()
 
     def _enforce_cancels_and_deadlines(self) -> None:
@@ -236,6 +271,15 @@ class WorkerProcess:
         # Redis went away: keep the thread alive; the status sweep covers the gap.
         log.warning("events subscription interrupted (%s); retrying", exc)
         time.sleep(1.0)
+
+
+def _forget_worker(slot: SlotWorker) -> None:
+    """Mark a stopped slot's rq worker dead if rq could not (Redis was away during its teardown), so its
+    replacement may register under the same name; rq's `register_death` does exactly this."""
+    try:
+        slot.register_death()
+    except RedisError as exc:
+        log.warning("could not mark %s dead: %s", slot.name, exc)
 
 
 def _clean_registries(queue: Queue) -> None:

@@ -11,7 +11,11 @@ threads change is handled here:
 - rq's hard timeout uses a timer thread instead of SIGALRM (main thread only);
 - dequeue polls in short blocking waits, so a stop request is seen quickly;
 - rq's per-worker pub/sub listener is off: cancels reach jobs through the
-  service's own events channel, one subscription per process.
+  service's own events channel, one subscription per process;
+- rq's work loop quits on most Redis errors (a ConnectionError in its suspension
+  check, a TimeoutError anywhere), which would leave a live process with no slots:
+  the supervisor (process.py) starts a fresh SlotWorker under the same name once
+  Redis answers again, and re-registers a slot whose rq key Redis lost.
 """
 
 from __future__ import annotations
@@ -24,19 +28,28 @@ from rq.job import Job
 from rq.timeouts import TimerDeathPenalty
 from rq.worker import SimpleWorker
 
+from shared.jobs.rq_payloads import JOB_SERIALIZER, StageJob
+
 # Slots never clean registries themselves (see run_maintenance_tasks).
 _NEVER = 10**9
 
 
 class SlotWorker(SimpleWorker):
     death_penalty_class = TimerDeathPenalty
+    # rq's dequeue loop waits between reconnects, doubling up to this cap (rq's own is 60 s): a
+    # slot resumes within a couple of seconds of Redis' return, not a minute after it.
+    max_connection_wait_time = 2.0
 
     def __init__(self, *args: Any, poll_interval: float, heartbeat_ttl: int, **kwargs: Any) -> None:
-        super().__init__(*args, maintenance_interval=_NEVER, **kwargs)
+        # JSON payloads naming only stage entry points (shared/jobs/rq_payloads.py), never pickles.
+        super().__init__(
+            *args, maintenance_interval=_NEVER, serializer=JOB_SERIALIZER, job_class=StageJob, **kwargs
+        )
         self._poll_interval = max(1, int(poll_interval))
         self._heartbeat_ttl = heartbeat_ttl
         self._busy_lock = threading.Lock()
         self._busy_job: Job | None = None
+        self._in_work_loop = False  # between rq's bootstrap (birth) and teardown (death)
 
     # --- threads, not processes -------------------------------------------
     def _install_signal_handlers(self) -> None:
@@ -48,12 +61,38 @@ class SlotWorker(SimpleWorker):
     def unsubscribe(self) -> None:
         pass
 
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        super().bootstrap(*args, **kwargs)
+        self._in_work_loop = True
+
+    def teardown(self) -> None:
+        self._in_work_loop = False
+        super().teardown()
+
     def run_maintenance_tasks(self) -> None:
         """Never from a slot: rq would run it once at start-up under its 899 s cleaning lock, and a
         slot killed meanwhile would strand the queue's abandoned jobs; the supervisor does it."""
 
     def request_slot_stop(self) -> None:
         self._stop_requested = True
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
+
+    def ensure_registered(self) -> None:
+        """Register again if Redis lost this worker's key (an outage past its TTL, a restore from an
+        older file); rq's heartbeat alone would recreate a hash with no birth, invisible to status."""
+        if not self._in_work_loop:
+            return  # not started yet, or stopped and about to be replaced
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.hexists(self.key, "birth")
+            pipe.sismember(self.redis_workers_keys, self.key)
+            if all(pipe.execute()):
+                return
+        self.connection.delete(self.key)
+        self.register_birth()
+        self.set_state("busy" if self.busy else "idle")
 
     def get_heartbeat_ttl(self, job: Job) -> int:
         return self._heartbeat_ttl

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pydantic
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
@@ -31,7 +34,8 @@ from shared import log_context
 from shared.batches.hook import UNKNOWN, Unknown
 from shared.config import STAGES
 from shared.errors import ResultsUnavailable, StoredResultError
-from shared.jobs.queues import enqueue_stage, stage_timeout, total_timeout
+from shared.jobs.queues import enqueue_stage, is_job_id, stage_timeout, total_timeout
+from shared.jobs.rq_payloads import ForbiddenJobFunction
 from shared.jobs.spec import JobRequest
 from shared.jobs.status import NEXT_STAGE, STAGE_ENTRY_FROM, TERMINAL, JobStatus
 from shared.jobs.store import STORED_PARTS
@@ -68,14 +72,31 @@ class Outcome:
 
 def run_stage(stage: Stage, job_id: str) -> str:
     """Run one attempt of `stage` for `job_id`; returns what happened (for logs and tests)."""
+    if not is_job_id(job_id):
+        # A forged rq job (see shared/jobs/rq_payloads.py): its argument must never become a path.
+        raise ForbiddenJobFunction(f"{job_id!r} is not a job id; the {stage.name} stage does not run for it")
     st = state()
+    current = get_current_job()
+    _returned.rq_id = None
     started = time.monotonic()
     with log_context.bind(job_id=job_id, stage=stage.name):
         outcome = _attempt(st, stage, job_id)
         if outcome.ended is not None:
             on_terminal(st.store, job_id, outcome.ended, st.metrics)
     st.metrics.stage_attempt(stage.name, outcome.result, time.monotonic() - started)
+    _returned.rq_id = current.id if current is not None else None
     return outcome.result
+
+
+# The rq job whose run_stage last returned on this thread (a slot runs one at a time).
+_returned = threading.local()
+
+
+def runner_returned(rq_job_id: str) -> bool:
+    """Whether this thread's runner returned for this rq job: an error rq reports after that is in
+    rq's own bookkeeping (two executions of one rq job, each re-queued once across a Redis outage,
+    remove each other's execution records), and the job's record already says what the attempt did."""
+    return getattr(_returned, "rq_id", None) == rq_job_id
 
 
 def _attempt(st: WorkerState, stage: Stage, job_id: str) -> Outcome:
@@ -157,6 +178,11 @@ def _perform(stage: Stage, ctx: StageContext, workspaces: Path) -> Performed:
         return {}, stop.reason, None
     except JobTimeoutException:
         return {}, "timed_out", None  # rq's backstop fired: the handler ignored its deadline
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        # Redis was away past the client's retries: not the task's fault, so the job goes back to
+        # its queue for another attempt (or, if Redis is still away, rq's failure path retries it).
+        log.warning("job %s: Redis unreachable in %s (%s); handing the job back", ctx.job_id, stage.name, exc)
+        return {}, "requeue", None
     except Exception as exc:
         log.warning("job %s: %s failed: %s: %s", ctx.job_id, stage.name, type(exc).__name__, exc)
         message = str(exc) + _disk_full_note(exc, workspaces)
