@@ -12,12 +12,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from cli import failures
-from cli.embedded_redis import EmbeddedRedis, free_port
-from tests.support.waiting import wait_for
+from cli.embedded_redis import free_port
+from tests.support.live_api import running_api
 
 ROLLOUTS = [sys.executable, "-m", "cli"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,28 +39,8 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
 @pytest.fixture(scope="module")
 def live_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`rollouts api` over its own redis-server, with a token required."""
-    state = tmp_path_factory.mktemp("cli-failures")
-    redis = EmbeddedRedis(data_dir=state / "redis").start()
-    port = free_port()
-    env = {**os.environ, "ROLLOUTS_REDIS_URL": redis.url, "ROLLOUTS_STATE_DIR": str(state),
-           "ROLLOUTS_API_TOKENS": "right-token"}  # fmt: skip
-    api = subprocess.Popen([*ROLLOUTS, "api", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(healthy, timeout=60, what="the API to start")
+    with running_api(tmp_path_factory.mktemp("cli-failures"), ROLLOUTS_API_TOKENS="right-token") as url:
         yield url
-    finally:
-        api.terminate()
-        api.wait(timeout=10)
-        redis.stop()
 
 
 def test_api_unreachable_is_one_line_naming_the_url_and_exit_3():

@@ -9,23 +9,18 @@ into a failure.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from api.app import create_app
-from cli.embedded_redis import EmbeddedRedis, free_port
 from shared.config import Settings
-from tests.support.waiting import wait_for
+from tests.support.live_api import running_api
 
 ADMIN_TOKEN = "fuzz-admin-token"
 EXAMPLES_PER_OPERATION = 25
@@ -36,36 +31,12 @@ REQUEST_TIMEOUT_S = 10.0
 def live_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real uvicorn API process over its own redis-server, with auth on."""
     state = tmp_path_factory.mktemp("fuzz")
-    redis = EmbeddedRedis(data_dir=state / "redis").start()
-    port = free_port()
-    env = {
-        **os.environ,
-        "ROLLOUTS_REDIS_URL": redis.url,
-        "ROLLOUTS_STATE_DIR": str(state),
-        "ROLLOUTS_API_TOKENS": "fuzz-reader-token",
-        "ROLLOUTS_ADMIN_TOKENS": ADMIN_TOKEN,
-        "ROLLOUTS_MAX_JOBS_PER_REQUEST": "50",
-    }
-    log = open(state / "api.log", "ab")
-    api = subprocess.Popen(
-        [sys.executable, "-m", "cli", "api", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
+    settings = {"ROLLOUTS_API_TOKENS": "fuzz-reader-token", "ROLLOUTS_ADMIN_TOKENS": ADMIN_TOKEN,
+                "ROLLOUTS_MAX_JOBS_PER_REQUEST": "50"}  # fmt: skip
     try:
-        wait_for(healthy, timeout=60, what="the API to start")
-        yield url
+        with running_api(state, **settings) as url:
+            yield url
     finally:
-        api.terminate()
-        api.wait(timeout=10)
-        log.close()
-        redis.stop()
         _print_server_errors(state / "api.log")
 
 
