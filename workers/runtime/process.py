@@ -32,6 +32,7 @@ from shared.results.sweep import sweep_results
 from shared.config import STAGES, Settings
 from shared.jobs.queues import queue_name, stage_queue
 from shared.jobs.status import JobStatus
+from workers.runtime.registry_hygiene import prune_failed_registry
 from workers.runtime.slots import SlotWorker
 from workers.runtime.state import WorkerState, init_state
 
@@ -217,6 +218,7 @@ class WorkerProcess:
                 if self.state.redis.set(queue.registry_cleaning_key, self.state.process_name, nx=True, ex=lock_ttl):
                     try:
                         _clean_registries(queue)
+                        prune_failed_registry(queue, self.state.store)
                         clean_worker_registry(queue)
                         queue.intermediate_queue.cleanup(self.slots[0], queue)
                     finally:
