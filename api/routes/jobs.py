@@ -14,7 +14,9 @@ from api.errors import validation_response
 from api.negotiation import respond
 from api.schemas import Cancelled, JobList, JobSummary, JobView, Submitted
 from shared.codec import unpack
+from shared.config import STAGES
 from shared.errors import ValidationError
+from shared.jobs.backend_wait import WAITING_DETAIL, is_waiting
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
 from shared.jobs.store import JobStore
 from shared.job_end import job_ended
@@ -98,6 +100,7 @@ def job_view(record: dict[str, Any]) -> dict[str, Any]:
         "created_at": record["created_at"],
         "updated_at": record["updated_at"],
         "finished_at": record.get("finished_at"),
+        "status_detail": WAITING_DETAIL if is_waiting(record) else None,
         "timings": record["timings"],
         "attempts": record["attempts"],
         "workers": record["workers"],
@@ -117,7 +120,10 @@ def job_view(record: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
-_SUMMARY_FIELDS = ("id", "status", "kind", "group_id", "sample_index", "created_at", "updated_at", "finished_at", "out:eval")
+_SUMMARY_FIELDS = (
+    ("id", "status", "kind", "group_id", "sample_index", "created_at", "updated_at", "finished_at", "out:eval")
+    + tuple(f"{field}:{stage}" for stage in STAGES for field in ("wait", "attempts"))  # for status_detail
+)
 
 
 @router.get("", response_model=JobList, summary="List jobs, newest first, by status or GRPO group")
@@ -151,6 +157,14 @@ def list_jobs(
     return respond(request, {"jobs": jobs, "limit": limit, "offset": offset})
 
 
+def _summary_waiting(values: dict[str, bytes | None], status: str) -> bool:
+    """`is_waiting` on the summary's few fields."""
+    if status not in STAGES:
+        return False
+    waited = values[f"wait:{status}"]
+    return waited is not None and waited == values[f"attempts:{status}"]
+
+
 def _summary(row: list[bytes | None]) -> dict[str, Any]:
     values = dict(zip(_SUMMARY_FIELDS, row))
     evaluation = unpack(values["out:eval"]) or {}
@@ -172,6 +186,7 @@ def _summary(row: list[bytes | None]) -> dict[str, Any]:
         created_at=number("created_at") or 0.0,
         updated_at=number("updated_at") or 0.0,
         finished_at=number("finished_at"),
+        status_detail=WAITING_DETAIL if _summary_waiting(values, text("status") or "") else None,
         reward=evaluation.get("reward") if text("status") == JobStatus.DONE else None,
     ).model_dump()
 
