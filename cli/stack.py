@@ -243,15 +243,20 @@ class Stack:
             time.sleep(0.5)
 
     def stop(self, timeout: float = 40.0) -> None:
-        """Stop in order: the workers (their running jobs handed back through Redis), the
-        registrars (they deregister through the API), the backend, the API, and Redis last."""
+        """Stop in order: the workers (their running jobs handed back through Redis), then the
+        registrars (they deregister through the API) and the backend, the API, and Redis last."""
         workers = [p for procs in self.workers.values() for p in procs]
         _terminate(workers, timeout)
-        _terminate(self.registrars, 15.0)  # they deregister on SIGTERM, so the API must still be up
-        self.registrars.clear()
+        # The registrars (they deregister on SIGTERM, so the API must still be up) and the backend
+        # stop side by side: with the workers gone nobody calls the backend any more.
+        for registrar in self.registrars:
+            if registrar.poll() is None:
+                registrar.send_signal(signal.SIGTERM)
         if self.vllm_server is not None:
             self.vllm_server.stop()
             self.vllm_server = None
+        _terminate(self.registrars, 15.0)
+        self.registrars.clear()
         if self.api is not None:
             _terminate([self.api], 10.0)
         if self.redis is not None:

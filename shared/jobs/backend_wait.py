@@ -24,7 +24,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from redis.client import Pipeline
 from redis.exceptions import WatchError
 
 from shared.codec import unpack
@@ -63,15 +62,37 @@ def plan_wait(store: JobStore, job_id: str, stage: str, attempt: int, now: float
     return WaitPlan(since=since, waited_s=waited, expired=waited >= settings.backend_wait_s, due=due)
 
 
-def queue_wait(
-    pipe: Pipeline, store: JobStore, job_id: str, stage: str, attempt: int, plan: WaitPlan
-) -> None:
-    """In the caller's transaction: record the wait (guarded by the attempt's fencing token) and
-    put the job in the waiting set. Added even if the record's move is refused: a cancelled or
-    superseded job released later is skipped, as a queued one is."""
+def park(store: JobStore, job_id: str, stage: str, attempt: int, plan: WaitPlan) -> str | None:
+    """Record the wait and put the job in the waiting set, in one transaction, only while this
+    attempt still owns the job; returns None when parked, else what refused it: the job's status
+    (cancelled, or "" when its record is gone) or "superseded" (a newer attempt owns it).
+
+    The job hash is watched, so a cancel or a newer attempt landing between the check and the
+    write makes it look again; a wait is never recorded for a job this attempt no longer owns,
+    so a stale entry can never start an attempt that supersedes a live one.
+    """
+    key = store.keys.job(job_id)
     fields = {f"t:{stage}:waiting": plan.since, f"wait:{stage}": attempt}
-    store.queue_transition(pipe, job_id, (stage,), stage, fields, guard=(f"attempts:{stage}", attempt))
-    pipe.zadd(store.keys.llm_waiting, {rq_job_id(job_id, stage): plan.due})
+    with store.redis.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(key)
+                status, current = (_text(v) for v in pipe.hmget(key, ("status", f"attempts:{stage}")))
+                if status != stage:
+                    return status
+                if current != str(attempt):
+                    return "superseded"
+                pipe.multi()
+                store.queue_transition(pipe, job_id, (stage,), stage, fields, guard=(f"attempts:{stage}", attempt))
+                pipe.zadd(store.keys.llm_waiting, {rq_job_id(job_id, stage): plan.due})
+                pipe.execute()
+                return None
+            except WatchError:
+                continue
+
+
+def _text(value: bytes | None) -> str:
+    return value.decode() if value is not None else ""
 
 
 def is_waiting(record: dict) -> bool:
@@ -99,13 +120,13 @@ def release_due(store: JobStore, settings: Settings, now: float | None = None, l
             entries = [parse_rq_job_id(member) for member in due]
             with redis.pipeline(transaction=False) as read:
                 for job_id, stage in entries:
-                    read.hmget(store.keys.job(job_id), ("status", "spec", f"attempts:{stage}"))
+                    read.hmget(store.keys.job(job_id), ("spec", f"attempts:{stage}"))
                 rows = read.execute()
             pipe.multi()
             pipe.zrem(key, *due)
-            for (job_id, stage), (status, spec, attempt) in zip(entries, rows):
-                if status is None or status.decode() != stage:
-                    continue  # over (cancelled, expired) or moved on: nothing to run
+            for (job_id, stage), (spec, attempt) in zip(entries, rows):
+                # Queued whatever the job's status now: a worker that finds it cancelled or gone
+                # skips it and removes its workspace, as for any queued job.
                 limits = Limits.model_validate((unpack(spec) or {}).get("limits") or {}) if spec else Limits()
                 enqueue_stage(pipe, stage, [(job_id, limits)], settings, redis, handback=int(attempt or 0))
             pipe.execute()

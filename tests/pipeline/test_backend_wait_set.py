@@ -10,7 +10,7 @@ from rq import Queue
 
 from shared.backend_pool import BackendPool
 from shared.config import Settings
-from shared.jobs.backend_wait import FIRST_RETRY_S, is_waiting, plan_wait, queue_wait, release_due
+from shared.jobs.backend_wait import FIRST_RETRY_S, is_waiting, park, plan_wait, release_due
 from shared.jobs.store import JobStore
 
 SPEC = {"task": {"kind": "demo", "text": "x"}, "limits": {"rollout_timeout_s": 50}, "sampling": {}}
@@ -24,13 +24,11 @@ def in_rollout(store: JobStore) -> tuple[str, int]:
     return job.job_id, taken.attempt
 
 
-def park(store: JobStore, job_id: str, attempt: int, now: float) -> float:
+def wait(store: JobStore, job_id: str, attempt: int, now: float) -> float:
     """Hand the attempt back to wait, as the stage runner does; returns when it looks again."""
     plan = plan_wait(store, job_id, "rollout", attempt, now)
     assert not plan.expired
-    with store.redis.pipeline(transaction=True) as pipe:
-        queue_wait(pipe, store, job_id, "rollout", attempt, plan)
-        pipe.execute()
+    assert park(store, job_id, "rollout", attempt, plan) is None
     return plan.due
 
 
@@ -42,7 +40,7 @@ def test_a_parked_job_waits_then_is_queued_again_under_an_rq_id_of_its_own(redis
     store = JobStore(redis, settings)
     job_id, attempt = in_rollout(store)
     now = time.time()
-    due = park(store, job_id, attempt, now)
+    due = wait(store, job_id, attempt, now)
     assert due == now + FIRST_RETRY_S
     record = store.get(job_id)
     assert record is not None and is_waiting(record) and record["timings"]["rollout"]["waiting"] == now
@@ -64,7 +62,7 @@ def test_the_wait_spans_consecutive_looks_and_expires_after_backend_wait_s(redis
     store = JobStore(redis, settings)
     job_id, attempt = in_rollout(store)
     since = time.time()
-    park(store, job_id, attempt, since)
+    wait(store, job_id, attempt, since)
     taken = store.take(job_id, "rollout", ("rollout",), "w")
     plan = plan_wait(store, job_id, "rollout", taken.attempt, since + 40)
     assert plan.since == since and plan.waited_s == 40 and not plan.expired
@@ -82,7 +80,7 @@ def test_a_backend_that_opens_wakes_every_waiting_job(redis: Redis, settings: Se
     first, second = in_rollout(store), in_rollout(store)
     now = time.time()
     for job_id, attempt in (first, second):
-        park(store, job_id, attempt, now)
+        wait(store, job_id, attempt, now)
         redis.zadd(store.keys.llm_waiting, {f"{job_id}-rollout": now + 1000})  # long past any test
     assert release_due(store, settings, now=now) == 0
 
@@ -98,7 +96,7 @@ def test_only_a_backend_open_to_new_pins_wakes_them(redis: Redis, settings: Sett
     pool.drain(backend.id)
     job_id, attempt = in_rollout(store)
     now = time.time()
-    park(store, job_id, attempt, now)
+    wait(store, job_id, attempt, now)
     redis.zadd(store.keys.llm_waiting, {f"{job_id}-rollout": now + 1000})
 
     pool.register("http://127.0.0.1:9", "m")  # a restarted launcher: the operator's drain stays
@@ -108,19 +106,24 @@ def test_only_a_backend_open_to_new_pins_wakes_them(redis: Redis, settings: Sett
     assert release_due(store, settings, now=now) == 1
 
 
-def test_a_job_cancelled_while_it_waits_is_dropped_not_queued(redis: Redis, settings: Settings):
+def test_a_job_cancelled_while_it_waits_is_still_queued_for_a_worker_to_skip_and_tidy(redis: Redis, settings: Settings):
     store = JobStore(redis, settings)
     job_id, attempt = in_rollout(store)
-    due = park(store, job_id, attempt, time.time())
+    due = wait(store, job_id, attempt, time.time())
     assert store.cancel(job_id).applied
     assert release_due(store, settings, now=due) == 1
-    assert rollout_queue(redis) == [] and redis.zcard(store.keys.llm_waiting) == 0
+    assert rollout_queue(redis) == [f"{job_id}-rollout-h{attempt}"] and redis.zcard(store.keys.llm_waiting) == 0
 
 
-def test_a_superseded_attempt_cannot_mark_the_job_waiting(redis: Redis, settings: Settings):
+def test_an_attempt_that_no_longer_owns_the_job_does_not_park_it(redis: Redis, settings: Settings):
     store = JobStore(redis, settings)
     job_id, attempt = in_rollout(store)
+    plan = plan_wait(store, job_id, "rollout", attempt, time.time())
     store.take(job_id, "rollout", ("rollout",), "a newer worker")  # a newer attempt owns the job
-    park(store, job_id, attempt, time.time())
+    assert park(store, job_id, "rollout", attempt, plan) == "superseded"
+    store.cancel(job_id)
+    assert park(store, job_id, "rollout", attempt + 1, plan) == "cancelled"
+    assert park(store, "no-such-job", "rollout", 1, plan) == ""
     record = store.get(job_id)
     assert record is not None and not is_waiting(record) and record["wait"] == {}
+    assert redis.zcard(store.keys.llm_waiting) == 0, "no entry that could start an attempt"

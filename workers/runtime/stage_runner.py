@@ -31,7 +31,7 @@ from shared import log_context
 from shared.backend_pool import NoBackendAvailable
 from shared.batches.hook import UNKNOWN, Unknown
 from shared.config import STAGES
-from shared.jobs.backend_wait import plan_wait, queue_wait
+from shared.jobs.backend_wait import park, plan_wait
 from shared.jobs.queues import enqueue_stage, stage_timeout, total_timeout
 from shared.jobs.spec import JobRequest
 from shared.jobs.status import NEXT_STAGE, STAGE_ENTRY_FROM, TERMINAL, JobStatus
@@ -261,9 +261,9 @@ def _wait_for_backend(st: WorkerState, ctx: StageContext, error: dict[str, Any])
         guard = (f"attempts:{stage}", ctx.attempt)
         return _finish(st, job_id, stage, JobStatus.FAILED, {**error, "message": message}, ctx.partial, guard,
                        ctx.request.group_id)  # fmt: skip
-    with st.redis.pipeline(transaction=True) as pipe:
-        queue_wait(pipe, st.store, job_id, stage, ctx.attempt, plan)
-        pipe.execute()
+    refused = park(st.store, job_id, stage, ctx.attempt, plan)
+    if refused is not None:
+        return _lost_race(refused)  # cancelled or deleted meanwhile, or a newer attempt owns it
     log.info("job %s: no LLM backend open to it; waiting (%.0f s so far)", job_id, plan.waited_s)
     return Outcome("waiting_for_backend")
 
