@@ -2,7 +2,7 @@
 
 The stack must stop in order (workers hand their running jobs back through Redis, then the API,
 Redis last), log no connection errors, and leave every job handed back, none running. A second
-Ctrl-C kills everything at once and says so.
+Ctrl-C kills everything at once and says so. `rollouts up` again on the same state dir ends every job.
 """
 
 from __future__ import annotations
@@ -24,13 +24,17 @@ from shared.config import STAGES
 from tests.cli.test_cli import ROLLOUTS, ROOT, alive, children_of, cli_env
 from tests.support.waiting import wait_for
 
-# One job held in each stage, long enough that Ctrl-C finds them all running.
-JOBS = [{"task": {"kind": "scripted", "sleep": {stage: 120}}} for stage in STAGES for _ in range(2)]
+# Two jobs held in each stage, long enough that Ctrl-C finds them all running; the next attempt
+# (after a restart) does not sleep.
+JOBS = [
+    {"task": {"kind": "scripted", "sleep": {stage: 120}, "sleep_first_attempt_only": True}}
+    for stage in STAGES for _ in range(2)
+]
 
 
-def start_up(tmp_path: Path, port: int) -> tuple[subprocess.Popen, IO[str]]:
+def start_up(tmp_path: Path, port: int, log_name: str = "up.log") -> tuple[subprocess.Popen, IO[str]]:
     """`rollouts up` leading a process group of its own, as a shell runs a foreground job."""
-    log = open(tmp_path / "up.log", "w")
+    log = open(tmp_path / log_name, "w")
     env = cli_env(tmp_path, ROLLOUTS_TASK_MODULES="tests.support.kinds", ROLLOUTS_HEARTBEAT_INTERVAL_S="1")
     up = subprocess.Popen(
         [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", "--drain-timeout", "1"],
@@ -88,7 +92,7 @@ def stop_times(pids: list[int], up: subprocess.Popen) -> dict[int, float]:
     raise AssertionError(f"`up` did not stop; gone so far: {gone}")
 
 
-def test_ctrl_c_to_the_group_stops_workers_before_redis_and_hands_every_job_back(tmp_path):
+def test_ctrl_c_to_the_group_stops_workers_before_redis_hands_every_job_back_and_they_end_done_after_up(tmp_path):
     port = free_port()
     up, log = start_up(tmp_path, port)
     try:
@@ -120,6 +124,25 @@ def test_ctrl_c_to_the_group_stops_workers_before_redis_and_hands_every_job_back
             assert redis.hget(f"ro:job:{job_id}", f"t:{stage}:requeued") is not None, f"{job_id} was not handed back"
             assert job_id in queued, f"{job_id} is in no queue"
         redis.close()
+
+    # `rollouts up` again on the same state dir: every job handed back ends done.
+    up, log = start_up(tmp_path, port, "up-again.log")
+    try:
+        api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+        wait_for(lambda: api.get("/healthz").status_code == 200, what="the API again")
+
+        def all_ended() -> list[str] | None:
+            statuses = [api.get(f"/v1/jobs/{job_id}").json()["status"] for job_id in ids]
+            return statuses if all(s in ("done", "failed", "timed_out", "cancelled") for s in statuses) else None
+
+        assert wait_for(all_ended, timeout=120, interval=0.5, what="every job to end") == ["done"] * len(ids)
+        os.killpg(up.pid, signal.SIGINT)
+        assert up.wait(timeout=60) == 0
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+        log.close()
 
 
 def test_a_second_ctrl_c_kills_everything_at_once_and_says_so(tmp_path):
