@@ -91,6 +91,15 @@ def park(store: JobStore, job_id: str, stage: str, attempt: int, plan: WaitPlan)
                 continue
 
 
+def _limits(spec: bytes | None) -> Limits:
+    """The job's limits (they set rq's backstop timeout); the defaults for a record gone or stored by
+    another version's schema, so one odd entry never blocks the set (its worker sorts it out)."""
+    try:
+        return Limits.model_validate((unpack(spec) or {}).get("limits") or {})
+    except (ValueError, TypeError, AttributeError):  # pydantic's ValidationError is a ValueError
+        return Limits()
+
+
 def _text(value: bytes | None) -> str:
     return value.decode() if value is not None else ""
 
@@ -127,8 +136,7 @@ def release_due(store: JobStore, settings: Settings, now: float | None = None, l
             for (job_id, stage), (spec, attempt) in zip(entries, rows):
                 # Queued whatever the job's status now: a worker that finds it cancelled or gone
                 # skips it and removes its workspace, as for any queued job.
-                limits = Limits.model_validate((unpack(spec) or {}).get("limits") or {}) if spec else Limits()
-                enqueue_stage(pipe, stage, [(job_id, limits)], settings, redis, handback=int(attempt or 0))
+                enqueue_stage(pipe, stage, [(job_id, _limits(spec))], settings, redis, handback=int(attempt or 0))
             pipe.execute()
         except WatchError:
             return 0  # another process released (or a wake moved) them meanwhile; the next beat sees the rest

@@ -127,3 +127,16 @@ def test_an_attempt_that_no_longer_owns_the_job_does_not_park_it(redis: Redis, s
     record = store.get(job_id)
     assert record is not None and not is_waiting(record) and record["wait"] == {}
     assert redis.zcard(store.keys.llm_waiting) == 0, "no entry that could start an attempt"
+
+
+def test_a_job_whose_record_is_gone_or_unreadable_does_not_block_the_others(redis: Redis, settings: Settings):
+    store = JobStore(redis, settings)
+    (gone, gone_attempt), (odd, odd_attempt), (fine, fine_attempt) = (in_rollout(store) for _ in range(3))
+    now = time.time()
+    for job_id, attempt in ((gone, gone_attempt), (odd, odd_attempt), (fine, fine_attempt)):
+        wait(store, job_id, attempt, now)
+    redis.delete(store.keys.job(gone))
+    redis.hset(store.keys.job(odd), "spec", b"\xc1")  # not msgpack
+    assert release_due(store, settings, now=now + 1) == 3
+    assert sorted(rollout_queue(redis)) == sorted([f"{gone}-rollout-h0", f"{odd}-rollout-h{odd_attempt}",
+                                                   f"{fine}-rollout-h{fine_attempt}"])  # fmt: skip
