@@ -7,6 +7,7 @@ backend opens, and fails with a clear `no_backend` error only after `backend_wai
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -127,3 +128,28 @@ def test_a_job_that_finds_no_backend_for_backend_wait_s_fails_saying_so(
     assert "no LLM backend was open to this job" in error["message"] and "backend_wait_s = 4" in error["message"]
     assert record["result"] is None  # an infrastructure failure is never a reward
     assert record["attempts"]["rollout"] >= 2 and record["lost"] == {}
+
+
+def test_a_stopping_worker_hands_back_a_rollout_held_in_an_llm_call_and_exits_without_waiting_for_the_call(
+    tmp_path: Path, model_dir: Path  # noqa: F811
+) -> None:
+    """The backend holds the generation and never answers it; the drain interrupts the rollout,
+    which abandons the call, and the worker exits (code 0) with the job handed back while that call
+    is still pending, not at its request timeout (600 s here)."""
+    holding = ScriptedProcess.start(model_dir, SCRIPTS, serve=0)
+    env = {**ENV, "ROLLOUTS_LLM_REQUEST_TIMEOUT_S": "600", "ROLLOUTS_DRAIN_TIMEOUT_S": "0"}
+    try:
+        with agent_stack(tmp_path, model_dir, env) as stack:
+            api = client_for(stack)
+            use_only(api, holding.url)
+            job_id = submit(api, "after", kind="agent-finish")
+            holding.wait_received(1)
+            (worker,) = stack.workers["rollout"]
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=120) == 0
+            assert holding.process.poll() is None, "the call is still pending at the backend"
+            record = job(api, job_id)
+    finally:
+        holding.kill()
+    assert record["status"] == "rollout" and record["timings"]["rollout"].get("requeued"), record
+    assert record["error"] is None
