@@ -17,6 +17,7 @@ class StageTimings(BaseModel):
     started: float | None = None
     ended: float | None = None
     requeued: float | None = None
+    waiting: float | None = Field(default=None, description="Since when the stage waits for an LLM backend.")
 
 
 class JobResult(BaseModel):
@@ -36,6 +37,9 @@ class JobHeader(BaseModel):
     created_at: float
     updated_at: float
     finished_at: float | None = None
+    status_detail: str | None = Field(
+        default=None, description="What the job does within its status: `waiting for an LLM backend`, or null."
+    )
 
 
 class JobView(JobHeader):

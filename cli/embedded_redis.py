@@ -86,6 +86,10 @@ class EmbeddedRedis:
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            # A session of its own: a terminal's Ctrl-C goes to the foreground process group, and
+            # Redis must outlive the workers that hand their jobs back through it; whoever started
+            # it stops it, last.
+            start_new_session=True,
             preexec_fn=die_with_parent(),
         )
         assert self.process.stdin is not None

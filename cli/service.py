@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import tempfile
 from pathlib import Path
+from types import FrameType
 
 import click
 
@@ -24,6 +26,21 @@ def stop_on_sigterm() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def stop_in_order(stack: Stack) -> None:
+    """Stop the stack in order (workers, backend, API, Redis last); a second Ctrl-C or SIGTERM
+    meanwhile kills every service process at once and exits."""
+
+    def kill_now(signum: int, frame: FrameType | None) -> None:
+        click.echo("second interrupt: killing the service processes now; jobs that were running are "
+                   "re-queued when workers next run", err=True)  # fmt: skip
+        stack.kill()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, kill_now)
+    signal.signal(signal.SIGTERM, kill_now)
+    stack.stop()
 
 
 def _concurrency(init: int | None, rollout: int | None, eval_: int | None) -> dict[str, int]:
@@ -52,6 +69,9 @@ def concurrency_options(fn):  # type: ignore[no-untyped-def]
 @click.option("--backend-url", "backend_urls", multiple=True,
               help="Use this already running vLLM server instead of starting one (repeatable).")
 @click.option("--no-vllm", is_flag=True, help="Start no vLLM server (register backends with `rollouts register`).")
+@click.option("--drain-timeout", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="On Ctrl-C, seconds running jobs get to finish before the workers hand them back (they go on "
+                   "at the next `up`); ROLLOUTS_DRAIN_TIMEOUT_S stays the default of workers a scheduler stops.")
 @concurrency_options
 def up(
     port: int | None,
@@ -59,6 +79,7 @@ def up(
     model: Path | None,
     backend_urls: tuple[str, ...],
     no_vllm: bool,
+    drain_timeout: float,
     init_concurrency: int | None,
     rollout_concurrency: int | None,
     eval_concurrency: int | None,
@@ -75,6 +96,7 @@ def up(
         model=model,
         backend_urls=list(backend_urls),
         on_progress=lambda message: click.echo(f"  {message}", err=True),
+        drain_timeout_s=drain_timeout,
     )
     stop_on_sigterm()
     try:
@@ -90,9 +112,11 @@ def up(
         code = stack.wait()
         click.echo(f"a service process exited with code {code}; stopping the rest", err=True)
     except KeyboardInterrupt:
-        click.echo("stopping (workers finish or hand back their jobs)...", err=True)
+        click.echo("stopping: workers finish or hand back their jobs, then the backend, the API, and Redis last "
+                   "(Ctrl-C again to kill them now)...", err=True)  # fmt: skip
     finally:
-        stack.stop()
+        stop_in_order(stack)
+    click.echo("stopped", err=True)
 
 
 @click.command()

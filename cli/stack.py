@@ -50,6 +50,7 @@ class Stack:
         backend_urls: list[str] | None = None,
         on_progress: Callable[[str], None] | None = None,
         extra_env: dict[str, str] | None = None,
+        drain_timeout_s: float | None = None,
     ) -> None:
         self.settings = settings
         self.api_port = api_port if api_port is not None else settings.api_port
@@ -62,6 +63,7 @@ class Stack:
         self.backend_urls = backend_urls or []
         self.on_progress = on_progress or (lambda message: None)
         self.extra_env = extra_env or {}
+        self.drain_timeout_s = drain_timeout_s  # the workers' time to finish on stop; None: their setting
         self.redis: EmbeddedRedis | None = None
         self.redis_url = settings.redis_url
         self.redis_url_file: Path | None = None  # set when the stack starts its own Redis
@@ -102,8 +104,10 @@ class Stack:
                 self.start_vllm()
             for url in self.backend_urls:
                 self.register_backend(url)
-            if self.vllm or self.backend_urls:
-                self._wait_for_backends(len(self.registrars), timeout=60.0)
+            # Workers only once this stack's own backends are in the pool: a backend left registered
+            # by an earlier run (in a persistent Redis) may be dead, and jobs handed back by that run
+            # would be taken at once.
+            self._wait_for_backends(self._own_backend_urls(), timeout=60.0)
             for stage in STAGES:
                 for _ in range(self.workers_per_stage):
                     self.start_worker(stage)
@@ -161,7 +165,16 @@ class Stack:
         self.registrars.append(process)
         return process
 
-    def _wait_for_backends(self, count: int, timeout: float) -> None:
+    def _own_backend_urls(self) -> set[str]:
+        urls = {url.rstrip("/") for url in self.backend_urls}
+        if self.vllm_server is not None:
+            urls.add(self.vllm_server.url.rstrip("/"))
+        return urls
+
+    def _wait_for_backends(self, urls: set[str], timeout: float) -> None:
+        """Until every one of `urls` is registered, healthy and open to new pins."""
+        if not urls:
+            return
         deadline = time.monotonic() + timeout
         with self._probe(2.0) as api:
             while time.monotonic() < deadline:
@@ -169,9 +182,11 @@ class Stack:
                     if registrar.poll() is not None:
                         raise StackError(f"`rollouts register` exited with code {registrar.returncode} (see its log)")
                 try:
-                    if sum(1 for b in api.list_backends() if b.get("healthy")) >= count:
+                    open_urls = {b["url"].rstrip("/") for b in api.list_backends()
+                                 if b.get("healthy") and not b.get("draining")}  # fmt: skip
+                    if urls <= open_urls:
                         return
-                except (httpx.HTTPError, ApiError, ValueError, KeyError, AttributeError):
+                except (httpx.HTTPError, ApiError, ValueError, KeyError, AttributeError, TypeError):
                     pass
                 time.sleep(0.25)
         raise StackError(f"the LLM backends did not register within {timeout:.0f}s")
@@ -186,6 +201,8 @@ class Stack:
         slots = concurrency or self.concurrency.get(stage)
         if slots:
             argv += ["--concurrency", str(slots)]
+        if self.drain_timeout_s is not None:
+            argv += ["--drain-timeout", str(self.drain_timeout_s)]
         process = self._spawn(f"{stage}-{len(self.workers[stage])}", argv)
         self.workers[stage].append(process)
         return process
@@ -247,13 +264,20 @@ class Stack:
             time.sleep(0.5)
 
     def stop(self, timeout: float = 40.0) -> None:
+        """Stop in order: the workers (their running jobs handed back through Redis), then the
+        registrars (they deregister through the API) and the backend, the API, and Redis last."""
         workers = [p for procs in self.workers.values() for p in procs]
         _terminate(workers, timeout)
-        _terminate(self.registrars, 15.0)  # they deregister on SIGTERM, so the API must still be up
-        self.registrars.clear()
+        # The registrars (they deregister on SIGTERM, so the API must still be up) and the backend
+        # stop side by side: with the workers gone nobody calls the backend any more.
+        for registrar in self.registrars:
+            if registrar.poll() is None:
+                registrar.send_signal(signal.SIGTERM)
         if self.vllm_server is not None:
             self.vllm_server.stop()
             self.vllm_server = None
+        _terminate(self.registrars, 15.0)
+        self.registrars.clear()
         if self.api is not None:
             _terminate([self.api], 10.0)
         if self.redis is not None:
@@ -264,6 +288,16 @@ class Stack:
         for log in self._logs:
             log.close()
         self._logs.clear()
+
+    def kill(self) -> None:
+        """Stop at once, out of order (a second Ctrl-C): SIGKILL every child's process group; Redis
+        gets SIGTERM (it exits at once, its append-only file flushed). Jobs that were running are
+        re-queued by rq's abandoned-job handling when workers next run."""
+        for process in self.children():
+            _signal_group(process, signal.SIGKILL)
+        self.vllm_server = None
+        if self.redis is not None and self.redis.process is not None:
+            self.redis.process.terminate()
 
     def __enter__(self) -> Stack:
         return self.start()
@@ -283,6 +317,14 @@ def _terminate(processes: list[subprocess.Popen[bytes]], timeout: float) -> None
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Signal a child's process group (each child leads one: start_new_session)."""
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _the_one_served_model(url: str, timeout_s: float) -> str:

@@ -173,6 +173,16 @@ class Settings(BaseSettings):
     llm_request_timeout_s: float = Field(default=600.0, gt=0, description="One /v1/completions call, end to end.")
     llm_max_retries: int = Field(default=3, ge=0, description="Retries of a call on connection errors and 5xx.")
     llm_retry_backoff_s: float = Field(default=0.5, gt=0, description="First retry delay; doubles each retry.")
+    backend_wait_s: float = Field(
+        default=900.0, gt=0,
+        description="How long a job may wait for an LLM backend to be open to it (none registered yet, all "
+        "draining, its own gone) before it fails; meanwhile it waits in no worker slot.",
+    )
+    backend_wait_retry_s: float = Field(
+        default=30.0, gt=0,
+        description="The longest a waiting job sleeps between looks at the pool; a backend that registers or "
+        "reopens wakes the waiting jobs at once, so this only bounds a wake that was missed.",
+    )
     llm_load_ceiling: float = Field(
         default=16.0, gt=0,
         description="How far (in-flight trajectories per unit of capacity) a route's pinned backend may run ahead of "

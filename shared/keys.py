@@ -123,6 +123,11 @@ class Keys:
         """Hash: trajectory id -> its route key."""
         return f"{self.prefix}:llm:lease_routes"
 
+    @property
+    def llm_waiting(self) -> str:
+        """Sorted set: "<job id>-<stage>" of jobs waiting for a backend -> when to look again (0: now)."""
+        return f"{self.prefix}:llm:waiting"
+
 
 @dataclass(frozen=True)
 class BatchKeys:

@@ -50,7 +50,7 @@ class CounterFamily:
 
 STAGE_SECONDS = HistogramFamily(
     "rollouts_stage_duration_seconds",
-    "Wall time of one stage attempt, by stage and outcome (ok, failed, timed_out, cancelled, requeued).",
+    "Wall time of one stage attempt, by stage and outcome (ok, failed, timed_out, cancelled, requeued, waiting_for_backend).",
     ("stage", "outcome"),
     (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, INF),
 )
@@ -170,7 +170,7 @@ def stage_outcome(outcome: str) -> str | None:
     """The runner's result as a latency label; None for attempts that did not run (skipped, lost races)."""
     if outcome == "done" or outcome.startswith("queued:"):
         return "ok"
-    if outcome in ("failed", "timed_out", "cancelled", "requeued", "superseded"):
+    if outcome in ("failed", "timed_out", "cancelled", "requeued", "superseded", "waiting_for_backend"):
         return outcome
     return None
 

@@ -14,7 +14,9 @@ from api.errors import Refusal, validation_response
 from api.json_body import load_json_body
 from api.negotiation import respond
 from api.schemas import Cancelled, JobList, JobSummary, JobView, Submitted
+from shared.config import STAGES
 from shared.errors import ValidationError
+from shared.jobs.backend_wait import WAITING_DETAIL, is_waiting
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
 from shared.jobs.store import IdempotencyConflict, JobStore, reward_of
 from shared.job_end import job_ended
@@ -131,6 +133,7 @@ def job_view(record: dict[str, Any]) -> dict[str, Any]:
         "created_at": record["created_at"],
         "updated_at": record["updated_at"],
         "finished_at": record.get("finished_at"),
+        "status_detail": WAITING_DETAIL if is_waiting(record) else None,
         "timings": record["timings"],
         "attempts": record["attempts"],
         "workers": record["workers"],
@@ -154,7 +157,8 @@ def job_view(record: dict[str, Any]) -> dict[str, Any]:
 MAX_OFFSET = 10**9
 
 _SUMMARY_FIELDS = (
-    "id", "status", "kind", "group_id", "sample_index", "created_at", "updated_at", "finished_at", "reward", "out:eval",
+    ("id", "status", "kind", "group_id", "sample_index", "created_at", "updated_at", "finished_at", "reward", "out:eval")
+    + tuple(f"{field}:{stage}" for stage in STAGES for field in ("wait", "attempts"))  # for status_detail
 )
 
 
@@ -195,6 +199,14 @@ def list_jobs(
     return respond(request, {"jobs": jobs, "limit": limit, "offset": offset, "next_cursor": next_cursor})
 
 
+def _summary_waiting(values: dict[str, bytes | None], status: str) -> bool:
+    """`is_waiting` on the summary's few fields."""
+    if status not in STAGES:
+        return False
+    waited = values[f"wait:{status}"]
+    return waited is not None and waited == values[f"attempts:{status}"]
+
+
 def _summary(row: list[bytes | None]) -> dict[str, Any]:
     values = dict(zip(_SUMMARY_FIELDS, row))
 
@@ -215,6 +227,7 @@ def _summary(row: list[bytes | None]) -> dict[str, Any]:
         created_at=number("created_at") or 0.0,
         updated_at=number("updated_at") or 0.0,
         finished_at=number("finished_at"),
+        status_detail=WAITING_DETAIL if _summary_waiting(values, text("status") or "") else None,
         reward=reward_of(values["reward"], values["out:eval"]) if text("status") == JobStatus.DONE else None,
     ).model_dump()
 

@@ -22,6 +22,7 @@ class Job:
     error: dict[str, Any] | None = None
     created_at: float = 0.0
     finished_at: float | None = None
+    status_detail: str | None = None  # "waiting for an LLM backend" while it does
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -47,6 +48,7 @@ class Job:
             error=data.get("error"),
             created_at=data.get("created_at", 0.0),
             finished_at=data.get("finished_at"),
+            status_detail=data.get("status_detail"),
             raw=data,
         )
 

@@ -231,6 +231,7 @@ class BackendPool:
             })
             pipe.execute()
         self._sync_backend(backend_id)
+        self._wake_waiting_jobs(backend_id)
         backend = self.get(backend_id)
         assert backend is not None
         return backend
@@ -259,6 +260,7 @@ class BackendPool:
         if not self._hset_if_exists(keys=[self.keys.backend(backend_id)], args=["draining", int(draining)]):
             return False
         self._sync_backend(backend_id)
+        self._wake_waiting_jobs(backend_id)
         return True
 
     def set_health(self, backend_id: str, healthy: bool, reason: str = "") -> bool:
@@ -267,9 +269,18 @@ class BackendPool:
         if not self._hset_if_exists(keys=[self.keys.backend(backend_id)], args=fields):
             return False
         self._sync_backend(backend_id)
-        if not healthy:
+        if healthy:
+            self._wake_waiting_jobs(backend_id)
+        else:
             log.warning("backend %s unhealthy: %s", backend_id, reason)
         return True
+
+    def _wake_waiting_jobs(self, backend_id: str) -> None:
+        """A backend is open to new pins: every job waiting for one is due now (the workers' next
+        heartbeat re-queues them); a job it does not suit (another model) just waits again."""
+        if self.redis.zscore(self.keys.backend_load, backend_id) is not None:
+            # ZUNIONSTORE of the set onto itself with weight 0: every score becomes 0, in one command.
+            self.redis.zunionstore(self.keys.llm_waiting, {self.keys.llm_waiting: 0})
 
     # --- reads ------------------------------------------------------------
     def get(self, backend_id: str) -> Backend | None:

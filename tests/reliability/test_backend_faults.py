@@ -1,8 +1,8 @@
 """LLM backend faults under a real stack: a backend SIGKILLed mid-request, a backend that hangs.
 
 The trajectory fails over to the other registered backend and the job ends `done`; with only
-a hanging backend the job ends `failed` (or `timed_out`, when the stage limit comes first)
-within the configured timeouts, never stalls. Timeouts are small (ROLLOUTS_LLM_* below) so
+a hanging backend (which then leaves the pool) the job waits for another and ends `failed` with
+`no_backend` after `backend_wait_s` (or `timed_out`, when the stage limit comes first), never stalls. Timeouts are small (ROLLOUTS_LLM_* below) so
 each fault costs seconds.
 """
 
@@ -30,12 +30,14 @@ from tests.support.waiting import client_for, wait_for, wait_status
 REQUEST_TIMEOUT_S = 3.0
 PROBE_TIMEOUT_S = 1.0
 FAILOVERS = 2  # complete_routed's default: at most 3 backends a call
+BACKEND_WAIT_S = 5.0
 ENV = {
     "ROLLOUTS_LLM_REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S),
     "ROLLOUTS_LLM_CONNECT_TIMEOUT_S": "1",
     "ROLLOUTS_LLM_MAX_RETRIES": "1",
     "ROLLOUTS_LLM_RETRY_BACKOFF_S": "0.1",
     "ROLLOUTS_LLM_PROBE_TIMEOUT_S": str(PROBE_TIMEOUT_S),
+    "ROLLOUTS_BACKEND_WAIT_S": str(BACKEND_WAIT_S),
 }
 # The longest a generation call can take against backends that never answer: each of the
 # FAILOVERS + 1 backends gets one request (read timeout) and one /health probe.
@@ -132,22 +134,24 @@ def test_only_a_hanging_backend_ends_the_job_instead_of_stalling(
     rollout_limit_s: float, status: str,
 ) -> None:
     """No backend ever answers: the job must still end, with a clear error, by whichever comes
-    first of the LLM call's bound (request timeout + probe per backend) and the stage limit.
+    first of the LLM call's bound (request timeout + probe per backend) plus the wait for another
+    backend (the hanging one fails its probe and leaves the pool), and the stage limit.
     The kind has no sandbox, so the stage limit is spent waiting on the backend alone."""
     pid = rollout_worker(stack)
     register(api, hanging.url)
     submitted = time.monotonic()
     job_id = submit(api, "after", kind="agent-finish", limits={"rollout_timeout_s": rollout_limit_s})
-    bound = min(CALL_BOUND_S, rollout_limit_s)
+    bound = min(CALL_BOUND_S + BACKEND_WAIT_S, rollout_limit_s)
     record = wait_status(api, job_id, timeout=bound + 30)
     ended = time.monotonic() - submitted
     assert record["status"] == status, record
     if status == "failed":
         error = record["error"]
-        assert error["stage"] == "rollout" and error["type"] == "BackendUnavailable", error
-        assert "timed out" in error["message"]
-    assert record["partial"]["trajectory"]["counts"]["turns"] == 0
-    assert ended <= bound + 30
+        assert error["stage"] == "rollout" and error["type"] == "no_backend", error
+        assert "no LLM backend was open to this job" in error["message"]
+        assert record["result"] is None
+    else:
+        assert record["partial"]["trajectory"]["counts"]["turns"] == 0
     use_only(api, healthy.url)
     assert_worker_serves_next_job(stack, api, pid)
     figure(f"only a hanging backend, rollout limit {rollout_limit_s:g} s: {status} {ended:.1f} s after submit "

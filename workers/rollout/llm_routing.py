@@ -50,20 +50,26 @@ def complete_routed(
     backends, each tried once through ``client.complete`` (so at most ``failovers + 1`` read
     timeouts of ``llm_request_timeout_s``, plus the client's connect retries and backoff).
 
-    Raises ``NoBackendAvailable`` when the pool has no backend open to the trajectory,
-    ``BackendRequestError`` on a 4xx (the request itself is wrong), and the last backend's
-    ``BackendUnavailable`` / ``BadBackendResponse`` when failovers run out or no backend
-    that has not failed this call is left.
+    Raises ``NoBackendAvailable`` when the pool has no backend open to the trajectory (also
+    when every backend that failed this call has left the pool: its own backend went away and
+    no other is open), ``BackendRequestError`` on a 4xx (the request itself is wrong), and the
+    last backend's ``BackendUnavailable`` / ``BadBackendResponse`` when failovers run out or
+    no backend that has not failed this call is left while a failed one is still in the pool.
     """
     failed: list[str] = []
+    still_open = False  # whether a backend that failed this call is still in the pool
     last_error: BackendUnavailable | BadBackendResponse | None = None
     for _ in range(failovers + 1):
         try:
             pin = pool.acquire(job_id, group_id, exclude=failed, model=model)
-        except NoBackendAvailable:
+        except NoBackendAvailable as exc:
             if last_error is None:
                 raise
-            raise last_error from None
+            if still_open:
+                raise last_error from None
+            # Every backend that failed this call has left the pool: none is open to the job, which
+            # waits for one (the stage runner) rather than failing for its backend's death.
+            raise NoBackendAvailable(f"{exc} (it failed this call: {last_error})") from last_error
         try:
             with log_context.bind(backend=pin.backend_id):  # every record of this call names its backend
                 return client.complete(pin.url, prompt_token_ids, sampling, model=pin.model or None,
@@ -72,10 +78,12 @@ def complete_routed(
             failed.append(pin.backend_id)
             last_error = exc
             still_healthy = pool.report_failure(pin.backend_id, str(exc))
+            still_open = still_open or still_healthy
             log.warning("job %s: %s (healthy after probe: %s); failing over", job_id, exc, still_healthy)
         except BadBackendResponse as exc:
             failed.append(pin.backend_id)
             last_error = exc
+            still_open = True
             log.warning("job %s: backend %s sent an unusable response (%s); failing over", job_id,
                         pin.backend_id, exc)
         except BackendRequestError as exc:

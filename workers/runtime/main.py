@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
 
 from shared.config import get_settings
 from shared.logs import setup_logging
@@ -14,6 +17,22 @@ def run_worker(stage: str, concurrency: int | None = None, drain_timeout_s: floa
     setup_logging(settings)
     drain = settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
     WorkerProcess(stage, settings, concurrency=concurrency, drain_timeout_s=drain).run()
+    exit_without_abandoned_calls()
+
+
+def exit_without_abandoned_calls() -> None:
+    """End the process once its jobs are handed back, without waiting for LLM calls that interrupted
+    rollouts left running.
+
+    concurrent.futures joins every executor thread at interpreter exit, so a stopped rollout
+    worker would wait for each abandoned generation to finish (minutes on a busy backend, up to
+    `llm_request_timeout_s`) before it exits; their attempts are handed back already and nobody
+    reads their results.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(stage: str) -> None:

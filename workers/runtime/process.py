@@ -30,6 +30,7 @@ from shared.backend_pool import BackendPool
 from shared.batches.sweep import sweep_batches
 from shared.results.sweep import sweep_results
 from shared.config import STAGES, Settings
+from shared.jobs.backend_wait import release_due
 from shared.jobs.queues import queue_name, stage_queue
 from shared.jobs.status import JobStatus
 from workers.runtime.registry_hygiene import prune_failed_registry
@@ -185,6 +186,20 @@ class WorkerProcess:
             except Exception:
                 log.exception("heartbeat failed for %s", slot.name)
         self._enforce_cancels_and_deadlines()
+        self._release_waiting_jobs()
+
+    def _release_waiting_jobs(self) -> None:
+        """Jobs waiting for an LLM backend whose time has come (or that a new backend woke) go back
+        on their stage's queue; each beat, so a wake reaches them within a heartbeat interval."""
+        if self._stop.is_set():
+            return  # a stopping process takes nothing on, and leaves the waiting to the others
+        try:
+            released = release_due(self.state.store, self.settings)
+        except Exception:
+            log.exception("could not release jobs waiting for an LLM backend")
+            return
+        if released:
+            log.info("%s: %d jobs waiting for an LLM backend queued again", self.state.process_name, released)
 
     def _enforce_cancels_and_deadlines(self) -> None:
         """Catch cancels the events channel missed (e.g. across a Redis restart), superseded attempts

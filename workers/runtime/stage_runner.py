@@ -31,9 +31,11 @@ from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from shared import log_context
+from shared.backend_pool import NoBackendAvailable
 from shared.batches.hook import UNKNOWN, Unknown
 from shared.config import STAGES
 from shared.errors import ResultsUnavailable, StoredResultError
+from shared.jobs.backend_wait import park, plan_wait
 from shared.jobs.queues import enqueue_stage, is_job_id, stage_timeout, total_timeout
 from shared.jobs.rq_payloads import ForbiddenJobFunction
 from shared.jobs.spec import JobRequest
@@ -60,6 +62,9 @@ class Stage:
 
 # (output, interruption, error): what calling the stage gave; at most one of the last two is set.
 Performed = tuple[dict[str, Any], str | None, dict[str, Any] | None]
+# The error type of a stage that found no LLM backend open to its job: it waits, and fails with
+# this type only after `backend_wait_s`.
+NO_BACKEND = "no_backend"
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,8 @@ def _attempt(st: WorkerState, stage: Stage, job_id: str) -> Outcome:
             # sandboxes included): the error is likely the stop's, so another worker retries it.
             log.warning("job %s: %s raised while this worker drains; handing it back", job_id, name)
             return _interrupted(st, ctx, "requeue", limit)
+        if error["type"] == NO_BACKEND:
+            return _wait_for_backend(st, ctx, error)
         return _finish(st, job_id, name, JobStatus.FAILED, error, ctx.partial, guard, request.group_id)
     if interrupted is None and ctx.interrupted in ("cancelled", "superseded"):
         interrupted = ctx.interrupted  # arrived just as the handler returned: it wins
@@ -183,6 +190,8 @@ def _perform(stage: Stage, ctx: StageContext, workspaces: Path) -> Performed:
         # its queue for another attempt (or, if Redis is still away, rq's failure path retries it).
         log.warning("job %s: Redis unreachable in %s (%s); handing the job back", ctx.job_id, stage.name, exc)
         return {}, "requeue", None
+    except NoBackendAvailable as exc:  # infrastructure, not the job's fault: it waits (_wait_for_backend)
+        return {}, None, {"stage": stage.name, "type": NO_BACKEND, "message": str(exc)}
     except Exception as exc:
         log.warning("job %s: %s failed: %s: %s", ctx.job_id, stage.name, type(exc).__name__, exc)
         message = str(exc) + _disk_full_note(exc, workspaces)
@@ -302,6 +311,24 @@ def _interrupted(st: WorkerState, ctx: StageContext, reason: str, limit: str) ->
         log.error("job %s: partial output of the cancelled %s not stored: %s", job_id, stage, exc)
     st.store.set_fields(job_id, fields)
     return Outcome(JobStatus.CANCELLED, Ended(JobStatus.CANCELLED, moved=False))
+
+
+def _wait_for_backend(st: WorkerState, ctx: StageContext, error: dict[str, Any]) -> Outcome:
+    """No LLM backend is open to the job: hand it back to wait outside the slots
+    (shared/jobs/backend_wait.py), or fail it once it has waited `backend_wait_s`."""
+    job_id, stage = ctx.job_id, ctx.stage
+    plan = plan_wait(st.store, job_id, stage, ctx.attempt, time.time())
+    if plan.expired:
+        message = (f"no LLM backend was open to this job for {plan.waited_s:.0f} s "
+                   f"(backend_wait_s = {st.settings.backend_wait_s:g}); last: {error['message']}")  # fmt: skip
+        guard = (f"attempts:{stage}", ctx.attempt)
+        return _finish(st, job_id, stage, JobStatus.FAILED, {**error, "message": message}, ctx.partial, guard,
+                       ctx.request.group_id)  # fmt: skip
+    refused = park(st.store, job_id, stage, ctx.attempt, plan)
+    if refused is not None:
+        return _lost_race(refused)  # cancelled or deleted meanwhile, or a newer attempt owns it
+    log.info("job %s: no LLM backend open to it; waiting (%.0f s so far)", job_id, plan.waited_s)
+    return Outcome("waiting_for_backend")
 
 
 def _finish(
