@@ -136,6 +136,11 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(
         default=30.0, ge=0, description="On SIGTERM, how long running jobs may finish before they are handed back."
     )
+    renew_command: str | None = Field(
+        default=None,
+        description="Run by a worker (bash -c) on SIGUSR1, a scheduler's time-limit warning, before it drains: "
+        "slurm/lib.sh sets it to submit the task's successor.",
+    )
     task_profiles: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description=(

@@ -136,22 +136,21 @@ rollouts_forward_and_wait() {
   return "$rc"
 }
 
-# The body of init.sbatch, rollout.sbatch and eval.sbatch: the worker runs as this shell's child
-# and every signal meant for the batch shell reaches it through here, and nothing else does.
-# SIGTERM (scancel --batch --signal=TERM, preemption, a scale-down) drains it: it stops taking
-# jobs, lets running ones finish for drain_timeout_s, hands the rest back and exits 0. SIGUSR1 is
-# the time-limit warning (--signal=B:USR1@300): the task first submits its own successor, then
-# drains, so a fleet outlives any time limit without losing or repeating a job.
+# The body of init.sbatch, rollout.sbatch and eval.sbatch. The worker replaces this shell (exec),
+# so the signals meant for the batch shell (--signal=B:..., scancel --batch) reach the worker
+# itself and nothing else, once each. SIGTERM (scancel --batch --signal=TERM, preemption, a
+# scale-down) drains it: it stops taking jobs, lets running ones finish for drain_timeout_s,
+# hands the rest back and exits 0. SIGUSR1 is the time-limit warning (--signal=B:USR1@300): the
+# worker first runs ROLLOUTS_RENEW_COMMAND, set here to submit this task's successor, then drains
+# the same way, so a fleet outlives any time limit without losing or repeating a job.
 rollouts_run_worker() {
-  local stage=$1 pid
+  local stage=$1
   rollouts_setup
   rollouts_wait_for redis ROLLOUTS_REDIS_URL
+  export ROLLOUTS_RENEW_COMMAND=${ROLLOUTS_RENEW_COMMAND:-"source '$ROLLOUTS_HOME/slurm/lib.sh' && rollouts_renew $stage"}
   rollouts_log "starting the $stage worker: $ROLLOUTS_PYTHON -m cli worker $stage ${ROLLOUTS_SLURM_WORKER_ARGS:-}"
   # shellcheck disable=SC2086 # a command prefix and extra options, split on purpose
-  $ROLLOUTS_PYTHON -m cli worker "$stage" ${ROLLOUTS_SLURM_WORKER_ARGS:-} &
-  pid=$!
-  trap "rollouts_renew $stage; kill -TERM $pid 2>/dev/null" USR1
-  rollouts_forward_and_wait "$pid"
+  exec $ROLLOUTS_PYTHON -m cli worker "$stage" ${ROLLOUTS_SLURM_WORKER_ARGS:-}
 }
 
 # Submits this task again: the same stage script and array index, partition and time limit, the

@@ -44,7 +44,7 @@ def test_a_fleet_scales_renews_before_its_time_limit_and_hides_its_password(slur
     )
     _stack(slurm, config, "up", "--init", "1", "--rollout", "1", "--eval", "1")
     try:
-        api_url = wait_for(lambda: _published(run_dir, "api").get("ROLLOUTS_API_URL"), timeout=90,
+        api_url = wait_for(lambda: _published(run_dir, "api").get("ROLLOUTS_API_URL"), timeout=240,
                            what="the API job to publish its address")  # fmt: skip
         api = httpx.Client(base_url=api_url, timeout=10.0)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import subprocess
 import threading
 import time
 from types import FrameType
@@ -65,6 +66,7 @@ class WorkerProcess:
         self.drain_timeout_s = settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         self._stop = threading.Event()
         self._signals = 0
+        self._renew = False  # set by the time-limit warning (SIGUSR1)
         self._queue = stage_queue(stage, self.state.redis)
         self.slots = [self._new_slot(index) for index in range(self.concurrency)]
         self._all_queues = [stage_queue(s, self.state.redis) for s in STAGES]
@@ -91,6 +93,7 @@ class WorkerProcess:
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGUSR1, self._on_time_limit_warning)
         log.info("%s: %d slots on queue %r", self.state.process_name, self.concurrency, queue_name(self.stage))
         self._start_events_listener()
         for index, slot in enumerate(self.slots):
@@ -118,6 +121,28 @@ class WorkerProcess:
         log.info("%s: %s received, draining", self.state.process_name, signal.Signals(signum).name)
         self.state.draining.set()
         self._stop.set()
+
+    def _on_time_limit_warning(self, signum: int, frame: FrameType | None) -> None:
+        """SIGUSR1: the scheduler's warning that the time limit is near. Renew (renew_command), then
+        drain as on SIGTERM; the renewal runs on the main loop's way out, not in this handler."""
+        log.info("%s: time limit near (SIGUSR1): renewing, then draining", self.state.process_name)
+        self._renew = True
+        self.state.draining.set()
+        self._stop.set()
+
+    def _renew_if_warned(self) -> None:
+        command = self.settings.renew_command
+        if not self._renew or not command:
+            return
+        try:
+            done = subprocess.run(["bash", "-c", command], timeout=120, capture_output=True, text=True)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.error("renewal failed to run: %s", exc)
+            return
+        for line in (done.stdout + done.stderr).splitlines():
+            log.info("renewal: %s", line)
+        if done.returncode != 0:
+            log.error("renewal exited %d", done.returncode)
 
     def _run_slot(self, index: int) -> None:
         """Run slot `index` until the process stops. rq's work loop quits on a Redis error it does not
@@ -151,6 +176,7 @@ class WorkerProcess:
         return False
 
     def _shutdown(self) -> None:
+        self._renew_if_warned()
         for slot in self.slots:
             slot.request_slot_stop()
         deadline = time.monotonic() + self.drain_timeout_s
