@@ -109,7 +109,7 @@ def up(
     if stack.redis_url_file is not None:
         click.echo(f"  export ROLLOUTS_REDIS_URL_FILE={stack.redis_url_file}  # Redis URL and password, mode 0600")
     try:
-        code = stack.wait()
+        code = stack.supervise()  # a dead worker is restarted; the API or the backend exiting ends `up`
         click.echo(f"a service process exited with code {code}; stopping the rest", err=True)
     except KeyboardInterrupt:
         click.echo("stopping: workers finish or hand back their jobs, then the backend, the API, and Redis last "

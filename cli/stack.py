@@ -72,6 +72,7 @@ class Stack:
         self.registrars: list[subprocess.Popen[bytes]] = []
         self.workers: dict[str, list[subprocess.Popen[bytes]]] = {stage: [] for stage in STAGES}
         self._logs: list[IO[bytes]] = []
+        self._started_at: dict[int, float] = {}  # worker pid -> when it started (for the restart backoff)
 
     @property
     def api_url(self) -> str:
@@ -197,14 +198,19 @@ class Stack:
         return RolloutClient(self.api_url, token, timeout=timeout, retry=RetryPolicy(retries=0))
 
     def start_worker(self, stage: str, concurrency: int | None = None) -> subprocess.Popen[bytes]:
+        process = self._spawn_worker(stage, len(self.workers[stage]), concurrency)
+        self.workers[stage].append(process)
+        return process
+
+    def _spawn_worker(self, stage: str, index: int, concurrency: int | None = None) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", f"workers.{stage}"]
         slots = concurrency or self.concurrency.get(stage)
         if slots:
             argv += ["--concurrency", str(slots)]
         if self.drain_timeout_s is not None:
             argv += ["--drain-timeout", str(self.drain_timeout_s)]
-        process = self._spawn(f"{stage}-{len(self.workers[stage])}", argv)
-        self.workers[stage].append(process)
+        process = self._spawn(f"{stage}-{index}", argv)
+        self._started_at[process.pid] = time.monotonic()
         return process
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
@@ -263,6 +269,43 @@ class Stack:
                     return code
             time.sleep(0.5)
 
+    def supervise(self) -> int:
+        """Keep the stack up until the API, the backend or a registrar exits (returns its code).
+
+        A worker process that dies (SIGKILL, the OOM killer, a crash) is started again in its place:
+        its jobs were handed back or are re-queued by rq's abandoned-job handling, so nothing is lost.
+        The pause before a restart doubles while the worker keeps dying young (1 s up to
+        RESTART_BACKOFF_MAX_S), so a crash loop is logged and slowed, never spun."""
+        pending: dict[tuple[str, int], tuple[float, float]] = {}  # (stage, index) -> (restart at, delay)
+        delays: dict[tuple[str, int], float] = {}
+        while True:
+            others = [p for p in self.children() if not any(p in procs for procs in self.workers.values())]
+            for child in others:
+                code = child.poll()
+                if code is not None:
+                    return code
+            now = time.monotonic()
+            for stage, procs in self.workers.items():
+                for index, process in enumerate(procs):
+                    key = (stage, index)
+                    if key in pending:
+                        restart_at, delay = pending[key]
+                        if now >= restart_at:
+                            del pending[key]
+                            procs[index] = self._spawn_worker(stage, index)
+                            self.on_progress(f"worker {stage}-{index} restarted (pid {procs[index].pid})")
+                        continue
+                    code = process.poll()
+                    if code is None:
+                        continue
+                    lived = now - self._started_at.pop(process.pid, now)
+                    delay = 1.0 if lived > RESTART_RESET_S else min(2 * delays.get(key, 0.5), RESTART_BACKOFF_MAX_S)
+                    delays[key] = delay
+                    pending[key] = (now + delay, delay)
+                    self.on_progress(f"worker {stage}-{index} (pid {process.pid}) exited with {_exit_text(code)} "
+                                     f"after {lived:.0f} s; restarting it in {delay:.0f} s")  # fmt: skip
+            time.sleep(0.5)
+
     def stop(self, timeout: float = 40.0) -> None:
         """Stop in order: the workers (their running jobs handed back through Redis), then the
         registrars (they deregister through the API) and the backend, the API, and Redis last."""
@@ -304,6 +347,15 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# A worker that ran this long before dying restarts after 1 s again; one that keeps dying young waits longer.
+RESTART_RESET_S = 60.0
+RESTART_BACKOFF_MAX_S = 30.0
+
+
+def _exit_text(code: int) -> str:
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"code {code}"
 
 
 def _terminate(processes: list[subprocess.Popen[bytes]], timeout: float) -> None:

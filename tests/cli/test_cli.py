@@ -214,3 +214,50 @@ def test_up_with_a_model_dir_that_is_not_a_model_exits_with_the_reason(tmp_path)
                             env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode != 0
     assert str(not_a_model) in result.stderr and "config.json" in result.stderr
+
+
+def _worker_pids(up_pid: int) -> list[int]:
+    pids = []
+    for pid in children_of(up_pid):
+        try:
+            if b"workers." in Path(f"/proc/{pid}/cmdline").read_bytes():
+                pids.append(pid)
+        except OSError:
+            continue
+    return pids
+
+
+def test_up_restarts_workers_that_die_and_every_job_ends_done(tmp_path):
+    port = free_port()
+    up, log = start_up_without_backend(tmp_path, port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, what="the API")
+        jobs = [{"task": {"kind": "demo", "text": f"job {n}", "work_s": 0.3}} for n in range(100)]
+        ids = httpx.post(f"{url}/v1/jobs", json=jobs, timeout=30).json()["job_ids"]
+        killed = []
+        for _ in range(5):  # five SIGKILLs, spread over the run, of whichever worker process is there
+            victim = wait_for(lambda: _worker_pids(up.pid), timeout=60, what="a worker process")[0]
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+            wait_for(lambda: victim not in _worker_pids(up.pid) and len(_worker_pids(up.pid)) == 3, timeout=120,
+                     interval=0.5, what="the killed worker to be replaced")  # fmt: skip
+
+        def all_done() -> bool:
+            rows = httpx.get(f"{url}/v1/jobs", params={"ids": ",".join(ids)}, timeout=30).json()["jobs"]
+            return len(rows) == 100 and all(row["status"] in ("done", "failed") for row in rows)
+
+        wait_for(all_done, timeout=600, interval=1.0, what="the 100 jobs to end")
+        rows = httpx.get(f"{url}/v1/jobs", params={"ids": ",".join(ids)}, timeout=30).json()["jobs"]
+        assert {row["status"] for row in rows} == {"done"}
+        assert up.poll() is None, "one dead worker stopped the whole stack"
+        text = (tmp_path / "up.log").read_text()
+        assert all(f"(pid {pid}) exited with signal SIGKILL" in text for pid in killed), text[-3000:]
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait()
+        log.close()
