@@ -43,6 +43,24 @@ def stop_in_order(stack: Stack) -> None:
     stack.stop()
 
 
+def banner(stack: Stack) -> str:
+    """Where everything is, for a person: the API, its docs, the viewer, Redis (never its password)."""
+    lines = [
+        f"rollouts up: API {stack.api_url}",
+        f"  docs      {stack.api_url}/docs",
+        f"  viewer    {stack.api_url}/viewer",
+        f"  submit    export ROLLOUTS_API_URL={stack.api_url}   # then `rollouts submit FILE`, `rollouts status`",
+    ]
+    if stack.redis_url_file is not None:
+        lines.append(f"  redis     embedded; its URL with the password is in {stack.redis_url_file} (mode 0600)")
+        lines.append(f"            export ROLLOUTS_REDIS_URL_FILE={stack.redis_url_file}   # for a second worker")
+    else:
+        lines.append(f"  redis     {redact_url(stack.redis_url)}")
+    lines.append("  dashboard rollouts dashboard   # rq-dashboard on http://127.0.0.1:9181 (same Redis settings)")
+    lines.append("Ctrl-C stops everything, Redis last.")
+    return "\n".join(lines)
+
+
 def _concurrency(init: int | None, rollout: int | None, eval_: int | None) -> dict[str, int]:
     return {k: v for k, v in {"init": init, "rollout": rollout, "eval": eval_}.items() if v}
 
@@ -72,6 +90,7 @@ def concurrency_options(fn):  # type: ignore[no-untyped-def]
 @click.option("--drain-timeout", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="On Ctrl-C, seconds running jobs get to finish before the workers hand them back (they go on "
                    "at the next `up`); ROLLOUTS_DRAIN_TIMEOUT_S stays the default of workers a scheduler stops.")
+@click.option("--verbose", is_flag=True, help="Show rq's own per-job log lines (ROLLOUTS_RQ_LOG_LEVEL=INFO).")
 @concurrency_options
 def up(
     port: int | None,
@@ -80,11 +99,14 @@ def up(
     backend_urls: tuple[str, ...],
     no_vllm: bool,
     drain_timeout: float,
+    verbose: bool,
     init_concurrency: int | None,
     rollout_concurrency: int | None,
     eval_concurrency: int | None,
 ) -> None:
     """Start Redis (if none is configured), the API and a worker fleet per stage; Ctrl-C stops them all."""
+    # Started in the background by a non-interactive shell, we would inherit SIGINT ignored: take it back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     settings = get_settings()
     stack = Stack(
         settings,
@@ -97,17 +119,14 @@ def up(
         backend_urls=list(backend_urls),
         on_progress=lambda message: click.echo(f"  {message}", err=True),
         drain_timeout_s=drain_timeout,
+        extra_env={"ROLLOUTS_RQ_LOG_LEVEL": "INFO"} if verbose else {},
     )
     stop_on_sigterm()
     try:
         stack.start()
     except StackError as exc:
         raise click.ClickException(str(exc)) from None
-    redis_note = "embedded" if stack.redis else "configured"
-    click.echo(f"rollouts up: API {stack.api_url} (docs at {stack.api_url}/docs), {redis_note} Redis {redact_url(stack.redis_url)}")
-    click.echo(f"  export ROLLOUTS_API_URL={stack.api_url}  # for `rollouts submit` / `status` in another shell")
-    if stack.redis_url_file is not None:
-        click.echo(f"  export ROLLOUTS_REDIS_URL_FILE={stack.redis_url_file}  # Redis URL and password, mode 0600")
+    click.echo(banner(stack))
     try:
         code = stack.supervise()  # a dead worker is restarted; the API or the backend exiting ends `up`
         click.echo(f"a service process exited with code {code}; stopping the rest", err=True)

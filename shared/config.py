@@ -267,6 +267,9 @@ class Settings(BaseSettings):
 
     # --- Logging -----------------------------------------------------------
     log_level: str = "INFO"
+    rq_log_level: str = Field(
+        default="WARNING", description="rq's own logs (a line or two per job at INFO): quiet unless asked for."
+    )
     log_json: bool = False
 
     @field_validator("api_tokens", "admin_tokens", "task_modules", mode="before")

@@ -41,3 +41,5 @@ def setup_logging(settings: Settings) -> None:
     root.setLevel(settings.log_level.upper())
     # Per-request client logs (health probes every few seconds) drown everything else at INFO.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
+    # rq writes a line or more per job ("Job OK", "Result is kept..."): thousands in a day's log.
+    logging.getLogger("rq").setLevel(settings.rq_log_level.upper())

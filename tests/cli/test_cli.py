@@ -120,12 +120,14 @@ def test_submit_reports_a_bad_file_clearly(tmp_path):
     assert f"{bad}:2: not valid JSON" in result.stderr
 
 
-def start_up_without_backend(tmp_path: Path, port: int) -> tuple[subprocess.Popen, IO[str]]:
+def start_up_without_backend(
+    tmp_path: Path, port: int, *args: str, preexec_fn=None
+) -> tuple[subprocess.Popen, IO[str]]:
     """`rollouts up` with its output in a file; returns once Redis, the API and three workers run."""
     log = open(tmp_path / "up.log", "w")
     up = subprocess.Popen(
-        [*ROLLOUTS, "up", "--port", str(port), "--no-vllm"],
-        env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", *args],
+        env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
     )
     wait_for(lambda: len(children_of(up.pid)) >= 5, timeout=60, what="redis, the API and three workers")
     return up, log
@@ -258,6 +260,61 @@ def test_up_restarts_workers_that_die_and_every_job_ends_done(tmp_path):
         try:
             up.wait(timeout=90)
         except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait()
+        log.close()
+
+
+def _run_demo_jobs(url: str, n: int) -> None:
+    jobs = [{"task": {"kind": "demo", "text": f"job {i}"}} for i in range(n)]
+    ids = httpx.post(f"{url}/v1/jobs", json=jobs, timeout=30).json()["job_ids"]
+
+    def done() -> bool:
+        rows = httpx.get(f"{url}/v1/jobs", params={"ids": ",".join(ids)}, timeout=30).json()["jobs"]
+        return all(row["status"] == "done" for row in rows)
+
+    wait_for(done, timeout=300, interval=0.5, what=f"{n} demo jobs")
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
+def test_up_prints_where_everything_is_and_keeps_rq_quiet_unless_asked(tmp_path, verbose):
+    port = free_port()
+    up, log = start_up_without_backend(tmp_path, port, *(["--verbose"] if verbose else []))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, what="the API")
+        _run_demo_jobs(url, 20)
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=90)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        log.close()
+    text = (tmp_path / "up.log").read_text()
+    url_file = tmp_path / "state" / "redis.url"
+    for line in (f"rollouts up: API {url}", f"viewer    {url}/viewer", f"docs      {url}/docs",
+                 f"its URL with the password is in {url_file}", "rollouts dashboard"):  # fmt: skip
+        assert line in text, text[:2000]
+    rq_lines = [line for line in text.splitlines() if " rq." in line or "Job OK" in line]
+    if verbose:
+        assert len(rq_lines) >= 20, "--verbose should show rq's per-job lines"
+    else:
+        assert rq_lines == [], rq_lines[:5]
+
+
+def test_up_started_with_sigint_ignored_still_stops_on_ctrl_c(tmp_path):
+    """As `rollouts up &` from a script: the shell hands it SIGINT ignored."""
+    port = free_port()
+    up, log = start_up_without_backend(tmp_path, port, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200, what="the API")
+        children = children_of(up.pid)
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=90)
+        assert not [pid for pid in children if alive(pid)], "`up` left processes behind"
+    finally:
+        if up.poll() is None:
             up.kill()
             up.wait()
         log.close()

@@ -151,7 +151,7 @@ class WorkerProcess:
         while not self._stop.is_set():
             slot = self.slots[index]
             try:
-                slot.work(logging_level=self.settings.log_level, with_scheduler=False)
+                slot.work(logging_level=self.settings.rq_log_level, with_scheduler=False)
             except Exception:
                 log.exception("slot %s stopped on an error", slot.name)
             if self._stop.is_set() or slot.stop_requested:
