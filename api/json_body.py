@@ -38,9 +38,10 @@ def load_json_body(raw: bytes, max_depth: int, loc: Loc = ("body",)) -> Any:
         if "depth limit" in str(exc):  # orjson's own limit (1024) is deeper than ours: the same refusal
             raise ValidationError(f"nested more than {max_depth} levels deep", loc) from None
         raise MalformedJSON(f"malformed JSON: {exc}", loc) from None
+    check_shape(body, max_depth, loc)  # first: the second parse below must not meet a deep body
     if _LONG_DIGITS.search(raw):
-        body = json.loads(raw)  # integers exact, to be checked against the range below
-    check_shape(body, max_depth, loc)
+        body = json.loads(raw)  # integers exact, to be checked against the range
+        check_shape(body, max_depth, loc)
     return body
 
 

@@ -147,3 +147,8 @@ def test_the_header_keys_each_job_of_a_list_by_its_index(client):
     stored = client.get(f"/v1/jobs/{first['job_ids'][1]}").json()["request"]
     assert stored["idempotency_key"] == "batch-3/1"
     assert client.get(f"/v1/jobs/{first['job_ids'][2]}").json()["request"]["idempotency_key"] == "own"
+
+
+def test_a_deep_body_with_a_long_number_is_still_a_422_not_a_500(client):
+    response = client.post("/v1/jobs", content=with_metadata('{"n": 12345678901234567890123, "d": ' + nested(1010) + "}"))
+    assert response.status_code == 422 and "levels deep" in response.json()["detail"]
