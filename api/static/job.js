@@ -76,7 +76,7 @@ function stageRow(job, stage) {
 function renderAttempts(job, trajectory) {
   const stages = STAGES.filter((stage) => (job.attempts || {})[stage] || (job.timings || {})[stage]);
   const total = job.finished_at ? job.finished_at - job.created_at : null;
-  const loop = trajectory.timings || {};
+  const loop = trajectory.timings && typeof trajectory.timings === "object" ? trajectory.timings : {};
   return el("section", { class: "panel", id: "attempts" },
     el("h3", {}, "Attempts and timings"),
     stages.length ? el("table", { id: "stage-table" },
@@ -87,21 +87,27 @@ function renderAttempts(job, trajectory) {
       el("dt", {}, "finished"), el("dd", {}, job.finished_at ? when(job.finished_at) + " (" + seconds(total) + " after submission)" : "-"),
       Object.keys(loop).length ? [el("dt", {}, "agent loop"),
         el("dd", {}, ["llm_s", "tools_s", "template_s", "total_s"].filter((k) => loop[k] !== undefined)
-          .map((k) => k.replace(/_s$/, "") + " " + seconds(loop[k])).join(" · "))] : null));
+          .map((k) => k.replace(/_s$/, "") + " " + seconds(Number(loop[k]))).join(" · "))] : null));
 }
 
 function renderTrajectory(job, trajectory, isPartial) {
   const parts = [];
+  const stage = job.error && job.error.stage;
+  const cut = isPartial && stage !== "eval";  // stopped after eval began: the rollout's record is whole
   if (isPartial) {
-    const where = job.error && job.error.stage ? " in the " + job.error.stage + " stage" : "";
+    const stop = trajectory.stop_reason ? "Stop reason: " + trajectory.stop_reason + (trajectory.stop_detail ? " (" + trajectory.stop_detail + ")" : "") + "." : "";
+    const note = stage === "eval"
+      ? "The rollout finished; then the job " + job.status + " in the eval stage, so it has no evaluation. " + stop
+      : "The job stopped (" + job.status + ")" + (stage ? " in the " + stage + " stage" : "") + " before it finished; "
+        + "this is the record up to where it stopped. " + stop;
     parts.push(el("section", { class: "panel partial-note", id: "partial-note" },
-      el("h3", {}, "Partial trajectory"),
-      el("p", {}, "The job stopped (" + job.status + ")" + where + " before it finished; this is the record up to where it stopped. "
-        + "Stop reason: " + (trajectory.stop_reason || "?") + (trajectory.stop_detail ? " (" + trajectory.stop_detail + ")" : "") + ".")));
+      el("h3", {}, cut ? "Partial trajectory" : "Trajectory without an evaluation"), el("p", {}, note)));
   }
-  if (trajectory.turns && trajectory.turns.length) {
-    parts.push(el("h3", {}, (isPartial ? "Partial trajectory: " : "Trajectory: ") + modelTurns(trajectory) + " model turns"));
+  if (turnsOf(trajectory).length) {
+    parts.push(el("h3", {}, (cut ? "Partial trajectory: " : "Trajectory: ") + modelTurns(trajectory) + " model turns"));
     parts.push(renderTurns(trajectory));
+  } else if (Object.keys(trajectory).length) {
+    parts.push(el("p", { id: "no-trajectory" }, "The rollout's output has no turns (this kind records none)."), folded("rollout output", json(trajectory)));
   } else {
     const live = !["done", "failed", "cancelled", "timed_out"].includes(job.status);
     parts.push(el("p", { id: "no-trajectory" }, live ? "No trajectory yet: the job is " + job.status + "."
@@ -122,7 +128,7 @@ async function showJob(id) {
     el("div", { class: "facts", id: "facts" },
       fact("status", el("span", { class: "status-" + job.status, id: "job-status" }, job.status)),
       fact("kind", job.kind), fact("reward", result.reward === undefined || result.reward === null ? "-" : String(result.reward), "job-reward"),
-      fact(isPartial ? "model turns (so far)" : "model turns", modelTurns(trajectory), "turn-count"),
+      fact(isPartial && (job.error || {}).stage !== "eval" ? "model turns (so far)" : "model turns", modelTurns(trajectory), "turn-count"),
       fact("tool calls", toolCallCount(trajectory), "tool-call-count"),
       fact("tokens", counts.total, "total-tokens"), fact("prompt tokens", counts.prompt, "prompt-tokens"),
       fact("generated tokens", counts.generated, "generated-tokens"), fact("tool / template tokens", counts.observation, "observation-tokens"),

@@ -2,24 +2,29 @@
 // A trajectory as a person reads it: the prompt, then each model turn (its text, its tool calls
 // and what they returned) and the observation tokens between turns, each with its token count.
 
+// A kind's rollout output is its own to shape: only a Trajectory record's fields are read as such.
+function listOf(value) { return Array.isArray(value) ? value : []; }
+
+function turnsOf(trajectory) { return listOf(trajectory.turns).filter((turn) => turn && typeof turn === "object"); }
+
 function tokenCounts(trajectory) {
-  const ids = trajectory.token_ids || [];
-  const generated = (trajectory.loss_mask || []).reduce((a, b) => a + b, 0);
-  const prompt = trajectory.prompt_length || 0;
+  const ids = listOf(trajectory.token_ids);
+  const generated = listOf(trajectory.loss_mask).reduce((a, b) => a + Number(b), 0);
+  const prompt = Number.isInteger(trajectory.prompt_length) ? trajectory.prompt_length : 0;
   return { total: ids.length, prompt: prompt, generated: generated, observation: ids.length - generated - prompt };
 }
 
 // Model turns only: the prompt and the observations between turns are not turns of the agent.
 function modelTurns(trajectory) {
-  return (trajectory.turns || []).filter((turn) => turn.role === "assistant").length;
+  return turnsOf(trajectory).filter((turn) => turn.role === "assistant").length;
 }
 
 function toolCallCount(trajectory) {
-  return (trajectory.turns || []).reduce((n, turn) => n + (turn.tool_calls || []).length, 0);
+  return turnsOf(trajectory).reduce((n, turn) => n + listOf(turn.tool_calls).length, 0);
 }
 
 function meanLogprob(trajectory, turn) {
-  const values = (trajectory.logprobs || []).slice(turn.start, turn.end).filter((v) => typeof v === "number");
+  const values = listOf(trajectory.logprobs).slice(turn.start, turn.end).filter((v) => typeof v === "number");
   return values.length ? values.reduce((a, b) => a + b, 0) / values.length : null;
 }
 
@@ -60,10 +65,10 @@ function renderTurn(trajectory, turn, index, number) {
     if (turn.latency_s) extra.push(seconds(turn.latency_s));
     return el("section", { class: "turn assistant", "data-turn": index },
       turnHeading("turn " + number + " · model", tokens, extra), el("pre", { class: "model-text" }, turn.text || ""),
-      (turn.tool_calls || []).map(renderCall));
+      listOf(turn.tool_calls).map(renderCall));
   }
   const extra = turn.duration_s ? [seconds(turn.duration_s) + " in tools"] : [];
-  const notes = (turn.messages || []).filter((m) => m.role !== "tool").map((m) => el("pre", {}, m.role + ": " + (m.content || "")));
+  const notes = listOf(turn.messages).filter((m) => m.role !== "tool").map((m) => el("pre", {}, m.role + ": " + (m.content || "")));
   return el("section", { class: "turn observation", "data-turn": index },
     turnHeading("observation", tokens, extra), notes,
     folded("the tokens as the model saw them", el("pre", {}, turn.text || "")));
@@ -71,5 +76,5 @@ function renderTurn(trajectory, turn, index, number) {
 
 function renderTurns(trajectory) {
   let number = 0;
-  return (trajectory.turns || []).map((turn, index) => renderTurn(trajectory, turn, index, turn.role === "assistant" ? ++number : number));
+  return turnsOf(trajectory).map((turn, index) => renderTurn(trajectory, turn, index, turn.role === "assistant" ? ++number : number));
 }

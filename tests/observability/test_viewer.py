@@ -59,8 +59,12 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
 def open_job(driver: webdriver.Chrome, api_url: str, job_id: str) -> str:
     """Open `#job=<id>` and wait until the page has rendered that job; returns the visible text."""
     driver.get(f"{api_url}/viewer#job={job_id}")
-    WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.ID, "job-title")
-                                    and d.find_element(By.ID, "job-title").text == f"job {job_id}")  # fmt: skip
+    try:
+        # Read in one script: the previous job's page may be replaced between two WebDriver calls.
+        title = "const t = document.getElementById('job-title'); return t && t.textContent"
+        WebDriverWait(driver, 30).until(lambda d: d.execute_script(title) == f"job {job_id}")
+    except TimeoutException:
+        pytest.fail(f"job {job_id} was not rendered; the page says: {text_of(driver, 'message')!r}")
     text = driver.find_element(By.ID, "view").text
     assert "null" not in text.split() and "undefined" not in text, text
     return text
@@ -91,9 +95,12 @@ def test_the_viewer_shows_turns_evaluation_attempts_partial_trajectories_and_err
 
     done_id = submit({"task": {"kind": "viewer-demo"}})
     timed_out_id = submit({"task": {"kind": "viewer-demo", "stall": True}, "limits": {"rollout_timeout_s": 1}})
+    eval_timed_out_id = submit({"task": {"kind": "viewer-demo", "stall_in_eval": True},
+                                "limits": {"eval_timeout_s": 1}})  # fmt: skip
     failed_id = submit({"task": {"kind": "scripted", "fail": "eval"}})
     assert wait_status(api, done_id)["status"] == "done"
     assert wait_status(api, timed_out_id)["status"] == "timed_out"
+    assert wait_status(api, eval_timed_out_id)["status"] == "timed_out"
     assert wait_status(api, failed_id)["status"] == "failed"
 
     # Without a token the API refuses, and the page says so; the token entered in the header opens it.
@@ -104,7 +111,7 @@ def test_the_viewer_shows_turns_evaluation_attempts_partial_trajectories_and_err
     browser.find_element(By.ID, "save-token").click()
     WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#jobs tr.job"))
     listing = text_of(browser, "view")
-    assert "3 jobs" in listing and all(job_id in listing for job_id in (done_id, timed_out_id, failed_id))
+    assert "4 jobs" in listing and all(job_id in listing for job_id in (done_id, timed_out_id, failed_id))
     screenshot(browser, "job-list")
 
     # Done: the model's turns with their token counts and tool calls, the evaluation, attempts and timings.
@@ -149,6 +156,14 @@ def test_the_viewer_shows_turns_evaluation_attempts_partial_trajectories_and_err
     assert not browser.find_elements(By.ID, "evaluation")
     screenshot(browser, "timed-out-job")
 
+    # Timed out in eval: the rollout had finished, so its whole trajectory is there, without an evaluation.
+    page = open_job(browser, stack.api_url, eval_timed_out_id)
+    assert "Error in the eval stage: timeout" in page and "The rollout finished; then the job timed_out" in page
+    assert "Trajectory without an evaluation" in page and "Trajectory: 2 model turns" in page
+    assert text_of(browser, "turn-count") == "2" and text_of(browser, "generated-tokens") == "82"
+    assert "No trajectory" not in page and not browser.find_elements(By.ID, "evaluation")
+    screenshot(browser, "eval-timed-out-job")
+
     # Failed in eval: stage, type and message at once; the traceback folded until asked for.
     page = open_job(browser, stack.api_url, failed_id)
     assert text_of(browser, "job-status") == "failed"
@@ -161,6 +176,6 @@ def test_the_viewer_shows_turns_evaluation_attempts_partial_trajectories_and_err
     except TimeoutException:
         pytest.fail("the traceback did not unfold")
     assert "RuntimeError: scripted failure in eval" in traceback.text
-    assert "No trajectory: the job failed before its rollout recorded one." in page or "Trajectory" not in page
+    assert "The rollout's output has no turns" in page  # the scripted kind's rollout records none
     screenshot(browser, "failed-job")
 

@@ -3,7 +3,8 @@
 Loaded by workers through ROLLOUTS_TASK_MODULES; no LLM needed: the trajectory is built with
 the same `Trajectory.append` the agent loop uses, from fixed byte-level token ids. With
 `task.stall: true` the rollout keeps its first turns as the partial record, as the agent loop
-does, and waits until the stage's deadline stops it: a timed-out job with a partial trajectory.
+does, and waits until the stage's deadline stops it: a timed-out job with a partial trajectory;
+with `task.stall_in_eval: true` the evaluation waits instead, for a job that times out after its rollout.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class ViewerDemoKind(TaskKind):
         return sample_trajectory().to_dict()
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
+        if ctx.task.get("stall_in_eval"):
+            while True:
+                ctx.sleep(60)  # the job times out with its rollout finished and no evaluation
         tests = [
             {"name": "prints_42", "passed": True, "status": "passed"},
             {"name": "uses_the_shell", "passed": True, "status": "passed"},
