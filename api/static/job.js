@@ -116,14 +116,14 @@ function renderTrajectory(job, trajectory, isPartial) {
   return el("div", { id: "trajectory" }, parts);
 }
 
-async function showJob(id) {
+async function jobPage(id) {
   const job = await api("/v1/jobs/" + encodeURIComponent(id));
   const result = job.result || {};
   const isPartial = !result.trajectory && Boolean(job.partial && job.partial.trajectory);
   const trajectory = result.trajectory || (job.partial && job.partial.trajectory) || {};
   const counts = tokenCounts(trajectory);
   const finished = job.finished_at ? job.finished_at - job.created_at : null;
-  view.replaceChildren(el("article", { id: "job" },
+  return [el("article", { id: "job" },
     el("h2", { id: "job-title" }, "job " + job.id),
     el("div", { class: "facts", id: "facts" },
       fact("status", el("span", { class: "status-" + job.status, id: "job-status" }, job.status)),
@@ -137,5 +137,5 @@ async function showJob(id) {
     result.evaluation && Object.keys(result.evaluation).length ? renderEvaluation(result.evaluation) : null,
     renderAttempts(job, trajectory),
     renderTrajectory(job, trajectory, isPartial),
-    el("section", { class: "panel", id: "request" }, folded("request", json(job.request)))));
+    el("section", { class: "panel", id: "request" }, folded("request", json(job.request))))];
 }

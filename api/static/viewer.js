@@ -47,7 +47,7 @@ function json(value) { return el("pre", {}, JSON.stringify(value, null, 2)); }
 
 function folded(summary, ...content) { return el("details", {}, el("summary", {}, summary), ...content); }
 
-async function showList() {
+async function listPage() {
   const status = document.getElementById("status").value;
   const data = await api("/v1/jobs?limit=200" + (status ? "&status=" + encodeURIComponent(status) : ""));
   const rows = data.jobs.map((job) => {
@@ -59,15 +59,23 @@ async function showList() {
     row.addEventListener("click", () => { location.hash = "job=" + job.id; });
     return row;
   });
-  view.replaceChildren(el("h2", {}, data.jobs.length + " jobs"),
-    el("table", { id: "jobs" }, el("tr", {}, ...["id", "kind", "status", "reward", "group", "created"].map((h) => el("th", {}, h))), ...rows));
+  return [el("h2", {}, data.jobs.length + " jobs"),
+    el("table", { id: "jobs" }, el("tr", {}, ...["id", "kind", "status", "reward", "group", "created"].map((h) => el("th", {}, h))), ...rows)];
 }
 
+// Only the latest navigation renders: a slow answer for a job left behind never replaces the page.
+let navigation = 0;
+
 async function route() {
+  const mine = ++navigation;
   message.textContent = "";
   const match = location.hash.match(/job=([0-9A-Za-z_-]+)/);
-  try { await (match ? showJob(match[1]) : showList()); }
-  catch (error) { message.textContent = error.message; view.replaceChildren(); }
+  try {
+    const page = await (match ? jobPage(match[1]) : listPage());
+    if (mine === navigation) view.replaceChildren(...page);
+  } catch (error) {
+    if (mine === navigation) { message.textContent = error.message; view.replaceChildren(); }
+  }
 }
 
 const fromFragment = location.hash.match(/token=([^&]+)/);
