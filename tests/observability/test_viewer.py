@@ -98,10 +98,12 @@ def test_the_viewer_shows_turns_evaluation_attempts_partial_trajectories_and_err
     eval_timed_out_id = submit({"task": {"kind": "viewer-demo", "stall_in_eval": True},
                                 "limits": {"eval_timeout_s": 1}})  # fmt: skip
     failed_id = submit({"task": {"kind": "scripted", "fail": "eval"}})
+    swe_style_id = submit({"task": {"kind": "viewer-demo", "swe_style": True}})
     assert wait_status(api, done_id)["status"] == "done"
     assert wait_status(api, timed_out_id)["status"] == "timed_out"
     assert wait_status(api, eval_timed_out_id)["status"] == "timed_out"
     assert wait_status(api, failed_id)["status"] == "failed"
+    assert wait_status(api, swe_style_id)["status"] == "done"
 
     # Without a token the API refuses, and the page says so; the token entered in the header opens it.
     browser.get(f"{stack.api_url}/viewer")
@@ -111,7 +113,7 @@ def test_the_viewer_shows_turns_evaluation_attempts_partial_trajectories_and_err
     browser.find_element(By.ID, "save-token").click()
     WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#jobs tr.job"))
     listing = text_of(browser, "view")
-    assert "4 jobs" in listing and all(job_id in listing for job_id in (done_id, timed_out_id, failed_id))
+    assert "5 jobs" in listing and all(job_id in listing for job_id in (done_id, timed_out_id, failed_id))
     screenshot(browser, "job-list")
 
     # Done: the model's turns with their token counts and tool calls, the evaluation, attempts and timings.
@@ -144,6 +146,14 @@ def test_the_viewer_shows_turns_evaluation_attempts_partial_trajectories_and_err
     assert "Attempts and timings" in page and "after submission" in text_of(browser, "timings")
     assert not browser.find_elements(By.ID, "error") and not browser.find_elements(By.ID, "partial-note")
     screenshot(browser, "done-job")
+
+    # Tests in groups of {test: outcome}, as SWE-bench's evaluation reports them.
+    page = open_job(browser, stack.api_url, swe_style_id)
+    assert text_of(browser, "evaluation-score") == "score 0" and "tests: 1 of 2 passed" in page
+    rows = [row.text for row in browser.find_elements(By.CSS_SELECTOR, "#evaluation-tests tr")]
+    assert rows[1:] == ["FAIL_TO_PASS tests/test_x.py::test_fixed FAILED", "PASS_TO_PASS tests/test_x.py::test_kept PASSED"]
+    details = browser.find_element(By.CSS_SELECTOR, "#evaluation dl.details").text.split()
+    assert details == ["resolved", "false"]  # the evaluator's other plain fields
 
     # Timed out in its rollout: the error says which limit, and the partial trajectory is shown.
     page = open_job(browser, stack.api_url, timed_out_id)

@@ -61,6 +61,12 @@ class ViewerDemoKind(TaskKind):
         if ctx.task.get("stall_in_eval"):
             while True:
                 ctx.sleep(60)  # the job times out with its rollout finished and no evaluation
+        if ctx.task.get("swe_style"):  # tests grouped as SWE-bench's evaluation reports them
+            return {
+                "reward": 0.0, "resolved": False, "reason": "not resolved (pytest): 0/1 FAIL_TO_PASS passed",
+                "FAIL_TO_PASS": {"tests/test_x.py::test_fixed": "FAILED"},
+                "PASS_TO_PASS": {"tests/test_x.py::test_kept": "PASSED"},
+            }  # fmt: skip
         tests = [
             {"name": "prints_42", "passed": True, "status": "passed"},
             {"name": "uses_the_shell", "passed": True, "status": "passed"},
