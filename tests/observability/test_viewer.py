@@ -151,7 +151,10 @@ def test_the_viewer_shows_turns_evaluation_attempts_partial_trajectories_and_err
     page = open_job(browser, stack.api_url, swe_style_id)
     assert text_of(browser, "evaluation-score") == "score 0" and "tests: 1 of 2 passed" in page
     rows = [row.text for row in browser.find_elements(By.CSS_SELECTOR, "#evaluation-tests tr")]
-    assert rows[1:] == ["FAIL_TO_PASS tests/test_x.py::test_fixed FAILED", "PASS_TO_PASS tests/test_x.py::test_kept PASSED"]
+    assert rows[1:] == [
+        "FAIL_TO_PASS tests/test_x.py::test_fixed FAILED",
+        "PASS_TO_PASS tests/test_x.py::test_kept PASSED",
+    ]
     details = browser.find_element(By.CSS_SELECTOR, "#evaluation dl.details").text.split()
     assert details == ["resolved", "false"]  # the evaluator's other plain fields
 
