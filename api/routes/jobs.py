@@ -150,7 +150,17 @@ def job_view(record: dict[str, Any]) -> dict[str, Any]:
             "trajectory": record.get("out:rollout") or {},
             "evaluation": evaluation,
         }
+    elif record["status"] in TERMINAL:
+        view["partial"] = _with_finished_rollout(view["partial"], record.get("out:rollout"))
     return view
+
+
+def _with_finished_rollout(partial: dict[str, Any] | None, rollout: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A job stopped after its rollout (eval failed or timed out) still has the trajectory the rollout
+    finished: it is the record up to where the job stopped, so it is served as `partial.trajectory`."""
+    if not rollout or (partial and "trajectory" in partial):
+        return partial
+    return {**(partial or {}), "trajectory": rollout}
 
 
 # Past any real job count, and inside the 64-bit range Redis takes for an index.

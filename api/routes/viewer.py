@@ -1,7 +1,8 @@
 """A small trajectory viewer: one static page that reads the jobs API from the browser.
 
-The page holds no data, so it is served without auth; its requests to /v1/jobs carry the
-token the user enters (kept in the tab's sessionStorage, or given once as `#token=...`).
+The page and its scripts hold no data, so they are served without auth; their requests to
+/v1/jobs carry the token the user enters (kept in the tab's sessionStorage, or given once as
+`#token=...`). Everything is served from here, nothing from a CDN: the page works offline.
 """
 
 from __future__ import annotations
@@ -9,23 +10,41 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from fastapi import APIRouter
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi import APIRouter, HTTPException, status
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 router = APIRouter(tags=["viewer"], include_in_schema=False)
 
-PAGE = Path(__file__).resolve().parent.parent / "static" / "viewer.html"
+STATIC = Path(__file__).resolve().parent.parent / "static"
+PAGE = STATIC / "viewer.html"
+
+# The page's own files, by name; nothing else under static/ is served.
+ASSETS = {
+    "viewer.css": "text/css; charset=utf-8",
+    "viewer.js": "text/javascript; charset=utf-8",
+    "job.js": "text/javascript; charset=utf-8",
+    "turns.js": "text/javascript; charset=utf-8",
+}
+_HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
 
 
-@lru_cache(maxsize=1)
-def _page() -> str:
-    return PAGE.read_text()
+@lru_cache(maxsize=None)
+def _read(path: Path) -> str:
+    return path.read_text()
 
 
 @router.get("/viewer", response_class=HTMLResponse)
 def viewer() -> HTMLResponse:
-    """List jobs; `#job=<id>` opens one: turns, tool calls, reward, token counts."""
-    return HTMLResponse(_page(), headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
+    """List jobs; `#job=<id>` opens one: turns, tool calls, evaluation, attempts, timings, errors."""
+    return HTMLResponse(_read(PAGE), headers=_HEADERS)
+
+
+@router.get("/viewer/assets/{name}")
+def viewer_asset(name: str) -> Response:
+    media_type = ASSETS.get(name)
+    if media_type is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no viewer asset {name!r}")
+    return Response(_read(STATIC / name), media_type=media_type, headers=_HEADERS)
 
 
 @router.get("/viewer/")

@@ -1,7 +1,10 @@
 """A task kind whose rollout returns a real Trajectory record (turns, tool calls, tokens), for the viewer test.
 
 Loaded by workers through ROLLOUTS_TASK_MODULES; no LLM needed: the trajectory is built with
-the same `Trajectory.append` the agent loop uses, from fixed byte-level token ids.
+the same `Trajectory.append` the agent loop uses, from fixed byte-level token ids. With
+`task.stall: true` the rollout keeps its first turns as the partial record, as the agent loop
+does, and waits until the stage's deadline stops it: a timed-out job with a partial trajectory;
+with `task.stall_in_eval: true` the evaluation waits instead, for a job that times out after its rollout.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ def _ids(text: str) -> list[int]:
     return list(text.encode())
 
 
-def sample_trajectory() -> Trajectory:
-    trajectory = Trajectory(stop_reason="finished", answer="42")
+def sample_trajectory(stop_after_first_turn: bool = False) -> Trajectory:
+    trajectory = Trajectory(stop_reason="timed_out" if stop_after_first_turn else "finished", answer="42")
     prompt = "<user>What is 6 x 7? Use the shell.</user>"
     trajectory.append(Turn(role=PROMPT, start=0, end=0, text=prompt), _ids(prompt))
     first = "Let me compute it. <bash>echo $((6*7))</bash>"
@@ -27,6 +30,9 @@ def sample_trajectory() -> Trajectory:
                            finish_reason="stop", latency_s=0.12), _ids(first), [-0.5] * len(first))
     observation = "<tool>42</tool>"
     trajectory.append(Turn(role=OBSERVATION, start=0, end=0, text=observation, duration_s=0.031), _ids(observation))
+    if stop_after_first_turn:
+        trajectory.stop_detail = "the rollout stage time limit"
+        return trajectory
     last = "The answer is 42. <finish>42</finish>"
     finish = ToolCallRecord(name="finish", arguments={"answer": "42"}, raw="<finish>42</finish>", output="Finished.")
     trajectory.append(Turn(role=ASSISTANT, start=0, end=0, text=last, tool_calls=[finish], backend_id="cpu-1",
@@ -45,7 +51,26 @@ class ViewerDemoKind(TaskKind):
         return {}
 
     def rollout(self, ctx: StageContext) -> dict[str, Any]:
+        if ctx.task.get("stall"):
+            ctx.partial["trajectory"] = sample_trajectory(stop_after_first_turn=True).to_dict()
+            while True:
+                ctx.sleep(60)  # raises StageInterrupted at the stage's deadline
         return sample_trajectory().to_dict()
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
-        return {"reward": 0.75, "reason": "3 of 4 checks passed", "checks": {"passed": 3, "failed": ["the last one"]}}
+        if ctx.task.get("stall_in_eval"):
+            while True:
+                ctx.sleep(60)  # the job times out with its rollout finished and no evaluation
+        if ctx.task.get("swe_style"):  # tests grouped as SWE-bench's evaluation reports them
+            return {
+                "reward": 0.0, "resolved": False, "reason": "not resolved (pytest): 0/1 FAIL_TO_PASS passed",
+                "FAIL_TO_PASS": {"tests/test_x.py::test_fixed": "FAILED"},
+                "PASS_TO_PASS": {"tests/test_x.py::test_kept": "PASSED"},
+            }  # fmt: skip
+        tests = [
+            {"name": "prints_42", "passed": True, "status": "passed"},
+            {"name": "uses_the_shell", "passed": True, "status": "passed"},
+            {"name": "calls_finish", "passed": True, "status": "passed"},
+            {"name": "explains_the_steps", "passed": False, "status": "wrong_output", "detail": "no explanation"},
+        ]
+        return {"reward": 0.75, "reason": "3 of 4 checks passed", "passed": 3, "total": 4, "tests": tests}

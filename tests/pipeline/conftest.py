@@ -23,7 +23,9 @@ FAST_RECOVERY_ENV = {
 def make_stack(tmp_path: Path) -> Iterator[Callable[..., Stack]]:
     stacks: list[Stack] = []
 
-    def make(concurrency: dict[str, int] | None = None, env: dict[str, str] | None = None) -> Stack:
+    def make(
+        concurrency: dict[str, int] | None = None, env: dict[str, str] | None = None, token: str | None = None
+    ) -> Stack:
         settings = Settings(redis_url=None, state_dir=tmp_path / "state")
         stack = Stack(
             settings,
@@ -34,7 +36,7 @@ def make_stack(tmp_path: Path) -> Iterator[Callable[..., Stack]]:
         )
         stacks.append(stack)
         stack.start()
-        stack.wait_for_workers()
+        stack.wait_for_workers(token=token)  # the token of a stack started with ROLLOUTS_API_TOKENS
         return stack
 
     yield make

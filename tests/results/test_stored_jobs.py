@@ -52,6 +52,8 @@ class LongTrajectory(TaskKind):
         }
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
+        if ctx.task.get("hang_in_eval"):
+            ctx.sleep(60)
         tokens = len(ctx.outputs["rollout"]["token_ids"])
         return {"reward": 1.0 if tokens == TOKENS else 0.0, "tests": "ok\n" * 500, "tokens": tokens}
 
@@ -110,6 +112,20 @@ def test_a_timed_out_jobs_partial_output_is_stored_and_returned(worker: WorkerSt
     assert b"partial" not in worker.redis.hkeys(worker.store.keys.job(submitted.job_id))
     view = api.get(f"/v1/jobs/{submitted.job_id}").json()
     assert view["partial"]["trajectory"]["token_ids"] == list(range(100))
+
+
+def test_a_job_that_times_out_in_eval_serves_its_finished_trajectory_as_partial(
+    worker: WorkerState, api: TestClient
+) -> None:
+    (submitted,) = worker.store.submit(
+        [{"task": {"kind": "long-trajectory", "hang_in_eval": True}, "limits": {"eval_timeout_s": 0.5}}]
+    )
+    init_stage.run(submitted.job_id)
+    assert rollout_stage.run(submitted.job_id) == "queued:eval"
+    assert eval_stage.run(submitted.job_id) == JobStatus.TIMED_OUT
+    view = api.get(f"/v1/jobs/{submitted.job_id}").json()
+    assert view["result"] is None and view["error"]["stage"] == "eval"
+    assert view["partial"]["trajectory"]["token_ids"] == [i % 50000 for i in range(TOKENS)]
 
 
 def test_a_missing_results_directory_fails_the_job_and_stops_submissions_until_it_is_back(
