@@ -1,26 +1,33 @@
 """Local backend: a process sandbox over the job's workspace, isolated with bubblewrap.
 
-bwrap gives the sandbox new pid, ipc, uts, cgroup and (unless the task asks
-for it) network namespaces, a read-only view of the system (/usr, /etc, the
+bwrap gives the sandbox new pid, ipc, uts, cgroup and network namespaces, a
+read-only view of the system (/usr, /etc, the
 Python environment and the project), a private /tmp, and the workspace as
 the only writable host directory. With its own pid namespace, killing the
 sandbox's bwrap takes every process inside with it. Where bwrap cannot create
 namespaces, a plain process in its own session with the same rlimits is the
 fallback, with a warning (or an error with ``sandbox_require_isolation``).
+A task given network access keeps its own network namespace and reaches out
+through slirp4netns (``workers/sandbox/slirp_launcher.py``), never through the
+host's namespace, whose loopback serves Redis, the API and vLLM.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from shared.config import Settings
 from workers.sandbox.base import Sandbox, SandboxError
 from workers.sandbox.isolation import UidSlot, chown_tree
+from workers.sandbox import slirp_launcher
 from workers.sandbox.seccomp import with_filter
 from workers.sandbox.spec import SandboxSpec
 
@@ -31,6 +38,8 @@ _SYSTEM_RO = ("/usr", "/etc", "/opt")
 _MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 TMPFS_BYTES = 512 * 1024 * 1024
 SECCOMP_FD = 9
+RESOLV_CONF = "/etc/resolv.conf"
+SLIRP_PACKAGE = "slirp4netns"
 
 
 @functools.lru_cache(maxsize=1)
@@ -75,6 +84,7 @@ def bwrap_command(
     ro_paths: list[str],
     tmpfs_bytes: int = TMPFS_BYTES,
     seccomp_fd: int | None = None,
+    resolv_conf: Path | None = None,
 ) -> list[str]:
     """The bwrap argv running ``argv`` in the sandbox (pure: what it builds is tested).
 
@@ -83,6 +93,9 @@ def bwrap_command(
     RLIMIT_NPROC applies. ``uid`` None: bwrap creates a user namespace and
     the sandbox keeps the caller's uid (the rootless HPC case), and cannot make
     another. ``seccomp_fd``: bwrap loads workers/sandbox/seccomp.py's filter from it.
+    ``network``: the namespace is still the sandbox's own; bwrap reports its child on
+    slirp_launcher's info fd and holds the command until the launcher has brought
+    ``tap0`` up, and ``resolv_conf`` (naming slirp's DNS) replaces the host's.
     """
     cmd = ["bwrap", "--die-with-parent", "--new-session"]
     cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
@@ -90,11 +103,16 @@ def bwrap_command(
         cmd += ["--unshare-user", "--disable-userns"]
     if seccomp_fd is not None:
         cmd += ["--seccomp", str(seccomp_fd)]
-    if not network:
-        cmd.append("--unshare-net")
+    cmd.append("--unshare-net")
+    if network:
+        cmd += ["--info-fd", str(slirp_launcher.INFO_FD), "--block-fd", str(slirp_launcher.BLOCK_FD)]
     cmd += ["--hostname", "sandbox"]
     for path in _SYSTEM_RO:
         cmd += ["--ro-bind-try", path, path]
+    if network:
+        if resolv_conf is None:
+            raise ValueError("a network sandbox needs the resolv.conf that names slirp's DNS")
+        cmd += ["--ro-bind", str(resolv_conf), resolv_conf_target()]
     for path in _MERGED_USR:
         if os.path.islink(path):
             cmd += ["--symlink", os.readlink(path), path]
@@ -117,6 +135,37 @@ def bwrap_command(
         cmd += ["--inh-caps=-all", "--bounding-set=-all"]
     cmd += ["--", *argv]
     return cmd
+
+
+def resolv_conf_target() -> str:
+    """Where the sandbox reads its resolver from: the file /etc/resolv.conf leads to on the host
+    (a systemd host links it into /run, which the sandbox does not have; bwrap creates it there)."""
+    return os.path.realpath(RESOLV_CONF)
+
+
+@functools.cache
+def slirp_resolv_conf() -> Path:
+    """A resolv.conf naming slirp's DNS, written once per process in a private directory: the
+    host's may name a resolver on its loopback, which a network sandbox cannot reach."""
+    directory = Path(tempfile.mkdtemp(prefix="ro-resolv-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    path = directory / "resolv.conf"
+    path.write_text(f"nameserver {slirp_launcher.DNS}\n")
+    path.chmod(0o644)
+    return path
+
+
+def network_launcher(bwrap_argv: list[str], *, userns: bool) -> list[str]:
+    """``bwrap_argv`` run under slirp_launcher; a SandboxError naming the package if slirp4netns is missing.
+
+    Never a silent fall back to the host's network: that would hand the task the host's loopback."""
+    if shutil.which("slirp4netns") is None:
+        raise SandboxError(
+            "the task asks for network access, which needs slirp4netns, and it is not installed "
+            f"(Debian/Ubuntu package {SLIRP_PACKAGE}: apt-get install {SLIRP_PACKAGE})"
+        )
+    flags = [slirp_launcher.USERNS_FLAG] if userns else []
+    return [sys.executable, "-I", slirp_launcher.__file__, *flags, "--", *bwrap_argv]
 
 
 def _traversable_parents(path: str) -> list[str]:
@@ -177,6 +226,9 @@ class LocalSandbox(Sandbox):
                 uid=self.uid,
                 ro_paths=readonly_paths(),
                 seccomp_fd=SECCOMP_FD,
+                resolv_conf=slirp_resolv_conf() if self.spec.network else None,
             )
+            if self.spec.network:
+                command = network_launcher(command, userns=self.uid is None)
             return with_filter(command, SECCOMP_FD)
         return ["env", "-i", "-C", str(self.workspace), *(f"{k}={v}" for k, v in env.items()), *argv]
