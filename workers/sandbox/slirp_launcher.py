@@ -11,7 +11,10 @@ not run before the interface is up, so this script sits between the worker and b
 
 1. starts bwrap, which reports its child's pid on ``INFO_FD`` and then waits on
    ``BLOCK_FD`` before running the command;
-2. starts slirp4netns on that pid and waits for its ready fd;
+2. waits until that child has brought its loopback up, then starts slirp4netns on
+   it and waits for its ready fd (slirp4netns brings ``lo`` up too, and the kernel
+   then gives it 127.0.0.1: had it come first, bwrap's own RTM_NEWADDR would fail
+   with EEXIST and the sandbox with it);
 3. releases bwrap, waits for it, then stops slirp4netns and returns bwrap's status.
 
 slirp4netns is this process's child, in the sandbox's session: ``Sandbox.stop`` kills it
@@ -31,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from typing import IO
 
 INFO_FD = 10  # bwrap --info-fd: JSON with "child-pid"
@@ -40,6 +44,7 @@ DNS = "10.0.2.3"  # slirp's own resolver, forwarding to the host's
 USERNS_FLAG = "--userns"
 PR_SET_PDEATHSIG = 1
 NS_GET_USERNS = 0xB701  # ioctl on a namespace fd: the user namespace that owns it
+LOOPBACK_UP = "127.255.255.255"  # lo's broadcast route: in the fib only once lo is up
 
 
 def slirp_command(pid: int, ready_fd: int, exit_fd: int, userns_fd: int | None) -> list[str]:
@@ -77,6 +82,23 @@ def _read_child_pid(fd: int) -> int | None:
         except (ValueError, KeyError):
             continue
     return None
+
+
+def _wait_for_loopback(pid: int, bwrap: subprocess.Popen[bytes]) -> bool:
+    """Wait until bwrap's child has set up its loopback; False if bwrap or the child ended first.
+
+    Polled: bwrap says nothing between reporting the pid and blocking on BLOCK_FD."""
+    delay = 0.0005
+    while bwrap.poll() is None:
+        try:
+            with open(f"/proc/{pid}/net/fib_trie") as fib:
+                if LOOPBACK_UP in fib.read():
+                    return True
+        except OSError:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.01)
+    return False
 
 
 def _owning_userns(pid: int) -> int:
@@ -138,7 +160,7 @@ def main(argv: list[str]) -> int:
     bwrap, info_r, block_w = _start_bwrap(bwrap_argv)
     pid = _read_child_pid(info_r)
     os.close(info_r)
-    if pid is None:
+    if pid is None or not _wait_for_loopback(pid, bwrap):
         os.close(block_w)
         return _status(bwrap.wait())
     with tempfile.TemporaryFile() as log:
