@@ -9,7 +9,6 @@ thresholds: connections get generous timeouts and only their outcome is checked.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import threading
@@ -33,22 +32,6 @@ CONNECT = (
     "except OSError as exc:\n"
     "    print('failed', exc)\n"
 )
-
-
-@pytest.fixture()
-def require_slirp() -> None:
-    if shutil.which("slirp4netns") is None:
-        pytest.skip("slirp4netns is not installed (Debian package slirp4netns)")
-
-
-@pytest.fixture()
-def net_sandbox(
-    require_bwrap: None, require_slirp: None, workspace: Path, short_dir: Path, sandbox_settings: Settings
-) -> Iterator[Sandbox]:
-    box = create_sandbox(SandboxSpec(network=True), workspace, short_dir / "rt", sandbox_settings)
-    box.start()
-    yield box
-    box.stop()
 
 
 @contextmanager
@@ -84,7 +67,8 @@ def connect_from(box: Sandbox, host: str, port: int) -> str:
 def host_addresses() -> list[str]:
     """The host's global IPv4 addresses (not loopback)."""
     try:
-        out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True).stdout
+        command = ["ip", "-4", "-o", "addr", "show", "scope", "global"]
+        out = subprocess.run(command, capture_output=True, text=True).stdout
     except FileNotFoundError:
         return []
     return [line.split()[3].split("/")[0] for line in out.splitlines() if len(line.split()) > 3]
