@@ -165,7 +165,7 @@ def network_launcher(bwrap_argv: list[str], *, userns: bool) -> list[str]:
             f"(Debian/Ubuntu package {SLIRP_PACKAGE}: apt-get install {SLIRP_PACKAGE})"
         )
     flags = [slirp_launcher.USERNS_FLAG] if userns else []
-    return [sys.executable, "-I", slirp_launcher.__file__, *flags, "--", *bwrap_argv]
+    return [sys.executable, "-I", "-S", slirp_launcher.__file__, *flags, "--", *bwrap_argv]
 
 
 def _traversable_parents(path: str) -> list[str]:

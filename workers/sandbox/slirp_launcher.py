@@ -20,7 +20,7 @@ not run before the interface is up, so this script sits between the worker and b
 slirp4netns is this process's child, in the sandbox's session: ``Sandbox.stop`` kills it
 with the rest of the launcher's tree; its ``--exit-fd`` also ends it if this process dies
 (which a parent-death signal ties to the worker's spawner thread, as bwrap's
-``--die-with-parent`` did before). Run by path with ``python -I``: standard library only,
+``--die-with-parent`` did before). Run by path with ``python -I -S``: standard library only,
 so starting it costs an interpreter, not the project's imports.
 """
 
