@@ -1,33 +1,30 @@
 """Local backend: a process sandbox over the job's workspace, isolated with bubblewrap.
 
 bwrap gives the sandbox new pid, ipc, uts, cgroup and network namespaces, a
-read-only view of the system (/usr, /etc, the
-Python environment and the project), a private /tmp, and the workspace as
-the only writable host directory. With its own pid namespace, killing the
+read-only view of the system (/usr, /etc, the Python environment and the
+project), a private /tmp, and the workspace as the only writable host directory. With its own pid namespace, killing the
 sandbox's bwrap takes every process inside with it. Where bwrap cannot create
 namespaces, a plain process in its own session with the same rlimits is the
 fallback, with a warning (or an error with ``sandbox_require_isolation``).
 A task given network access keeps its own network namespace and reaches out
-through slirp4netns (``workers/sandbox/slirp_launcher.py``), never through the
-host's namespace, whose loopback serves Redis, the API and vLLM.
+through slirp4netns (``network.py``, ``slirp_launcher.py``), never through
+the host's namespace, whose loopback serves Redis, the API and vLLM.
 """
 
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from shared.config import Settings
+from workers.sandbox import slirp_launcher
 from workers.sandbox.base import Sandbox, SandboxError
 from workers.sandbox.isolation import UidSlot, chown_tree
-from workers.sandbox import slirp_launcher
+from workers.sandbox.network import network_launcher, resolv_conf_target, slirp_resolv_conf
 from workers.sandbox.seccomp import with_filter
 from workers.sandbox.spec import SandboxSpec
 
@@ -38,8 +35,6 @@ _SYSTEM_RO = ("/usr", "/etc", "/opt")
 _MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 TMPFS_BYTES = 512 * 1024 * 1024
 SECCOMP_FD = 9
-RESOLV_CONF = "/etc/resolv.conf"
-SLIRP_PACKAGE = "slirp4netns"
 
 
 @functools.lru_cache(maxsize=1)
@@ -109,10 +104,11 @@ def bwrap_command(
     cmd += ["--hostname", "sandbox"]
     for path in _SYSTEM_RO:
         cmd += ["--ro-bind-try", path, path]
-    if network:
+    target = resolv_conf_target() if network else None
+    if target is not None:
         if resolv_conf is None:
             raise ValueError("a network sandbox needs the resolv.conf that names slirp's DNS")
-        cmd += ["--ro-bind", str(resolv_conf), resolv_conf_target()]
+        cmd += ["--ro-bind", str(resolv_conf), target]
     for path in _MERGED_USR:
         if os.path.islink(path):
             cmd += ["--symlink", os.readlink(path), path]
@@ -135,37 +131,6 @@ def bwrap_command(
         cmd += ["--inh-caps=-all", "--bounding-set=-all"]
     cmd += ["--", *argv]
     return cmd
-
-
-def resolv_conf_target() -> str:
-    """Where the sandbox reads its resolver from: the file /etc/resolv.conf leads to on the host
-    (a systemd host links it into /run, which the sandbox does not have; bwrap creates it there)."""
-    return os.path.realpath(RESOLV_CONF)
-
-
-@functools.cache
-def slirp_resolv_conf() -> Path:
-    """A resolv.conf naming slirp's DNS, written once per process in a private directory: the
-    host's may name a resolver on its loopback, which a network sandbox cannot reach."""
-    directory = Path(tempfile.mkdtemp(prefix="ro-resolv-"))
-    atexit.register(shutil.rmtree, directory, ignore_errors=True)
-    path = directory / "resolv.conf"
-    path.write_text(f"nameserver {slirp_launcher.DNS}\n")
-    path.chmod(0o644)
-    return path
-
-
-def network_launcher(bwrap_argv: list[str], *, userns: bool) -> list[str]:
-    """``bwrap_argv`` run under slirp_launcher; a SandboxError naming the package if slirp4netns is missing.
-
-    Never a silent fall back to the host's network: that would hand the task the host's loopback."""
-    if shutil.which("slirp4netns") is None:
-        raise SandboxError(
-            "the task asks for network access, which needs slirp4netns, and it is not installed "
-            f"(Debian/Ubuntu package {SLIRP_PACKAGE}: apt-get install {SLIRP_PACKAGE})"
-        )
-    flags = [slirp_launcher.USERNS_FLAG] if userns else []
-    return [sys.executable, "-I", "-S", slirp_launcher.__file__, *flags, "--", *bwrap_argv]
 
 
 def _traversable_parents(path: str) -> list[str]:
