@@ -160,9 +160,16 @@ def main(argv: list[str]) -> int:
     bwrap, info_r, block_w = _start_bwrap(bwrap_argv)
     pid = _read_child_pid(info_r)
     os.close(info_r)
-    if pid is None or not _wait_for_loopback(pid, bwrap):
+    if pid is None:  # bwrap failed before its child existed
         os.close(block_w)
         return _status(bwrap.wait())
+    if not _wait_for_loopback(pid, bwrap):
+        if bwrap.poll() is None:  # never release a sandbox whose network cannot come up
+            bwrap.kill()
+            print(f"sandbox network: cannot watch /proc/{pid}/net/fib_trie for the loopback", file=sys.stderr)
+        os.close(block_w)
+        code = _status(bwrap.wait())
+        return code or 1
     with tempfile.TemporaryFile() as log:
         slirp, exit_w, ready = _start_slirp(pid, rootless, log)
         try:
@@ -173,7 +180,10 @@ def main(argv: list[str]) -> int:
                 detail = log.read().decode(errors="replace").strip()
                 print(f"sandbox network: slirp4netns failed (exit {slirp.wait()}): {detail}", file=sys.stderr)
                 return 1
-            os.write(block_w, b"1")
+            try:
+                os.write(block_w, b"1")
+            except BrokenPipeError:
+                pass  # the child is already gone: bwrap's status says why
             return _status(bwrap.wait())
         finally:
             os.close(block_w)
