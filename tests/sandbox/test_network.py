@@ -9,10 +9,12 @@ thresholds: connections get generous timeouts and only their outcome is checked.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -86,6 +88,24 @@ def slirp_pids(root: int) -> list[int]:
     return found
 
 
+def gone(pid: int) -> bool:
+    """Exited: no /proc entry, or a zombie left for its new parent to reap."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll ``condition`` until it holds or ``timeout_s`` (a generous bound, not a threshold) passes."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_a_server_on_the_hosts_loopback_is_unreachable(net_sandbox: Sandbox):
     with greeting_server("127.0.0.1") as port:
         direct = connect_from(net_sandbox, "127.0.0.1", port)
@@ -127,6 +147,16 @@ def test_no_slirp4netns_outlives_the_sandbox(net_sandbox: Sandbox):
     net_sandbox.stop()
     assert not Path(f"/proc/{running[0]}").exists()
     assert slirp_pids(os.getpid()) == []
+
+
+def test_slirp4netns_ends_when_its_launcher_dies(net_sandbox: Sandbox):
+    """A worker killed outright takes the launcher with it: slirp4netns then sees its exit fd hang up."""
+    launcher = net_sandbox._proc
+    assert launcher is not None
+    [slirp] = slirp_pids(launcher.pid)
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    assert wait_until(lambda: gone(slirp), timeout_s=30), f"slirp4netns {slirp} outlived its launcher"
 
 
 def test_exec_brings_the_network_up_first_and_takes_slirp_down(
