@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(redis-server bubblewrap libseccomp2 git slurm-wlm munge chromium chromium-driver)
+APT_PACKAGES=(redis-server bubblewrap libseccomp2 slirp4netns git slurm-wlm munge chromium chromium-driver)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -1,4 +1,5 @@
-"""Fixtures for real sandboxes: settings with small limits, short runtime dirs, a started sandbox."""
+"""Fixtures for real sandboxes: settings with small limits, short runtime dirs, a started sandbox
+(and one given network access)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,23 @@ def workspace(short_dir: Path) -> Path:
 @pytest.fixture()
 def sandbox(require_bwrap: None, workspace: Path, short_dir: Path, sandbox_settings: Settings) -> Iterator[Sandbox]:
     box = create_sandbox(SandboxSpec(), workspace, short_dir / "rt", sandbox_settings)
+    box.start()
+    yield box
+    box.stop()
+
+
+@pytest.fixture()
+def require_slirp() -> None:
+    if shutil.which("slirp4netns") is None:
+        pytest.skip("slirp4netns is not installed (Debian package slirp4netns)")
+
+
+@pytest.fixture()
+def net_sandbox(
+    require_bwrap: None, require_slirp: None, workspace: Path, short_dir: Path, sandbox_settings: Settings
+) -> Iterator[Sandbox]:
+    """A started sandbox whose task asks for network access (slirp4netns)."""
+    box = create_sandbox(SandboxSpec(network=True), workspace, short_dir / "rt", sandbox_settings)
     box.start()
     yield box
     box.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -44,6 +45,29 @@ SCRIPT = textwrap.dedent(
     print((base / "rt").exists())
     """
 )
+
+NETWORK_SCRIPT = textwrap.dedent(
+    """
+    import os, socket, sys
+    from pathlib import Path
+    from shared.config import Settings
+    from workers.sandbox import SandboxSpec, create_sandbox
+
+    base, port = Path(sys.argv[1]), int(sys.argv[2])
+    settings = Settings(state_dir=base / "state", sandbox_require_isolation=True)
+    spec = SandboxSpec(network=True, env={"PYTHONPATH": os.environ["PYTHONPATH"]})
+    with create_sandbox(spec, base / "ws", base / "rt", settings) as box:
+        command = (
+            "grep -c tap0 /proc/net/route; grep -o 'tap0:' /proc/net/dev; "
+            f"timeout 5 bash -c 'echo > /dev/tcp/127.0.0.1/{port}' 2>/dev/null && echo open || echo closed; "
+            f"timeout 5 bash -c 'echo > /dev/tcp/10.0.2.2/{port}' 2>/dev/null && echo open || echo closed"
+        )
+        print(box.call("bash", {"command": command}).output, end="")
+    """
+)
+# slirp4netns opens /dev/net/tun as the user; a container's node may be root's only (0600). The test
+# then runs in a mount namespace of its own with a world-usable node on a private tmpfs.
+TUN_FOR_ALL = 'mount -t tmpfs tmpfs /dev/net && mknod -m 666 /dev/net/tun c 10 200 && exec "$@"'
 
 
 @contextmanager
@@ -87,5 +111,35 @@ def test_sandbox_as_an_unprivileged_user(require_bwrap: None) -> None:
         assert os.stat(base / "ws" / "made.txt").st_uid == 65534
     finally:
         # Never remove a tree that still has the checkout mounted in it.
+        if not os.path.ismount(base / "view" / "project"):
+            shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to an unprivileged user")
+@pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason=f"{SYSTEM_PYTHON} is not installed")
+@pytest.mark.skipif(shutil.which("slirp4netns") is None, reason="slirp4netns is not installed")
+def test_network_sandbox_as_an_unprivileged_user(require_bwrap: None) -> None:
+    """Rootless, slirp4netns must join the user namespace that owns the sandbox's network namespace."""
+    base = Path(tempfile.mkdtemp(prefix="sbx-rootless-"))
+    site = Path(sysconfig.get_paths()["purelib"]).resolve().relative_to(PROJECT_ROOT)
+    tun_for_all = os.stat("/dev/net/tun").st_mode & 0o006 == 0o006
+    prefix = [] if tun_for_all else ["unshare", "-m", "sh", "-c", TUN_FOR_ALL, "sh"]
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        os.chmod(base, 0o777)
+        (base / "ws").mkdir()
+        os.chown(base / "ws", 65534, 65534)
+        with reachable_by_anyone(base / "view", {"project": str(PROJECT_ROOT)}) as [project]:
+            done = subprocess.run(
+                [*prefix, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                 "env", "-i", "PATH=/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/tmp",
+                 f"PYTHONPATH={project}/{site}:{project}",
+                 SYSTEM_PYTHON, "-c", NETWORK_SCRIPT, str(base), str(server.getsockname()[1])],
+                capture_output=True, text=True, timeout=120, cwd=base,
+            )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == ["2", "tap0:", "closed", "closed"], done.stdout + done.stderr[-2000:]
+    finally:
+        server.close()
         if not os.path.ismount(base / "view" / "project"):
             shutil.rmtree(base, ignore_errors=True)

@@ -3,4 +3,12 @@
 from __future__ import annotations
 
 # Real bubblewrap sandboxes, set up exactly as tests/sandbox does.
-from tests.sandbox.conftest import require_bwrap, sandbox, sandbox_settings, short_dir, workspace  # noqa: E402,F401
+from tests.sandbox.conftest import (  # noqa: E402,F401
+    net_sandbox,
+    require_bwrap,
+    require_slirp,
+    sandbox,
+    sandbox_settings,
+    short_dir,
+    workspace,
+)

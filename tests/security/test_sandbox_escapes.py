@@ -40,21 +40,24 @@ def test_host_files_next_to_the_workspace_are_invisible(sandbox: Sandbox, worksp
     assert bash(sandbox, "cat /workspace/mine.txt") == "agent data\n"
 
 
-def test_a_server_on_the_hosts_loopback_is_unreachable(sandbox: Sandbox):
+@pytest.mark.parametrize("box", ["sandbox", "net_sandbox"])
+def test_a_server_on_the_hosts_loopback_is_unreachable(box: str, request: pytest.FixtureRequest):
+    """Also for a task given network access: 10.0.2.2 is slirp4netns' alias for the host."""
+    sandbox: Sandbox = request.getfixturevalue(box)
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
         code = (
             "import socket\n"
-            "for host in ('127.0.0.1', 'localhost'):\n"
+            "for host in ('127.0.0.1', 'localhost', '10.0.2.2'):\n"
             "    try:\n"
             f"        socket.create_connection((host, {port}), timeout=3); print('connected')\n"
             "    except OSError as exc:\n"
             "        print('refused', exc.errno)\n"
         )
         output = sandbox.call("python", {"code": code}).output
-    assert "connected" not in output and output.count("refused") == 2
+    assert "connected" not in output and output.count("refused") == 3
 
 
 def test_names_do_not_resolve_and_no_outside_address_is_reachable(sandbox: Sandbox):

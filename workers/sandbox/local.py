@@ -1,12 +1,14 @@
 """Local backend: a process sandbox over the job's workspace, isolated with bubblewrap.
 
-bwrap gives the sandbox new pid, ipc, uts, cgroup and (unless the task asks
-for it) network namespaces, a read-only view of the system (/usr, /etc, the
-Python environment and the project), a private /tmp, and the workspace as
-the only writable host directory. With its own pid namespace, killing the
+bwrap gives the sandbox new pid, ipc, uts, cgroup and network namespaces, a
+read-only view of the system (/usr, /etc, the Python environment and the
+project), a private /tmp, and the workspace as the only writable host directory. With its own pid namespace, killing the
 sandbox's bwrap takes every process inside with it. Where bwrap cannot create
 namespaces, a plain process in its own session with the same rlimits is the
 fallback, with a warning (or an error with ``sandbox_require_isolation``).
+A task given network access keeps its own network namespace and reaches out
+through slirp4netns (``network.py``, ``slirp_launcher.py``), never through
+the host's namespace, whose loopback serves Redis, the API and vLLM.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import sys
 from pathlib import Path
 
 from shared.config import Settings
+from workers.sandbox import slirp_launcher
 from workers.sandbox.base import Sandbox, SandboxError
 from workers.sandbox.isolation import UidSlot, chown_tree
+from workers.sandbox.network import network_launcher, resolv_conf_target, slirp_resolv_conf
 from workers.sandbox.seccomp import with_filter
 from workers.sandbox.spec import SandboxSpec
 
@@ -75,6 +79,7 @@ def bwrap_command(
     ro_paths: list[str],
     tmpfs_bytes: int = TMPFS_BYTES,
     seccomp_fd: int | None = None,
+    resolv_conf: Path | None = None,
 ) -> list[str]:
     """The bwrap argv running ``argv`` in the sandbox (pure: what it builds is tested).
 
@@ -83,6 +88,9 @@ def bwrap_command(
     RLIMIT_NPROC applies. ``uid`` None: bwrap creates a user namespace and
     the sandbox keeps the caller's uid (the rootless HPC case), and cannot make
     another. ``seccomp_fd``: bwrap loads workers/sandbox/seccomp.py's filter from it.
+    ``network``: the namespace is still the sandbox's own; bwrap reports its child on
+    slirp_launcher's info fd and holds the command until the launcher has brought
+    ``tap0`` up, and ``resolv_conf`` (naming slirp's DNS) replaces the host's.
     """
     cmd = ["bwrap", "--die-with-parent", "--new-session"]
     cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
@@ -90,11 +98,17 @@ def bwrap_command(
         cmd += ["--unshare-user", "--disable-userns"]
     if seccomp_fd is not None:
         cmd += ["--seccomp", str(seccomp_fd)]
-    if not network:
-        cmd.append("--unshare-net")
+    cmd.append("--unshare-net")
+    if network:
+        cmd += ["--info-fd", str(slirp_launcher.INFO_FD), "--block-fd", str(slirp_launcher.BLOCK_FD)]
     cmd += ["--hostname", "sandbox"]
     for path in _SYSTEM_RO:
         cmd += ["--ro-bind-try", path, path]
+    target = resolv_conf_target() if network else None
+    if target is not None:
+        if resolv_conf is None:
+            raise ValueError("a network sandbox needs the resolv.conf that names slirp's DNS")
+        cmd += ["--ro-bind", str(resolv_conf), target]
     for path in _MERGED_USR:
         if os.path.islink(path):
             cmd += ["--symlink", os.readlink(path), path]
@@ -177,6 +191,9 @@ class LocalSandbox(Sandbox):
                 uid=self.uid,
                 ro_paths=readonly_paths(),
                 seccomp_fd=SECCOMP_FD,
+                resolv_conf=slirp_resolv_conf() if self.spec.network else None,
             )
+            if self.spec.network:
+                command = network_launcher(command, userns=self.uid is None)
             return with_filter(command, SECCOMP_FD)
         return ["env", "-i", "-C", str(self.workspace), *(f"{k}={v}" for k, v in env.items()), *argv]
