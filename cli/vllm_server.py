@@ -170,7 +170,9 @@ class VLLMServer:
                 stdout=output,
                 stderr=subprocess.STDOUT if output else None,
                 start_new_session=True,  # a terminal's Ctrl-C reaches only our parent, which stops us in order
-                preexec_fn=die_with_parent(),
+                # Orphaned, vLLM ignores a polite SIGTERM for good (seen: servers alive an hour after their
+                # `rollouts up` was SIGKILLed, holding memory): a server without its parent is of no use.
+                preexec_fn=die_with_parent(signal.SIGKILL),
             )
         finally:
             if output is not None:
