@@ -133,13 +133,19 @@ def start_up_without_backend(
     return up, log
 
 
-def test_up_stops_everything_on_sigterm_too(tmp_path):
+@pytest.mark.parametrize(
+    ("sig", "inherited_ignore"),
+    [(signal.SIGTERM, False), (signal.SIGINT, True)],
+    ids=["sigterm", "ctrl_c_when_started_with_sigint_ignored"],  # `rollouts up &` from a script ignores SIGINT
+)
+def test_up_stops_everything_on_a_signal(tmp_path, sig, inherited_ignore):
     port = free_port()
-    up, log = start_up_without_backend(tmp_path, port)
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if inherited_ignore else None
+    up, log = start_up_without_backend(tmp_path, port, preexec_fn=ignore)
     try:
         wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200, what="the API")
         children = children_of(up.pid)
-        up.send_signal(signal.SIGTERM)
+        up.send_signal(sig)
         up.wait(timeout=90)
         assert not [pid for pid in children if alive(pid)], "`up` left processes behind"
     finally:
@@ -301,20 +307,3 @@ def test_up_prints_where_everything_is_and_keeps_rq_quiet_unless_asked(tmp_path,
         assert len(rq_lines) >= 20, "--verbose should show rq's per-job lines"
     else:
         assert rq_lines == [], rq_lines[:5]
-
-
-def test_up_started_with_sigint_ignored_still_stops_on_ctrl_c(tmp_path):
-    """As `rollouts up &` from a script: the shell hands it SIGINT ignored."""
-    port = free_port()
-    up, log = start_up_without_backend(tmp_path, port, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    try:
-        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200, what="the API")
-        children = children_of(up.pid)
-        up.send_signal(signal.SIGINT)
-        up.wait(timeout=90)
-        assert not [pid for pid in children if alive(pid)], "`up` left processes behind"
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
-        log.close()

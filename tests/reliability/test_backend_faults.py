@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -20,12 +19,13 @@ from cli.stack import Stack
 from shared.trajectory import Trajectory
 from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
-    agent_stack, assert_worker_serves_next_job, assistant_backends, call, deregister_all, register, rollout_worker,
+    agent_stack, assert_worker_serves_next_job, assistant_backends, register, rollout_worker,
     submit, use_only,
 )  # fmt: skip
+from tests.reliability.backend_fixtures import SCRIPTS, api, healthy  # noqa: F401
 from tests.reliability.fault_backends import HangingBackend, ScriptedProcess
 from tests.support.scripted_llm import ScriptedLLM
-from tests.support.waiting import client_for, wait_for, wait_status
+from tests.support.waiting import wait_for, wait_status
 
 REQUEST_TIMEOUT_S = 3.0
 PROBE_TIMEOUT_S = 1.0
@@ -42,31 +42,12 @@ ENV = {
 # The longest a generation call can take against backends that never answer: each of the
 # FAILOVERS + 1 backends gets one request (read timeout) and one /health probe.
 CALL_BOUND_S = (FAILOVERS + 1) * (REQUEST_TIMEOUT_S + PROBE_TIMEOUT_S)
-SCRIPTS = {
-    "two-turns": [call("bash", command="echo turn one"), "Done. " + call("finish", answer="ok")],
-    "after": [call("finish", answer="ok")],
-}
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:  # noqa: F811
     with agent_stack(tmp_path_factory.mktemp("backend-faults"), model_dir, ENV) as started:
         yield started
-
-
-@pytest.fixture()
-def api(stack: Stack) -> Iterator[httpx.Client]:
-    client = client_for(stack)
-    deregister_all(client)
-    yield client
-    deregister_all(client)
-
-
-@pytest.fixture()
-def healthy(tokenizer: Any) -> Iterator[ScriptedLLM]:  # noqa: F811
-    llm = ScriptedLLM(tokenizer, scripts=dict(SCRIPTS)).start()
-    yield llm
-    llm.stop()
 
 
 @pytest.fixture()

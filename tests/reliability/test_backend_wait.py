@@ -19,8 +19,9 @@ from cli.stack import Stack
 from shared.jobs.backend_wait import WAITING_DETAIL
 from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
-    agent_stack, assistant_backends, call, deregister_all, register, rollout_worker, submit, use_only,
+    agent_stack, assistant_backends, deregister_all, register, rollout_worker, submit, use_only,
 )  # fmt: skip
+from tests.reliability.backend_fixtures import SCRIPTS, api, healthy  # noqa: F401
 from tests.reliability.fault_backends import ScriptedProcess
 from tests.support.scripted_llm import ScriptedLLM
 from tests.support.waiting import client_for, job, wait_for, wait_status
@@ -33,31 +34,12 @@ ENV = {
     "ROLLOUTS_LLM_PROBE_TIMEOUT_S": "1",
     "ROLLOUTS_BACKEND_WAIT_S": "600",  # far beyond these tests: they must end by a backend, not by the wait
 }
-SCRIPTS = {
-    "two-turns": [call("bash", command="echo turn one"), "Done. " + call("finish", answer="ok")],
-    "after": [call("finish", answer="ok")],
-}
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:  # noqa: F811
     with agent_stack(tmp_path_factory.mktemp("backend-wait"), model_dir, ENV) as started:
         yield started
-
-
-@pytest.fixture()
-def api(stack: Stack) -> Iterator[httpx.Client]:
-    client = client_for(stack)
-    deregister_all(client)
-    yield client
-    deregister_all(client)
-
-
-@pytest.fixture()
-def healthy(tokenizer: Any) -> Iterator[ScriptedLLM]:  # noqa: F811
-    llm = ScriptedLLM(tokenizer, scripts=dict(SCRIPTS)).start()
-    yield llm
-    llm.stop()
 
 
 def waiting(api: httpx.Client, job_id: str, looks: int = 1) -> dict[str, Any] | None:
