@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from cli.embedded_redis import free_port
-from tests.support.waiting import wait_for
+from tests.support.waiting import responds, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLLOUTS = [sys.executable, "-m", "cli"]
@@ -143,7 +143,7 @@ def test_up_stops_everything_on_a_signal(tmp_path, sig, inherited_ignore):
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if inherited_ignore else None
     up, log = start_up_without_backend(tmp_path, port, preexec_fn=ignore)
     try:
-        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200, what="the API")
+        wait_for(lambda: responds(f"http://127.0.0.1:{port}/healthz"), what="the API")
         children = children_of(up.pid)
         up.send_signal(sig)
         up.wait(timeout=90)
@@ -240,7 +240,7 @@ def test_up_restarts_workers_that_die_and_every_job_ends_done(tmp_path):
     up, log = start_up_without_backend(tmp_path, port)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, what="the API")
+        wait_for(lambda: responds(f"{url}/healthz"), what="the API")
         jobs = [{"task": {"kind": "demo", "text": f"job {n}", "work_s": 0.3}} for n in range(100)]
         ids = httpx.post(f"{url}/v1/jobs", json=jobs, timeout=30).json()["job_ids"]
         killed = []
@@ -288,7 +288,7 @@ def test_up_prints_where_everything_is_and_keeps_rq_quiet_unless_asked(tmp_path,
     up, log = start_up_without_backend(tmp_path, port, *(["--verbose"] if verbose else []))
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, what="the API")
+        wait_for(lambda: responds(f"{url}/healthz"), what="the API")
         _run_demo_jobs(url, 20)
         up.send_signal(signal.SIGINT)
         up.wait(timeout=90)

@@ -262,8 +262,8 @@ def test_sandboxes_start_in_a_forked_child(workspace: Path, short_dir: Path, san
         child = context.Process(target=_start_and_call_in_child, args=args)
         child.start()
         try:
-            child.join(30)
-            assert child.exitcode == 0 and out.get(timeout=5) == "from-child\n"
+            child.join(120)
+            assert child.exitcode == 0 and out.get(timeout=60) == "from-child\n"
         finally:
             child.kill()
             child.join()
