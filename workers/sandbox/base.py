@@ -88,6 +88,8 @@ class Sandbox(ABC):
         self.quota = DiskQuota(max_bytes=disk_bytes, max_files=settings.sandbox_disk_files)
         self._proc: subprocess.Popen[bytes] | None = None
         self._live: set[subprocess.Popen[bytes]] = set()  # what the quota watch ends when it fires
+        self._live_lock = threading.Lock()
+        self._over_quota: str | None = None  # why the quota ended this sandbox; it stays ended
         self._watch: QuotaWatch | None = None
         self._watch_users = 0
         self._start_watched = False  # start() holds one use of the watch until stop()
@@ -192,8 +194,6 @@ class Sandbox(ABC):
             if watch.reason is not None:
                 self._over_quota = watch.reason
 
-    _over_quota: str | None = None
-
     def _quota_reason(self) -> str | None:
         watch = self._watch
         return (watch.reason if watch is not None else None) or self._over_quota
@@ -207,12 +207,22 @@ class Sandbox(ABC):
     def _end_over_quota(self, reason: str) -> None:
         """SIGKILL every process of this sandbox and wait until they are gone (their owners' waits
         then return; ``stop()`` later finds nothing left)."""
-        self._over_quota = reason
+        with self._live_lock:
+            self._over_quota = reason
+            live = list(self._live)
         try:
-            for proc in list(self._live):
+            for proc in live:
                 _kill_group(proc, self.launcher_reaps)
         finally:
             self._quota_ended.set()
+
+    def _track(self, proc: subprocess.Popen[bytes]) -> None:
+        """Put a new sandbox process in the quota watch's reach (killed at once if already over)."""
+        with self._live_lock:
+            self._live.add(proc)
+            over = self._over_quota is not None
+        if over:
+            _kill_group(proc, self.launcher_reaps)
 
     def start(self) -> Sandbox:
         """Start the sandbox and its tool server; returns once the server answers."""
@@ -236,7 +246,7 @@ class Sandbox(ABC):
                     preexec_fn=self._preexec(),
                     close_fds=True,
                 )
-            self._live.add(self._proc)
+            self._track(self._proc)
             self._client = ToolClient(self.socket_path)
             proc = self._proc
             self._client.wait_ready(self.settings.sandbox_start_timeout_s, alive=lambda: proc.poll() is None)
@@ -256,6 +266,7 @@ class Sandbox(ABC):
         """
         if self._client is None:
             raise SandboxError("sandbox is not started")
+        self._raise_if_over_quota()
         try:
             return self._client.call(tool, args, timeout, max_timeout=self.settings.tool_max_timeout_s)
         except ToolServerError as exc:
@@ -295,7 +306,7 @@ class Sandbox(ABC):
                     preexec_fn=self._preexec(),
                     close_fds=True,
                 )
-                self._live.add(proc)
+                self._track(proc)
                 timed_out = False
                 try:
                     code: int | None = proc.wait(timeout)
@@ -304,7 +315,8 @@ class Sandbox(ABC):
                     _kill_group(proc, self.launcher_reaps)
                     code = None
                 finally:
-                    self._live.discard(proc)
+                    with self._live_lock:
+                        self._live.discard(proc)
                 stdout, cut_out = _read_capped(out, cap)
                 stderr, cut_err = _read_capped(err, cap)
             self._raise_if_over_quota()
@@ -337,7 +349,8 @@ class Sandbox(ABC):
             client, self._client = self._client, None
             proc, self._proc = self._proc, None
             if proc is not None:
-                self._live.discard(proc)
+                with self._live_lock:
+                    self._live.discard(proc)
                 # No graceful shutdown first: if the tool server exited on its own,
                 # bwrap would return before its init had reaped the rest of the tree.
                 # Killing first also ends a call another thread is blocked in.
