@@ -193,6 +193,9 @@ def test_up_serves_a_real_vllm_registers_it_and_stops_it_on_ctrl_c(tmp_path):
         [backend] = wait_for(registered, timeout=900, interval=1.0, what="vLLM to start and register")
         assert backend["model"].startswith("tiny-chatml") and backend["tokenizer"].endswith(backend["model"])
         assert httpx.get(f"{backend['url']}/v1/models", timeout=5).json()["data"][0]["id"] == backend["model"]
+        # The pool shows the backend before `up` has started its workers: Ctrl-C once the banner says
+        # everything runs (on a busy machine the workers take a while), so what stops is the whole stack.
+        wait_for(lambda: "rollouts up: API" in (tmp_path / "up.log").read_text(), timeout=300, what="the banner")
         everything = descendants_of(up.pid)
         up.send_signal(signal.SIGINT)
         up.wait(timeout=120)
