@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO
 
@@ -310,3 +313,52 @@ def test_up_prints_where_everything_is_and_keeps_rq_quiet_unless_asked(tmp_path,
         assert len(rq_lines) >= 20, "--verbose should show rq's per-job lines"
     else:
         assert rq_lines == [], rq_lines[:5]
+
+
+class _NeverReadyBackend(BaseHTTPRequestHandler):
+    """Test double of an LLM backend that lists a model and is never healthy (fault injection: `up`
+    waits for it in the pool, so its start-up is held until the test interrupts it)."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path == "/v1/models":
+            body = json.dumps({"object": "list", "data": [{"id": "never-ready", "object": "model"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self.send_error(503)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_ctrl_c_while_up_starts_stops_what_started_and_exits_cleanly(tmp_path):
+    """Ctrl-C before the stack is up (here: waiting for a backend to turn healthy): `up` stops what it
+    had started and exits 0 saying so, not click's "Aborted!" with exit 1."""
+    backend = ThreadingHTTPServer(("127.0.0.1", 0), _NeverReadyBackend)
+    threading.Thread(target=backend.serve_forever, daemon=True).start()
+    port = free_port()
+    log = open(tmp_path / "up.log", "w")
+    up = subprocess.Popen(
+        [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", "--backend-url", f"http://127.0.0.1:{backend.server_port}"],
+        env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        def registrar() -> list[int]:
+            return [pid for pid in children_of(up.pid) if b"register" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+        wait_for(registrar, timeout=120, what="`up` to wait for its backend (the registrar runs)")
+        children = children_of(up.pid)
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=90) == 0, (tmp_path / "up.log").read_text()[-3000:]
+        output = (tmp_path / "up.log").read_text()
+        assert "stopped before the stack was up" in output and "Aborted" not in output
+        assert not [pid for pid in children if alive(pid)], "`up` left processes behind"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        log.close()
+        backend.shutdown()
