@@ -146,7 +146,8 @@ def test_fallback_scratch_is_home_and_tmpdir_inside_the_quota(
     settings = sandbox_settings.model_copy(update={"sandbox_require_isolation": False})
     box = create_sandbox(SandboxSpec(env={"HOME": "/elsewhere"}), workspace, short_dir / "rt", settings)
     try:
-        result = box.exec('echo "$HOME $TMPDIR"; python3 -c "import tempfile; print(tempfile.gettempdir())"', timeout=30)
+        command = 'echo "$HOME $TMPDIR"; python3 -c "import tempfile; print(tempfile.gettempdir())"'
+        result = box.exec(command, timeout=30)
         assert result.stdout.split() == ["/elsewhere", str(box.scratch_dir), str(box.scratch_dir)]
     finally:
         box.stop()
