@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from shared.config import Settings
+from tests.support.waiting import wait_for
 from workers.sandbox import Sandbox, SandboxError, SandboxLimits, SandboxSpec, create_sandbox
 
 from .conftest import pid_namespace_members
@@ -189,7 +190,8 @@ def test_stop_kills_everything_it_started_and_nothing_else(
         ns = _pid_ns(box)
         box.call("bash", {"command": "sleep 1000 & setsid sleep 1000 & nohup sleep 1000 >/dev/null 2>&1 &"})
         box.call("python", {"code": "import subprocess; p = subprocess.Popen(['sleep', '1000'])"})
-        assert len(pid_namespace_members(ns)) >= 6
+        # bash starts `&` jobs without waiting for them: wait for the event, not for a speed
+        wait_for(lambda: len(pid_namespace_members(ns)) >= 6, timeout=60, what="the background sleeps")
         box.stop()
         box.stop()  # idempotent
         assert pid_namespace_members(ns) == []
