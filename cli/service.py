@@ -126,6 +126,9 @@ def up(
         stack.start()
     except StackError as exc:
         raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:  # Ctrl-C while vLLM loads or the workers start: start() stopped what it
+        click.echo("stopped before the stack was up (interrupted)", err=True)  # had started, in order
+        return
     click.echo(banner(stack))
     try:
         code = stack.supervise()  # a dead worker is restarted; the API or the backend exiting ends `up`

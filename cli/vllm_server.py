@@ -28,6 +28,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,10 +36,10 @@ from pathlib import Path
 
 import httpx
 
-from cli.procs import die_with_parent
 from shared.config import Settings
 from shared.errors import RolloutsError
 
+_WATCHDOG = Path(__file__).with_name("vllm_watchdog.py")
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 # vLLM's log prefix: "(APIServer pid=1) INFO 11-24 21:19:35 [launcher.py:195] " or "INFO 11-24 ... [x.py:1] ".
 _LOG_PREFIX = re.compile(r"^(\([^)]*\)\s+)?[A-Z]+\s+\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\]\s*")
@@ -83,7 +84,8 @@ class VLLMServer:
     kv_cache_gib: int = 1
     cpu_build: bool = True  # no GPU here: vLLM's CPU build, with its workarounds
     env: dict[str, str] = field(default_factory=dict)  # this server's own variables (e.g. the cores it may use)
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | None = None  # the watchdog, leader of vLLM's process group
+    _lifeline: int | None = field(default=None, init=False, repr=False)  # write end of the watchdog's lifeline
 
     @classmethod
     def from_settings(
@@ -157,24 +159,29 @@ class VLLMServer:
         return env
 
     def start(self) -> VLLMServer:
+        """Start vLLM under cli/vllm_watchdog.py: its whole process tree ends with this process."""
         if not (self.model / "config.json").exists():
             raise VLLMError(f"{self.model} is not a Hugging Face model directory (no config.json)")
         output = None
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             output = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it open
+        # The lifeline: only we hold its write end (not inheritable), so the watchdog reads EOF
+        # when we die, however we die, and kills vLLM's whole process group.
+        lifeline_read, self._lifeline = os.pipe()
         try:
             self.process = subprocess.Popen(
-                self.command(),
+                [sys.executable, "-I", "-S", str(_WATCHDOG), str(lifeline_read), "--", *self.command()],
                 env=self.environment(),
                 stdout=output,
                 stderr=subprocess.STDOUT if output else None,
-                start_new_session=True,  # a terminal's Ctrl-C reaches only our parent, which stops us in order
-                # Orphaned, vLLM ignores a polite SIGTERM for good (seen: servers alive an hour after their
-                # `rollouts up` was SIGKILLed, holding memory): a server without its parent is of no use.
-                preexec_fn=die_with_parent(signal.SIGKILL),
+                pass_fds=(lifeline_read,),
+                # Its own session and group: a terminal's Ctrl-C reaches only our parent, which stops
+                # us in order, and the group holds vLLM's engine processes for the watchdog to kill.
+                start_new_session=True,
             )
         finally:
+            os.close(lifeline_read)
             if output is not None:
                 output.close()
         return self
@@ -222,6 +229,15 @@ class VLLMServer:
         process, self.process = self.process, None
         if process is None:
             return
+        try:
+            self._stop_group(process, timeout_s)
+        finally:
+            lifeline, self._lifeline = self._lifeline, None
+            if lifeline is not None:
+                os.close(lifeline)
+
+    @staticmethod
+    def _stop_group(process: subprocess.Popen[bytes], timeout_s: float) -> None:
         if process.poll() is not None:
             _signal_group(process.pid, signal.SIGKILL)
             return

@@ -234,6 +234,14 @@ class Settings(BaseSettings):
     sandbox_memory_bytes: int = Field(default=4 * 1024**3, gt=0, description="RLIMIT_AS of every sandbox process.")
     sandbox_processes: int = Field(default=256, gt=0, description="RLIMIT_NPROC (threads count too).")
     sandbox_file_size_bytes: int = Field(default=1024**3, gt=0, description="RLIMIT_FSIZE: largest file written.")
+    sandbox_disk_bytes: int = Field(
+        default=8 * 1024**3, gt=0,
+        description="Disk quota of one sandbox: its workspace and /tmp together; over it, the sandbox is ended.",
+    )  # fmt: skip
+    sandbox_disk_files: int = Field(default=500_000, gt=0, description="Entries (files, dirs) in that quota.")
+    sandbox_disk_check_interval_s: float = Field(
+        default=0.5, gt=0, description="How often the worker measures a running sandbox's disk use."
+    )
     sandbox_uid_base: int = Field(
         default=200000, gt=0, description="Run as root: each live sandbox runs as its own uid from here."
     )

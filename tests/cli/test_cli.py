@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO
 
@@ -14,7 +17,7 @@ import httpx
 import pytest
 
 from cli.embedded_redis import free_port
-from tests.support.waiting import wait_for
+from tests.support.waiting import responds, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLLOUTS = [sys.executable, "-m", "cli"]
@@ -143,7 +146,7 @@ def test_up_stops_everything_on_a_signal(tmp_path, sig, inherited_ignore):
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if inherited_ignore else None
     up, log = start_up_without_backend(tmp_path, port, preexec_fn=ignore)
     try:
-        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200, what="the API")
+        wait_for(lambda: responds(f"http://127.0.0.1:{port}/healthz"), what="the API")
         children = children_of(up.pid)
         up.send_signal(sig)
         up.wait(timeout=90)
@@ -193,6 +196,9 @@ def test_up_serves_a_real_vllm_registers_it_and_stops_it_on_ctrl_c(tmp_path):
         [backend] = wait_for(registered, timeout=900, interval=1.0, what="vLLM to start and register")
         assert backend["model"].startswith("tiny-chatml") and backend["tokenizer"].endswith(backend["model"])
         assert httpx.get(f"{backend['url']}/v1/models", timeout=5).json()["data"][0]["id"] == backend["model"]
+        # The pool shows the backend before `up` has started its workers: Ctrl-C once the banner says
+        # everything runs (on a busy machine the workers take a while), so what stops is the whole stack.
+        wait_for(lambda: "rollouts up: API" in (tmp_path / "up.log").read_text(), timeout=300, what="the banner")
         everything = descendants_of(up.pid)
         up.send_signal(signal.SIGINT)
         up.wait(timeout=120)
@@ -240,7 +246,7 @@ def test_up_restarts_workers_that_die_and_every_job_ends_done(tmp_path):
     up, log = start_up_without_backend(tmp_path, port)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, what="the API")
+        wait_for(lambda: responds(f"{url}/healthz"), what="the API")
         jobs = [{"task": {"kind": "demo", "text": f"job {n}", "work_s": 0.3}} for n in range(100)]
         ids = httpx.post(f"{url}/v1/jobs", json=jobs, timeout=30).json()["job_ids"]
         killed = []
@@ -288,7 +294,7 @@ def test_up_prints_where_everything_is_and_keeps_rq_quiet_unless_asked(tmp_path,
     up, log = start_up_without_backend(tmp_path, port, *(["--verbose"] if verbose else []))
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, what="the API")
+        wait_for(lambda: responds(f"{url}/healthz"), what="the API")
         _run_demo_jobs(url, 20)
         up.send_signal(signal.SIGINT)
         up.wait(timeout=90)
@@ -307,3 +313,52 @@ def test_up_prints_where_everything_is_and_keeps_rq_quiet_unless_asked(tmp_path,
         assert len(rq_lines) >= 20, "--verbose should show rq's per-job lines"
     else:
         assert rq_lines == [], rq_lines[:5]
+
+
+class _NeverReadyBackend(BaseHTTPRequestHandler):
+    """Test double of an LLM backend that lists a model and is never healthy (fault injection: `up`
+    waits for it in the pool, so its start-up is held until the test interrupts it)."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path == "/v1/models":
+            body = json.dumps({"object": "list", "data": [{"id": "never-ready", "object": "model"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self.send_error(503)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_ctrl_c_while_up_starts_stops_what_started_and_exits_cleanly(tmp_path):
+    """Ctrl-C before the stack is up (here: waiting for a backend to turn healthy): `up` stops what it
+    had started and exits 0 saying so, not click's "Aborted!" with exit 1."""
+    backend = ThreadingHTTPServer(("127.0.0.1", 0), _NeverReadyBackend)
+    threading.Thread(target=backend.serve_forever, daemon=True).start()
+    port = free_port()
+    log = open(tmp_path / "up.log", "w")
+    up = subprocess.Popen(
+        [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", "--backend-url", f"http://127.0.0.1:{backend.server_port}"],
+        env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        def registrar() -> list[int]:
+            return [pid for pid in children_of(up.pid) if b"register" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+        wait_for(registrar, timeout=120, what="`up` to wait for its backend (the registrar runs)")
+        children = children_of(up.pid)
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=90) == 0, (tmp_path / "up.log").read_text()[-3000:]
+        output = (tmp_path / "up.log").read_text()
+        assert "stopped before the stack was up" in output and "Aborted" not in output
+        assert not [pid for pid in children if alive(pid)], "`up` left processes behind"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        log.close()
+        backend.shutdown()

@@ -38,7 +38,8 @@ from tests.support.waiting import client_for, wait_for, wait_status
 from workers.sandbox import SandboxError
 
 FILE_SIZE_BYTES = 1024 * 1024
-ENV = {"ROLLOUTS_SANDBOX_FILE_SIZE_BYTES": str(FILE_SIZE_BYTES)}
+DISK_BYTES = 16 * 1024 * 1024
+ENV = {"ROLLOUTS_SANDBOX_FILE_SIZE_BYTES": str(FILE_SIZE_BYTES), "ROLLOUTS_SANDBOX_DISK_BYTES": str(DISK_BYTES)}
 FINISH = "Done. " + call("finish", answer="ok")
 SCRIPTS = {
     "after": [FINISH],
@@ -47,6 +48,10 @@ SCRIPTS = {
         call("bash", command="head -c 5000000 /dev/zero > big.bin"),
         call("python", code="open('big2.bin', 'wb').write(b'0' * 5_000_000)"),
         call("bash", command="stat -c %s big.bin big2.bin; echo still here > out.txt"),
+        FINISH,
+    ],
+    "over-quota": [  # files under the file limit, far past the disk quota, into /tmp
+        call("bash", command="for i in $(seq 4096); do head -c 1000000 /dev/zero > /tmp/f$i; done", timeout=60),
         FINISH,
     ],
     "kernel-exits": [
@@ -126,6 +131,21 @@ def test_filling_the_workspace_is_an_error_observation(stack: Stack, api: httpx.
     assert_worker_serves_next_job(stack, api, pid)
     figure(f"writes past the {FILE_SIZE_BYTES >> 20} MiB file limit (bash, python): error observations, "
            f"files capped at {FILE_SIZE_BYTES} bytes, job done")
+
+
+def test_writing_past_the_disk_quota_fails_the_job(stack: Stack, api: httpx.Client, figure) -> None:
+    """Many files, each under the file limit, into /tmp (on disk, in the quota with the workspace):
+    the worker's quota watch ends the sandbox and the job is `failed` with SandboxDiskQuotaExceeded
+    naming the setting, never scored; the worker lives on."""
+    pid = rollout_worker(stack)
+    job_id = submit(api, "over-quota", kind="agent-tools")
+    record = wait_status(api, job_id, timeout=90)
+    assert record["status"] == "failed", record
+    error = record["error"]
+    assert error["stage"] == "rollout" and error["type"] == "SandboxDiskQuotaExceeded", error
+    assert "sandbox_disk_bytes" in error["message"] and record.get("result") is None, record.get("result")
+    assert_worker_serves_next_job(stack, api, pid)
+    figure(f"4096 x 1 MB into /tmp past a {DISK_BYTES >> 20} MiB disk quota: job failed ({error['message'][:80]})")
 
 
 def test_a_kernel_that_exits_is_an_error_observation(stack: Stack, api: httpx.Client, figure) -> None:

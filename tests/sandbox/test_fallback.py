@@ -136,3 +136,18 @@ def test_tool_server_shutdown_kills_daemons_and_reaps_orphans(tmp_path: Path, sh
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def test_fallback_scratch_is_home_and_tmpdir_inside_the_quota(
+    no_bwrap: None, workspace: Path, short_dir: Path, sandbox_settings: Settings
+) -> None:
+    """Without a /tmp of its own, the fallback's $HOME and $TMPDIR are its scratch dir (counted by the
+    disk quota); a task's own env still wins."""
+    settings = sandbox_settings.model_copy(update={"sandbox_require_isolation": False})
+    box = create_sandbox(SandboxSpec(env={"HOME": "/elsewhere"}), workspace, short_dir / "rt", settings)
+    try:
+        command = 'echo "$HOME $TMPDIR"; python3 -c "import tempfile; print(tempfile.gettempdir())"'
+        result = box.exec(command, timeout=30)
+        assert result.stdout.split() == ["/elsewhere", str(box.scratch_dir), str(box.scratch_dir)]
+    finally:
+        box.stop()

@@ -21,6 +21,7 @@ def test_paths_under_tmp_are_bound_after_the_private_tmp(tmp_path: Path):
     workspace.mkdir()
     runtime = tmp_path / "rt"
     runtime.mkdir()
+    (runtime / "tmp").mkdir()
     argv = bwrap_command(
         ["cat", str(code / "marker.txt")],
         env={"PATH": "/usr/bin:/bin"},
@@ -30,6 +31,7 @@ def test_paths_under_tmp_are_bound_after_the_private_tmp(tmp_path: Path):
         network=False,
         uid=None,
         ro_paths=[str(code)],
+        scratch_dir=runtime / "tmp",
     )
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr

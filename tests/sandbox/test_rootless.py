@@ -43,6 +43,25 @@ SCRIPT = textwrap.dedent(
         print(box.call("python", {"code": "import os; os.getuid()"}).output, end="")
         print(box.call("create", {"path": "made.txt", "file_text": "x"}).is_error)
     print((base / "rt").exists())
+
+    # The disk quota holds rootless: a dd loop into /tmp, and a big file hidden in a directory made
+    # unreadable (chmod 0) in the workspace, each past a 16 MiB quota.
+    from workers.sandbox.base import SandboxDiskQuotaExceeded
+    writers = [
+        "for i in $(seq 4096); do dd if=/dev/zero of=/tmp/f$i bs=1M count=1 status=none; done",
+        "mkdir h && head -c 40000000 /dev/zero > h/big; chmod 0 h; sleep 60",
+    ]
+    for n, command in enumerate(writers):
+        limits = SandboxLimits(processes=10**9, disk_bytes=16 * 2**20)
+        box = create_sandbox(SandboxSpec(env=spec.env, limits=limits), base / "ws", base / f"rq{n}", settings)
+        try:
+            box.start()
+            box.call("bash", {"command": command}, timeout=30)
+            print("unbounded")
+        except SandboxDiskQuotaExceeded:
+            print("quota")
+        finally:
+            box.stop()
     """
 )
 
@@ -107,7 +126,7 @@ def test_sandbox_as_an_unprivileged_user(require_bwrap: None) -> None:
                 capture_output=True, text=True, timeout=120, cwd=base,
             )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
-        assert done.stdout.split() == ["65534", "/workspace", "ro", "65534", "False", "False"]
+        assert done.stdout.split() == ["65534", "/workspace", "ro", "65534", "False", "False", "quota", "quota"]
         assert os.stat(base / "ws" / "made.txt").st_uid == 65534
     finally:
         # Never remove a tree that still has the checkout mounted in it.

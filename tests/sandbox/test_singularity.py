@@ -34,6 +34,7 @@ def test_command_is_rootless_contained_and_offline(tmp_path: Path) -> None:
         runtime_dir=Path("/tmp/rt/job1"),
         env_file=Path("/tmp/rt/job1/env"),
         network=False,
+        scratch_dir=Path("/tmp/rt/job1/tmp"),
     )
     assert cmd[:2] == ["apptainer", "exec"]
     options = cmd[2 : cmd.index("/images/base.sif")]
@@ -43,6 +44,8 @@ def test_command_is_rootless_contained_and_offline(tmp_path: Path) -> None:
     binds = [options[i + 1] for i, opt in enumerate(options) if opt == "--bind"]
     assert binds == ["/shared/ws/job1:/workspace:rw", "/tmp/rt/job1:/tmp/rt/job1:rw"]
     assert options[options.index("--pwd") + 1] == "/workspace"
+    # /tmp and /var/tmp on disk in the runtime dir (inside the disk quota), not Apptainer's in-memory session dir
+    assert options[options.index("--workdir") + 1] == "/tmp/rt/job1/tmp"
     assert options[options.index("--env-file") + 1] == "/tmp/rt/job1/env"
     assert "--fakeroot" not in options and "--writable" not in options
     assert cmd[cmd.index("/images/base.sif") + 1 :] == ["bash", "-c", "echo hi"]
@@ -51,7 +54,7 @@ def test_command_is_rootless_contained_and_offline(tmp_path: Path) -> None:
 def test_network_flag_lifts_only_the_network(tmp_path: Path) -> None:
     cmd = apptainer_command(
         "singularity", Path("i.sif"), ["true"], workspace=Path("/w"), workdir="/workspace",
-        runtime_dir=Path("/r"), env_file=Path("/r/env"), network=True,
+        runtime_dir=Path("/r"), env_file=Path("/r/env"), network=True, scratch_dir=Path("/r/tmp"),
     )  # fmt: skip
     assert "--net" not in cmd and "--network" not in cmd and "--contain" in cmd
 
@@ -68,6 +71,7 @@ def test_sandbox_wraps_the_tool_server_and_writes_the_env_file(tmp_path: Path) -
     tail = cmd[cmd.index(str(image)) + 1 :]
     assert tail[:3] == [TOOLSERVER_PYTHON, "-m", "workers.toolserver"]
     assert tail[tail.index("--workspace") + 1] == "/workspace"
+    assert cmd[cmd.index("--workdir") + 1] == str(box.scratch_dir) == str(box.runtime_dir / "tmp")
     env_text = Path(cmd[cmd.index("--env-file") + 1]).read_text()
     assert "A='x y'\n" in env_text and "B=1,2\n" in env_text and "HOME=/tmp\n" in env_text
 

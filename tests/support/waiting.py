@@ -26,6 +26,15 @@ def wait_for(condition: Callable[[], T], timeout: float = 60.0, interval: float 
         time.sleep(interval)
 
 
+def responds(url: str) -> bool:
+    """Whether `url` answers 200; a refused connection or a slow answer (a busy machine) is a no, never
+    an error, so `wait_for(lambda: responds(url))` waits on events rather than on a speed."""
+    try:
+        return httpx.get(url, timeout=10.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def client_for(stack: Any) -> httpx.Client:
     """An HTTP client for a running cli.stack.Stack."""
     return httpx.Client(base_url=stack.api_url, timeout=10.0)

@@ -178,7 +178,7 @@ FAKE_APPTAINER = """#!/usr/bin/env python3
 import subprocess, sys
 args, binds, i = sys.argv[1:], {}, 1
 while args[i].startswith("-"):
-    if args[i] in ("--bind", "--pwd", "--env-file", "--network"):
+    if args[i] in ("--bind", "--pwd", "--env-file", "--network", "--workdir"):
         if args[i] == "--bind":
             host, inside = args[i + 1].split(":")[:2]
             binds[inside] = host

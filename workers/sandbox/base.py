@@ -24,6 +24,7 @@ from typing import Any
 from shared.config import Settings
 from shared.errors import RolloutsError
 from workers.sandbox.isolation import rlimit_preexec
+from workers.sandbox.quota import DiskQuota, QuotaWatch
 from workers.sandbox.spec import ExecResult, SandboxSpec
 from workers.toolserver.client import ToolClient, ToolServerError
 from workers.toolserver.output import CappedBuffer
@@ -33,6 +34,7 @@ from workers.toolserver.result import ToolResult
 log = logging.getLogger("rollouts.sandbox")
 
 SOCKET_NAME = "tools.sock"
+SCRATCH_NAME = "tmp"  # the sandbox's /tmp, on disk in the runtime dir, inside the disk quota
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes; the kernel's ipc sockets add a suffix
 
 
@@ -58,12 +60,18 @@ class SandboxError(RolloutsError, RuntimeError):
     """The sandbox could not start or died: an infrastructure failure, not the agent's."""
 
 
+class SandboxDiskQuotaExceeded(SandboxError):
+    """The sandbox wrote more than its disk quota and was ended: a limit, never a reward."""
+
+
 class Sandbox(ABC):
     """One job's sandbox: a tool server for the agent, and one-shot commands for init and eval.
 
     ``workspace`` is the job's directory on shared storage (it appears at
     ``workdir`` inside); ``runtime_dir`` is a node-local directory this object
-    owns for the socket and the tool server's state, removed by ``stop()``.
+    owns for the socket, the tool server's state and the sandbox's /tmp
+    (``scratch_dir``), removed by ``stop()``. While a sandbox process runs, a
+    ``QuotaWatch`` bounds what the workspace and the runtime dir hold together.
     """
 
     backend: str = "abstract"
@@ -75,7 +83,18 @@ class Sandbox(ABC):
         self.runtime_dir = Path(os.path.abspath(runtime_dir))
         self.limits = spec.limits.resolved(settings)
         self.socket_path = self.runtime_dir / SOCKET_NAME
+        self.scratch_dir = self.runtime_dir / SCRATCH_NAME
+        disk_bytes = self.limits.disk_bytes or settings.sandbox_disk_bytes
+        self.quota = DiskQuota(max_bytes=disk_bytes, max_files=settings.sandbox_disk_files)
         self._proc: subprocess.Popen[bytes] | None = None
+        self._live: set[subprocess.Popen[bytes]] = set()  # what the quota watch ends when it fires
+        self._live_lock = threading.Lock()
+        self._over_quota: str | None = None  # why the quota ended this sandbox; it stays ended
+        self._watch: QuotaWatch | None = None
+        self._watch_users = 0
+        self._start_watched = False  # start() holds one use of the watch until stop()
+        self._watch_lock = threading.Lock()
+        self._quota_ended = threading.Event()  # set once an over-quota sandbox's processes are all gone
         self._client: ToolClient | None = None
         self._created_runtime = False
         # stop() may race itself (a cancel from the API thread, the rollout's own teardown,
@@ -146,6 +165,64 @@ class Sandbox(ABC):
         if not self.runtime_dir.exists():
             self.runtime_dir.mkdir(parents=True, mode=0o700)
             self._created_runtime = True
+        if not self.scratch_dir.exists():
+            self.scratch_dir.mkdir(mode=0o700)
+            self.scratch_dir.chmod(0o1777)  # /tmp's mode; mkdir's is cut by the umask
+
+    # --- disk quota ---------------------------------------------------------
+    def _watch_begin(self) -> None:
+        """Start measuring (one watch however many processes run); raise if already over."""
+        with self._watch_lock:
+            self._watch_users += 1
+            if self._watch is None:
+                roots = [self.workspace, self.runtime_dir]
+                interval = self.settings.sandbox_disk_check_interval_s
+                self._watch = QuotaWatch(roots, self.quota, interval, self._end_over_quota)
+                reason = self._watch.check()
+                if reason is None:
+                    self._watch.start()
+        self._raise_if_over_quota()
+
+    def _watch_end(self) -> None:
+        with self._watch_lock:
+            self._watch_users -= 1
+            watch = self._watch if self._watch_users == 0 else None
+            if watch is not None:
+                self._watch = None
+        if watch is not None:
+            watch.stop()
+            if watch.reason is not None:
+                self._over_quota = watch.reason
+
+    def _quota_reason(self) -> str | None:
+        watch = self._watch
+        return (watch.reason if watch is not None else None) or self._over_quota
+
+    def _raise_if_over_quota(self) -> None:
+        reason = self._quota_reason()
+        if reason is not None:
+            self._quota_ended.wait(30.0)  # the watch is still killing: raise once nothing is left writing
+            raise SandboxDiskQuotaExceeded(f"sandbox ended for writing too much: {reason}")
+
+    def _end_over_quota(self, reason: str) -> None:
+        """SIGKILL every process of this sandbox and wait until they are gone (their owners' waits
+        then return; ``stop()`` later finds nothing left)."""
+        with self._live_lock:
+            self._over_quota = reason
+            live = list(self._live)
+        try:
+            for proc in live:
+                _kill_group(proc, self.launcher_reaps)
+        finally:
+            self._quota_ended.set()
+
+    def _track(self, proc: subprocess.Popen[bytes]) -> None:
+        """Put a new sandbox process in the quota watch's reach (killed at once if already over)."""
+        with self._live_lock:
+            self._live.add(proc)
+            over = self._over_quota is not None
+        if over:
+            _kill_group(proc, self.launcher_reaps)
 
     def start(self) -> Sandbox:
         """Start the sandbox and its tool server; returns once the server answers."""
@@ -155,6 +232,8 @@ class Sandbox(ABC):
         log_path = self.runtime_dir / "toolserver.log"
         try:
             self._acquire()
+            self._start_watched = True
+            self._watch_begin()
             argv = self.wrap(self.toolserver_argv(), self.base_env())
             log.debug("starting sandbox: %s", shlex.join(argv))
             with open(log_path, "ab") as log_file:
@@ -167,6 +246,7 @@ class Sandbox(ABC):
                     preexec_fn=self._preexec(),
                     close_fds=True,
                 )
+            self._track(self._proc)
             self._client = ToolClient(self.socket_path)
             proc = self._proc
             self._client.wait_ready(self.settings.sandbox_start_timeout_s, alive=lambda: proc.poll() is None)
@@ -186,9 +266,11 @@ class Sandbox(ABC):
         """
         if self._client is None:
             raise SandboxError("sandbox is not started")
+        self._raise_if_over_quota()
         try:
             return self._client.call(tool, args, timeout, max_timeout=self.settings.tool_max_timeout_s)
         except ToolServerError as exc:
+            self._raise_if_over_quota()
             alive = self._proc is not None and self._proc.poll() is None
             raise SandboxError(f"tool server failed ({'running' if alive else 'exited'}): {exc}") from exc
 
@@ -202,7 +284,8 @@ class Sandbox(ABC):
         """Run one command to completion in a fresh sandbox process over the same workspace.
 
         A string runs under ``bash -c`` in the workspace. Works whether or not
-        ``start()`` was called (init and eval need no tool server).
+        ``start()`` was called (init and eval need no tool server). Raises
+        SandboxDiskQuotaExceeded when the sandbox wrote past its disk quota.
         """
         argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
         cap = output_cap or self.settings.tool_output_cap_bytes * 4
@@ -212,6 +295,7 @@ class Sandbox(ABC):
             self._acquire()
         started = time.monotonic()
         try:
+            self._watch_begin()
             with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
                 proc = _spawn(
                     self.wrap(argv, {**self.base_env(), **(env or {})}),
@@ -222,6 +306,7 @@ class Sandbox(ABC):
                     preexec_fn=self._preexec(),
                     close_fds=True,
                 )
+                self._track(proc)
                 timed_out = False
                 try:
                     code: int | None = proc.wait(timeout)
@@ -229,9 +314,14 @@ class Sandbox(ABC):
                     timed_out = True
                     _kill_group(proc, self.launcher_reaps)
                     code = None
+                finally:
+                    with self._live_lock:
+                        self._live.discard(proc)
                 stdout, cut_out = _read_capped(out, cap)
                 stderr, cut_err = _read_capped(err, cap)
+            self._raise_if_over_quota()
         finally:
+            self._watch_end()
             if owns_resources:
                 self._release()
         return ExecResult(
@@ -259,12 +349,17 @@ class Sandbox(ABC):
             client, self._client = self._client, None
             proc, self._proc = self._proc, None
             if proc is not None:
+                with self._live_lock:
+                    self._live.discard(proc)
                 # No graceful shutdown first: if the tool server exited on its own,
                 # bwrap would return before its init had reaped the rest of the tree.
                 # Killing first also ends a call another thread is blocked in.
                 _kill_group(proc, self.launcher_reaps)
             if client is not None:
                 client.close()
+            if self._start_watched:
+                self._start_watched = False
+                self._watch_end()
             self._release()
             if self._created_runtime:
                 shutil.rmtree(self.runtime_dir, ignore_errors=True)

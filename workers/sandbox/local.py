@@ -2,7 +2,8 @@
 
 bwrap gives the sandbox new pid, ipc, uts, cgroup and network namespaces, a
 read-only view of the system (/usr, /etc, the Python environment and the
-project), a private /tmp, and the workspace as the only writable host directory. With its own pid namespace, killing the
+project), a private /tmp on disk in the runtime dir, and the workspace: the
+only writable host directories, both inside the sandbox's disk quota. With its own pid namespace, killing the
 sandbox's bwrap takes every process inside with it. Where bwrap cannot create
 namespaces, a plain process in its own session with the same rlimits is the
 fallback, with a warning (or an error with ``sandbox_require_isolation``).
@@ -33,7 +34,6 @@ log = logging.getLogger("rollouts.sandbox.local")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 _SYSTEM_RO = ("/usr", "/etc", "/opt")
 _MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-TMPFS_BYTES = 512 * 1024 * 1024
 SECCOMP_FD = 9
 
 
@@ -77,7 +77,7 @@ def bwrap_command(
     network: bool,
     uid: int | None,
     ro_paths: list[str],
-    tmpfs_bytes: int = TMPFS_BYTES,
+    scratch_dir: Path,
     seccomp_fd: int | None = None,
     resolv_conf: Path | None = None,
 ) -> list[str]:
@@ -91,6 +91,8 @@ def bwrap_command(
     ``network``: the namespace is still the sandbox's own; bwrap reports its child on
     slirp_launcher's info fd and holds the command until the launcher has brought
     ``tap0`` up, and ``resolv_conf`` (naming slirp's DNS) replaces the host's.
+    ``scratch_dir`` becomes /tmp (and $HOME): on disk, so it is counted by the disk quota,
+    where a tmpfs would be memory that no rlimit counts.
     """
     cmd = ["bwrap", "--die-with-parent", "--new-session"]
     cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
@@ -116,7 +118,7 @@ def bwrap_command(
             cmd += ["--ro-bind", path, path]
     # The private /tmp goes first: a Python or checkout that lives under the host's /tmp
     # (a CI clone, a scratch venv) is bound on top of it, not hidden beneath it.
-    cmd += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp"]
+    cmd += ["--bind", str(scratch_dir), "/tmp"]
     for path in ro_paths:
         cmd += [*_traversable_parents(path), "--ro-bind", path, path]
     cmd += ["--proc", "/proc", "--dev", "/dev"]
@@ -179,6 +181,13 @@ class LocalSandbox(Sandbox):
         if slot is not None:
             slot.release()
 
+    def base_env(self) -> dict[str, str]:
+        env = super().base_env()
+        if not self.isolated:  # no /tmp of its own: $HOME and $TMPDIR name its scratch dir
+            for key in ("HOME", "TMPDIR"):
+                env[key] = self.spec.env.get(key, str(self.scratch_dir))
+        return env
+
     def wrap(self, argv: list[str], env: dict[str, str]) -> list[str]:
         if self.isolated:
             command = bwrap_command(
@@ -190,6 +199,7 @@ class LocalSandbox(Sandbox):
                 network=self.spec.network,
                 uid=self.uid,
                 ro_paths=readonly_paths(),
+                scratch_dir=self.scratch_dir,
                 seccomp_fd=SECCOMP_FD,
                 resolv_conf=slirp_resolv_conf() if self.spec.network else None,
             )

@@ -1,7 +1,8 @@
 """Singularity/Apptainer backend for HPC: rootless, contained, no network, .sif images.
 
 Each sandbox process is an ``apptainer exec`` of the job's image with:
-``--contain`` (empty /tmp, minimal /dev, no host paths), ``--no-home``,
+``--contain`` (empty /tmp, minimal /dev, no host paths), ``--workdir`` (that /tmp
+and /var/tmp on disk in the runtime dir, inside the disk quota, not in memory), ``--no-home``,
 ``--cleanenv`` (the host environment stays out; ``--env-file`` sets ours),
 ``--writable-tmpfs`` (the image's filesystem is writable, in memory, for this
 process only: state that must survive lives in the workspace), ``--pid`` and
@@ -36,9 +37,11 @@ def apptainer_command(
     runtime_dir: Path,
     env_file: Path,
     network: bool,
+    scratch_dir: Path,
 ) -> list[str]:
     """The ``apptainer exec`` argv for ``argv`` (pure: tested against the documented flags)."""
-    cmd = [executable, "exec", "--contain", "--no-home", "--cleanenv", "--writable-tmpfs"]
+    cmd = [executable, "exec", "--contain", "--workdir", str(scratch_dir)]
+    cmd += ["--no-home", "--cleanenv", "--writable-tmpfs"]
     cmd += ["--pid", "--ipc", "--no-privs"]
     if not network:
         cmd += ["--net", "--network", "none"]
@@ -94,4 +97,5 @@ class SingularitySandbox(Sandbox):
             runtime_dir=self.runtime_dir,
             env_file=self._env_file(env),
             network=self.spec.network,
+            scratch_dir=self.scratch_dir,
         )

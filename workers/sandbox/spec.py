@@ -10,12 +10,14 @@ from shared.config import Settings
 
 
 class SandboxLimits(BaseModel):
-    """Per-process resource limits (rlimits). None: the deployment's default from Settings."""
+    """Per-process resource limits (rlimits), and the disk quota of the sandbox's writable trees
+    (workspace and /tmp together, ``workers/sandbox/quota.py``). None: the deployment's default."""
 
     cpu_seconds: int | None = Field(default=None, gt=0)
     memory_bytes: int | None = Field(default=None, gt=0)
     processes: int | None = Field(default=None, gt=0)
     file_size_bytes: int | None = Field(default=None, gt=0)
+    disk_bytes: int | None = Field(default=None, gt=0)
 
     def resolved(self, settings: Settings) -> SandboxLimits:
         return SandboxLimits(
@@ -23,6 +25,7 @@ class SandboxLimits(BaseModel):
             memory_bytes=self.memory_bytes or settings.sandbox_memory_bytes,
             processes=self.processes or settings.sandbox_processes,
             file_size_bytes=self.file_size_bytes or settings.sandbox_file_size_bytes,
+            disk_bytes=self.disk_bytes or settings.sandbox_disk_bytes,
         )
 
 
