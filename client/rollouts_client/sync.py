@@ -154,7 +154,7 @@ class RolloutClient:
         min_informative_groups: int | None = None,
         **options: Any,
     ) -> Batch:
-        """Options: sampling, limits, max_groups_in_flight, on_target, advantages, reward_epsilon, metadata."""
+        """Options: sampling, limits, max_groups_in_flight, on_target, advantages, reward_epsilon, max_staleness, metadata."""
         body = batch_body(prompts, prompts_path, n_samples, min_informative_groups, options)
         return Batch.from_api(decode(self.request("POST", "/v1/batches", json=body), (202,)))
 
