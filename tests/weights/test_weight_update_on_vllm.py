@@ -65,6 +65,12 @@ def sample(url: str, seed: int) -> tuple[list[int], list[float]]:
     return choice["token_ids"], choice["logprobs"]["token_logprobs"]
 
 
+def prefix_hits(url: str) -> float:
+    """Prompt tokens vLLM found in its prefix cache so far (its own counter, GET /metrics)."""
+    lines = httpx.get(f"{url}/metrics", timeout=10).text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:prefix_cache_hits_total"))
+
+
 def gap_to(directory: Path, tokens: list[int], logprobs: list[float]) -> float:
     """max |vLLM's logprob - transformers' logprob| of the sampled tokens, under the checkpoint in `directory`."""
     from transformers import AutoModelForCausalLM
@@ -94,8 +100,12 @@ def test_an_update_serves_the_new_weights_from_a_reset_cache_under_the_new_versi
     assert list(backend["seconds"]) == ["pause", "reload", "reset_prefix_cache", "set_version", "resume",
                                         "check_version"]  # fmt: skip
     assert httpx.get(f"{url}/weight_info").json()["weight_version"] == "step-1"
+    hits = prefix_hits(url)
     tokens, logprobs = sample(url, seed=4)
+    assert prefix_hits(url) == hits, "the prompt's KV from before the update was found in the cache"
     assert gap_to(checkpoint(root, 1), tokens, logprobs) < 1e-3
+    sample(url, seed=5)
+    assert prefix_hits(url) > hits, "the control: a repeated prompt does hit the cache"
     # a job run after the update records the new version in every assistant turn
     job = {"task": {"kind": "agent-answer", "problem": "What is 2 + 2?", "answer": "4", "stop_on_no_tool_call": False},
            "limits": {"max_turns": 2}, "sampling": {"max_tokens": 24, "temperature": 1.0, "seed": 5}}  # fmt: skip
