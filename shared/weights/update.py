@@ -80,6 +80,7 @@ def _update_locked(redis: Redis, pool: BackendPool, model: str, checkpoint: Chec
         raise NoBackendsForModel(f"no backend serving model {model!r} is registered")
     check_checkpoint(checkpoint.path, next((b.tokenizer for b in backends if b.tokenizer), None),
                      lora=checkpoint.lora is not None)  # fmt: skip
+    versions.reserve(model, checkpoint.version)
     timeout = pool.settings.weights_step_timeout_s
     with ThreadPoolExecutor(max_workers=min(16, len(backends))) as executor:
         outcomes = list(executor.map(lambda b: _apply_one(pool, b, checkpoint, timeout), backends))

@@ -4,8 +4,9 @@ vLLM labels tokens with free-form version strings; staleness (`max_staleness` of
 an order. The order is the order updates were applied: the first update of a model gets
 sequence 1, the next new version 2, and so on; the weights a server started with (vLLM's label
 "default", or any label never applied through the service) are sequence 0. Re-applying the
-current version (a retry after a partial failure) keeps its number; re-applying an older one is
-"backwards" and refused. Everything lives in Redis, so every API process sees one order.
+current version (a retry) keeps its number; re-applying an older one is "backwards" and refused.
+The number is reserved before the backends load the weights (a turn sampled the moment one
+resumes already maps to it) and the version becomes current once one backend has it. Everything lives in Redis, so every API process sees one order.
 """
 
 from __future__ import annotations
@@ -48,21 +49,29 @@ class WeightVersions:
                        float(raw.get("applied_at") or 0))  # fmt: skip
 
     def check_forward(self, model: str, version: str) -> None:
-        """Raise VersionBackwards unless `version` is new to the model or the current one."""
+        """Raise VersionBackwards if `version` was the model's current one before the current one."""
         seq = self.redis.hget(self.keys.weight_versions(model), version)
-        if seq is not None and int(seq) != self.current(model).seq:
+        current = self.current(model)
+        if seq is not None and int(seq) < current.seq:
             raise VersionBackwards(f"version {version!r} was applied to model {model!r} as update {int(seq)}; "
-                                   f"update {self.current(model).seq} is newer: versions only move forward")  # fmt: skip
+                                   f"update {current.seq} ({current.version!r}) is newer: versions only move forward")  # fmt: skip
+
+    def reserve(self, model: str, version: str) -> int:
+        """Give `version` its sequence number before any backend serves it (under the model's update lock),
+        so that a turn sampled the moment a backend resumes already maps to it. Returns the number."""
+        known = self.redis.hget(self.keys.weight_versions(model), version)
+        current = self.current(model)
+        seq = int(known) if known is not None and int(known) > current.seq else current.seq + 1
+        if current.version == version:
+            seq = current.seq
+        self.redis.hset(self.keys.weight_versions(model), version, seq)
+        return seq
 
     def record(self, model: str, version: str, path: str) -> int:
-        """Make `version` the model's current one (under the model's update lock); returns its sequence number."""
-        known = self.redis.hget(self.keys.weight_versions(model), version)
-        seq = int(known) if known is not None else self.current(model).seq + 1
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys.weight_versions(model), version, seq)
-            pipe.hset(self.keys.weight_current(model),
-                      mapping={"version": version, "seq": seq, "path": path, "applied_at": time.time()})  # fmt: skip
-            pipe.execute()
+        """Make `version` the model's current one (after at least one backend took it); returns its number."""
+        seq = self.reserve(model, version)
+        self.redis.hset(self.keys.weight_current(model),
+                        mapping={"version": version, "seq": seq, "path": path, "applied_at": time.time()})  # fmt: skip
         return seq
 
     def seqs(self, model: str, versions: Iterable[str | None]) -> list[int]:

@@ -46,6 +46,12 @@ def test_versions_are_ordered_by_application_and_an_older_one_is_refused(redis: 
         versions.check_forward("tiny", "v-a")
     assert versions.seqs("tiny", ["default", "v-a", "v-b", None]) == [0, 1, 2, 0]
     assert versions.current("other").seq == 0  # per model
+    # a version reserved for an update no backend took does not block the next one, nor go back
+    assert versions.reserve("tiny", "v-failed") == 3 and versions.current("tiny").seq == 2
+    assert versions.seqs("tiny", ["v-failed"]) == [3]  # a turn sampled as a backend resumes already maps
+    assert versions.record("tiny", "v-c", "/ckpt/c") == 3
+    versions.check_forward("tiny", "v-failed")  # never current: a retry later is still forward
+    assert versions.record("tiny", "v-failed", "/ckpt/f") == 4
 
 
 def test_turn_versions_read_every_span_and_fall_back_to_policy_version() -> None:
