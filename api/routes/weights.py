@@ -40,7 +40,7 @@ class BackendUpdate(BaseModel):
     url: str
     status: Literal["updated", "failed"]
     seconds: dict[str, float] = Field(description="Per step, in order: pause, reload, reset_prefix_cache, "
-                                                  "set_version, resume, check_version (up to a failed one)")
+                                                  "set_version, resume (up to a failed one)")
     error: str
     removed_from_pool: bool = Field(description="The backend failed and left the pool (unhealthy: stale weights)")
 

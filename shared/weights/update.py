@@ -22,7 +22,7 @@ from shared.weights.checkpoint import check_checkpoint
 from shared.weights.versions import VersionBackwards, WeightVersions
 from shared.weights.vllm_routes import Checkpoint, StepFailed, StepTimes, apply
 
-_STEPS = 6  # pause, reload, reset, set version, resume, check: the lock's lease covers them all
+_STEPS = 5  # pause, reload, reset, set version, resume: the lock's lease covers them all
 
 
 class UpdateInProgress(RolloutsError, RuntimeError):

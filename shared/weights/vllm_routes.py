@@ -2,10 +2,9 @@
 
 vLLM serves these with VLLM_SERVER_DEV_MODE=1 (cli/vllm_server.py sets it on loopback only):
 `POST /pause?mode=keep|wait|abort`, `POST /collective_rpc` (`reload_weights` from a directory the
-server can read), `POST /v1/load_lora_adapter` (a LoRA adapter, `load_inplace` replaces one of the
-same name), `POST /reset_prefix_cache`, `POST /update_weight_version`, `POST /resume`,
-`GET /weight_info`. Read from vLLM 0.32's `vllm/entrypoints/rl/online/api_router.py` and
-`vllm/entrypoints/openai/.../lora` routes; every call here is one of those.
+server can read), `POST /v1/load_lora_adapter` (a LoRA adapter; `load_inplace` replaces one of the
+same name), `POST /reset_prefix_cache`, `POST /update_weight_version`, `POST /resume`; read from
+vLLM 0.32's `vllm/entrypoints/rl/online/api_router.py` and its LoRA routes.
 """
 
 from __future__ import annotations
@@ -58,8 +57,8 @@ def _call(client: httpx.Client, step: str, times: StepTimes, method: str, path: 
     return response
 
 
-def apply(url: str, checkpoint: Checkpoint, timeout_s: float, times: StepTimes) -> str:
-    """Pause, load, reset the prefix cache, label, resume; returns the version the server then reports.
+def apply(url: str, checkpoint: Checkpoint, timeout_s: float, times: StepTimes) -> None:
+    """Pause, load, reset the prefix cache, label, resume: five calls, each acknowledged or StepFailed.
 
     Paused, no token is sampled while weights are half swapped (`wait` lets running requests
     finish, `keep` freezes them and continues them on the new weights, `abort` ends them with
@@ -74,10 +73,6 @@ def apply(url: str, checkpoint: Checkpoint, timeout_s: float, times: StepTimes) 
             raise StepFailed("reset_prefix_cache", "vLLM could not reset its prefix cache")
         _call(client, "set_version", times, "POST", "/update_weight_version", json={"new_version": checkpoint.version})
         _call(client, "resume", times, "POST", "/resume")
-        served = _json(_call(client, "check_version", times, "GET", "/weight_info")).get("weight_version")
-    if served != checkpoint.version:
-        raise StepFailed("check_version", f"the server reports weight version {served!r}, not {checkpoint.version!r}")
-    return str(served)
 
 
 def _load(client: httpx.Client, checkpoint: Checkpoint, times: StepTimes) -> None:
