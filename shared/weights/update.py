@@ -85,8 +85,8 @@ def _update_locked(redis: Redis, pool: BackendPool, model: str, checkpoint: Chec
     with ThreadPoolExecutor(max_workers=min(16, len(backends))) as executor:
         outcomes = list(executor.map(lambda b: _apply_one(pool, b, checkpoint, timeout), backends))
     updated = any(o.status == "updated" for o in outcomes)
-    seq = versions.record(model, checkpoint.version, checkpoint.path) if updated else versions.current(model).seq
-    return UpdateReport(model, checkpoint.version, seq if updated else 0, outcomes, time.perf_counter() - started)
+    seq = versions.record(model, checkpoint.version, checkpoint.path) if updated else 0
+    return UpdateReport(model, checkpoint.version, seq, outcomes, time.perf_counter() - started)
 
 
 def _apply_one(pool: BackendPool, backend: Backend, checkpoint: Checkpoint, timeout: float) -> BackendOutcome:
