@@ -58,6 +58,8 @@ def test_only_an_admin_may_update_weights(make_client, checkpoint: Path) -> None
     assert refused.status_code == 403 and "admin" in refused.json()["detail"]
     assert api.get("/v1/models/tiny/weights", headers=USER).json()["version"] is None  # reading is for everyone
     assert api.post("/v1/models/tiny/weights", json=body, headers=ADMIN).status_code == 404  # no backend of tiny
+    missing = api.post("/v1/models/org/model-7b/weights", json=body, headers=ADMIN)  # served names may hold '/'
+    assert missing.status_code == 404 and "'org/model-7b'" in missing.json()["detail"]
 
 
 @pytest.mark.parametrize(("body", "field", "words"), [
