@@ -38,7 +38,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
 
 def _register_commands() -> None:
     """Each area's commands live in their own module; add yours here."""
-    from cli import backends, batches, dashboard, jobs, service, validate
+    from cli import backends, batches, dashboard, jobs, service, validate, weights
 
     for command in (service.up, service.api, service.worker, service.run, jobs.submit, jobs.status):
         main.add_command(command)
@@ -47,6 +47,7 @@ def _register_commands() -> None:
     main.add_command(batches.export)
     main.add_command(dashboard.dashboard)
     main.add_command(validate.validate)
+    main.add_command(weights.weights)
 
 
 _register_commands()

@@ -178,6 +178,11 @@ class Settings(BaseSettings):
     llm_request_timeout_s: float = Field(default=600.0, gt=0, description="One /v1/completions call, end to end.")
     llm_max_retries: int = Field(default=3, ge=0, description="Retries of a call on connection errors and 5xx.")
     llm_retry_backoff_s: float = Field(default=0.5, gt=0, description="First retry delay; doubles each retry.")
+    weights_step_timeout_s: float = Field(
+        default=300.0, gt=0,
+        description="One step of a weight update on one backend (pause, reload, ...); `pause?mode=wait` waits for "
+        "running requests, so this also bounds how long a generation may hold an update up.",
+    )
     backend_wait_s: float = Field(
         default=900.0, gt=0,
         description="How long a job may wait for an LLM backend to be open to it (none registered yet, all "

@@ -128,6 +128,19 @@ class Keys:
         """Sorted set: "<job id>-<stage>" of jobs waiting for a backend -> when to look again (0: now)."""
         return f"{self.prefix}:llm:waiting"
 
+    # --- policy weight versions (shared/weights/) -------------------------------
+    def weight_versions(self, model: str) -> str:
+        """Hash: version -> its sequence number (1, 2, ... in the order updates applied them) for one model."""
+        return f"{self.prefix}:weights:{model}:seq"
+
+    def weight_current(self, model: str) -> str:
+        """Hash: the model's last applied update: version, seq, path, applied_at."""
+        return f"{self.prefix}:weights:{model}:current"
+
+    def weight_lock(self, model: str) -> str:
+        """String: held while one weight update of the model runs (concurrent updates are serialised)."""
+        return f"{self.prefix}:lock:weights:{model}"
+
 
 @dataclass(frozen=True)
 class BatchKeys:

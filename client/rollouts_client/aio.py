@@ -21,6 +21,8 @@ from rollouts_client.wire import (
     endpoint,
     headers,
     list_params,
+    weights_body,
+    weights_path,
 )
 from rollouts_client.wire import StreamUnavailable as _Unavailable
 
@@ -269,6 +271,16 @@ class AsyncRolloutClient:
     async def drain_backend(self, backend_id: str, draining: bool = True) -> dict[str, Any]:
         response = await self.request("POST", f"/v1/backends/{backend_id}/drain", json={"draining": draining})
         return decode(response)
+
+    async def update_weights(
+        self, model: str, version: str, *, path: str, pause_mode: str = "wait", lora: str | None = None,
+        timeout: float = 900.0,
+    ) -> dict[str, Any]:
+        body = weights_body(version, path, pause_mode, lora)
+        return decode(await self.request("POST", weights_path(model), json=body, timeout=timeout))
+
+    async def current_weights(self, model: str) -> dict[str, Any]:
+        return decode(await self.request("GET", weights_path(model)))
 
     async def deregister_backend(self, backend_id: str) -> bool:
         response = await self.request("DELETE", f"/v1/backends/{backend_id}")

@@ -131,6 +131,7 @@ class BatchCounts:
     filtered: int = 0
     failed: int = 0
     late: int = 0
+    stale: int = 0  # groups with a sample older than the batch's max_staleness: not delivered, replaced
     prompts_left: int = 0
 
 

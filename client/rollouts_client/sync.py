@@ -20,6 +20,8 @@ from rollouts_client.wire import (
     endpoint,
     headers,
     list_params,
+    weights_body,
+    weights_path,
 )
 from rollouts_client.wire import StreamUnavailable as _Unavailable
 
@@ -152,7 +154,7 @@ class RolloutClient:
         min_informative_groups: int | None = None,
         **options: Any,
     ) -> Batch:
-        """Options: sampling, limits, max_groups_in_flight, on_target, advantages, reward_epsilon, metadata."""
+        """Options: sampling, limits, max_groups_in_flight, on_target, advantages, reward_epsilon, max_staleness, metadata."""
         body = batch_body(prompts, prompts_path, n_samples, min_informative_groups, options)
         return Batch.from_api(decode(self.request("POST", "/v1/batches", json=body), (202,)))
 
@@ -285,6 +287,25 @@ class RolloutClient:
         """Stop new trajectories on a backend (running ones finish there); draining=False reopens it."""
         response = self.request("POST", f"/v1/backends/{backend_id}/drain", json={"draining": draining})
         return decode(response)
+
+    def update_weights(
+        self, model: str, version: str, *, path: str, pause_mode: str = "wait", lora: str | None = None,
+        timeout: float = 900.0,
+    ) -> dict[str, Any]:
+        """Load a checkpoint into every backend of `model` under `version` (admin); what each backend did.
+
+        `path`: a directory the backends and the API can read (a full checkpoint, or with `lora` the
+        adapter to load in place under that name). `pause_mode`: keep, wait or abort running requests.
+        Returns {model, version, seq, seconds, backends: [{id, url, status, seconds, error,
+        removed_from_pool}]}. ApiError 409 while another update of the model runs, 422 for a version
+        that goes backwards or a checkpoint that does not fit, 404 when no backend serves the model.
+        """
+        body = weights_body(version, path, pause_mode, lora)
+        return decode(self.request("POST", weights_path(model), json=body, timeout=timeout))
+
+    def current_weights(self, model: str) -> dict[str, Any]:
+        """The last version applied to `model` through the service: {model, version, seq, path, applied_at}."""
+        return decode(self.request("GET", weights_path(model)))
 
     def deregister_backend(self, backend_id: str) -> bool:
         """Remove a backend from the pool; False when it was not registered."""

@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import msgpack
@@ -148,3 +149,16 @@ def backend_body(
     optional = {"id": backend_id, "tokenizer": tokenizer, "capacity": capacity, "labels": labels}
     body.update({name: value for name, value in optional.items() if value is not None})
     return body
+
+
+def weights_body(version: str, path: str, pause_mode: str, lora: str | None) -> dict[str, Any]:
+    """A weight update as the API takes it (POST /v1/models/{model}/weights)."""
+    body: dict[str, Any] = {"version": version, "path": str(path), "pause_mode": pause_mode}
+    if lora is not None:
+        body["lora"] = lora
+    return body
+
+
+def weights_path(model: str) -> str:
+    """The model's weights route; a served name may hold '/' (org/model), which the route accepts as is."""
+    return f"/v1/models/{quote(model, safe='/')}/weights"

@@ -1,9 +1,8 @@
 """The trainer's side of the service: start it locally, run one DAPO batch, reload the backends' weights.
 
-Everything after `start_stack` goes over HTTP: batches and jobs through
-rollouts_client, the backend list through the API, and weight reloads through each vLLM
-server's RL routes (served with VLLM_SERVER_DEV_MODE=1, which the stack sets on loopback):
-pause, `collective_rpc reload_weights`, reset the prefix cache, set the weight version, resume.
+Everything after `start_stack` goes over HTTP through rollouts_client: batches, jobs, the
+backend list, and weight reloads (one call per model, `update_weights`: the service pauses,
+reloads, resets the prefix cache, labels and resumes every backend of the model).
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from cli.stack import Stack
 from examples.train_grpo.policy import MAX_LEN
@@ -43,39 +40,24 @@ def backend_urls(client: RolloutClient) -> list[str]:
 
 
 def load_weights(client: RolloutClient, path: Path, version: str) -> list[str]:
-    """Every healthy backend loads the checkpoint at `path` and labels its tokens `version`; returns their URLs.
+    """Every backend loads the checkpoint at `path` and labels its tokens `version`; returns their URLs.
 
-    The order matters: paused, no token is sampled while the weights are half swapped; the
-    reload does not clear the prefix cache, whose KV entries the old weights computed; the
-    version label is what every later turn records (vLLM's `weight_versions`).
+    One service call per served model (POST /v1/models/{model}/weights): pause, reload, reset
+    the prefix cache, label, resume on every backend of the model at once. A backend that fails
+    leaves the pool, and the trainer stops: its next batch would run on fewer servers than asked.
     The checkpoint must have untied embeddings: vLLM's reload does not refresh a tied lm_head.
     """
-    urls = backend_urls(client)
-    if not urls:
+    models = sorted({b["model"] for b in client.list_backends() if b.get("healthy")})
+    if not models:
         raise RuntimeError("no healthy backend to load weights into")
-    for url in urls:
-        with httpx.Client(base_url=url, timeout=120) as backend:
-            # Resumed only once the new weights and their label are both in: a server whose reload
-            # failed stays paused (it would serve half-loaded weights under the old label) and the
-            # trainer stops with the error.
-            _ok(backend.post("/pause", params={"mode": "wait"}))
-            _ok(backend.post("/collective_rpc", json={"method": "reload_weights",
-                                                      "kwargs": {"weights_path": str(path)}}))
-            if _ok(backend.post("/reset_prefix_cache")).json().get("success") is False:
-                raise RuntimeError(f"{url} could not reset its prefix cache after the reload")
-            _ok(backend.post("/update_weight_version", json={"new_version": version}))
-            _ok(backend.post("/resume"))
-            served = _ok(backend.get("/weight_info")).json()
-        if served.get("weight_version") != version:
-            raise RuntimeError(f"{url} reports weight version {served!r} after loading {version}")
+    urls: list[str] = []
+    for model in models:
+        result = client.update_weights(model, version, path=str(Path(path).absolute()))
+        failed = [f"{b['url']}: {b['error']}" for b in result["backends"] if b["status"] != "updated"]
+        if failed:
+            raise RuntimeError(f"loading {version} into model {model!r} failed on {'; '.join(failed)}")
+        urls += [b["url"] for b in result["backends"]]
     return urls
-
-
-def _ok(response: httpx.Response) -> httpx.Response:
-    if response.status_code >= 400:
-        raise RuntimeError(f"{response.request.method} {response.request.url} answered "
-                           f"{response.status_code}: {response.text[:500]}")
-    return response
 
 
 @dataclass

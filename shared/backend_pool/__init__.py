@@ -2,6 +2,7 @@
 
 from shared.backend_pool.pool import (
     NOT_SERVING_MODEL,
+    STALE_WEIGHTS,
     Backend,
     BackendPool,
     MaintenanceReport,
@@ -15,6 +16,7 @@ from shared.backend_pool.pool import (
 
 __all__ = [
     "NOT_SERVING_MODEL",
+    "STALE_WEIGHTS",
     "Backend",
     "BackendPool",
     "MaintenanceReport",

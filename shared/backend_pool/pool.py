@@ -114,8 +114,15 @@ def backend_id_for(url: str) -> str:
 NOT_SERVING_MODEL = "no longer serves model"
 
 
-def _serves_another_model(backend: Backend) -> bool:
-    return backend.unhealthy_reason.startswith(NOT_SERVING_MODEL)
+# The reason given to a backend that failed a weight update (shared/weights/update.py): it is up and
+# passes /health, but serves weights the model no longer has; only a later update that succeeds on it
+# (or a new registration) brings it back.
+STALE_WEIGHTS = "stale weights"
+
+
+def _probe_cannot_restore(backend: Backend) -> bool:
+    """Unhealthy for a reason a passing /health probe says nothing about."""
+    return backend.unhealthy_reason.startswith((NOT_SERVING_MODEL, STALE_WEIGHTS))
 
 
 def probe_health(url: str, timeout_s: float) -> str | None:
@@ -415,7 +422,7 @@ class BackendPool:
                 if reason and backend.healthy:
                     self.set_health(backend.id, False, reason)
                     report.failed_probes.append(backend.id)
-                elif reason is None and not backend.healthy and not _serves_another_model(backend):
+                elif reason is None and not backend.healthy and not _probe_cannot_restore(backend):
                     self.set_health(backend.id, True)
                     report.recovered.append(backend.id)
         report.reaped_leases = self.reap_expired(now, reap_batch)

@@ -18,6 +18,7 @@ import weakref
 from typing import Any
 
 from shared.batches.spec import BatchRequest, idempotency_key, parse_group_id
+from shared.batches.staleness import STALE, is_stale
 from shared.batches.store import BatchStore, Recorded, closes_groups
 from shared.codec import unpack
 from shared.jobs.status import TERMINAL, JobStatus
@@ -94,6 +95,9 @@ def record_job(batches: BatchStore, job_id: str) -> Recorded | None:
     reward = None
     if status == JobStatus.DONE:
         reward = reward_of(reward_raw, evaluation_raw)
+        max_staleness = _max_staleness(batches, batch_id)
+        if max_staleness is not None and is_stale(batches.jobs, job_id, max_staleness):
+            status, reward = STALE, None
     error = unpack(error_raw) if error_raw else None
     message = f"{error.get('type', 'error')}: {error.get('message', '')}" if isinstance(error, dict) else ""
     if status != JobStatus.DONE and not message:
@@ -106,6 +110,11 @@ def record_job(batches: BatchStore, job_id: str) -> Recorded | None:
             if head is not None and closes_groups(head):
                 cancel_groups(batches, batch_id, batches.in_flight_groups(batch_id))
     return recorded
+
+
+def _max_staleness(batches: BatchStore, batch_id: str) -> int | None:
+    head = batches.head(batch_id)
+    return None if head is None else (head.get("request") or {}).get("max_staleness")
 
 
 def cancel_groups(batches: BatchStore, batch_id: str, prompt_indices: list[int]) -> int:

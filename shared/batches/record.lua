@@ -33,19 +33,26 @@ if redis.call('HINCRBY', group, 'recorded', 1) < n then
   return {1}
 end
 
--- The group is complete. Any sample without a reward makes it `failed`.
+-- The group is complete. Any sample without a reward makes it `failed`; else any sample sampled by
+-- weights too old for the batch's max_staleness (recorded as status `stale`) makes it `stale`.
 local outcome = 'informative'
 local lo, hi = nil, nil
+local stale = false
 for s = 0, n - 1 do
   local reward = tonumber(redis.call('HGET', group, 'r:' .. s))
-  if redis.call('HGET', group, 's:' .. s) ~= 'done' or reward == nil then
+  local sample_status = redis.call('HGET', group, 's:' .. s)
+  if sample_status == 'stale' then
+    stale = true
+  elseif sample_status ~= 'done' or reward == nil then
     outcome = 'failed'
   elseif outcome ~= 'failed' then
     if lo == nil or reward < lo then lo = reward end
     if hi == nil or reward > hi then hi = reward end
   end
 end
-if outcome ~= 'failed' and hi - lo <= tonumber(redis.call('HGET', batch, 'epsilon')) then
+if outcome ~= 'failed' and stale then
+  outcome = 'stale'
+elseif outcome ~= 'failed' and hi - lo <= tonumber(redis.call('HGET', batch, 'epsilon')) then
   outcome = 'uniform'
 end
 redis.call('HSET', group, 'outcome', outcome, 'completed_at', now)
@@ -67,7 +74,7 @@ if status ~= 'running' then
 end
 
 redis.call('HINCRBY', batch, outcome, 1)
-local used = outcome == 'informative' or redis.call('HGET', batch, 'mode') == 'all'
+local used = outcome == 'informative' or (outcome ~= 'stale' and redis.call('HGET', batch, 'mode') == 'all')
 if used then
   redis.call('HSET', group, 'used', 1)
   redis.call('HINCRBY', batch, 'used', 1)

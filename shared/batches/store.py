@@ -32,7 +32,7 @@ def _script(name: str) -> str:
 
 
 _FILL, _RECORD, _CLOSE = _script("fill.lua"), _script("record.lua"), _script("close.lua")
-_COUNTERS = ("cursor", "launched", "in_flight", "completed", "used", "informative", "uniform", "failed", "late")
+_COUNTERS = ("cursor", "launched", "in_flight", "completed", "used", "informative", "uniform", "failed", "late", "stale")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ def batch_view(head: dict[str, Any]) -> dict[str, Any]:
             "filtered": head["uniform"] if dapo else 0,
             "failed": head["failed"],
             "late": head["late"],
+            "stale": head.get("stale", 0),
             "prompts_left": head["pool_size"] - head["cursor"],
         },
         "metadata": (head.get("request") or {}).get("metadata") or {},
@@ -46,7 +47,7 @@ def exhausted_reason(head: dict[str, Any]) -> str:
     return (
         f"the prompt pool ran out before the target: {head['used']} of {head['target']} groups informative "
         f"after {head['launched']} of {head['pool_size']} prompts ({head['uniform']} groups had one reward "
-        f"for every sample, {head['failed']} failed)"
+        f"for every sample, {head['failed']} failed, {head.get('stale', 0)} stale)"
     )
 
 

@@ -124,3 +124,25 @@ def test_a_post_with_an_idempotency_key_is_retried_after_a_lost_answer() -> None
         with pytest.raises(httpx.ReadTimeout):  # without a key a lost answer may hide a taken job: no retry
             client.submit_jobs({"task": {"kind": "demo"}})
         assert len(calls) == 1
+
+
+def test_weight_calls_send_what_the_api_takes_sync_and_async() -> None:
+    result = {"model": "org/m", "version": "v2", "seq": 2, "seconds": 0.1, "backends": []}
+    current = {"model": "org/m", "version": "v2", "seq": 2, "path": "/ckpt", "applied_at": 1.0}
+    answers = lambda: {("POST", "/v1/models/org/m/weights"): [httpx.Response(200, json=result)],  # noqa: E731
+                       ("GET", "/v1/models/org/m/weights"): [httpx.Response(200, json=current)]}  # fmt: skip
+    api = Recorder(answers())
+    with RolloutClient("http://api", transport=httpx.MockTransport(api)) as client:
+        assert client.update_weights("org/m", "v2", path="/ckpt", pause_mode="keep", lora="a") == result
+        assert client.current_weights("org/m") == current
+    assert api.seen[0][2] == {"version": "v2", "path": "/ckpt", "pause_mode": "keep", "lora": "a"}
+
+    async_api = Recorder(answers())
+
+    async def calls() -> None:
+        async with AsyncRolloutClient("http://api", transport=httpx.MockTransport(async_api)) as client:
+            assert await client.update_weights("org/m", "v2", path="/ckpt") == result
+            assert await client.current_weights("org/m") == current
+
+    asyncio.run(calls())
+    assert async_api.seen[0][2] == {"version": "v2", "path": "/ckpt", "pause_mode": "wait"}

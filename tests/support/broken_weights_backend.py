@@ -1,0 +1,68 @@
+"""A test double of a vLLM server whose weight-update routes fail or hang: fault injection only.
+
+It serves what registration and the health probe ask (`GET /health`, `GET /v1/models` listing one
+model with a `root`), and answers every weight route (`/pause`, `/collective_rpc`, ...) with a
+500, or holds it until `release` is set when started with `hang=True`. It generates nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class BrokenWeightsBackend:
+    """A backend that is up and healthy but cannot take new weights."""
+
+    def __init__(self, model: str, root: str = "", hang: bool = False) -> None:
+        self.model, self.root, self.hang = model, root, hang
+        self.release = threading.Event()
+        self.received = threading.Event()  # a weight route was called
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> BrokenWeightsBackend:
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, status: int, payload: Any) -> None:
+                body = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                if self.path == "/health":
+                    self._send(200, {})
+                elif self.path == "/v1/models":
+                    self._send(200, {"data": [{"id": double.model, "root": double.root}]})
+                else:
+                    self._send(404, {"detail": "Not Found"})
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                double.received.set()
+                if double.hang:
+                    double.release.wait(60)
+                self._send(500, {"error": {"message": "injected failure", "type": "InternalServerError", "code": 500}})
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.release.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
