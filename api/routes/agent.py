@@ -1,0 +1,114 @@
+"""An external agent's endpoint: `/v1/jobs/{id}/agent/...`, forwarded to the rollout worker serving the job.
+
+The agent authenticates with its job's key (shared/agent_keys.py), not an API token: the key opens
+this one job and nothing else. The API checks it, reads where the job's rollout worker serves it
+(Keys.agent_proxy) and forwards the call there unchanged, streaming the answer back. Refusals are
+OpenAI's error body, so an OpenAI client shows the message:
+
+- no key 401, another job's key 403, no such job 404;
+- the rollout has ended (eval, done, failed, cancelled, timed out) 409;
+- the rollout has not started serving yet (queued, init, sandbox starting) 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from shared.agent_keys import bearer, deployment_secret, job_key, key_opens
+from shared.jobs.status import JobStatus
+from shared.jobs.store import JobStore
+
+router = APIRouter(prefix="/v1/jobs/{job_id}/agent", tags=["agent"])
+
+_NOT_STARTED = (JobStatus.QUEUED, JobStatus.INIT, JobStatus.ROLLOUT)
+_FORWARDED_HEADERS = ("authorization", "content-type", "accept")
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    secret: bytes
+    status: str | None
+    proxy_url: str | None
+
+
+def endpoint(request: Request, job_id: str, secret: bytes) -> dict[str, str]:
+    """What the trainer hands its agent: the job's base URL and key."""
+    settings = request.app.state.settings
+    api = (settings.api_url or str(request.base_url)).rstrip("/")
+    return {"base_url": f"{api}/v1/jobs/{job_id}/agent", "api_key": job_key(secret, job_id)}
+
+
+def secret_of(request: Request) -> bytes:
+    store: JobStore = request.app.state.store
+    return deployment_secret(store.redis, store.keys, request.app.state.settings)
+
+
+@router.api_route("/{path:path}", methods=["GET", "POST"], summary="An external agent's call, forwarded to its job",
+                  include_in_schema=True)  # fmt: skip
+async def forward(job_id: str, path: str, request: Request) -> Response:
+    """OpenAI's `v1/chat/completions`, `v1/completions`, `v1/models`, and `task`, `tools/{name}`, `finish`."""
+    key = bearer(request.headers.get("authorization"))
+    if key is None:
+        return _refusal(401, "the job's key is required: Authorization: Bearer <agent.api_key>", "authentication_error")
+    found = await run_in_threadpool(_lookup, request, job_id)
+    if not key_opens(found.secret, job_id, key):
+        return _refusal(403, "this key does not open this job", "permission_error")
+    if found.status is None:
+        return _refusal(404, f"no job with id {job_id!r}", "not_found_error")
+    if found.status not in _NOT_STARTED:
+        return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict")
+    if found.proxy_url is None:
+        return _refusal(503, f"this job's rollout is not serving yet (status {found.status}); retry shortly",
+                        "service_unavailable", retry_after=1)  # fmt: skip
+    return await _send(request, f"{found.proxy_url}/{path}", job_id)
+
+
+def _lookup(request: Request, job_id: str) -> _Lookup:
+    store: JobStore = request.app.state.store
+    secret = secret_of(request)
+    with store.redis.pipeline(transaction=False) as pipe:
+        pipe.hget(store.keys.job(job_id), "status")
+        pipe.get(store.keys.agent_proxy(job_id))
+        status, url = pipe.execute()
+    text = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
+    return _Lookup(secret, text(status), text(url))
+
+
+async def _send(request: Request, url: str, job_id: str) -> Response:
+    client = _client(request)
+    headers = {name: value for name, value in request.headers.items() if name in _FORWARDED_HEADERS}
+    outgoing = client.build_request(request.method, url, headers=headers, content=await request.body(),
+                                    params=request.query_params)  # fmt: skip
+    try:
+        answer = await client.send(outgoing, stream=True)
+    except httpx.HTTPError as exc:
+        found = await run_in_threadpool(_lookup, request, job_id)
+        if found.status not in _NOT_STARTED:  # it ended between the lookup and the call
+            return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict")
+        return _refusal(503, f"the worker serving this job cannot be reached: {type(exc).__name__}",
+                        "service_unavailable", retry_after=1)  # fmt: skip
+    kept = {k: v for k, v in answer.headers.items() if k.lower() in ("content-type", "retry-after")}
+    return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code, headers=kept,
+                             background=BackgroundTask(answer.aclose))  # fmt: skip
+
+
+def _client(request: Request) -> httpx.AsyncClient:
+    client = getattr(request.app.state, "agent_http", None)
+    if client is None:
+        timeout = request.app.state.settings.llm_request_timeout_s + 60
+        client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=5.0), trust_env=False)
+        request.app.state.agent_http = client
+    return client
+
+
+def _refusal(status: int, message: str, kind: str, retry_after: int | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return JSONResponse(body, status_code=status, headers=headers)
