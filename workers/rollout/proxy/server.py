@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -107,6 +108,7 @@ class ThreadServer:
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, 0))
+        self._socket.listen(128)  # connections wait in the backlog until uvicorn accepts them, never refused
         self.port = self._socket.getsockname()[1]
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}"
         config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
@@ -114,8 +116,14 @@ class ThreadServer:
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True,
                                         name=f"agent-proxy-{self.port}")  # fmt: skip
 
-    def start(self) -> ThreadServer:
+    def start(self, timeout_s: float = 30.0) -> ThreadServer:
+        """Start serving; returns once uvicorn has started (or raises if it could not)."""
         self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the agent endpoint on port {self.port} did not start")
+            time.sleep(0.01)
         return self
 
     def stop(self) -> None:
