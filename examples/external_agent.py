@@ -48,9 +48,9 @@ def wait_until_serving(endpoint: dict[str, str], timeout_s: float = 300) -> dict
         time.sleep(float(response.headers.get("retry-after", 1)))
 
 
-def run_agent(endpoint: dict[str, str], max_turns: int) -> list[dict[str, Any]]:
+def run_agent(endpoint: dict[str, str], max_turns: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A small agent loop: ask the model, run the tools it calls in the job's sandbox, finish.
-    Returns the conversation as the agent kept it."""
+    Returns the task and the conversation as the agent kept it."""
     task = wait_until_serving(endpoint)
     llm = OpenAI(base_url=f"{endpoint['base_url']}/v1", api_key=endpoint["api_key"], max_retries=0)
     service = httpx.Client(base_url=endpoint["base_url"], headers={"Authorization": f"Bearer {endpoint['api_key']}"},
@@ -74,7 +74,7 @@ def run_agent(endpoint: dict[str, str], max_turns: int) -> list[dict[str, Any]]:
         if answer is not None:
             break
     service.post("/finish", json={"answer": answer}).raise_for_status()
-    return messages
+    return task, messages
 
 
 def main() -> None:

@@ -48,9 +48,12 @@ class Endpoint:
     served: list[Served] = field(default_factory=list)
 
     def renderer(self, tokenizer: Any, tools: list[dict[str, Any]] | None = TOOLS) -> ChatRenderer:
-        """The renderer the session builds for a conversation with `tools`."""
-        parser = get_parser("hermes")
-        return ChatRenderer(tokenizer, tools, tool_instructions_json(tools or [], parser.call_format))
+        return renderer_for(tokenizer, tools)
+
+
+def renderer_for(tokenizer: Any, tools: list[dict[str, Any]] | None) -> ChatRenderer:
+    """The renderer a session builds for a conversation with `tools` (hermes, the default parser)."""
+    return ChatRenderer(tokenizer, tools, tool_instructions_json(tools or [], get_parser("hermes").call_format))
 
 
 @pytest.fixture()
