@@ -50,10 +50,30 @@ def secret_of(request: Request) -> bytes:
     return deployment_secret(store.redis, store.keys, request.app.state.settings)
 
 
-@router.api_route("/{path:path}", methods=["GET", "POST"], summary="An external agent's call, forwarded to its job",
-                  include_in_schema=True)  # fmt: skip
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": "No key"},
+    403: {"description": "Another job's key"},
+    404: {"description": "No such job"},
+    409: {"description": "The job's rollout has ended"},
+    503: {"description": "The job's rollout is not serving yet (Retry-After), or its worker cannot be reached"},
+}
+
+
+@router.post("/{path:path}", summary="An external agent's call to its job (chat/completions, completions, tools, finish)",
+             responses=_RESPONSES)  # fmt: skip
+async def post(job_id: str, path: str, request: Request) -> Response:
+    """OpenAI's `v1/chat/completions` and `v1/completions`; `tools/{name}`; `finish`."""
+    return await forward(job_id, path, request)
+
+
+@router.get("/{path:path}", summary="An external agent's read of its job (v1/models, task)", responses=_RESPONSES)
+async def get(job_id: str, path: str, request: Request) -> Response:
+    """`v1/models` and `task` (the job's messages, tool schemas and model)."""
+    return await forward(job_id, path, request)
+
+
 async def forward(job_id: str, path: str, request: Request) -> Response:
-    """OpenAI's `v1/chat/completions`, `v1/completions`, `v1/models`, and `task`, `tools/{name}`, `finish`."""
+    """Check the key and the job's state, then forward the call to the worker serving the job."""
     key = bearer(request.headers.get("authorization"))
     if key is None:
         return _refusal(401, "the job's key is required: Authorization: Bearer <agent.api_key>", "authentication_error")
