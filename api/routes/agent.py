@@ -46,8 +46,12 @@ def endpoint(request: Request, job_id: str, secret: bytes) -> dict[str, str]:
 
 
 def secret_of(request: Request) -> bytes:
-    store: JobStore = request.app.state.store
-    return deployment_secret(store.redis, store.keys, request.app.state.settings)
+    """The deployment's key secret, read once per API process (it never changes while Redis keeps it)."""
+    secret = getattr(request.app.state, "agent_secret", None)
+    if secret is None:
+        store: JobStore = request.app.state.store
+        secret = request.app.state.agent_secret = deployment_secret(store.redis, store.keys, request.app.state.settings)
+    return secret
 
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -103,7 +103,7 @@ def _sse(lines: list[str]) -> StreamingResponse:
 class ThreadServer:
     """uvicorn serving one app from a thread, on a port the OS picks (bound before the thread starts)."""
 
-    def __init__(self, app: FastAPI, host: str) -> None:
+    def __init__(self, app: FastAPI, host: str, lifespan: str = "off") -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -111,7 +111,7 @@ class ThreadServer:
         self._socket.listen(128)  # connections wait in the backlog until uvicorn accepts them, never refused
         self.port = self._socket.getsockname()[1]
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+        config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, access_log=False)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True,
                                         name=f"agent-proxy-{self.port}")  # fmt: skip

@@ -12,6 +12,7 @@ Calls of one job are serialized: the record is a sequence.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -55,6 +56,7 @@ class ProxySession:
         self._open: _Segment | None = None
         self._calls = 0
         self._call_ids = 0
+        self._renderers: dict[str, ChatRenderer] = {}
         self._lock = threading.Lock()
         self._special_ids = set(tokenizer.all_special_ids)
         self._started = time.perf_counter()
@@ -145,12 +147,22 @@ class ProxySession:
                 segment.record.append(Turn(role=OBSERVATION, start=0, end=0, text=delta.text, messages=messages[n:]),
                                       delta.token_ids)  # fmt: skip
                 return segment
-            renderer = ChatRenderer(self.tokenizer, tools, tool_instructions_json(tools or [], self.parser.call_format),
-                                    template_kwargs=self.template_kwargs)  # fmt: skip
+            renderer = self._renderer(tools or None)
             prompt = renderer.prompt(renderer.prepare(messages))
         except ChatTemplateError as exc:
             raise wire.ProxyError(400, str(exc), "messages") from exc
         return self._new_segment(_Segment(self._fresh_record(), renderer, tools or None), prompt.token_ids, prompt.text)
+
+    def _renderer(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
+        """The renderer for a conversation with `tools`, built once per tool list (building one reads the
+        tokenizer's whole added vocabulary)."""
+        key = json.dumps(tools, sort_keys=True)
+        if key not in self._renderers:
+            if len(self._renderers) >= 8:  # an agent that changes its tools every call: keep a few
+                self._renderers.pop(next(iter(self._renderers)))
+            self._renderers[key] = ChatRenderer(self.tokenizer, tools, tool_instructions_json(tools or [],
+                                                self.parser.call_format), template_kwargs=self.template_kwargs)
+        return self._renderers[key]
 
     def _extend_text(self, prompt: str | list[int]) -> _Segment:
         segment = self._open
