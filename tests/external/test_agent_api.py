@@ -64,6 +64,11 @@ def test_keys_and_the_jobs_state_decide_before_anything_is_forwarded(client: Tes
     assert client.delete(f"/v1/jobs/{one}").status_code == 200
     ended = client.post(url, json=body, headers=mine)
     assert ended.status_code == 409 and "cancelled" in ended.json()["error"]["message"]
+    redis.hset(Keys().job(two), "status", "rollout")  # serving, but its worker is gone
+    redis.set(Keys().agent_proxy(two), "http://127.0.0.1:9")
+    gone = client.post(f"/v1/jobs/{two}/agent/v1/chat/completions", json=body,
+                       headers={"Authorization": f"Bearer {job_key(SECRET, two)}"})  # fmt: skip
+    assert gone.status_code == 503 and "cannot be reached" in gone.json()["error"]["message"]
     ghost = "0" * 32
     missing = client.get(f"/v1/jobs/{ghost}/agent/task", headers={"Authorization": f"Bearer {job_key(SECRET, ghost)}"})
     assert missing.status_code == 404

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from cli.stack import Stack
@@ -82,3 +83,21 @@ def test_an_agent_that_never_finishes_is_ended_by_the_time_limit_and_evaluated(s
     trajectory = record["result"]["trajectory"]
     assert trajectory["stop_reason"] == "time_budget" and trajectory["token_ids"] == []
     assert record["result"]["reward"] == 0
+
+
+def test_cancelling_a_served_job_ends_its_endpoint_and_keeps_the_partial_record(stack: Stack) -> None:
+    api = client_for(stack)
+    body = api.post("/v1/jobs", json={"task": {"kind": "math", "problem": "What is 4 + 4?", "answer": "8"},
+                                      "agent": "external", "sampling": {"max_tokens": 8}}).json()  # fmt: skip
+    job_id, endpoint = body["job_ids"][0], body["agent"][0]
+    task = external_agent.wait_until_serving(endpoint)
+    llm = openai.OpenAI(base_url=f"{endpoint['base_url']}/v1", api_key=endpoint["api_key"], max_retries=0)
+    llm.chat.completions.create(model=task["model"], messages=task["messages"])
+    assert api.delete(f"/v1/jobs/{job_id}").status_code == 200
+    with pytest.raises(openai.ConflictError):
+        llm.chat.completions.create(model=task["model"], messages=task["messages"])
+    record = wait_for(lambda: (r := api.get(f"/v1/jobs/{job_id}").json()).get("partial") and r, timeout=60,
+                      what="the partial record")  # fmt: skip
+    partial = Trajectory.from_dict(record["partial"]["trajectory"])
+    assert partial.stop_reason == "cancelled" and partial.counts.turns == 1
+    wait_for(lambda: api.get("/v1/backends").json()["inflight"] == 0, timeout=30, what="the pin released")

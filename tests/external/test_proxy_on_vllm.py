@@ -89,10 +89,12 @@ def test_text_completions_extend_the_record_when_the_prompt_grows(endpoint: Endp
     llm = agent(endpoint)
     first = llm.completions.create(model=SERVED_NAME, prompt="Once upon a time", max_tokens=8)
     grown = "Once upon a time" + first.choices[0].text + " And then"
-    llm.completions.create(model=SERVED_NAME, prompt=grown, max_tokens=8)
+    streamed = llm.completions.create(model=SERVED_NAME, prompt=grown, max_tokens=8, stream=True)
+    text = "".join(chunk.choices[0].text for chunk in streamed)
     record = endpoint.session.record()
     assert record.segments == []
     assert [t.role for t in record.turns] == ["prompt", "assistant", "observation", "assistant"]
+    assert text == record.turns[-1].text
     assert_exact_against_backend(record, endpoint.served)
 
 
