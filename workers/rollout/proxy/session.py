@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from shared.tasks.context import StageInterrupted
 from shared.trajectory import ASSISTANT, OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
 from workers.rollout.agent_loop import FINISH_TOOL, Generate, LoopConfig, RunTool
 from workers.rollout.chat_delta import ChatRenderer, ChatTemplateError, tool_instructions_json
@@ -215,6 +216,8 @@ class ProxySession:
             completion = self.generate(list(record.token_ids), sampling)
         except BackendRequestError as exc:
             raise wire.ProxyError(400, f"the model refused the request: {exc.message}", None) from exc
+        except StageInterrupted as exc:  # cancelled or out of time mid-generation: the rollout is over
+            raise wire.ProxyError(409, f"this job's rollout has ended ({exc.reason})", None, "conflict") from exc
         finally:
             self._llm_s += time.perf_counter() - t0
         if len(completion.token_ids) > cap or len(completion.logprobs) != len(completion.token_ids):
