@@ -4,16 +4,23 @@ One vLLM server (the CPU build on the tiny model, as the tests start it). The sa
 (one system and one user message, greedy, `ignore_eos`, `--max-tokens` tokens, so every call
 generates the same tokens) goes round-robin, in one process, to:
 
-- **vllm**: vLLM's own `POST /v1/chat/completions` (it renders the template and tokenizes too);
+- **vllm**: vLLM's own `POST /v1/chat/completions` with `logprobs: true` (it renders the template
+  and tokenizes too, and computes the logprobs the record needs);
+- **generate**: the same prompt's token ids (rendered once) through LLMClient to vLLM's
+  `/inference/v1/generate`: what the endpoint itself sends, without the endpoint;
 - **worker**: the job's ProxySession on its rollout worker's port (workers/rollout/proxy/): render
   with ChatRenderer, token ids to `/inference/v1/generate` through LLMClient, parse tool calls,
   record the turn; each call is a fresh conversation, so each starts a new segment (a full prompt
   render, the dearer case);
 - **api**: the same through the API's forwarding route (api/routes/agent.py: key check, one Redis
-  round trip, an HTTP hop). The job is a real submitted `agent: external` job whose record is
-  pointed at the endpoint above, as the rollout stage's take and registration leave it.
+  round trip, an HTTP hop), the API a process of its own as `rollouts api` runs it. The job is a
+  real submitted `agent: external` job whose record is pointed at the endpoint above, as the
+  rollout stage's take and registration leave it.
 
-Reports p50 and p90 latency of each and the p50 differences (goal: < 5 ms).
+The endpoint runs in this process (as it runs in a rollout worker's), so it shares the GIL with
+the measuring loop; vLLM and the API are processes of their own.
+
+Reports p50 and p90 latency of each and the p50 differences from vllm (goal: worker and api < 5 ms).
 
     .venv/bin/python -m bench.agent_proxy [--calls 200] [--max-tokens 8]
 """
@@ -21,7 +28,10 @@ Reports p50 and p90 latency of each and the p50 differences (goal: < 5 ms).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +39,6 @@ from typing import Any
 
 import httpx
 
-from api.app import create_app
 from cli.embedded_redis import EmbeddedRedis, free_port
 from cli.tiny_model import tiny_model_dir
 from cli.vllm_server import VLLMServer
@@ -38,6 +47,7 @@ from shared.config import Settings
 from shared.keys import Keys
 from workers.kinds.agentic import DEFAULT_TOOLS
 from workers.rollout.agent_loop import LoopConfig
+from workers.rollout.chat_delta import ChatRenderer
 from workers.rollout.llm_client import LLMClient, Sampling
 from workers.rollout.llm_services import _load_tokenizer
 from workers.rollout.proxy.server import ThreadServer, build_app
@@ -51,6 +61,19 @@ MESSAGES = [{"role": "system", "content": "You are a careful assistant."},
 
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
+
+
+def _wait_healthy(http: httpx.Client, url: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if http.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the API at {url} did not start")
+        time.sleep(0.2)
 
 
 def main() -> None:
@@ -67,6 +90,7 @@ def main() -> None:
     redis = EmbeddedRedis(data_dir=work / "redis").start()
     vllm.start()
     servers: list[ThreadServer] = []
+    api: subprocess.Popen[bytes] | None = None
     try:
         vllm.wait_until_ready(900, lambda message: print(message, flush=True))
         settings = settings.model_copy(update={"redis_url": redis.url})
@@ -76,10 +100,14 @@ def main() -> None:
                             allowed_tools=DEFAULT_TOOLS)  # fmt: skip
         session = ProxySession(_load_tokenizer(str(model)), get_parser("hermes"),
                                lambda ids, s: client.complete(vllm.url, ids, s, "tiny"), None, config, sampling, "tiny")
-        api = ThreadServer(create_app(settings), "127.0.0.1", lifespan="on").start()
-        servers.append(api)
+        api_url = f"http://127.0.0.1:{free_port()}"
+        env = {**os.environ, "ROLLOUTS_REDIS_URL": redis.url, "ROLLOUTS_STATE_DIR": str(work / "state"),
+               "ROLLOUTS_AGENT_KEY_SECRET": SECRET, "ROLLOUTS_LOG_LEVEL": "WARNING"}  # fmt: skip
+        api = subprocess.Popen([sys.executable, "-m", "cli", "api", "--port", api_url.rsplit(":", 1)[1]], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         http = httpx.Client(timeout=300)
-        submitted = http.post(f"{api.url}/v1/jobs", json={
+        _wait_healthy(http, api_url)
+        submitted = http.post(f"{api_url}/v1/jobs", json={
             "task": {"kind": "math", "problem": "17 * 23?", "answer": "391"}, "agent": "external"}).json()
         job_id = submitted["job_ids"][0]
         worker = ThreadServer(build_app(session, job_id, SECRET.encode(), lambda: {}), "127.0.0.1").start()
@@ -91,31 +119,40 @@ def main() -> None:
             r.set(Keys().agent_proxy(job_id), worker.url)
         key = {"Authorization": f"Bearer {job_key(SECRET.encode(), job_id)}"}
         body = {"model": "tiny", "messages": MESSAGES, "max_tokens": args.max_tokens, "temperature": 0.0,
-                "ignore_eos": True}  # fmt: skip
-        targets = {"vllm": (f"{vllm.url}/v1/chat/completions", {}),
+                "ignore_eos": True, "logprobs": True}  # fmt: skip
+        renderer = ChatRenderer(session.tokenizer)
+        prompt = renderer.prompt(renderer.prepare(MESSAGES)).token_ids
+        targets = {"vllm": (f"{vllm.url}/v1/chat/completions", {}), "generate": ("", {}),
                    "worker": (f"{worker.url}/v1/chat/completions", key),
-                   "api": (f"{api.url}/v1/jobs/{job_id}/agent/v1/chat/completions", key)}  # fmt: skip
+                   "api": (f"{api_url}/v1/jobs/{job_id}/agent/v1/chat/completions", key)}  # fmt: skip
         times: dict[str, list[float]] = {name: [] for name in targets}
         names = list(targets)
         for i in range(args.calls + 10):  # the first 10 rounds warm up every path
-            for name in names[i % 3:] + names[: i % 3]:  # rotate the order: no path always goes first
+            for name in names[i % len(names):] + names[: i % len(names)]:  # rotate: no path always goes first
                 url, headers = targets[name]
                 t0 = time.perf_counter()
-                response = http.post(url, json=body, headers=headers)
+                if name == "generate":
+                    generated = len(client.complete(vllm.url, prompt, sampling, "tiny").token_ids)
+                else:
+                    response = http.post(url, json=body, headers=headers)
+                    response.raise_for_status()
+                    generated = response.json()["usage"]["completion_tokens"]
                 elapsed = time.perf_counter() - t0
-                response.raise_for_status()
-                assert response.json()["usage"]["completion_tokens"] == args.max_tokens, response.text
+                assert generated == args.max_tokens, (name, generated)
                 if i >= 10:
                     times[name].append(elapsed)
         base = statistics.median(times["vllm"])
         print(f"{args.calls} calls each, {args.max_tokens} tokens a call, round-robin")
         for name in names:
             p50 = statistics.median(times[name])
-            print(f"{name:>6}: p50 {p50 * 1e3:7.2f} ms  p90 {percentile(times[name], 90) * 1e3:7.2f} ms  "
+            print(f"{name:>8}: p50 {p50 * 1e3:7.2f} ms  p90 {percentile(times[name], 90) * 1e3:7.2f} ms  "
                   f"p50 - vllm {(p50 - base) * 1e3:+6.2f} ms")
     finally:
         for server in servers:
             server.stop()
+        if api is not None:
+            api.terminate()
+            api.wait(timeout=10)
         vllm.stop()
         redis.stop()
 

@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from shared.agent_keys import bearer, deployment_secret, job_key, key_opens
 from shared.jobs.status import JobStatus
 from shared.jobs.store import JobStore
+from shared.redis_conn import connect_for_requests_async
 
 router = APIRouter(prefix="/v1/jobs/{job_id}/agent", tags=["agent"])
 
@@ -81,7 +82,7 @@ async def forward(job_id: str, path: str, request: Request) -> Response:
     key = bearer(request.headers.get("authorization"))
     if key is None:
         return _refusal(401, "the job's key is required: Authorization: Bearer <agent.api_key>", "authentication_error")
-    found = await run_in_threadpool(_lookup, request, job_id)
+    found = await _lookup(request, job_id)
     if not key_opens(found.secret, job_id, key):
         return _refusal(403, "this key does not open this job", "permission_error")
     if found.status is None:
@@ -94,13 +95,16 @@ async def forward(job_id: str, path: str, request: Request) -> Response:
     return await _send(request, f"{found.proxy_url}/{path}", job_id)
 
 
-def _lookup(request: Request, job_id: str) -> _Lookup:
-    store: JobStore = request.app.state.store
-    secret = secret_of(request)
-    with store.redis.pipeline(transaction=False) as pipe:
-        pipe.hget(store.keys.job(job_id), "status")
-        pipe.get(store.keys.agent_proxy(job_id))
-        status, url = pipe.execute()
+async def _lookup(request: Request, job_id: str) -> _Lookup:
+    """The key secret, the job's status and where it is served: one Redis round trip, on the loop."""
+    state = request.app.state
+    secret = getattr(state, "agent_secret", None) or await run_in_threadpool(secret_of, request)
+    if getattr(state, "agent_redis", None) is None:
+        state.agent_redis = connect_for_requests_async(state.settings)
+    async with state.agent_redis.pipeline(transaction=False) as pipe:
+        pipe.hget(state.keys.job(job_id), "status")
+        pipe.get(state.keys.agent_proxy(job_id))
+        status, url = await pipe.execute()
     text = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
     return _Lookup(secret, text(status), text(url))
 
@@ -113,12 +117,17 @@ async def _send(request: Request, url: str, job_id: str) -> Response:
     try:
         answer = await client.send(outgoing, stream=True)
     except httpx.HTTPError as exc:
-        found = await run_in_threadpool(_lookup, request, job_id)
+        found = await _lookup(request, job_id)
         if found.status not in _NOT_STARTED:  # it ended between the lookup and the call
             return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict")
         return _refusal(503, f"the worker serving this job cannot be reached: {type(exc).__name__}",
                         "service_unavailable", retry_after=1)  # fmt: skip
     kept = {k: v for k, v in answer.headers.items() if k.lower() in ("content-type", "retry-after")}
+    if not answer.headers.get("content-type", "").startswith("text/event-stream"):  # whole answers: one read
+        try:
+            return Response(await answer.aread(), status_code=answer.status_code, headers=kept)
+        finally:
+            await answer.aclose()
     return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code, headers=kept,
                              background=BackgroundTask(answer.aclose))  # fmt: skip
 

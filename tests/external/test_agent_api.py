@@ -101,3 +101,13 @@ def test_a_serving_jobs_calls_are_forwarded_to_its_worker(client: TestClient, re
         assert len(endpoint.served) == 1
         redis.hset(keys.job(job_id), "status", "eval")
     assert client.get(f"/v1/jobs/{job_id}/agent/task", headers=headers).status_code == 409
+
+
+def test_redis_away_is_a_503_not_a_500(make_client) -> None:
+    from cli.embedded_redis import free_port
+
+    client = make_client(agent_key_secret=SECRET.decode(), redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    job_id = "1" * 32
+    response = client.post(f"/v1/jobs/{job_id}/agent/v1/chat/completions", json={},
+                           headers={"Authorization": f"Bearer {job_key(SECRET, job_id)}"})  # fmt: skip
+    assert response.status_code == 503 and "retry-after" in response.headers
