@@ -68,3 +68,18 @@ def test_a_malformed_tool_call_comes_back_as_text_and_is_recorded(endpoint: Endp
     [turn] = [t for t in record.turns if t.role == "assistant"]
     assert turn.tool_calls[0].error and turn.tool_calls[0].raw
     assert record.counts.malformed_tool_calls == 1 and record.counts.tool_calls == 1
+
+
+@pytest.mark.parametrize(("limits", "status"), [({"max_turns": 1}, 409), ({"max_context_tokens": 3330}, 400)])
+def test_a_job_out_of_turns_or_context_refuses_the_call(tokenizer: Any, scripted: ScriptedLLM, limits: dict[str, int],
+                                                        status: int) -> None:  # fmt: skip
+    for endpoint in serve(tokenizer, scripted.url, SCRIPTED_MODEL, None, max_tokens_per_turn=200, **limits):
+        messages, reply = ask(endpoint, "good")  # the first call fits both limits (the prompt: ~3.2k tokens)
+        messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "user", "content": "More, please. " * 20}]  # fmt: skip
+        llm = openai.OpenAI(base_url=f"{endpoint.url}/v1", api_key=endpoint.key, max_retries=0)
+        with pytest.raises(openai.APIStatusError) as refused:
+            llm.chat.completions.create(model=SCRIPTED_MODEL, messages=messages, tools=TOOLS)
+        assert refused.value.status_code == status
+        assert len(endpoint.served) == 1, "the refused call never reached the model"
+        assert endpoint.session.record().validate() is None
