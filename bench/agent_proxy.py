@@ -35,7 +35,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -110,7 +109,7 @@ def main() -> None:
         submitted = http.post(f"{api_url}/v1/jobs", json={
             "task": {"kind": "math", "problem": "17 * 23?", "answer": "391"}, "agent": "external"}).json()
         job_id = submitted["job_ids"][0]
-        worker = ThreadServer(build_app(session, job_id, SECRET.encode(), lambda: {}), "127.0.0.1").start()
+        worker = ThreadServer(build_app(session, job_id, SECRET.encode(), dict), "127.0.0.1").start()
         servers.append(worker)
         from redis import Redis
 

@@ -105,8 +105,11 @@ async def _lookup(request: Request, job_id: str) -> _Lookup:
         pipe.hget(state.keys.job(job_id), "status")
         pipe.get(state.keys.agent_proxy(job_id))
         status, url = await pipe.execute()
-    text = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
-    return _Lookup(secret, text(status), text(url))
+    return _Lookup(secret, _text(status), _text(url))
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 async def _send(request: Request, url: str, job_id: str) -> Response:

@@ -11,7 +11,7 @@ from redis import Redis
 
 from shared.agent_keys import job_key
 from shared.keys import Keys
-from tests.external.conftest import SECRET, TOOLS, Endpoint, serve
+from tests.external.conftest import SECRET, TOOLS, serve
 from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
 
 MATH = {"task": {"kind": "math", "problem": "What is 2 + 3?", "answer": "5"}, "agent": "external"}

@@ -25,7 +25,7 @@ from tests.support.waiting import client_for, wait_for, wait_status
 from tests.vllm.test_rollouts_on_vllm import recomputed_logprobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-import external_agent  # noqa: E402 - the example, as a user runs it
+import external_agent
 
 pytestmark = pytest.mark.vllm
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from shared.agent_keys import deployment_secret
 from shared.tasks.context import StageContext, StageInterrupted
+from workers.rollout.agent_loop import FINISH_TOOL
 from workers.rollout.agent_task import (
     AgentKind,
     loop_config,
@@ -21,7 +22,6 @@ from workers.rollout.agent_task import (
     start_sandbox,
     tool_runner,
 )
-from workers.rollout.agent_loop import FINISH_TOOL
 from workers.rollout.llm_services import llm_services, load_tokenizer
 from workers.rollout.proxy.server import ThreadServer, build_app
 from workers.rollout.proxy.session import ProxySession

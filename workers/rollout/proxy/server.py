@@ -16,7 +16,7 @@ from typing import Any
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.agent_keys import bearer, key_opens
 from workers.rollout.proxy import wire
@@ -89,9 +89,8 @@ def build_app(session: ProxySession, job_id: str, secret: bytes, task: Callable[
 def _parse(model: type[BaseModel], body: bytes) -> Any:
     try:
         return model.model_validate_json(body)
-    except Exception as exc:  # pydantic's ValidationError: name the first field it refused
-        errors = getattr(exc, "errors", lambda: [])()
-        first = errors[0] if errors else {"loc": (), "msg": str(exc)}
+    except ValidationError as exc:  # name the first field it refused (invalid JSON: no field)
+        first = exc.errors()[0]
         raise wire.ProxyError(400, f"{first['msg']}", ".".join(str(p) for p in first["loc"]) or None) from None
 
 
