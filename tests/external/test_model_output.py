@@ -83,3 +83,18 @@ def test_a_job_out_of_turns_or_context_refuses_the_call(tokenizer: Any, scripted
         assert refused.value.status_code == status
         assert len(endpoint.served) == 1, "the refused call never reached the model"
         assert endpoint.session.record().validate() is None
+
+
+def test_a_call_whose_generation_fails_leaves_the_record_as_it_was(endpoint: Endpoint, scripted: ScriptedLLM) -> None:
+    messages, reply = ask(endpoint, "good")
+    before = endpoint.session.record().to_dict()
+    scripted.stop()  # the backend goes away: the next call cannot be generated
+    messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Go on."}]
+    llm = openai.OpenAI(base_url=f"{endpoint.url}/v1", api_key=endpoint.key, max_retries=0)
+    with pytest.raises(openai.APIStatusError) as failed:
+        llm.chat.completions.create(model=SCRIPTED_MODEL, messages=messages, tools=TOOLS)
+    assert failed.value.status_code == 502, "an infrastructure failure, said so"
+    with pytest.raises(openai.APIStatusError):  # a fresh conversation fails too, and is taken back too
+        llm.chat.completions.create(model=SCRIPTED_MODEL, messages=messages[:1], tools=TOOLS)
+    after = endpoint.session.record().to_dict()
+    assert {**after, "timings": None} == {**before, "timings": None}, "no dangling observation or segment"

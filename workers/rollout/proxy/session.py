@@ -69,9 +69,11 @@ class ProxySession:
         with self._lock:
             self._check_open(request.model)
             messages = canonical(request.messages)
+            savepoint = self._savepoint()
             segment = self._extend_chat(messages, request.tools)
-            completion = self._generate(segment.record, request.max_completion_tokens or request.max_tokens,
-                                        wire.stops_of(request.stop))  # fmt: skip
+            completion = self._generate_or_undo(savepoint, segment.record,
+                                                request.max_completion_tokens or request.max_tokens,
+                                                wire.stops_of(request.stop))  # fmt: skip
             prompt_tokens = len(segment.record.token_ids)
             ends_on_token = self._ends_with_stop_token(completion)
             assert segment.renderer is not None
@@ -86,8 +88,10 @@ class ProxySession:
         """A text_completion for `request`: the prompt continued, its tokens appended to the record."""
         with self._lock:
             self._check_open(request.model)
+            savepoint = self._savepoint()
             segment = self._extend_text(request.prompt)
-            completion = self._generate(segment.record, request.max_tokens, wire.stops_of(request.stop))
+            completion = self._generate_or_undo(savepoint, segment.record, request.max_tokens,
+                                                wire.stops_of(request.stop))  # fmt: skip
             prompt_tokens = len(segment.record.token_ids)
             text = self._decode(completion.token_ids)
             self._record(segment.record, completion, text)
@@ -105,7 +109,13 @@ class ProxySession:
             raise wire.ProxyError(400, problem, "arguments")
         with self._lock:
             self._check_open(None)
-            result = self._run_tool(name, arguments, self.config.tool_timeout_s)
+            try:
+                result = self._run_tool(name, arguments, self.config.tool_timeout_s)
+            except StageInterrupted as exc:
+                raise wire.ProxyError(409, f"this job's rollout has ended ({exc.reason})", None, "conflict") from exc
+            except Exception as exc:  # noqa: BLE001 - the sandbox failed: said so, the job goes on
+                raise wire.ProxyError(502, f"the tool could not run: {type(exc).__name__}: {exc}", None,
+                                      "server_error") from exc  # fmt: skip
             self.tool_runs.append({"name": name, "arguments": arguments, **result.to_dict()})
             return result.to_dict()
 
@@ -200,6 +210,35 @@ class ProxySession:
             raise wire.ProxyError(400, f"this call's new messages ({more} tokens) do not fit the job's context of "
                                   f"{self.config.max_context_tokens} tokens", "messages")  # fmt: skip
 
+    # --- a call that fails leaves the record as it was ---------------------------------
+    def _savepoint(self) -> tuple[_Segment | None, int, int]:
+        return self._open, len(self._segments), len(self._open.record.turns) if self._open is not None else 0
+
+    def _generate_or_undo(self, savepoint: tuple[_Segment | None, int, int], record: Trajectory, asked: int | None,
+                          stops: tuple[str, ...]) -> Completion:  # fmt: skip
+        """Generate; if that fails, take back what this call added (a new segment, or the observation), so
+        the agent's retry of the same call extends the record exactly once."""
+        try:
+            return self._generate(record, asked, stops)
+        except BaseException:
+            self._undo(savepoint)
+            raise
+
+    def _undo(self, savepoint: tuple[_Segment | None, int, int]) -> None:
+        opened, segments, turns = savepoint
+        if self._open is not opened:  # this call started a segment: drop it, reopen the one it closed
+            self._open = opened
+            del self._segments[segments:]
+            if opened is not None:
+                opened.record.stop_reason = None
+            return
+        if opened is None or len(opened.record.turns) == turns:
+            return
+        record = opened.record
+        dropped, end = record.turns[turns:], record.turns[turns].start
+        del record.turns[turns:], record.token_ids[end:], record.loss_mask[end:], record.logprobs[end:]
+        record.counts.observation_tokens -= sum(t.length for t in dropped)
+
     # --- generating and recording ------------------------------------------------------
     def _generate(self, record: Trajectory, asked: int | None, stops: tuple[str, ...]) -> Completion:
         turns = sum(s.counts.turns for s in self._segments) + record.counts.turns
@@ -218,6 +257,9 @@ class ProxySession:
             raise wire.ProxyError(400, f"the model refused the request: {exc.message}", None) from exc
         except StageInterrupted as exc:  # cancelled or out of time mid-generation: the rollout is over
             raise wire.ProxyError(409, f"this job's rollout has ended ({exc.reason})", None, "conflict") from exc
+        except Exception as exc:  # noqa: BLE001 - no backend, or it failed: the agent's call fails, not the job
+            raise wire.ProxyError(502, f"the model could not answer: {type(exc).__name__}: {exc}", None,
+                                  "server_error") from exc  # fmt: skip
         finally:
             self._llm_s += time.perf_counter() - t0
         if len(completion.token_ids) > cap or len(completion.logprobs) != len(completion.token_ids):
