@@ -76,8 +76,8 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
             raise StageInterrupted(ctx.interrupted) from exc
         raise
     finally:
-        st.redis.delete(proxy_key)
         if server is not None:
+            _unregister(st.redis, proxy_key, server.url)
             server.stop()
         release_pin()
         if sandbox is not None:
@@ -102,3 +102,10 @@ def _keep_partial(ctx: StageContext, session: ProxySession | None, reason: str, 
         return
     session.end(reason, detail)
     ctx.partial["trajectory"] = session.record().to_dict()
+
+
+def _unregister(redis: Any, key: str, url: str) -> None:
+    """Remove this attempt's address; a newer attempt of the job (superseding this one) keeps its own."""
+    held = redis.get(key)
+    if held is not None and (held.decode() if isinstance(held, bytes) else held) == url:
+        redis.delete(key)
