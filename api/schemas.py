@@ -10,6 +10,10 @@ from pydantic import BaseModel, Field
 class Submitted(BaseModel):
     job_ids: list[str] = Field(description="One id per submitted job, in request order.")
     created: list[bool] = Field(description="False where an idempotency key matched an existing job.")
+    agent: list[dict[str, str] | None] | None = Field(
+        default=None, description="Present when a job has `agent: external`: per job, its agent's `base_url` and "
+        "`api_key` (null for the others).",
+    )
 
 
 class StageTimings(BaseModel):
@@ -53,6 +57,9 @@ class JobView(JobHeader):
     error: dict[str, Any] | None = Field(default=None, description="Why it failed, timed out or was cancelled.")
     partial: dict[str, Any] | None = Field(default=None, description="What a stage had when it was cut short.")
     request: dict[str, Any] = Field(description="The job as submitted.")
+    agent: dict[str, str] | None = Field(
+        default=None, description="An `agent: external` job's endpoint for its agent: `base_url` and `api_key`."
+    )
 
 
 class JobSummary(JobHeader):

@@ -277,6 +277,15 @@ class Settings(BaseSettings):
     agent_time_reserve_s: float = Field(
         default=10.0, ge=0, description="Stop cleanly (time_budget) when less than this is left of the stage."
     )
+    agent_key_secret: str | None = Field(
+        default=None, min_length=16,
+        description="Secret the per-job keys of external agents derive from; unset: one made once and kept in Redis.",
+    )
+    agent_proxy_host: str = Field(
+        default="127.0.0.1",
+        description="Where a rollout worker serves an external agent's job (the API forwards there): an address the "
+        "API's node reaches.",
+    )
 
     # --- Logging -----------------------------------------------------------
     log_level: str = "INFO"

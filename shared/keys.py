@@ -39,6 +39,15 @@ class Keys:
         return f"{self.prefix}:idx:group:{group_id}"
 
     @property
+    def agent_key_secret(self) -> str:
+        """String: the deployment's secret the per-job agent keys are derived from (unless configured)."""
+        return f"{self.prefix}:agent:secret"
+
+    def agent_proxy(self, job_id: str) -> str:
+        """String: where the rollout worker serves this job's external agent (URL), while it does."""
+        return f"{self.prefix}:agent:proxy:{job_id}"
+
+    @property
     def job_events(self) -> str:
         """Pub/sub: "<job id> cancelled" on every cancellation (running workers act on it at once)."""
         return f"{self.prefix}:events"

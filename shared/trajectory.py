@@ -34,6 +34,7 @@ STOP_REASONS = (
     "requeue",  # the worker shut down and handed the job back (partial record only)
     "superseded",
     "error",  # an infrastructure error ended it (partial record only; stop_detail says which)
+    "new_segment",  # an external agent's next call did not extend this record: a new segment began (`segments`)
 )
 
 
@@ -134,6 +135,9 @@ class Trajectory:
     tokenizer: str | None = None  # name_or_path of the tokenizer that rendered the template tokens
     tool_parser: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # the kind's collect() output
+    # An external agent's earlier segments, oldest first, each a whole record of its own (to_dict());
+    # this record is the last one. Empty for the built-in loop.
+    segments: list[dict[str, Any]] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
 
     # --- building ---------------------------------------------------------------
@@ -188,6 +192,8 @@ class Trajectory:
             raise TrajectoryError("prompt_length differs from the prompt turn")
         if self.stop_reason is not None and self.stop_reason not in STOP_REASONS:
             raise TrajectoryError(f"unknown stop reason {self.stop_reason!r}")
+        for segment in self.segments:
+            Trajectory.from_dict(segment)  # each earlier segment keeps every invariant on its own
 
     # --- (de)serializing ----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

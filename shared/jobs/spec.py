@@ -8,7 +8,7 @@ processes.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -123,6 +123,11 @@ class JobRequest(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict, description="Opaque to the service; returned as given.")
     given: GivenOutput | None = Field(
         default=None, description="Evaluate a given output (or the task's reference) without sampling: validation."
+    )
+    agent: Literal["builtin", "external"] = Field(
+        default="builtin",
+        description="Who drives the rollout: the service's agent loop, or an agent of your own through the job's "
+        "OpenAI-compatible endpoint (`agent.base_url` and `agent.api_key` in the submit answer; docs/TRAJECTORY.md).",
     )
 
     @classmethod

@@ -52,9 +52,19 @@ def validate_job(item: Any, loc: Loc = ("body",), access: Access = ADMIN) -> Job
         kind.validate(job.task)
         if job.given is not None:
             kind.given_rollout(job.task, job.given.output)
+        if job.agent == "external":
+            _check_external(job, kind)
     except ValidationError as exc:
         raise exc.within(*loc) from exc
     return job
+
+
+def _check_external(job: JobRequest, kind: Any) -> None:
+    """An external agent drives an agentic kind's model and tools; a given output needs no agent at all."""
+    if job.given is not None:
+        raise ValidationError("an external agent samples the rollout; a given output skips it: choose one", ("agent",))
+    if not getattr(kind, "uses_llm", False) or not hasattr(kind, "tool_schemas"):
+        raise ValidationError(f"kind {kind.name!r} has no agent rollout for an external agent to drive", ("agent",))
 
 
 def with_profile(task: dict[str, Any], profiles: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

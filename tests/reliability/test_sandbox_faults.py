@@ -212,5 +212,5 @@ def test_a_deadline_during_sandbox_start_is_an_interruption(tmp_path: Path, monk
                        workspace=tmp_path / "ws", settings=Settings(state_dir=tmp_path), deadline=time.time() + 60)
     monkeypatch.setattr(agent_task, "create_sandbox", lambda *args: _StartInterrupted(ctx))
     with pytest.raises(StageInterrupted) as stopped:
-        agent_task._start_sandbox(ToolsAgentKind(), ctx)
+        agent_task.start_sandbox(ToolsAgentKind(), ctx)
     assert stopped.value.reason == "timed_out"

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from shared.config import Settings
 from shared.jobs.spec import SamplingParams
 from shared.tasks.context import StageContext, StageInterrupted
-from workers.rollout.agent_loop import FINISH_TOOL, AgentLoop, LoopConfig
+from workers.rollout.agent_loop import FINISH_TOOL, AgentLoop, Generate, LoopConfig, RunTool
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.interruptible import call_interruptibly
 from workers.rollout.llm_client import Completion, Sampling
@@ -104,33 +105,24 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
                                 template_kwargs=request.chat_template_kwargs)  # fmt: skip
         config = loop_config(kind, ctx)
 
-        def generate(prompt: list[int], sampling: Sampling) -> Completion:
-            # A cancel or the deadline does not wait for a generation in flight; if one is left
-            # running, it releases the pin it may have re-taken (failover) when it ends.
-            return call_interruptibly(
-                ctx,
-                lambda: complete_routed(llm.pool, llm.client, ctx.job_id, prompt, sampling, group_id=group_id,
-                                        model=pin.model),
-                on_abandoned=release_pin,
-            )  # fmt: skip
-
+        generate = pinned_generate(ctx, pin.model, release_pin)
         if any(name != FINISH_TOOL for name in kind.tools):
-            sandbox = _start_sandbox(kind, ctx)
+            sandbox = start_sandbox(kind, ctx)
         loop = AgentLoop(
-            renderer, parser, generate, _tool_runner(sandbox, ctx), config,
+            renderer, parser, generate, tool_runner(sandbox, ctx), config,
             sampling_for(request.sampling, config.max_tokens_per_turn), ctx,
         )  # fmt: skip
         trajectory = loop.run(kind.messages(ctx.task))
         ctx.check()
         trajectory.extra = kind.collect(ctx, sandbox)
     except StageInterrupted as stop:
-        _keep_partial(ctx, loop, stop.reason, None)
+        keep_partial(ctx, loop, stop.reason, None)
         raise
     except Exception as exc:
         if ctx.interrupted is not None:  # the sandbox was killed under a tool call by the interruption
-            _keep_partial(ctx, loop, ctx.interrupted, None)
+            keep_partial(ctx, loop, ctx.interrupted, None)
             raise StageInterrupted(ctx.interrupted) from exc
-        _keep_partial(ctx, loop, "error", f"{type(exc).__name__}: {exc}")
+        keep_partial(ctx, loop, "error", f"{type(exc).__name__}: {exc}")
         raise
     finally:
         release_pin()
@@ -139,7 +131,26 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
     return trajectory.to_dict()
 
 
-def _start_sandbox(kind: AgentKind, ctx: StageContext) -> Sandbox:
+def pinned_generate(ctx: StageContext, model: str | None, release_pin: Callable[[], None]) -> Generate:
+    """Generation for this job: routed to its pinned backend (failover included), interruptible."""
+    llm = llm_services()
+    group_id = ctx.request.group_id
+
+    def generate(prompt: list[int], sampling: Sampling) -> Completion:
+        # A cancel or the deadline does not wait for a generation in flight; if one is left
+        # running, it releases the pin it may have re-taken (failover) when it ends.
+        return call_interruptibly(
+            ctx,
+            lambda: complete_routed(llm.pool, llm.client, ctx.job_id, prompt, sampling, group_id=group_id,
+                                    model=model),
+            on_abandoned=release_pin,
+        )  # fmt: skip
+
+    return generate
+
+
+def start_sandbox(kind: AgentKind, ctx: StageContext) -> Sandbox:
+    """The job's sandbox over its workspace, started; stopped by a cancel, the deadline or the stage's end."""
     # Node-local and short: the tool server's Unix socket path must fit in 108 bytes.
     runtime_dir = Path(tempfile.gettempdir()) / f"ro-{uuid.uuid4().hex[:12]}"
     sandbox = create_sandbox(kind.sandbox_spec(ctx.task, ctx.settings), ctx.workspace, runtime_dir, ctx.settings)
@@ -154,7 +165,8 @@ def _start_sandbox(kind: AgentKind, ctx: StageContext) -> Sandbox:
     return sandbox
 
 
-def _tool_runner(sandbox: Sandbox | None, ctx: StageContext):  # -> RunTool
+def tool_runner(sandbox: Sandbox | None, ctx: StageContext) -> RunTool:
+    """Run a tool in the job's sandbox; an interruption that killed the sandbox says so, not "sandbox failed"."""
     def run_tool(name: str, args: dict[str, Any], timeout: float | None) -> ToolResult:
         if sandbox is None:
             return ToolResult.error(f"tool {name} needs a sandbox, and this task has none")
@@ -167,7 +179,7 @@ def _tool_runner(sandbox: Sandbox | None, ctx: StageContext):  # -> RunTool
     return run_tool
 
 
-def _keep_partial(ctx: StageContext, loop: AgentLoop | None, reason: str, detail: str | None) -> None:
+def keep_partial(ctx: StageContext, loop: AgentLoop | None, reason: str, detail: str | None) -> None:
     """Leave the record so far in the job's partial result (cancelled, timed out, failed)."""
     if loop is None:  # stopped before the first token: nothing to keep
         return

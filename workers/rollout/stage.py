@@ -9,6 +9,7 @@ from typing import Any
 
 from shared.metrics import MetricsRecorder
 from shared.tasks import StageContext, TaskKind
+from workers.rollout.proxy.external_task import run_external_agent
 from workers.runtime.stage_runner import Stage, run_stage
 
 
@@ -17,6 +18,8 @@ class RolloutStage(Stage):
 
     def call(self, kind: TaskKind, ctx: StageContext) -> dict[str, Any]:
         given = ctx.request.given
+        if ctx.request.agent == "external":  # validated at submit: an agentic kind
+            return run_external_agent(kind, ctx)  # type: ignore[arg-type]
         if given is None:
             return kind.rollout(ctx)
         # A given output (validation) is judged exactly as a sampled one; only the sampling is skipped.

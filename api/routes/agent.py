@@ -1,0 +1,150 @@
+"""An external agent's endpoint: `/v1/jobs/{id}/agent/...`, forwarded to the rollout worker serving the job.
+
+The agent authenticates with its job's key (shared/agent_keys.py), not an API token: the key opens
+this one job and nothing else. The API checks it, reads where the job's rollout worker serves it
+(Keys.agent_proxy) and forwards the call there unchanged, streaming the answer back. Refusals are
+OpenAI's error body, so an OpenAI client shows the message:
+
+- no key 401, another job's key 403, no such job 404;
+- the rollout has ended (eval, done, failed, cancelled, timed out) 409;
+- the rollout has not started serving yet (queued, init, sandbox starting) 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from shared.agent_keys import bearer, deployment_secret, job_key, key_opens
+from shared.jobs.status import JobStatus
+from shared.jobs.store import JobStore
+from shared.redis_conn import connect_for_requests_async
+
+router = APIRouter(prefix="/v1/jobs/{job_id}/agent", tags=["agent"])
+
+_NOT_STARTED = (JobStatus.QUEUED, JobStatus.INIT, JobStatus.ROLLOUT)
+_FORWARDED_HEADERS = ("authorization", "content-type", "accept")
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    secret: bytes
+    status: str | None
+    proxy_url: str | None
+
+
+def endpoint(request: Request, job_id: str, secret: bytes) -> dict[str, str]:
+    """What the trainer hands its agent: the job's base URL and key."""
+    settings = request.app.state.settings
+    api = (settings.api_url or str(request.base_url)).rstrip("/")
+    return {"base_url": f"{api}/v1/jobs/{job_id}/agent", "api_key": job_key(secret, job_id)}
+
+
+def secret_of(request: Request) -> bytes:
+    """The deployment's key secret, read once per API process (it never changes while Redis keeps it)."""
+    secret = getattr(request.app.state, "agent_secret", None)
+    if secret is None:
+        store: JobStore = request.app.state.store
+        secret = request.app.state.agent_secret = deployment_secret(store.redis, store.keys, request.app.state.settings)
+    return secret
+
+
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": "No key"},
+    403: {"description": "Another job's key"},
+    404: {"description": "No such job"},
+    409: {"description": "The job's rollout has ended"},
+    503: {"description": "The job's rollout is not serving yet (Retry-After), or its worker cannot be reached"},
+}
+
+
+@router.post("/{path:path}", summary="An external agent's call to its job (chat/completions, completions, tools, finish)",
+             responses=_RESPONSES)  # fmt: skip
+async def post(job_id: str, path: str, request: Request) -> Response:
+    """OpenAI's `v1/chat/completions` and `v1/completions`; `tools/{name}`; `finish`."""
+    return await forward(job_id, path, request)
+
+
+@router.get("/{path:path}", summary="An external agent's read of its job (v1/models, task)", responses=_RESPONSES)
+async def get(job_id: str, path: str, request: Request) -> Response:
+    """`v1/models` and `task` (the job's messages, tool schemas and model)."""
+    return await forward(job_id, path, request)
+
+
+async def forward(job_id: str, path: str, request: Request) -> Response:
+    """Check the key and the job's state, then forward the call to the worker serving the job."""
+    key = bearer(request.headers.get("authorization"))
+    if key is None:
+        return _refusal(401, "the job's key is required: Authorization: Bearer <agent.api_key>", "authentication_error")
+    found = await _lookup(request, job_id)
+    if not key_opens(found.secret, job_id, key):
+        return _refusal(403, "this key does not open this job", "permission_error")
+    if found.status is None:
+        return _refusal(404, f"no job with id {job_id!r}", "not_found_error")
+    if found.status not in _NOT_STARTED:
+        return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict")
+    if found.proxy_url is None:
+        return _refusal(503, f"this job's rollout is not serving yet (status {found.status}); retry shortly",
+                        "service_unavailable", retry_after=1)  # fmt: skip
+    return await _send(request, f"{found.proxy_url}/{path}", job_id)
+
+
+async def _lookup(request: Request, job_id: str) -> _Lookup:
+    """The key secret, the job's status and where it is served: one Redis round trip, on the loop."""
+    state = request.app.state
+    secret = getattr(state, "agent_secret", None) or await run_in_threadpool(secret_of, request)
+    if getattr(state, "agent_redis", None) is None:
+        state.agent_redis = connect_for_requests_async(state.settings)
+    async with state.agent_redis.pipeline(transaction=False) as pipe:
+        pipe.hget(state.keys.job(job_id), "status")
+        pipe.get(state.keys.agent_proxy(job_id))
+        status, url = await pipe.execute()
+    return _Lookup(secret, _text(status), _text(url))
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+async def _send(request: Request, url: str, job_id: str) -> Response:
+    client = _client(request)
+    headers = {name: value for name, value in request.headers.items() if name in _FORWARDED_HEADERS}
+    outgoing = client.build_request(request.method, url, headers=headers, content=await request.body(),
+                                    params=request.query_params)  # fmt: skip
+    try:
+        answer = await client.send(outgoing, stream=True)
+    except httpx.HTTPError as exc:
+        found = await _lookup(request, job_id)
+        if found.status not in _NOT_STARTED:  # it ended between the lookup and the call
+            return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict")
+        return _refusal(503, f"the worker serving this job cannot be reached: {type(exc).__name__}",
+                        "service_unavailable", retry_after=1)  # fmt: skip
+    kept = {k: v for k, v in answer.headers.items() if k.lower() in ("content-type", "retry-after")}
+    if not answer.headers.get("content-type", "").startswith("text/event-stream"):  # whole answers: one read
+        try:
+            return Response(await answer.aread(), status_code=answer.status_code, headers=kept)
+        finally:
+            await answer.aclose()
+    return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code, headers=kept,
+                             background=BackgroundTask(answer.aclose))  # fmt: skip
+
+
+def _client(request: Request) -> httpx.AsyncClient:
+    client = getattr(request.app.state, "agent_http", None)
+    if client is None:
+        timeout = request.app.state.settings.llm_request_timeout_s + 60
+        client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=5.0), trust_env=False)
+        request.app.state.agent_http = client
+    return client
+
+
+def _refusal(status: int, message: str, kind: str, retry_after: int | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return JSONResponse(body, status_code=status, headers=headers)

@@ -1,0 +1,160 @@
+"""What an external agent's endpoint adds per call, against calling vLLM's own chat endpoint, side by side.
+
+One vLLM server (the CPU build on the tiny model, as the tests start it). The same chat request
+(one system and one user message, greedy, `ignore_eos`, `--max-tokens` tokens, so every call
+generates the same tokens) goes round-robin, in one process, to:
+
+- **vllm**: vLLM's own `POST /v1/chat/completions` with `logprobs: true` (it renders the template
+  and tokenizes too, and computes the logprobs the record needs);
+- **generate**: the same prompt's token ids (rendered once) through LLMClient to vLLM's
+  `/inference/v1/generate`: what the endpoint itself sends, without the endpoint;
+- **worker**: the job's ProxySession on its rollout worker's port (workers/rollout/proxy/): render
+  with ChatRenderer, token ids to `/inference/v1/generate` through LLMClient, parse tool calls,
+  record the turn; each call is a fresh conversation, so each starts a new segment (a full prompt
+  render, the dearer case);
+- **api**: the same through the API's forwarding route (api/routes/agent.py: key check, one Redis
+  round trip, an HTTP hop), the API a process of its own as `rollouts api` runs it. The job is a
+  real submitted `agent: external` job whose record is pointed at the endpoint above, as the
+  rollout stage's take and registration leave it.
+
+The endpoint runs in this process (as it runs in a rollout worker's), so it shares the GIL with
+the measuring loop; vLLM and the API are processes of their own.
+
+Reports p50 and p90 latency of each and the p50 differences from vllm (goal: worker and api < 5 ms).
+
+    .venv/bin/python -m bench.agent_proxy [--calls 200] [--max-tokens 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from cli.embedded_redis import EmbeddedRedis, free_port
+from cli.tiny_model import tiny_model_dir
+from cli.vllm_server import VLLMServer
+from shared.agent_keys import job_key
+from shared.config import Settings
+from shared.keys import Keys
+from workers.kinds.agentic import DEFAULT_TOOLS
+from workers.rollout.agent_loop import LoopConfig
+from workers.rollout.chat_delta import ChatRenderer
+from workers.rollout.llm_client import LLMClient, Sampling
+from workers.rollout.llm_services import _load_tokenizer
+from workers.rollout.proxy.server import ThreadServer, build_app
+from workers.rollout.proxy.session import ProxySession
+from workers.rollout.tool_parsers import get_parser
+
+SECRET = "bench-secret-0123456789abcdef"
+MESSAGES = [{"role": "system", "content": "You are a careful assistant."},
+            {"role": "user", "content": "What is 17 times 23? Think step by step."}]  # fmt: skip
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
+
+
+def _wait_healthy(http: httpx.Client, url: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if http.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the API at {url} did not start")
+        time.sleep(0.2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
+    model = tiny_model_dir(Path.home() / ".cache" / "rollouts" / "test-models", 0, 4096)
+    settings = Settings(redis_url=None, state_dir=work / "state", agent_key_secret=SECRET)
+    vllm = VLLMServer.from_settings(settings, model, free_port(), served_name="tiny", log_path=work / "vllm.log",
+                                    args=["--dtype", "float32", "--max-model-len", "4096"])  # fmt: skip
+    redis = EmbeddedRedis(data_dir=work / "redis").start()
+    vllm.start()
+    servers: list[ThreadServer] = []
+    api: subprocess.Popen[bytes] | None = None
+    try:
+        vllm.wait_until_ready(900, lambda message: print(message, flush=True))
+        settings = settings.model_copy(update={"redis_url": redis.url})
+        client = LLMClient(request_timeout_s=300, max_retries=0)
+        sampling = Sampling(max_tokens=args.max_tokens, temperature=0.0, extra={"ignore_eos": True})
+        config = LoopConfig(max_turns=10**6, max_context_tokens=4000, max_tokens_per_turn=args.max_tokens,
+                            allowed_tools=DEFAULT_TOOLS)  # fmt: skip
+        session = ProxySession(_load_tokenizer(str(model)), get_parser("hermes"),
+                               lambda ids, s: client.complete(vllm.url, ids, s, "tiny"), None, config, sampling, "tiny")
+        api_url = f"http://127.0.0.1:{free_port()}"
+        env = {**os.environ, "ROLLOUTS_REDIS_URL": redis.url, "ROLLOUTS_STATE_DIR": str(work / "state"),
+               "ROLLOUTS_AGENT_KEY_SECRET": SECRET, "ROLLOUTS_LOG_LEVEL": "WARNING"}  # fmt: skip
+        api = subprocess.Popen([sys.executable, "-m", "cli", "api", "--port", api_url.rsplit(":", 1)[1]], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        http = httpx.Client(timeout=300)
+        _wait_healthy(http, api_url)
+        submitted = http.post(f"{api_url}/v1/jobs", json={
+            "task": {"kind": "math", "problem": "17 * 23?", "answer": "391"}, "agent": "external"}).json()
+        job_id = submitted["job_ids"][0]
+        worker = ThreadServer(build_app(session, job_id, SECRET.encode(), dict), "127.0.0.1").start()
+        servers.append(worker)
+        from redis import Redis
+
+        with Redis.from_url(redis.url) as r:  # as the rollout stage's take and registration leave the record
+            r.hset(Keys().job(job_id), "status", "rollout")
+            r.set(Keys().agent_proxy(job_id), worker.url)
+        key = {"Authorization": f"Bearer {job_key(SECRET.encode(), job_id)}"}
+        body = {"model": "tiny", "messages": MESSAGES, "max_tokens": args.max_tokens, "temperature": 0.0,
+                "ignore_eos": True, "logprobs": True}  # fmt: skip
+        renderer = ChatRenderer(session.tokenizer)
+        prompt = renderer.prompt(renderer.prepare(MESSAGES)).token_ids
+        targets = {"vllm": (f"{vllm.url}/v1/chat/completions", {}), "generate": ("", {}),
+                   "worker": (f"{worker.url}/v1/chat/completions", key),
+                   "api": (f"{api_url}/v1/jobs/{job_id}/agent/v1/chat/completions", key)}  # fmt: skip
+        times: dict[str, list[float]] = {name: [] for name in targets}
+        names = list(targets)
+        for i in range(args.calls + 10):  # the first 10 rounds warm up every path
+            for name in names[i % len(names):] + names[: i % len(names)]:  # rotate: no path always goes first
+                url, headers = targets[name]
+                t0 = time.perf_counter()
+                if name == "generate":
+                    generated = len(client.complete(vllm.url, prompt, sampling, "tiny").token_ids)
+                else:
+                    response = http.post(url, json=body, headers=headers)
+                    response.raise_for_status()
+                    generated = response.json()["usage"]["completion_tokens"]
+                elapsed = time.perf_counter() - t0
+                assert generated == args.max_tokens, (name, generated)
+                if i >= 10:
+                    times[name].append(elapsed)
+        base = statistics.median(times["vllm"])
+        print(f"{args.calls} calls each, {args.max_tokens} tokens a call, round-robin")
+        for name in names:
+            p50 = statistics.median(times[name])
+            print(f"{name:>8}: p50 {p50 * 1e3:7.2f} ms  p90 {percentile(times[name], 90) * 1e3:7.2f} ms  "
+                  f"p50 - vllm {(p50 - base) * 1e3:+6.2f} ms")
+    finally:
+        for server in servers:
+            server.stop()
+        if api is not None:
+            api.terminate()
+            api.wait(timeout=10)
+        vllm.stop()
+        redis.stop()
+
+
+if __name__ == "__main__":
+    main()

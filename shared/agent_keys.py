@@ -1,0 +1,48 @@
+"""The key an external agent holds for its one job: derived from a deployment secret, never stored.
+
+`job_key(secret, job_id)` is an HMAC of the job id, so the API (which hands it out and checks it
+before forwarding) and the rollout worker (which checks it again on its own port) agree without
+writing any key anywhere; a key opens exactly one job, and another job's key is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from redis import Redis
+
+from shared.config import Settings
+from shared.keys import Keys
+
+KEY_PREFIX = "rk-"
+
+
+def deployment_secret(redis: Redis, keys: Keys, settings: Settings) -> bytes:
+    """The configured secret, else the one the first process to ask made and kept in Redis (SET NX)."""
+    if settings.agent_key_secret:
+        return settings.agent_key_secret.encode()
+    redis.set(keys.agent_key_secret, secrets.token_hex(32), nx=True)
+    value = redis.get(keys.agent_key_secret)
+    if value is None:  # flushed between the two calls: make it again
+        return deployment_secret(redis, keys, settings)
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def job_key(secret: bytes, job_id: str) -> str:
+    """The bearer key of `job_id`'s agent endpoint."""
+    return KEY_PREFIX + hmac.new(secret, job_id.encode(), hashlib.sha256).hexdigest()
+
+
+def key_opens(secret: bytes, job_id: str, key: str | None) -> bool:
+    """Whether `key` is `job_id`'s (constant-time)."""
+    return key is not None and hmac.compare_digest(key.encode(), job_key(secret, job_id).encode())
+
+
+def bearer(header: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, or None."""
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None

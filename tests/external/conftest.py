@@ -1,0 +1,94 @@
+"""Fixtures of the external-agent tests: one job's ProxySession served on its own port, as a rollout worker serves it."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.agent_keys import job_key
+from shared.config import Settings
+from tests.support.trajectory_checks import Served
+from workers.kinds.agentic import DEFAULT_TOOLS
+from workers.rollout.agent_loop import LoopConfig
+from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
+from workers.rollout.llm_client import Completion, LLMClient, Sampling
+from workers.rollout.proxy.server import ThreadServer, build_app
+from workers.rollout.proxy.session import ProxySession
+from workers.rollout.tool_parsers import get_parser
+from workers.sandbox import Sandbox, SandboxSpec, create_sandbox
+from workers.sandbox.local import bwrap_usable
+from workers.toolserver.schemas import TOOL_SCHEMAS
+
+SECRET = b"test-secret-0123456789abcdef"
+JOB = "job-under-test"
+TOOLS = [s for s in TOOL_SCHEMAS if s["function"]["name"] in DEFAULT_TOOLS]
+TASK = [{"role": "system", "content": "You are a careful assistant."}, {"role": "user", "content": "What is 2 + 3?"}]
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model, local_files_only=True)
+
+
+@dataclass
+class Endpoint:
+    """One job's endpoint: its session, the URL it is served at, its key, and every backend call it made."""
+
+    session: ProxySession
+    url: str
+    key: str
+    served: list[Served] = field(default_factory=list)
+
+    def renderer(self, tokenizer: Any, tools: list[dict[str, Any]] | None = TOOLS) -> ChatRenderer:
+        return renderer_for(tokenizer, tools)
+
+
+def renderer_for(tokenizer: Any, tools: list[dict[str, Any]] | None) -> ChatRenderer:
+    """The renderer a session builds for a conversation with `tools` (hermes, the default parser)."""
+    return ChatRenderer(tokenizer, tools, tool_instructions_json(tools or [], get_parser("hermes").call_format))
+
+
+@pytest.fixture()
+def job_sandbox(tmp_path: Path) -> Iterator[Sandbox]:
+    short = Path(tempfile.mkdtemp(prefix="ext-"))
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    settings = Settings(state_dir=tmp_path / "state", sandbox_require_isolation=bwrap_usable()[0])
+    box = create_sandbox(SandboxSpec(), workspace, short / "rt", settings)
+    box.start()
+    yield box
+    box.stop()
+    shutil.rmtree(short, ignore_errors=True)
+
+
+def serve(tokenizer: Any, backend_url: str, model: str, sandbox: Sandbox | None, job_id: str = JOB,
+          **config: Any) -> Iterator[Endpoint]:
+    """A session on `backend_url` (every call kept as Served), served over HTTP as the rollout stage serves it."""
+    client = LLMClient(request_timeout_s=300, max_retries=0)
+    served: list[Served] = []
+
+    def generate(prompt: list[int], sampling: Sampling) -> Completion:
+        completion = client.complete(backend_url, prompt, sampling, model)
+        served.append(Served(prompt, completion.token_ids, completion.logprobs, sampling.max_tokens))
+        return completion
+
+    def run_tool(name: str, args: dict[str, Any], timeout: float | None) -> Any:
+        assert sandbox is not None
+        return sandbox.call(name, args, timeout)
+
+    defaults = {"max_turns": 8, "max_context_tokens": 4000, "max_tokens_per_turn": 32, "allowed_tools": DEFAULT_TOOLS}
+    session = ProxySession(tokenizer, get_parser("hermes"), generate, run_tool, LoopConfig(**{**defaults, **config}),
+                           Sampling(max_tokens=32, temperature=1.0, seed=7), model)  # fmt: skip
+    task = {"messages": TASK, "tools": TOOLS, "model": model}
+    server = ThreadServer(build_app(session, job_id, SECRET, lambda: task), "127.0.0.1").start()
+    yield Endpoint(session, server.url, job_key(SECRET, job_id), served)
+    server.stop()
+    client.close()

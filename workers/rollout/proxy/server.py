@@ -1,0 +1,133 @@
+"""The HTTP face of one job's ProxySession, served by its rollout worker on a port of its own.
+
+The API forwards the agent's calls here (api/routes/agent.py) after checking the job's key; the
+key is checked here again, since this port is reachable on the worker's network too. Routes stay
+thin: parse, call the session, answer; a ProxyError becomes OpenAI's error body with its status.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import uvicorn
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from shared.agent_keys import bearer, key_opens
+from workers.rollout.proxy import wire
+from workers.rollout.proxy.session import ProxySession
+
+
+class FinishRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    answer: str | None = None
+
+
+def build_app(session: ProxySession, job_id: str, secret: bytes, task: Callable[[], dict[str, Any]]) -> FastAPI:
+    """The app of one job: chat/completions, completions, models, the task, tools, finish."""
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+
+    async def authorized(request: Request) -> None:
+        key = bearer(request.headers.get("authorization"))
+        if key is None:
+            raise wire.ProxyError(401, "this job's key is required: Authorization: Bearer <agent.api_key>", None,
+                                  "authentication_error")  # fmt: skip
+        if not key_opens(secret, job_id, key):
+            raise wire.ProxyError(403, "this key does not open this job", None, "permission_error")
+
+    @app.exception_handler(wire.ProxyError)
+    async def _refused(_request: Request, exc: wire.ProxyError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(Exception)
+    async def _failed(_request: Request, exc: Exception) -> JSONResponse:  # an infrastructure failure, said so
+        error = wire.ProxyError(502, f"the service failed this call: {type(exc).__name__}: {exc}", None, "server_error")
+        return JSONResponse(error.body(), status_code=502)
+
+    guard = [Depends(authorized)]
+
+    # One server per job and its calls serialized by the session: a call may run on the server's own
+    # loop (the thread pool hop cost ~2 ms a call; nothing else of this job could run meanwhile anyway).
+    @app.post("/v1/chat/completions", dependencies=guard)
+    async def chat(request: Request) -> Any:
+        call = _parse(wire.ChatRequest, await request.body())
+        response = session.chat(call)
+        return _sse(wire.chat_chunks(response)) if call.stream else JSONResponse(response)
+
+    @app.post("/v1/completions", dependencies=guard)
+    async def completions(request: Request) -> Any:
+        call = _parse(wire.CompletionRequest, await request.body())
+        response = session.complete(call)
+        return _sse(wire.text_chunks(response)) if call.stream else JSONResponse(response)
+
+    @app.get("/v1/models", dependencies=guard)
+    def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": session.model, "object": "model", "owned_by": "rollouts"}]}
+
+    @app.get("/task", dependencies=guard)
+    def the_task() -> dict[str, Any]:
+        return task()
+
+    @app.post("/tools/{name}", dependencies=guard)
+    def run_tool(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return session.run_tool(name, arguments)
+
+    @app.post("/finish", dependencies=guard)
+    def finish(body: FinishRequest | None = None) -> dict[str, Any]:
+        session.finish(body.answer if body is not None else None)
+        return {"finished": True}
+
+    return app
+
+
+def _parse(model: type[BaseModel], body: bytes) -> Any:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:  # name the first field it refused (invalid JSON: no field)
+        first = exc.errors()[0]
+        raise wire.ProxyError(400, f"{first['msg']}", ".".join(str(p) for p in first["loc"]) or None) from None
+
+
+def _sse(lines: list[str]) -> StreamingResponse:
+    def chunks() -> Iterator[str]:
+        yield from lines
+
+    return StreamingResponse(chunks(), media_type="text/event-stream")
+
+
+class ThreadServer:
+    """uvicorn serving one app from a thread, on a port the OS picks (bound before the thread starts)."""
+
+    def __init__(self, app: FastAPI, host: str, lifespan: str = "off") -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, 0))
+        self._socket.listen(128)  # connections wait in the backlog until uvicorn accepts them, never refused
+        self.port = self._socket.getsockname()[1]
+        self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True,
+                                        name=f"agent-proxy-{self.port}")  # fmt: skip
+
+    def start(self, timeout_s: float = 30.0) -> ThreadServer:
+        """Start serving; returns once uvicorn has started (or raises if it could not)."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the agent endpoint on port {self.port} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._socket.close()

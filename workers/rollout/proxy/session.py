@@ -1,0 +1,355 @@
+"""One external agent's rollout: each OpenAI call rendered, generated and recorded token-exactly.
+
+The agent sends whole conversations; the service keeps the token record. A call whose messages
+are the previous call's messages plus the assistant message it got back (and then tool or user
+messages) extends the record by the chat template's delta only (chat_delta.py), exactly as the
+built-in loop does, so nothing already recorded is re-tokenized. Any other call (history edited,
+tools changed, a fresh conversation) closes the current segment (`stop_reason: new_segment`) and
+starts a new one from a fresh prompt; the closed segments are kept in the record's `segments`.
+
+Calls of one job are serialized: the record is a sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from shared.tasks.context import StageInterrupted
+from shared.trajectory import ASSISTANT, OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
+from workers.rollout.agent_loop import FINISH_TOOL, Generate, LoopConfig, RunTool
+from workers.rollout.chat_delta import ChatRenderer, ChatTemplateError, tool_instructions_json
+from workers.rollout.llm_client import BackendRequestError, Completion, Sampling
+from workers.rollout.proxy import wire
+from workers.rollout.proxy.messages import canonical, wire_tool_call
+from workers.rollout.tool_parsers import ParsedCall, ParseResult, ToolParser
+from workers.toolserver.schemas import validate_call
+
+
+@dataclass
+class _Segment:
+    """The open segment: its record, what it renders from, and the conversation it holds so far."""
+
+    record: Trajectory
+    renderer: ChatRenderer | None  # None for a text (/v1/completions) segment
+    tools: list[dict[str, Any]] | None
+    conversation: list[dict[str, Any]] = field(default_factory=list)
+    stop_text: str = ""  # the end-of-turn token text the model generated last
+
+
+class ProxySession:
+    """The state of one job's external agent; every public method is one HTTP call."""
+
+    def __init__(self, tokenizer: Any, parser: ToolParser, generate: Generate, run_tool: RunTool,
+                 config: LoopConfig, sampling: Sampling, model: str,
+                 template_kwargs: dict[str, Any] | None = None) -> None:  # fmt: skip
+        self.tokenizer, self.parser, self.generate, self._run_tool = tokenizer, parser, generate, run_tool
+        self.config, self.sampling, self.model = config, sampling, model
+        self.template_kwargs = template_kwargs or {}
+        self.closed: str | None = None  # why the rollout ended; calls after it get 409
+        self.finished = threading.Event()
+        self.answer: str | None = None
+        self.tool_runs: list[dict[str, Any]] = []
+        self._segments: list[Trajectory] = []
+        self._open: _Segment | None = None
+        self._calls = 0
+        self._call_ids = 0
+        self._renderers: dict[str, ChatRenderer] = {}
+        self._lock = threading.Lock()
+        self._special_ids = set(tokenizer.all_special_ids)
+        self._started = time.perf_counter()
+        self._llm_s = 0.0
+
+    # --- the calls -----------------------------------------------------------------
+    def chat(self, request: wire.ChatRequest) -> dict[str, Any]:
+        """A chat.completion for `request`, its tokens appended to the record."""
+        with self._lock:
+            self._check_open(request.model)
+            messages = canonical(request.messages)
+            savepoint = self._savepoint()
+            segment = self._extend_chat(messages, request.tools)
+            completion = self._generate_or_undo(savepoint, segment.record,
+                                                request.max_completion_tokens or request.max_tokens,
+                                                wire.stops_of(request.stop))  # fmt: skip
+            prompt_tokens = len(segment.record.token_ids)
+            ends_on_token = self._ends_with_stop_token(completion)
+            assert segment.renderer is not None
+            content, segment.stop_text = segment.renderer.split_generation(completion.token_ids, ends_on_token)
+            turn = self._record(segment.record, completion, content)
+            message, finish_reason = self._message(content, turn, completion)
+            segment.conversation = [*messages, canonical([message])[0]]
+            counts = wire.usage(prompt_tokens, len(completion.token_ids))
+            return wire.chat_response(f"chatcmpl-{self._calls}", self.model, message, finish_reason, counts)
+
+    def complete(self, request: wire.CompletionRequest) -> dict[str, Any]:
+        """A text_completion for `request`: the prompt continued, its tokens appended to the record."""
+        with self._lock:
+            self._check_open(request.model)
+            savepoint = self._savepoint()
+            segment = self._extend_text(request.prompt)
+            completion = self._generate_or_undo(savepoint, segment.record, request.max_tokens,
+                                                wire.stops_of(request.stop))  # fmt: skip
+            prompt_tokens = len(segment.record.token_ids)
+            text = self._decode(completion.token_ids)
+            self._record(segment.record, completion, text)
+            counts = wire.usage(prompt_tokens, len(completion.token_ids))
+            return wire.text_response(f"cmpl-{self._calls}", self.model, text, completion.finish_reason or "stop",
+                                      counts)  # fmt: skip
+
+    def run_tool(self, name: str, arguments: Any) -> dict[str, Any]:
+        """Run one of the job's tools in its sandbox; the run is recorded under `extra.tool_runs`."""
+        allowed = [t for t in self.config.allowed_tools if t != FINISH_TOOL]
+        if name not in allowed:
+            raise wire.ProxyError(404, f"no tool {name!r} in this job; its tools: {', '.join(allowed)}", "name")
+        problem = validate_call(name, arguments)
+        if problem is not None:
+            raise wire.ProxyError(400, problem, "arguments")
+        with self._lock:
+            self._check_open(None)
+            try:
+                result = self._run_tool(name, arguments, self.config.tool_timeout_s)
+            except StageInterrupted as exc:
+                raise wire.ProxyError(409, f"this job's rollout has ended ({exc.reason})", None, "conflict") from exc
+            except Exception as exc:  # noqa: BLE001 - the sandbox failed: said so, the job goes on
+                raise wire.ProxyError(502, f"the tool could not run: {type(exc).__name__}: {exc}", None,
+                                      "server_error") from exc  # fmt: skip
+            self.tool_runs.append({"name": name, "arguments": arguments, **result.to_dict()})
+            return result.to_dict()
+
+    def finish(self, answer: str | None) -> None:
+        """End the rollout: the record is complete and goes to evaluation."""
+        with self._lock:
+            self._check_open(None)
+            self.answer = answer
+            self._close("finish")
+
+    def end(self, reason: str, detail: str | None = None) -> None:
+        """End it from the stage (time budget, interruption); a call in flight completes first."""
+        with self._lock:
+            if self.closed is None:
+                self._close(reason, detail)
+
+    def record(self) -> Trajectory:
+        """The final record: the last segment, with the earlier ones in `segments`."""
+        with self._lock:
+            last = self._open.record if self._open is not None else self._empty_record()
+            last.segments = [s.to_dict() for s in self._segments]
+            last.answer = self.answer
+            last.stop_reason = last.stop_reason or self.closed
+            last.timings = {"llm_s": self._llm_s, "total_s": time.perf_counter() - self._started}
+            last.extra = {**last.extra, "tool_runs": list(self.tool_runs)}
+            last.validate()
+            return last
+
+    # --- extending the record ---------------------------------------------------------
+    def _extend_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> _Segment:
+        segment = self._open
+        n = len(segment.conversation) if segment is not None else 0
+        extends = (segment is not None and segment.renderer is not None and (tools or None) == segment.tools
+                   and n > 0 and len(messages) > n and messages[:n] == segment.conversation)  # fmt: skip
+        try:
+            if extends:
+                assert segment is not None and segment.renderer is not None
+                delta = segment.renderer.observation(segment.stop_text, messages[n:])
+                self._fits(segment.record, len(delta.token_ids))
+                segment.record.append(Turn(role=OBSERVATION, start=0, end=0, text=delta.text, messages=messages[n:]),
+                                      delta.token_ids)  # fmt: skip
+                return segment
+            renderer = self._renderer(tools or None)
+            prompt = renderer.prompt(renderer.prepare(messages))
+        except ChatTemplateError as exc:
+            raise wire.ProxyError(400, str(exc), "messages") from exc
+        return self._new_segment(_Segment(self._fresh_record(), renderer, tools or None), prompt.token_ids, prompt.text)
+
+    def _renderer(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
+        """The renderer for a conversation with `tools`, built once per tool list (building one reads the
+        tokenizer's whole added vocabulary)."""
+        key = json.dumps(tools, sort_keys=True)
+        if key not in self._renderers:
+            if len(self._renderers) >= 8:  # an agent that changes its tools every call: keep a few
+                self._renderers.pop(next(iter(self._renderers)))
+            self._renderers[key] = ChatRenderer(self.tokenizer, tools, tool_instructions_json(tools or [],
+                                                self.parser.call_format), template_kwargs=self.template_kwargs)
+        return self._renderers[key]
+
+    def _extend_text(self, prompt: str | list[int]) -> _Segment:
+        segment = self._open
+        held = segment.record.token_ids if segment is not None and segment.renderer is None else None
+        if isinstance(prompt, list):
+            if held is not None and len(prompt) > len(held) and prompt[: len(held)] == held:
+                return self._observe(segment, prompt[len(held):], self._decode(prompt[len(held):]))  # type: ignore[arg-type]
+            return self._new_segment(_Segment(self._fresh_record(), None, None), prompt, self._decode(prompt))
+        if held is not None:
+            before = self._decode(held)
+            if len(prompt) > len(before) and prompt.startswith(before):
+                suffix = prompt[len(before):]
+                return self._observe(segment, self._encode(suffix, special=False), suffix)  # type: ignore[arg-type]
+        return self._new_segment(_Segment(self._fresh_record(), None, None), self._encode(prompt, special=True), prompt)
+
+    def _observe(self, segment: _Segment, token_ids: list[int], text: str) -> _Segment:
+        self._fits(segment.record, len(token_ids))
+        segment.record.append(Turn(role=OBSERVATION, start=0, end=0, text=text), token_ids)
+        return segment
+
+    def _new_segment(self, segment: _Segment, token_ids: list[int], text: str) -> _Segment:
+        if len(token_ids) >= self.config.max_context_tokens:
+            raise wire.ProxyError(400, f"the prompt has {len(token_ids)} tokens; the job's context is "
+                                  f"{self.config.max_context_tokens}", "messages")  # fmt: skip
+        if self._open is not None:
+            self._open.record.stop_reason = "new_segment"
+            self._segments.append(self._open.record)
+        segment.record.append(Turn(role=PROMPT, start=0, end=0, text=text), token_ids)
+        self._open = segment
+        return segment
+
+    def _fits(self, record: Trajectory, more: int) -> None:
+        if len(record.token_ids) + more >= self.config.max_context_tokens:
+            raise wire.ProxyError(400, f"this call's new messages ({more} tokens) do not fit the job's context of "
+                                  f"{self.config.max_context_tokens} tokens", "messages")  # fmt: skip
+
+    # --- a call that fails leaves the record as it was ---------------------------------
+    def _savepoint(self) -> tuple[_Segment | None, int, int]:
+        return self._open, len(self._segments), len(self._open.record.turns) if self._open is not None else 0
+
+    def _generate_or_undo(self, savepoint: tuple[_Segment | None, int, int], record: Trajectory, asked: int | None,
+                          stops: tuple[str, ...]) -> Completion:  # fmt: skip
+        """Generate; if that fails, take back what this call added (a new segment, or the observation), so
+        the agent's retry of the same call extends the record exactly once."""
+        try:
+            return self._generate(record, asked, stops)
+        except BaseException:
+            self._undo(savepoint)
+            raise
+
+    def _undo(self, savepoint: tuple[_Segment | None, int, int]) -> None:
+        opened, segments, turns = savepoint
+        if self._open is not opened:  # this call started a segment: drop it, reopen the one it closed
+            self._open = opened
+            del self._segments[segments:]
+            if opened is not None:
+                opened.record.stop_reason = None
+            return
+        if opened is None or len(opened.record.turns) == turns:
+            return
+        record = opened.record
+        dropped, end = record.turns[turns:], record.turns[turns].start
+        del record.turns[turns:], record.token_ids[end:], record.loss_mask[end:], record.logprobs[end:]
+        record.counts.observation_tokens -= sum(t.length for t in dropped)
+
+    # --- generating and recording ------------------------------------------------------
+    def _generate(self, record: Trajectory, asked: int | None, stops: tuple[str, ...]) -> Completion:
+        turns = sum(s.counts.turns for s in self._segments) + record.counts.turns
+        if turns >= self.config.max_turns:
+            raise wire.ProxyError(409, f"the job's {self.config.max_turns} turns are used up; POST finish", None,
+                                  "conflict")  # fmt: skip
+        left = self.config.max_context_tokens - len(record.token_ids)
+        cap = min(asked or self.config.max_tokens_per_turn, self.config.max_tokens_per_turn, left)
+        seed = None if self.sampling.seed is None else (self.sampling.seed + turns) % 2**63
+        sampling = replace(self.sampling, max_tokens=cap, seed=seed, stop=(*self.sampling.stop, *stops))
+        self._calls += 1
+        t0 = time.perf_counter()
+        try:
+            completion = self.generate(list(record.token_ids), sampling)
+        except BackendRequestError as exc:
+            raise wire.ProxyError(400, f"the model refused the request: {exc.message}", None) from exc
+        except StageInterrupted as exc:  # cancelled or out of time mid-generation: the rollout is over
+            raise wire.ProxyError(409, f"this job's rollout has ended ({exc.reason})", None, "conflict") from exc
+        except Exception as exc:  # noqa: BLE001 - no backend, or it failed: the agent's call fails, not the job
+            raise wire.ProxyError(502, f"the model could not answer: {type(exc).__name__}: {exc}", None,
+                                  "server_error") from exc  # fmt: skip
+        finally:
+            self._llm_s += time.perf_counter() - t0
+        if len(completion.token_ids) > cap or len(completion.logprobs) != len(completion.token_ids):
+            raise wire.ProxyError(502, f"backend {completion.backend_id} broke the token contract", None, "server_error")
+        return completion
+
+    def _record(self, record: Trajectory, completion: Completion, content: str) -> Turn:
+        turn = Turn(
+            role=ASSISTANT, start=0, end=0, text=self._decode(completion.token_ids),
+            backend_id=completion.backend_id, model=completion.model, policy_version=completion.policy_version,
+            weight_versions=[asdict(span) for span in completion.weight_versions],
+            finish_reason=completion.finish_reason, stop_reason=completion.stop_reason,
+            latency_s=completion.latency_s, cached_tokens=completion.cached_tokens,
+        )  # fmt: skip
+        record.append(turn, completion.token_ids, completion.logprobs)
+        record.final_text = content
+        return turn
+
+    def _message(self, content: str, turn: Turn, completion: Completion) -> tuple[dict[str, Any], str]:
+        """The assistant message: tool calls parsed with the model's parser. As vLLM does, a reply with a
+        malformed call comes back whole as text, without tool_calls; the turn records the malformed call."""
+        parsed = self._parse(content)
+        assert self._open is not None
+        counts = self._open.record.counts
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None}
+        for call in parsed.calls:
+            counts.tool_calls += 1
+            turn.tool_calls.append(ToolCallRecord(name=call.name, arguments=call.arguments, raw=call.raw,
+                                                  error=call.error))  # fmt: skip
+        if any(call.error is not None for call in parsed.calls):
+            counts.malformed_tool_calls += sum(call.error is not None for call in parsed.calls)
+            return {"role": "assistant", "content": content}, self._finish_reason(completion, False)
+        if parsed.calls:
+            message["tool_calls"] = [wire_tool_call(self._call_id(), c.name or "", c.arguments) for c in parsed.calls]
+        return message, self._finish_reason(completion, bool(parsed.calls))
+
+    def _parse(self, content: str) -> ParseResult:
+        try:
+            return self.parser.parse(content)
+        except Exception as exc:  # noqa: BLE001 - model output never fails the job (the loop does the same)
+            return ParseResult(content=content, calls=[ParsedCall(raw=content, error=f"{type(exc).__name__}: {exc}")])
+
+    def _call_id(self) -> str:
+        self._call_ids += 1
+        return f"call{self._call_ids:05d}"  # 9 alphanumerics: the only form Mistral's templates take
+
+    @staticmethod
+    def _finish_reason(completion: Completion, calls: bool) -> str:
+        if calls:
+            return "tool_calls"
+        return "length" if completion.finish_reason == "length" else "stop"
+
+    def _ends_with_stop_token(self, completion: Completion) -> bool:
+        if completion.finish_reason != "stop" or not completion.token_ids:
+            return False
+        last = completion.token_ids[-1]
+        if isinstance(completion.stop_reason, int):
+            return last == completion.stop_reason
+        return completion.stop_reason is None and last in self._special_ids
+
+    # --- small pieces --------------------------------------------------------------
+    def _check_open(self, model: str | None) -> None:
+        if self.closed is not None:
+            raise wire.ProxyError(409, f"this job's rollout has ended ({self.closed})", None, "conflict")
+        if model is not None and model != self.model:
+            raise wire.ProxyError(400, f"this job samples from model {self.model!r}, not {model!r}", "model")
+
+    def _close(self, reason: str, detail: str | None = None) -> None:
+        self.closed = reason
+        if self._open is not None:
+            self._open.record.stop_reason, self._open.record.stop_detail = reason, detail
+        self.finished.set()
+
+    def _fresh_record(self) -> Trajectory:
+        return Trajectory(tokenizer=str(self.tokenizer.name_or_path), tool_parser=self.parser.name)
+
+    def _empty_record(self) -> Trajectory:
+        record = self._fresh_record()
+        record.stop_reason = self.closed
+        return record
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        """A text prompt's ids as vLLM's /v1/completions makes them (`special`: the tokenizer's BOS first); the
+        text must come back from them, or the record's text and its tokens would disagree."""
+        ids = self.tokenizer.encode(text, add_special_tokens=special)
+        back = self._decode(ids)
+        bos = self.tokenizer.bos_token
+        if back != text and not (special and bos and back == bos + text):
+            raise wire.ProxyError(400, "the prompt does not survive encode/decode with the model's tokenizer", "prompt")
+        return ids
