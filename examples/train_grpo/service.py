@@ -58,20 +58,20 @@ def load_weights(client: RolloutClient, path: Path, version: str) -> list[str]:
             # Resumed only once the new weights and their label are both in: a server whose reload
             # failed stays paused (it would serve half-loaded weights under the old label) and the
             # trainer stops with the error.
-            _ok(backend.post("/pause", params={"mode": "wait"}))
-            _ok(backend.post("/collective_rpc", json={"method": "reload_weights",
+            checked(backend.post("/pause", params={"mode": "wait"}))
+            checked(backend.post("/collective_rpc", json={"method": "reload_weights",
                                                       "kwargs": {"weights_path": str(path)}}))
-            if _ok(backend.post("/reset_prefix_cache")).json().get("success") is False:
+            if checked(backend.post("/reset_prefix_cache")).json().get("success") is False:
                 raise RuntimeError(f"{url} could not reset its prefix cache after the reload")
-            _ok(backend.post("/update_weight_version", json={"new_version": version}))
-            _ok(backend.post("/resume"))
-            served = _ok(backend.get("/weight_info")).json()
+            checked(backend.post("/update_weight_version", json={"new_version": version}))
+            checked(backend.post("/resume"))
+            served = checked(backend.get("/weight_info")).json()
         if served.get("weight_version") != version:
             raise RuntimeError(f"{url} reports weight version {served!r} after loading {version}")
     return urls
 
 
-def _ok(response: httpx.Response) -> httpx.Response:
+def checked(response: httpx.Response) -> httpx.Response:
     if response.status_code >= 400:
         raise RuntimeError(f"{response.request.method} {response.request.url} answered "
                            f"{response.status_code}: {response.text[:500]}")
