@@ -45,12 +45,12 @@ def arith_task(rng: random.Random) -> dict[str, Any]:
 def choice_task(rng: random.Random) -> dict[str, Any]:
     """The same question as a multiple-choice `stem` task (ARC/MMLU-style row: question, choices, answer letter).
 
-    The wrong choices are near misses (the answer +-1, +-2, or another operation's result), so a
+    The wrong choices are near misses (the answer +-1, +-2 or +3, none below 0), so a
     right pick takes the arithmetic, not just picking a number that looks plausible.
     """
     row = arith_row(rng)
     right = int(row["answer"].rsplit("#### ", 1)[1])
-    wrong = [v for v in dict.fromkeys([right + 1, right - 1, right + 2, right - 2]) if v >= 0 and v != right]
+    wrong = [v for v in (right + 1, right - 1, right + 2, right - 2, right + 3) if v >= 0]  # 0 - 2 dropped at 0
     choices = [right, *rng.sample(wrong, 3)]
     rng.shuffle(choices)
     return {"kind": "stem", "system_prompt": CHOICE_PROMPT, "question": row["question"],

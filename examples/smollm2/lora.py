@@ -2,7 +2,7 @@
 
 LoRA rather than full weights: SmolLM2 ties its embeddings, and vLLM's `reload_weights` does
 not refresh a tied lm_head (docs/TRAINING.md); an adapter leaves the base weights, tied ones
-included, untouched. It is also ~1.5% of the parameters to train and a few MB to push.
+included, untouched. It is also 1.8% of the parameters to train and 9.8 MB to push.
 
 `push_adapter` is the one place that talks to the backends directly. The service will get
 an admin endpoint for weight updates (a LoRA path included); at that point this function
