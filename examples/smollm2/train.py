@@ -55,15 +55,14 @@ class TrainConfig:
 
 
 def parse(argv: list[str]) -> TrainConfig:
-    parser = argparse.ArgumentParser(prog="python -m examples.smollm2 train")
+    parser = argparse.ArgumentParser(prog="python -m examples.smollm2 train [--out DIR]")
     for f in fields(TrainConfig):
         parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
     args = parser.parse_args(argv)
     return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
 
 
-def main(model_dir: Path, out: Path, argv: list[str]) -> int:
-    config = parse(argv)
+def main(model_dir: Path, out: Path, config: TrainConfig) -> int:
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     out.mkdir(parents=True, exist_ok=True)
