@@ -30,7 +30,8 @@ def start_stack(root: Path, model_dir: Path, *, rollout_slots: int, adapter: tup
         rank = json.loads((path / "adapter_config.json").read_text())["r"]
         args += f" --enable-lora --max-loras 1 --max-lora-rank {rank} --lora-modules {name}={path}"
         register_as = name
-        # vLLM's /v1/load_lora_adapter; like the RL routes, only ever on a loopback server (the stack's own)
+        # vLLM's /v1/load_lora_adapter, inherited by the stack's vLLM, which listens on loopback only: like
+        # the RL routes (VLLM_SERVER_DEV_MODE) it loads any path the server can read
         os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
     settings = Settings(redis_url=None, state_dir=root / "state", vllm_served_model_name=SERVED_NAME,

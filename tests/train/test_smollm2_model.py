@@ -92,8 +92,8 @@ def test_without_the_package_the_error_says_how_to_install_it(monkeypatch: pytes
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_a_pushed_lora_adapter_serves_the_logprobs_peft_computes(smollm2: Path, tokenizer: Any,
-                                                                  tmp_path: Path) -> None:  # fmt: skip
+def test_a_pushed_lora_adapter_serves_the_logprobs_peft_computes(smollm2: Path, tokenizer: Any, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     import torch
 
     from examples.smollm2.lora import load_adapter, lora_policy, save_adapter
@@ -104,6 +104,7 @@ def test_a_pushed_lora_adapter_serves_the_logprobs_peft_computes(smollm2: Path, 
     torch.manual_seed(0)
     policy = lora_policy(smollm2, rank=8, alpha=16)
     first = save_adapter(policy, tmp_path / "v0")
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")  # /v1/load_lora_adapter, as stack.py sets it
     server = start_server(smollm2, tmp_path, served_name="smollm2",
                           args=["--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"policy={first}"])
     try:
@@ -112,8 +113,9 @@ def test_a_pushed_lora_adapter_serves_the_logprobs_peft_computes(smollm2: Path, 
                 if "lora_B" in name:
                     param.normal_(0, 0.02)
         load_adapter(server.url, save_adapter(policy, tmp_path / "v1"), "v1", "policy")
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 7 + 5?"}],
-                                               add_generation_prompt=True)
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "What is 7 + 5?"}], tokenize=False,
+                                             add_generation_prompt=True)
+        prompt = tokenizer.encode(text, add_special_tokens=False)
         with LLMClient.from_settings(Settings()) as llm:
             turn = llm.complete(server.url, prompt, Sampling(max_tokens=12, seed=1), model="policy")
         generated, served = turn.token_ids, turn.logprobs
