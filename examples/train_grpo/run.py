@@ -86,11 +86,9 @@ def train_seed(client: RolloutClient, seed: int, config: Config, out: Path) -> l
                              in_flight=config.prompts_per_step, sampling=sampling, step=step,
                              timeout=config.batch_timeout_s)
         rollout_s = time.perf_counter() - t0
-        versions = rollouts.versions | {v for g in rollouts.groups for s in g.samples
-                                        for v in policy_versions(s.trajectory or {})}
-        if versions and versions != {version}:
-            raise MixedPolicyVersions(f"step {step}: trajectories from {sorted(versions)}, expected {version}")
-        row = _update(model, optimizer, rollouts, config, tokenizer.pad_token_id, step == config.steps)
+        versions = check_versions(rollouts, step, version)
+        row = update_from_batch(model, optimizer, rollouts, clip_eps=config.clip_eps, minibatches=config.minibatches,
+                                pad_token_id=tokenizer.pad_token_id, last=step == config.steps)
         row.seed, row.step, row.policy_version, row.versions_seen = seed, step, version, ";".join(sorted(versions))
         row.rollout_s = rollout_s
         rows.append(row)
@@ -101,8 +99,17 @@ def train_seed(client: RolloutClient, seed: int, config: Config, out: Path) -> l
     return rows
 
 
-def _update(model: Any, optimizer: torch.optim.Optimizer, rollouts: StepBatch, config: Config, pad_token_id: int,
-            last: bool) -> StepRow:
+def check_versions(rollouts: StepBatch, step: int, version: str) -> set[str]:
+    """The policy versions the step's trajectories recorded; MixedPolicyVersions unless exactly `version`."""
+    versions = rollouts.versions | {v for g in rollouts.groups for s in g.samples
+                                    for v in policy_versions(s.trajectory or {})}
+    if versions and versions != {version}:
+        raise MixedPolicyVersions(f"step {step}: trajectories from {sorted(versions)}, expected {version}")
+    return versions
+
+
+def update_from_batch(model: Any, optimizer: torch.optim.Optimizer, rollouts: StepBatch, *, clip_eps: float,
+                      minibatches: int, pad_token_id: int, last: bool) -> StepRow:
     """The GRPO update on the step's informative groups (none after the last step: it is only measured)."""
     counts = rollouts.batch.counts
     rewards = rollouts.rewards
@@ -116,7 +123,7 @@ def _update(model: Any, optimizer: torch.optim.Optimizer, rollouts: StepBatch, c
         return row
     t0 = time.perf_counter()
     batch = groups_to_tensors(rollouts.groups, pad_token_id=pad_token_id, tensors="torch")
-    stats = grpo_update(model, optimizer, batch, clip_eps=config.clip_eps, minibatches=config.minibatches)
+    stats = grpo_update(model, optimizer, batch, clip_eps=clip_eps, minibatches=minibatches)
     row.trained_samples = int(batch["input_ids"].shape[0])
     row.loss, row.clip_fraction, row.approx_kl = stats.loss, stats.clip_fraction, stats.approx_kl
     row.logprob_gap, row.train_s = stats.logprob_gap, time.perf_counter() - t0

@@ -118,10 +118,12 @@ class ScriptedModel:
                           cached_tokens=None, latency_s=0.0, attempts=1)  # fmt: skip
 
 
-def run_loop(family: Family, turns: int = 3, **config: Any) -> tuple[Trajectory, ChatRenderer, ScriptedModel]:
+def run_loop(family: Family, turns: int = 3, tokenizer: Any = None,
+             **config: Any) -> tuple[Trajectory, ChatRenderer, ScriptedModel]:  # fmt: skip
+    """`tokenizer`: a real model's (default: the family's tokens and template on the byte-level tokenizer)."""
     parser = get_parser(family.parser)
-    renderer = ChatRenderer(tokenizer_for(family), TOOLS, tool_instructions_json(TOOLS, parser.call_format),
-                            template_kwargs=family.kwargs)  # fmt: skip
+    renderer = ChatRenderer(tokenizer or tokenizer_for(family), TOOLS,
+                            tool_instructions_json(TOOLS, parser.call_format), template_kwargs=family.kwargs)  # fmt: skip
     model = ScriptedModel(renderer, family, turns)
     outputs = iter(f"{n} files\n" for n in range(1, 100))
 
