@@ -130,7 +130,7 @@ class AgentLoop:
         if self.budget.remaining < cfg.time_reserve_s:
             raise _Stop("time_budget", f"{self.budget.remaining:.1f}s left of the stage")
         completion = self._generate_within_context()
-        stopped_on_token = self._ends_with_stop_token(completion)
+        stopped_on_token = completion.ends_on_stop_token(self._special_ids)
         content, stop_text = self.renderer.split_generation(completion.token_ids, stopped_on_token)
         parsed = self._parse(content)
         turn = Turn(
@@ -217,15 +217,6 @@ class AgentLoop:
                 f"for max_tokens={asked}"
             )
         return completion
-
-    def _ends_with_stop_token(self, completion: Completion) -> bool:
-        """Did the turn end on an end-of-turn token (EOS or a stop token id) that is in token_ids?"""
-        if completion.finish_reason != "stop" or not completion.token_ids:
-            return False
-        last = completion.token_ids[-1]
-        if isinstance(completion.stop_reason, int):
-            return last == completion.stop_reason
-        return completion.stop_reason is None and last in self._special_ids
 
     def _run_calls(self, calls: list[ParsedCall], turn: Turn) -> tuple[list[dict[str, Any]], bool, float]:
         """Run the turn's calls in order (a malformed one is an error observation); stop at finish."""

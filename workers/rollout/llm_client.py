@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,6 +160,19 @@ class Completion:
     def policy_version(self) -> str | None:
         """The weight version of the turn's first token (the oldest, if an update landed mid-turn)."""
         return self.weight_versions[0].version if self.weight_versions else None
+
+    def ends_on_stop_token(self, special_ids: Collection[int]) -> bool:
+        """Did the turn end on an end-of-turn token (EOS or a stop token id) that is in token_ids?
+
+        vLLM names a stop token id in stop_reason; EOS gives stop_reason None, so the last token
+        is then checked against the tokenizer's special ids.
+        """
+        if self.finish_reason != "stop" or not self.token_ids:
+            return False
+        last = self.token_ids[-1]
+        if isinstance(self.stop_reason, int):
+            return last == self.stop_reason
+        return self.stop_reason is None and last in special_ids
 
 
 class LLMClient:

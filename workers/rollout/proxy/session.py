@@ -75,7 +75,7 @@ class ProxySession:
                                                 request.max_completion_tokens or request.max_tokens,
                                                 wire.stops_of(request.stop))  # fmt: skip
             prompt_tokens = len(segment.record.token_ids)
-            ends_on_token = self._ends_with_stop_token(completion)
+            ends_on_token = completion.ends_on_stop_token(self._special_ids)
             assert segment.renderer is not None
             content, segment.stop_text = segment.renderer.split_generation(completion.token_ids, ends_on_token)
             turn = self._record(segment.record, completion, content)
@@ -311,14 +311,6 @@ class ProxySession:
         if calls:
             return "tool_calls"
         return "length" if completion.finish_reason == "length" else "stop"
-
-    def _ends_with_stop_token(self, completion: Completion) -> bool:
-        if completion.finish_reason != "stop" or not completion.token_ids:
-            return False
-        last = completion.token_ids[-1]
-        if isinstance(completion.stop_reason, int):
-            return last == completion.stop_reason
-        return completion.stop_reason is None and last in self._special_ids
 
     # --- small pieces --------------------------------------------------------------
     def _check_open(self, model: str | None) -> None:
