@@ -88,7 +88,8 @@ def train_seed(client: RolloutClient, seed: int, config: Config, out: Path) -> l
         rollout_s = time.perf_counter() - t0
         versions = check_versions(rollouts, step, version)
         row = update_from_batch(model, optimizer, rollouts, clip_eps=config.clip_eps, minibatches=config.minibatches,
-                                pad_token_id=tokenizer.pad_token_id, last=step == config.steps)
+                                pad_token_id=tokenizer.pad_token_id, last=step == config.steps,
+                                logprob_tolerance=config.logprob_tolerance)
         row.seed, row.step, row.policy_version, row.versions_seen = seed, step, version, ";".join(sorted(versions))
         row.rollout_s = rollout_s
         rows.append(row)
@@ -109,8 +110,12 @@ def check_versions(rollouts: StepBatch, step: int, version: str) -> set[str]:
 
 
 def update_from_batch(model: Any, optimizer: torch.optim.Optimizer, rollouts: StepBatch, *, clip_eps: float,
-                      minibatches: int, pad_token_id: int, last: bool) -> StepRow:
-    """The GRPO update on the step's informative groups (none after the last step: it is only measured)."""
+                      minibatches: int, pad_token_id: int, last: bool, logprob_tolerance: float = 1e-3) -> StepRow:
+    """The GRPO update on the step's informative groups (none after the last step: it is only measured).
+
+    BackendLogprobMismatch when the first minibatch's mean |vLLM logprob - trainer logprob| is not
+    below `logprob_tolerance`: the backend is not serving the weights the trainer just pushed.
+    """
     counts = rollouts.batch.counts
     rewards = rollouts.rewards
     row = StepRow(seed=0, step=0, policy_version="", versions_seen="",
@@ -127,8 +132,8 @@ def update_from_batch(model: Any, optimizer: torch.optim.Optimizer, rollouts: St
     row.trained_samples = int(batch["input_ids"].shape[0])
     row.loss, row.clip_fraction, row.approx_kl = stats.loss, stats.clip_fraction, stats.approx_kl
     row.logprob_gap, row.train_s = stats.logprob_gap, time.perf_counter() - t0
-    if not stats.logprob_gap < config.logprob_tolerance:  # NaN fails too
+    if not stats.logprob_gap < logprob_tolerance:  # NaN fails too
         raise BackendLogprobMismatch(f"mean |vLLM logprob - trainer logprob| {stats.logprob_gap:.2e} right after "
                                      f"loading the weights, over {row.trained_samples} samples; tolerance "
-                                     f"{config.logprob_tolerance:.0e}")  # fmt: skip
+                                     f"{logprob_tolerance:.0e}")  # fmt: skip
     return row

@@ -7,7 +7,6 @@ import json
 import logging
 import threading
 
-from shared.config import Settings
 from shared.log_context import ContextFilter, bind
 from shared.logs import JsonFormatter
 from tests.support.waiting import client_for, wait_status

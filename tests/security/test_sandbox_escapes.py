@@ -33,7 +33,7 @@ def test_host_files_next_to_the_workspace_are_invisible(sandbox: Sandbox, worksp
         "cat /workspace/../host-secret.txt",
         f"cat /proc/1/root{secret}",
         "cat /root/.bash_history /root/.ssh/id_rsa /etc/shadow",
-        f"find / -name host-secret.txt -not -path '/proc/*' 2>/dev/null",
+        "find / -name host-secret.txt -not -path '/proc/*' 2>/dev/null",
     ]
     for command in attempts:
         assert "s3cr3t-host-data" not in bash(sandbox, command), command

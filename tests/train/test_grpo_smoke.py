@@ -8,7 +8,6 @@ version (vLLM's /weight_info), and that the next step's trajectories recorded th
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import httpx
 import pytest
