@@ -26,7 +26,7 @@ def payload(directory: Path) -> bytes:
     return file.read_bytes()
 
 
-def test_an_upload_serves_the_new_weights_under_the_new_version(served) -> None:
+def test_an_upload_serves_the_new_weights_under_the_new_version(served) -> None:  # noqa: F811
     url, stack, root = served
     client = RolloutClient(stack.api_url)
     result = client.upload_weights(SERVED_NAME, "up-1", payload(checkpoint(root, 11)))
@@ -47,7 +47,7 @@ def test_an_upload_serves_the_new_weights_under_the_new_version(served) -> None:
     assert gap_to(checkpoint(root, 12), tokens, logprobs) < 1e-3
 
 
-def test_an_upload_that_does_not_fit_is_refused_and_serving_goes_on(served) -> None:
+def test_an_upload_that_does_not_fit_is_refused_and_serving_goes_on(served) -> None:  # noqa: F811
     url, stack, root = served
     client = RolloutClient(stack.api_url)
     for bad, words in [(payload(checkpoint(root, 13, intermediate=256)), "mlp"), (b"\0" * 64, "not a safetensors")]:
