@@ -5,7 +5,8 @@ vLLM serves these with VLLM_SERVER_DEV_MODE=1 (cli/vllm_server.py sets it on loo
 server can read, or `load_weights_from_bytes`: the worker extension cli/vllm_server.py loads,
 cli/vllm_extension/rollouts_weight_loader.py), `POST /v1/load_lora_adapter` (a LoRA adapter;
 `load_inplace` replaces one of the same name), `POST /reset_prefix_cache`,
-`POST /update_weight_version`, `POST /resume`; read from vLLM 0.32's `vllm/entrypoints/rl/online/api_router.py` and its LoRA routes.
+`POST /update_weight_version`, `POST /resume`; read from vLLM 0.32's
+`vllm/entrypoints/rl/online/api_router.py` and its LoRA routes.
 """
 
 from __future__ import annotations
