@@ -99,8 +99,9 @@ def _compare(path: str, shapes: dict[str, tuple[int, ...]], expected: dict[str, 
     wrong = sorted(name for name in set(shapes) & set(expected) if shapes[name] != expected[name])
     if wrong:
         name = wrong[0]
-        raise ValidationError(f"{path} does not fit the served model: {len(wrong)} tensors have other shapes, e.g. "
-                              f"{name} is {list(shapes[name])}, the model's is {list(expected[name])}", loc)  # fmt: skip
+        message = (f"{path} does not fit the served model: {len(wrong)} tensors have other shapes, e.g. "
+                   f"{name} is {list(shapes[name])}, the model's is {list(expected[name])}")  # fmt: skip
+        raise ValidationError(message, loc)
     if missing or extra:
         raise ValidationError(f"{path} does not fit the served model: missing {missing[:3]} ({len(missing)}), "
                               f"unknown {extra[:3]} ({len(extra)})", loc)  # fmt: skip
