@@ -12,6 +12,7 @@ from api.body_size import BodySizeLimit
 from api.errors import install_error_handlers
 from api.openapi import install_openapi
 from api.routes import ROUTERS
+from api.routes.weights import WEIGHTS_PATH
 from shared.config import Settings, get_settings
 from shared.jobs.store import JobStore
 from shared.keys import Keys
@@ -51,7 +52,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
     )
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
+                       larger=(("PUT", WEIGHTS_PATH, settings.max_weight_bytes),))  # fmt: skip
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

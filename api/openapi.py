@@ -17,7 +17,7 @@ from shared.jobs.spec import JobRequest
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 # Every error a route declares has the Refusal body (api/errors.py sends nothing else).
-REFUSAL_CODES = ("400", "401", "403", "404", "409", "410", "413", "422", "500", "503")
+REFUSAL_CODES = ("400", "401", "403", "404", "409", "410", "413", "415", "422", "500", "503")
 
 
 def install_openapi(app: FastAPI) -> None:

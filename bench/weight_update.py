@@ -6,10 +6,13 @@ redis-server, then times, in this one process and interleaved round by round:
   (what any trainer pays to hand weights over through a disk);
 - `update_model` (the code behind POST /v1/models/{model}/weights) with one backend registered,
   then with both: checkpoint check, pause, reload, reset prefix cache, set version, resume, check,
-  on every backend at once. The per-step times of the last update are printed too.
+  on every backend at once. The per-step times of the last update are printed too;
+- with `--bytes`, in the same rounds, `update_model` with the checkpoint's safetensors file as
+  bytes (the code behind PUT /v1/models/{model}/weights, after the API has the body): the load
+  step sends it base64 to vLLM's worker extension instead of a path.
 The goal is an update of all backends in under 2x the baseline.
 
-    .venv/bin/python -m bench.weight_update [--rounds 10]
+    .venv/bin/python -m bench.weight_update [--rounds 10] [--bytes]
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def save_and_load(model: torch.nn.Module, directory: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--bytes", action="store_true", help="also time the update with the weights sent as bytes")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-weights-") as tmp:
         work = Path(tmp)
@@ -58,8 +62,11 @@ def main() -> None:
             checkpoints = [work / f"ckpt-{seed}" for seed in (1, 2)]
             for seed, directory in zip((1, 2), checkpoints):
                 build_tiny_model(build_tokenizer(), seed, 4096).save_pretrained(directory)
+            payloads = [(directory / "model.safetensors").read_bytes() for directory in checkpoints]
             tokenizer_dir = str(servers[0].model)
             times: dict[str, list[float]] = {"save+load": [], "update 1 backend": [], "update 2 backends": []}
+            if args.bytes:
+                times |= {"bytes 1 backend": [], "bytes 2 backends": []}
             last_steps: dict[str, dict[str, float]] = {}
             version = 0
             for backends in (1, 2):
@@ -71,10 +78,21 @@ def main() -> None:
                     report = update_model(redis, pool, "tiny", Checkpoint(str(checkpoints[version % 2]), f"v{version}"))
                     elapsed = time.perf_counter() - start
                     assert all(o.status == "updated" for o in report.backends), report
+                    plural = "s" * (backends > 1)
                     if round_:
                         times["save+load"].append(baseline)
-                        times[f"update {backends} backend{'s' * (backends > 1)}"].append(elapsed)
+                        times[f"update {backends} backend{plural}"].append(elapsed)
                     last_steps = {o.url: o.seconds for o in report.backends}
+                    if args.bytes:
+                        version += 1
+                        upload = Checkpoint(f"upload-{version}", f"v{version}", data=payloads[version % 2])
+                        start = time.perf_counter()
+                        report = update_model(redis, pool, "tiny", upload)
+                        elapsed = time.perf_counter() - start
+                        assert all(o.status == "updated" for o in report.backends), report
+                        if round_:
+                            times[f"bytes {backends} backend{plural}"].append(elapsed)
+                        last_steps |= {f"{o.url} (bytes)": o.seconds for o in report.backends}
         finally:
             redis_server.stop()
             for server in servers:

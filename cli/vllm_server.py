@@ -12,6 +12,9 @@ of the CPU build reads the metadata of a distribution named `vllm` and fails) wi
 - `VLLM_SERVER_DEV_MODE=1` only on loopback: the RL routes (`/pause`, `/resume`,
   `/update_weight_version`, `/reset_prefix_cache`, `/collective_rpc`) a weight update needs,
   which must never face a network;
+- `--worker-extension-cls rollouts_weight_loader.BytesWeightLoader`, with cli/vllm_extension/
+  (that file alone) on vLLM's PYTHONPATH: the `load_weights_from_bytes` method that a weight
+  update sent as bytes calls through `/collective_rpc` (unless the arguments name another class);
 - `VLLM_CPU_KVCACHE_SPACE` (GiB) on machines without a GPU: the CPU build's KV cache size.
 - without a GPU, chunked prefill off (`--no-enable-chunked-prefill`, with a token budget that
   holds a whole prompt): vLLM 0.32's CPU build kills its engine when a seeded request's prefill
@@ -40,6 +43,9 @@ from shared.config import Settings
 from shared.errors import RolloutsError
 
 _WATCHDOG = Path(__file__).with_name("vllm_watchdog.py")
+# A directory vLLM's own Python imports the worker extension from (it cannot import the project).
+EXTENSION_DIR = Path(__file__).with_name("vllm_extension")
+EXTENSION_CLS = "rollouts_weight_loader.BytesWeightLoader"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 # vLLM's log prefix: "(APIServer pid=1) INFO 11-24 21:19:35 [launcher.py:195] " or "INFO 11-24 ... [x.py:1] ".
 _LOG_PREFIX = re.compile(r"^(\([^)]*\)\s+)?[A-Z]+\s+\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\]\s*")
@@ -119,8 +125,15 @@ class VLLMServer:
             "--enable-scale-out",
             "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens: prefix-cache hits per turn
             *(self._cpu_build_args() if self.cpu_build else []),
+            *self._extension_args(),
             *self.args,
         ]  # fmt: skip
+
+    def _extension_args(self) -> list[str]:
+        """The bytes weight loader, unless the arguments bring their own worker extension."""
+        if any(arg.startswith("--worker-extension-cls") for arg in self.args):
+            return []
+        return ["--worker-extension-cls", EXTENSION_CLS]
 
     def _cpu_build_args(self) -> list[str]:
         """Chunked prefill off on the CPU build (see the module doc), unless the arguments decide it."""
@@ -154,7 +167,8 @@ class VLLMServer:
         else:  # never inherited either: the weight-reload routes read any path the server can
             env.pop("VLLM_SERVER_DEV_MODE", None)
         # The project's virtualenv must not leak into vLLM's: it has its own torch and transformers.
-        env.pop("PYTHONPATH", None)
+        # Only the worker extension's directory goes on its path.
+        env["PYTHONPATH"] = str(EXTENSION_DIR)
         env.pop("VIRTUAL_ENV", None)
         return env
 

@@ -1,4 +1,4 @@
-"""`rollouts weights update|show`: load a checkpoint into every backend of a model; read its current version."""
+"""`rollouts weights update|show`: load a checkpoint (a path, or a file sent as bytes) into every backend of a model."""
 
 from __future__ import annotations
 
@@ -21,18 +21,29 @@ def weights() -> None:
 @weights.command()
 @click.argument("model")
 @click.option("--version", "version", required=True, help="The label every token of these weights will carry.")
-@click.option("--path", "path", required=True, type=click.Path(path_type=Path),
+@click.option("--path", "path", default=None, type=click.Path(path_type=Path),
               help="Checkpoint directory (absolute; the backends and the API must be able to read it).")
+@click.option("--upload", "upload", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Instead of --path: send this safetensors file (every tensor of the model) as bytes; "
+              "for backends with no shared disk.")
 @click.option("--pause-mode", type=click.Choice(["wait", "keep", "abort"]), default="wait", show_default=True,
               help="Running requests during the swap: finish first, freeze and continue, or end.")
 @click.option("--lora", default=None, help="Load PATH as this LoRA adapter (in place) instead of full weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print the API's answer as JSON.")
 @_url_option
-def update(model: str, version: str, path: Path, pause_mode: str, lora: str | None, as_json: bool,
-           url: str | None) -> None:
-    """Load PATH into every backend of MODEL under VERSION; exits 1 when a backend failed (it left the pool)."""
+def update(model: str, version: str, path: Path | None, upload: Path | None, pause_mode: str, lora: str | None,
+           as_json: bool, url: str | None) -> None:  # fmt: skip
+    """Load PATH (or the --upload file) into every backend of MODEL under VERSION; exits 1 when a backend failed."""
+    if (path is None) == (upload is None):
+        raise click.UsageError("give exactly one of --path and --upload")
+    if upload is not None and lora is not None:
+        raise click.UsageError("--lora takes a --path (adapters are not uploaded as bytes)")
     with connect_admin(url, get_settings()) as client:
-        result = client.update_weights(model, version, path=str(path.absolute()), pause_mode=pause_mode, lora=lora)
+        if upload is not None:
+            result = client.upload_weights(model, version, upload.read_bytes(), pause_mode=pause_mode)
+        else:
+            assert path is not None
+            result = client.update_weights(model, version, path=str(path.absolute()), pause_mode=pause_mode, lora=lora)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

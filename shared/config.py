@@ -104,6 +104,10 @@ class Settings(BaseSettings):
         default=30.0, gt=0, description="Without a terminal (CI, Slurm, nohup), the CLI's progress line every this often."
     )
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    max_weight_bytes: int = Field(
+        default=2 * 1024**3, gt=0, description="Largest weight update sent as bytes (PUT /v1/models/{model}/weights): "
+        "the API holds it in memory and sends it base64 (4/3 the size) to every backend.",
+    )
     max_jobs_per_request: int = Field(default=5000, gt=0)
     max_json_depth: int = Field(
         default=64, ge=4, description="Request bodies nested deeper than this are refused (422 naming the field)."

@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Path, status
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 from redis import Redis
 
 from api.deps import get_redis, require_admin, require_auth
 from api.routes.backends import get_pool
 from shared.backend_pool import BackendPool
-from shared.weights import Checkpoint, NoBackendsForModel, UpdateInProgress, WeightVersions, update_model
+from shared.weights import (
+    Checkpoint,
+    NoBackendsForModel,
+    UpdateInProgress,
+    UpdateReport,
+    WeightVersions,
+    update_model,
+)
 
 router = APIRouter(prefix="/v1/models", tags=["weights"])
+
+# The bytes form's path, for the body-size middleware (its own, larger limit: Settings.max_weight_bytes).
+WEIGHTS_PATH = r"/v1/models/.+/weights"
+SAFETENSORS = "application/octet-stream"
 
 ModelName = Annotated[str, Path(min_length=1, max_length=256, description="The served model name backends registered")]
 
@@ -74,12 +87,49 @@ def update_weights(model: ModelName, body: WeightUpdate, redis: Redis = Depends(
     same model (409: it does not wait). A backend that fails leaves the pool (`removed_from_pool`).
     """
     checkpoint = Checkpoint(path=body.path, version=body.version, pause_mode=body.pause_mode, lora=body.lora)
+    return _result(_update(redis, pool, model, checkpoint))
+
+
+@router.put("/{model:path}/weights", response_model=WeightUpdateResult, dependencies=[Depends(require_admin)],
+            summary="Load weights sent as one safetensors file into every backend of the model (no shared disk)",
+            openapi_extra={"requestBody": {"required": True, "content": {SAFETENSORS: {"schema": {
+                "type": "string", "format": "binary"}}}}},
+            responses={404: {"description": "No backend of the model is registered"},
+                       409: {"description": "Another update of the model is running"},
+                       413: {"description": "The body is larger than Settings.max_weight_bytes"},
+                       415: {"description": "The body is not application/octet-stream"}})  # fmt: skip
+async def upload_weights(
+    model: ModelName, request: Request,
+    version: Annotated[str, Query(min_length=1, max_length=128, pattern=r"^[!-~]+$",
+                                  description="As in POST: the label of every token these weights sample")],
+    pause_mode: Annotated[Literal["keep", "wait", "abort"], Query(description="As in POST")] = "wait",
+    redis: Redis = Depends(get_redis), pool: BackendPool = Depends(get_pool),
+) -> WeightUpdateResult:  # fmt: skip
+    """The POST update's steps, with the body (one safetensors file, every tensor of the model) as the weights.
+
+    The service checks the names and shapes against the served model (422 on `body`), then sends
+    the bytes to each backend's worker extension (cli/vllm_extension/) instead of a path.
+    """
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != SAFETENSORS:
+        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
+                            detail=f"send the safetensors file as {SAFETENSORS}, not {content_type or 'no type'}")
+    data = await request.body()
+    label = f"upload:sha256:{hashlib.sha256(data).hexdigest()[:16]}"
+    checkpoint = Checkpoint(path=label, version=version, pause_mode=pause_mode, data=data)
+    return _result(await run_in_threadpool(_update, redis, pool, model, checkpoint))
+
+
+def _update(redis: Redis, pool: BackendPool, model: str, checkpoint: Checkpoint) -> UpdateReport:
     try:
-        report = update_model(redis, pool, model, checkpoint)
+        return update_model(redis, pool, model, checkpoint)
     except UpdateInProgress as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from None
     except NoBackendsForModel as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(exc)) from None
+
+
+def _result(report: UpdateReport) -> WeightUpdateResult:
     return WeightUpdateResult(
         model=report.model, version=report.version, seq=report.seq, seconds=report.seconds,
         backends=[BackendUpdate(id=o.id, url=o.url, status=o.status, seconds=o.seconds, error=o.error,  # type: ignore[arg-type]

@@ -23,6 +23,7 @@ from rollouts_client.wire import (
     list_params,
     weights_body,
     weights_path,
+    weights_upload,
 )
 from rollouts_client.wire import StreamUnavailable as _Unavailable
 
@@ -278,6 +279,12 @@ class AsyncRolloutClient:
     ) -> dict[str, Any]:
         body = weights_body(version, path, pause_mode, lora)
         return decode(await self.request("POST", weights_path(model), json=body, timeout=timeout))
+
+    async def upload_weights(
+        self, model: str, version: str, data: bytes, *, pause_mode: str = "wait", timeout: float = 900.0
+    ) -> dict[str, Any]:
+        upload = weights_upload(version, data, pause_mode)
+        return decode(await self.request("PUT", weights_path(model), timeout=timeout, **upload))
 
     async def current_weights(self, model: str) -> dict[str, Any]:
         return decode(await self.request("GET", weights_path(model)))

@@ -22,6 +22,7 @@ from rollouts_client.wire import (
     list_params,
     weights_body,
     weights_path,
+    weights_upload,
 )
 from rollouts_client.wire import StreamUnavailable as _Unavailable
 
@@ -302,6 +303,19 @@ class RolloutClient:
         """
         body = weights_body(version, path, pause_mode, lora)
         return decode(self.request("POST", weights_path(model), json=body, timeout=timeout))
+
+    def upload_weights(
+        self, model: str, version: str, data: bytes, *, pause_mode: str = "wait", timeout: float = 900.0
+    ) -> dict[str, Any]:
+        """Load weights sent as bytes into every backend of `model` under `version` (admin): no shared disk.
+
+        `data`: one safetensors file with every tensor of the model, named and shaped as its
+        checkpoint (e.g. `safetensors.torch.save(model.state_dict())` without tied duplicates), at
+        most the service's max_weight_bytes. Returns and raises as `update_weights`; ApiError 422
+        (field `body`) when the tensors do not fit the served model, 413 when it is too large.
+        """
+        upload = weights_upload(version, data, pause_mode)
+        return decode(self.request("PUT", weights_path(model), timeout=timeout, **upload))
 
     def current_weights(self, model: str) -> dict[str, Any]:
         """The last version applied to `model` through the service: {model, version, seq, path, applied_at}."""

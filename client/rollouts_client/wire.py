@@ -99,7 +99,7 @@ class SseParser:
             return None  # a keep-alive comment
         if line:
             name, _, value = line.partition(":")
-            self._fields[name] = value[1:] if value.startswith(" ") else value
+            self._fields[name] = value.removeprefix(" ")
             return None
         fields, self._fields = self._fields, {}
         if "data" not in fields:
@@ -157,6 +157,15 @@ def weights_body(version: str, path: str, pause_mode: str, lora: str | None) -> 
     if lora is not None:
         body["lora"] = lora
     return body
+
+
+def weights_upload(version: str, data: bytes, pause_mode: str) -> dict[str, Any]:
+    """A weight update sent as bytes, as httpx arguments (PUT /v1/models/{model}/weights): the
+    safetensors file is the body, the rest query parameters."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data must be the bytes of a safetensors file, not {type(data).__name__}")
+    return {"params": {"version": version, "pause_mode": pause_mode}, "content": bytes(data),
+            "headers": {"Content-Type": "application/octet-stream"}}  # fmt: skip
 
 
 def weights_path(model: str) -> str:

@@ -10,6 +10,7 @@ checkpoint (the directory vLLM reports as the model's `root`) when it can read t
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from safetensors import safe_open
@@ -56,25 +57,51 @@ def check_checkpoint(path: str, reference: str | None, lora: bool = False) -> No
         raise _refuse(f"{path}: a safetensors file could not be read ({type(exc).__name__}: {exc})") from None
     if not shapes:
         raise _refuse(f"{path} holds no *.safetensors file (save with save_pretrained(safe_serialization=True))")
-    if lora or not reference or not Path(reference).is_dir():
-        return
+    expected = {} if lora else _reference_shapes(reference)
+    if expected:
+        _compare(path, shapes, expected)
+
+
+def check_payload(data: bytes, reference: str | None) -> None:
+    """Raise ValidationError on `body` unless `data` is one safetensors file that fits `reference`.
+
+    The bytes are spooled to a temporary file so safetensors' own reader parses the header and
+    checks every tensor's extent against the data (the same reader the path form uses).
+    """
+    with tempfile.TemporaryDirectory(prefix="rollouts-weights-") as spool:
+        (Path(spool) / "model.safetensors").write_bytes(data)
+        try:
+            shapes = tensor_shapes(Path(spool))
+        except Exception as exc:  # safetensors' SafetensorError: not a safetensors file, or cut short
+            message = f"the body is not a safetensors file ({type(exc).__name__}: {exc})"
+            raise ValidationError(message, ("body",)) from None
+    if not shapes:
+        raise ValidationError("the body is a safetensors file with no tensor", ("body",))
+    expected = _reference_shapes(reference)
+    if expected:
+        _compare("the body", shapes, expected, ("body",))
+
+
+def _reference_shapes(reference: str | None) -> dict[str, tuple[int, ...]]:
+    """The served model's names and shapes; empty when its directory cannot be read (no comparison)."""
+    if not reference or not Path(reference).is_dir():
+        return {}
     try:
-        expected = tensor_shapes(Path(reference))
+        return tensor_shapes(Path(reference))
     except Exception:  # the served model's own files are not the caller's fault: skip the comparison
-        return
-    if not expected:
-        return
-    _compare(path, shapes, expected)
+        return {}
 
 
-def _compare(path: str, shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]]) -> None:
+def _compare(path: str, shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]],
+             loc: tuple[str, ...] = _LOC) -> None:  # fmt: skip
     missing = sorted(set(expected) - set(shapes))
     extra = sorted(set(shapes) - set(expected))
     wrong = sorted(name for name in set(shapes) & set(expected) if shapes[name] != expected[name])
     if wrong:
         name = wrong[0]
-        raise _refuse(f"{path} does not fit the served model: {len(wrong)} tensors have other shapes, e.g. "
-                      f"{name} is {list(shapes[name])}, the model's is {list(expected[name])}")  # fmt: skip
+        message = (f"{path} does not fit the served model: {len(wrong)} tensors have other shapes, e.g. "
+                   f"{name} is {list(shapes[name])}, the model's is {list(expected[name])}")  # fmt: skip
+        raise ValidationError(message, loc)
     if missing or extra:
-        raise _refuse(f"{path} does not fit the served model: missing {missing[:3]} ({len(missing)}), "
-                      f"unknown {extra[:3]} ({len(extra)})")  # fmt: skip
+        raise ValidationError(f"{path} does not fit the served model: missing {missing[:3]} ({len(missing)}), "
+                              f"unknown {extra[:3]} ({len(extra)})", loc)  # fmt: skip

@@ -18,7 +18,7 @@ from redis import Redis
 
 from shared.backend_pool import STALE_WEIGHTS, Backend, BackendPool
 from shared.errors import RolloutsError, ValidationError
-from shared.weights.checkpoint import check_checkpoint
+from shared.weights.checkpoint import check_checkpoint, check_payload
 from shared.weights.versions import VersionBackwards, WeightVersions
 from shared.weights.vllm_routes import Checkpoint, StepFailed, StepTimes, apply
 
@@ -78,8 +78,11 @@ def _update_locked(redis: Redis, pool: BackendPool, model: str, checkpoint: Chec
     backends = [b for b in pool.backends() if b.model == model]
     if not backends:
         raise NoBackendsForModel(f"no backend serving model {model!r} is registered")
-    check_checkpoint(checkpoint.path, next((b.tokenizer for b in backends if b.tokenizer), None),
-                     lora=checkpoint.lora is not None)  # fmt: skip
+    reference = next((b.tokenizer for b in backends if b.tokenizer), None)
+    if checkpoint.data is not None:
+        check_payload(checkpoint.data, reference)
+    else:
+        check_checkpoint(checkpoint.path, reference, lora=checkpoint.lora is not None)
     versions.reserve(model, checkpoint.version)
     timeout = pool.settings.weights_step_timeout_s
     with ThreadPoolExecutor(max_workers=min(16, len(backends))) as executor:

@@ -2,13 +2,16 @@
 
 vLLM serves these with VLLM_SERVER_DEV_MODE=1 (cli/vllm_server.py sets it on loopback only):
 `POST /pause?mode=keep|wait|abort`, `POST /collective_rpc` (`reload_weights` from a directory the
-server can read), `POST /v1/load_lora_adapter` (a LoRA adapter; `load_inplace` replaces one of the
-same name), `POST /reset_prefix_cache`, `POST /update_weight_version`, `POST /resume`; read from
-vLLM 0.32's `vllm/entrypoints/rl/online/api_router.py` and its LoRA routes.
+server can read, or `load_weights_from_bytes`: the worker extension cli/vllm_server.py loads,
+cli/vllm_extension/rollouts_weight_loader.py), `POST /v1/load_lora_adapter` (a LoRA adapter;
+`load_inplace` replaces one of the same name), `POST /reset_prefix_cache`,
+`POST /update_weight_version`, `POST /resume`; read from vLLM 0.32's
+`vllm/entrypoints/rl/online/api_router.py` and its LoRA routes.
 """
 
 from __future__ import annotations
 
+import base64
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -29,12 +32,14 @@ class StepFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """What to load: a full checkpoint directory (`path`), or a LoRA adapter (`lora` names it)."""
+    """What to load: a full checkpoint directory (`path`), a LoRA adapter (`lora` names it), or
+    a safetensors file's bytes (`data`; `path` then only labels it, e.g. "upload:<sha256>")."""
 
     path: str
     version: str
     pause_mode: PauseMode = "wait"
     lora: str | None = None
+    data: bytes | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -78,7 +83,11 @@ def apply(url: str, checkpoint: Checkpoint, timeout_s: float, times: StepTimes) 
 
 
 def _load(client: httpx.Client, checkpoint: Checkpoint, times: StepTimes) -> None:
-    if checkpoint.lora is None:
+    if checkpoint.data is not None:  # collective_rpc passes JSON strings only: base64
+        _call(client, "reload", times, "POST", "/collective_rpc",
+              json={"method": "load_weights_from_bytes",
+                    "kwargs": {"data": base64.b64encode(checkpoint.data).decode("ascii")}})  # fmt: skip
+    elif checkpoint.lora is None:
         _call(client, "reload", times, "POST", "/collective_rpc",
               json={"method": "reload_weights", "kwargs": {"weights_path": checkpoint.path}})  # fmt: skip
     else:

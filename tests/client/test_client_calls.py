@@ -146,3 +146,29 @@ def test_weight_calls_send_what_the_api_takes_sync_and_async() -> None:
 
     asyncio.run(calls())
     assert async_api.seen[0][2] == {"version": "v2", "path": "/ckpt", "pause_mode": "wait"}
+
+
+def test_an_upload_sends_the_bytes_as_the_body_and_the_rest_as_the_query_sync_and_async() -> None:
+    result = {"model": "org/m", "version": "v3", "seq": 3, "seconds": 0.1, "backends": []}
+    seen: list[httpx.Request] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=result)
+
+    with RolloutClient("http://api", transport=httpx.MockTransport(api)) as client:
+        assert client.upload_weights("org/m", "v3", b"\x08safetensors", pause_mode="keep") == result
+        with pytest.raises(TypeError, match="bytes of a safetensors file"):
+            client.upload_weights("org/m", "v3", "/a/path/is/not/bytes")  # type: ignore[arg-type]
+
+    async def calls() -> None:
+        async with AsyncRolloutClient("http://api", transport=httpx.MockTransport(api)) as client:
+            assert await client.upload_weights("org/m", "v4", bytearray(b"\x08more")) == result
+
+    asyncio.run(calls())
+    assert [(r.method, r.url.path, dict(r.url.params), r.headers["content-type"], r.content) for r in seen] == [
+        ("PUT", "/v1/models/org/m/weights", {"version": "v3", "pause_mode": "keep"}, "application/octet-stream",
+         b"\x08safetensors"),
+        ("PUT", "/v1/models/org/m/weights", {"version": "v4", "pause_mode": "wait"}, "application/octet-stream",
+         b"\x08more"),
+    ]  # fmt: skip

@@ -1,0 +1,60 @@
+"""The worker extension on a model with tied embeddings (its own vLLM server: the tiny model, tied).
+
+A tied checkpoint has no lm_head.weight. The extension loads the payload with vLLM's in-place
+reload, then copies the new embeddings into lm_head when vLLM holds it as its own tensor; the
+logprobs vLLM reports afterwards must match transformers on the new tied checkpoint.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from cli.tiny_model import build_tiny_model, build_tokenizer
+from tests.support.vllm_server import start_server
+from tests.weights.test_weight_update_on_vllm import gap_to, sample
+
+pytestmark = pytest.mark.vllm
+
+
+def tied_checkpoint(directory: Path, seed: int) -> Path:
+    """The tiny model with tied embeddings, saved as the trainer saves (no lm_head.weight in the file)."""
+    tokenizer = build_tokenizer()
+    config = copy.deepcopy(build_tiny_model(tokenizer, seed, 4096).config)
+    config.tie_word_embeddings = True
+    torch.manual_seed(seed)
+    model = type(build_tiny_model(tokenizer, seed, 4096))(config).eval()
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tied_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    root = tmp_path_factory.mktemp("tied")
+    server = start_server(tied_checkpoint(root / "base", 0), root)
+    try:
+        yield server.url, root
+    finally:
+        server.stop()
+
+
+def test_an_upload_into_a_tied_model_refreshes_its_lm_head(tied_server) -> None:
+    url, root = tied_server
+    new = tied_checkpoint(root / "new", 21)
+    [file] = new.glob("*.safetensors")
+    data = file.read_bytes()
+    assert b"lm_head" not in data[:4096]  # the tie is the checkpoint's: the head comes from the embeddings
+    response = httpx.post(f"{url}/collective_rpc", timeout=300, json={
+        "method": "load_weights_from_bytes", "kwargs": {"data": base64.b64encode(data).decode()}})  # fmt: skip
+    assert response.status_code == 200, response.text
+    [result] = response.json()["results"]
+    assert result["tensors"] > 0 and result["tied_lm_head_refreshed"], result
+    tokens, logprobs = sample(url, seed=3)
+    assert gap_to(new, tokens, logprobs) < 1e-3, result
