@@ -58,7 +58,8 @@ def test_a_clean_redis_restart_mid_run_loses_nothing(persistent_stack: Stack, tr
     final = wait_all_terminal(api, ids, timeout=180)
 
     assert len(final) == JOBS, "jobs missing after the restart"
-    assert all(status == "done" for status in final.values()), final
+    not_done = {i: api.get(f"/v1/jobs/{i}").json() for i, status in final.items() if status != "done"}
+    assert not not_done, f"jobs not done after the restart: {not_done}"
     twice = [i for i in ids if sum(l.startswith("eval end") for l in trace(trace_dir, i)) > 1]
     reruns = sum(
         sum(l.startswith(f"{stage} start") for l in trace(trace_dir, i)) - 1 for i in ids for stage in SLEEP

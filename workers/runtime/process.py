@@ -34,7 +34,7 @@ from shared.config import STAGES, Settings
 from shared.jobs.backend_wait import release_due
 from shared.jobs.queues import queue_name, stage_queue
 from shared.jobs.status import JobStatus
-from workers.runtime.registry_hygiene import prune_failed_registry
+from workers.runtime.registry_hygiene import prune_failed_registry, requeue_stranded
 from workers.runtime.slots import SlotWorker
 from workers.runtime.state import WorkerState, init_state
 
@@ -261,7 +261,7 @@ class WorkerProcess:
                         _clean_registries(queue)
                         prune_failed_registry(queue, self.state.store)
                         clean_worker_registry(queue)
-                        queue.intermediate_queue.cleanup(self.slots[0], queue)
+                        requeue_stranded(queue, grace_s=self.settings.heartbeat_ttl_s)
                     finally:
                         self._release_if_ours(queue.registry_cleaning_key)
             except Exception:
