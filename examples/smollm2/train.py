@@ -26,8 +26,8 @@ from examples.smollm2.arith_rows import arith_task, choice_task
 from examples.smollm2.lora import lora_policy, push_adapter, save_adapter
 from examples.smollm2.stack import start_stack
 from examples.train_grpo.report import StepRow, summary_text, write_csv
-from examples.train_grpo.run import check_versions, update_from_batch
-from examples.train_grpo.service import run_batch, wait_idle
+from examples.train_grpo.run import grpo_step
+from examples.train_grpo.service import wait_idle
 from rollouts_client import RolloutClient
 
 log = logging.getLogger("smollm2")
@@ -98,16 +98,9 @@ def train(client: RolloutClient, model: Any, pad_token_id: int, config: TrainCon
         adapter = save_adapter(model, out / "adapters" / version)
         wait_idle(client)
         push_adapter(client, adapter, version, POLICY)
-        t0 = time.perf_counter()
         prompts = [{"task": task(rng), "limits": limits} for _ in range(2 * config.prompts_per_step)]
-        rollouts = run_batch(client, prompts, n_samples=config.group_size, min_informative=config.min_informative,
-                             in_flight=config.prompts_per_step, sampling=sampling, step=step,
-                             timeout=config.batch_timeout_s)
-        rollout_s = time.perf_counter() - t0
-        versions = check_versions(rollouts, step, version)
-        row = update_from_batch(model, optimizer, rollouts, clip_eps=config.clip_eps, minibatches=config.minibatches,
-                                pad_token_id=pad_token_id, last=step == config.steps)
-        row.step, row.policy_version, row.versions_seen, row.rollout_s = step, version, ";".join(sorted(versions)), rollout_s
+        row, _ = grpo_step(client, model, optimizer, config, step=step, version=version, prompts=prompts,
+                           sampling=sampling, pad_token_id=pad_token_id, last=step == config.steps)
         rows.append(row)
         write_csv(rows, out / "reward_curve.csv")
         log.info("step %d: reward %.3f over %d samples (%d informative, %d filtered, %d failed groups), loss %.4f, "

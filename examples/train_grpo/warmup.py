@@ -59,10 +59,11 @@ def renderer_for(tokenizer: Any) -> ChatRenderer:
 
 def warm_up(model: Any, tokenizer: Any, tasks: Callable[[], dict[str, Any]], *, steps: int, batch_size: int,
             lr: float, target_nll: float, tool_share: float, habit_steps: int, habit_lr: float | None = None,
-            rng: random.Random) -> list[float]:
+            lr_ramp_steps: int = 80, rng: random.Random) -> list[float]:
     """Teach the skill, then the habit: SFT on tool episodes, then on a mix where most episodes guess.
 
-    Phase 1 (at most `steps`): every episode uses the tool, until the smoothed episode NLL
+    Phase 1 (at most `steps`, the rate ramped up linearly over the first `lr_ramp_steps`, a
+    fixed number so that raising the cap changes nothing for a seed that ends sooner): every episode uses the tool, until the smoothed episode NLL
     (summed over its assistant tokens) drops below `target_nll`: the policy then copies the
     operands into the call and the product into finish. Phase 2 (`habit_steps` at
     `habit_lr`, same optimizer): only a `tool_share` of the episodes use the tool, the rest
@@ -78,8 +79,8 @@ def warm_up(model: Any, tokenizer: Any, tasks: Callable[[], dict[str, Any]], *, 
     losses: list[float] = []
     smoothed = float("inf")
     for step in range(steps):
-        for group in optimizer.param_groups:  # linear warm-up over the first 10% of steps
-            group["lr"] = lr * min(1.0, (step + 1) / max(1, steps // 10))
+        for group in optimizer.param_groups:
+            group["lr"] = lr * min(1.0, (step + 1) / max(1, lr_ramp_steps))
         losses.append(_sft_step(model, optimizer, renderer, [render_episode(renderer, tasks())
                                                              for _ in range(batch_size)]))
         smoothed = losses[-1] if step == 0 else 0.8 * smoothed + 0.2 * losses[-1]

@@ -9,8 +9,8 @@ from redis import Redis
 
 from shared.codec import pack
 from shared.config import Settings
-from shared.jobs.spec import Limits
 from shared.jobs.queues import enqueue_stage, rq_job_id, stage_queue
+from shared.jobs.spec import Limits
 from shared.jobs.status import JobStatus
 from shared.jobs.store import JobStore
 from workers.runtime.registry_hygiene import prune_failed_registry, requeue_stranded
