@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shared.config import Settings
+from tests.support.sandboxes import running_sandbox
 from tests.support.scripted_llm import ScriptedLLM
-from workers.sandbox import Sandbox, SandboxSpec, create_sandbox
-from workers.sandbox.local import bwrap_usable
+from workers.sandbox import Sandbox
 
 
 class Unlimited:
@@ -48,12 +45,5 @@ def scripted_llm(tokenizer: Any) -> Iterator[ScriptedLLM]:
 @pytest.fixture()
 def sandbox(tmp_path: Path) -> Iterator[Sandbox]:
     """A real sandbox (bubblewrap when it can run here, else the plain-process fallback)."""
-    short = Path(tempfile.mkdtemp(prefix="agt-"))
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    settings = Settings(state_dir=tmp_path / "state", sandbox_require_isolation=bwrap_usable()[0])
-    box = create_sandbox(SandboxSpec(), workspace, short / "rt", settings)
-    box.start()
-    yield box
-    box.stop()
-    shutil.rmtree(short, ignore_errors=True)
+    with running_sandbox(tmp_path, prefix="agt-") as box:
+        yield box

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +10,7 @@ from typing import Any
 import pytest
 
 from shared.agent_keys import job_key
-from shared.config import Settings
+from tests.support.sandboxes import running_sandbox
 from tests.support.trajectory_checks import Served
 from workers.kinds.agentic import DEFAULT_TOOLS
 from workers.rollout.agent_loop import LoopConfig
@@ -21,8 +19,7 @@ from workers.rollout.llm_client import Completion, LLMClient, Sampling
 from workers.rollout.proxy.server import ThreadServer, build_app
 from workers.rollout.proxy.session import ProxySession
 from workers.rollout.tool_parsers import get_parser
-from workers.sandbox import Sandbox, SandboxSpec, create_sandbox
-from workers.sandbox.local import bwrap_usable
+from workers.sandbox import Sandbox
 from workers.toolserver.schemas import TOOL_SCHEMAS
 
 SECRET = b"test-secret-0123456789abcdef"
@@ -58,15 +55,9 @@ def renderer_for(tokenizer: Any, tools: list[dict[str, Any]] | None) -> ChatRend
 
 @pytest.fixture()
 def job_sandbox(tmp_path: Path) -> Iterator[Sandbox]:
-    short = Path(tempfile.mkdtemp(prefix="ext-"))
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    settings = Settings(state_dir=tmp_path / "state", sandbox_require_isolation=bwrap_usable()[0])
-    box = create_sandbox(SandboxSpec(), workspace, short / "rt", settings)
-    box.start()
-    yield box
-    box.stop()
-    shutil.rmtree(short, ignore_errors=True)
+    """The job's real sandbox, whose tools the session runs (bubblewrap when it can run here)."""
+    with running_sandbox(tmp_path, prefix="ext-") as box:
+        yield box
 
 
 def serve(tokenizer: Any, backend_url: str, model: str, sandbox: Sandbox | None, job_id: str = JOB,

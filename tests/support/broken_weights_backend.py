@@ -7,10 +7,11 @@ model with a `root`), and answers every weight route (`/pause`, `/collective_rpc
 
 from __future__ import annotations
 
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
+
+from tests.support.json_backend import JsonBackendHandler
 
 
 class BrokenWeightsBackend:
@@ -30,32 +31,18 @@ class BrokenWeightsBackend:
     def start(self) -> BrokenWeightsBackend:
         double = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, status: int, payload: Any) -> None:
-                body = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self) -> None:
-                if self.path == "/health":
-                    self._send(200, {})
-                elif self.path == "/v1/models":
-                    self._send(200, {"data": [{"id": double.model, "root": double.root}]})
-                else:
-                    self._send(404, {"detail": "Not Found"})
+        class Handler(JsonBackendHandler):
+            def models_listing(self) -> dict[str, Any]:
+                return {"data": [{"id": double.model, "root": double.root}]}
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 double.received.set()
                 if double.hang:
                     double.release.wait(60)
-                self._send(500, {"error": {"message": "injected failure", "type": "InternalServerError", "code": 500}})
+                self.send_json(
+                    500, {"error": {"message": "injected failure", "type": "InternalServerError", "code": 500}}
+                )
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()

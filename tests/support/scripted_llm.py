@@ -24,8 +24,10 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
+
+from tests.support.json_backend import JsonBackendHandler
 
 MARKER = re.compile(r"\[script:([A-Za-z0-9_-]+)\]")
 ASSISTANT_HEADER = "<|im_start|>assistant"
@@ -105,36 +107,20 @@ class ScriptedLLM:
     def start(self) -> ScriptedLLM:
         llm = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, status: int, payload: Any) -> None:
-                body = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self) -> None:
-                if self.path == "/health":
-                    self._send(200, {})
-                elif self.path == "/v1/models":
-                    card = {"id": llm.model, "object": "model", "root": str(llm.tokenizer.name_or_path)}
-                    self._send(200, {"object": "list", "data": [card]})
-                else:
-                    self._send(404, {"detail": "Not Found"})
+        class Handler(JsonBackendHandler):
+            def models_listing(self) -> dict[str, Any]:
+                card = {"id": llm.model, "object": "model", "root": str(llm.tokenizer.name_or_path)}
+                return {"object": "list", "data": [card]}
 
             def do_POST(self) -> None:
                 if self.path != "/inference/v1/generate":
-                    self._send(404, {"detail": "Not Found"})
+                    self.send_json(404, {"detail": "Not Found"})
                     return
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 try:
-                    self._send(200, llm.complete(body))
+                    self.send_json(200, llm.complete(body))
                 except LookupError as exc:
-                    self._send(400, {"error": {"message": str(exc), "type": "BadRequestError"}})
+                    self.send_json(400, {"error": {"message": str(exc), "type": "BadRequestError"}})
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True, name="scripted-llm").start()

@@ -4,7 +4,6 @@ per-model lock, and a backend whose update fails leaving the pool for good (a te
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,36 +12,9 @@ from redis import Redis
 from shared.backend_pool import BackendPool
 from shared.config import Settings
 from shared.keys import Keys
-from tests.support.broken_weights_backend import BrokenWeightsBackend
 
 ADMIN = {"Authorization": "Bearer admin-token"}
 USER = {"Authorization": "Bearer user-token"}
-
-
-@pytest.fixture()
-def checkpoint(tmp_path: Path) -> Path:
-    """A readable directory with one safetensors file (no reference to compare shapes with)."""
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    directory = tmp_path / "ckpt"
-    directory.mkdir()
-    save_file({"w": np.zeros((2, 2), dtype=np.float32)}, str(directory / "model.safetensors"))
-    return directory
-
-
-@pytest.fixture()
-def doubles() -> Iterator[Callable[..., BrokenWeightsBackend]]:
-    started: list[BrokenWeightsBackend] = []
-
-    def start(**kwargs: object) -> BrokenWeightsBackend:
-        double = BrokenWeightsBackend("tiny", **kwargs).start()  # type: ignore[arg-type]
-        started.append(double)
-        return double
-
-    yield start
-    for double in started:
-        double.stop()
 
 
 def register(redis: Redis, settings: Settings, url: str) -> str:

@@ -4,13 +4,12 @@ double that errors) leaving the pool."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from redis import Redis
-from safetensors.numpy import save, save_file
+from safetensors.numpy import save
 
 from shared.backend_pool import BackendPool
 from shared.config import Settings
@@ -20,30 +19,13 @@ from tests.support.broken_weights_backend import BrokenWeightsBackend
 ADMIN = {"Authorization": "Bearer admin-token"}
 USER = {"Authorization": "Bearer user-token"}
 OCTETS = {"Content-Type": "application/octet-stream"}
-FITS = save({"w": np.zeros((2, 2), dtype=np.float32)})  # the served model (below) has one tensor w [2, 2]
+FITS = save({"w": np.zeros((2, 2), dtype=np.float32)})  # the served model (conftest.py) has one tensor w [2, 2]
 
 
 @pytest.fixture()
-def served_model(tmp_path: Path) -> Path:
-    """The directory the double reports as its model's root: what a payload is compared with."""
-    directory = tmp_path / "served"
-    directory.mkdir()
-    save_file({"w": np.ones((2, 2), dtype=np.float32)}, str(directory / "model.safetensors"))
-    return directory
-
-
-@pytest.fixture()
-def doubles(served_model: Path) -> Iterator[Callable[..., BrokenWeightsBackend]]:
-    started: list[BrokenWeightsBackend] = []
-
-    def start(**kwargs: object) -> BrokenWeightsBackend:
-        double = BrokenWeightsBackend("tiny", root=str(served_model), **kwargs).start()  # type: ignore[arg-type]
-        started.append(double)
-        return double
-
-    yield start
-    for double in started:
-        double.stop()
+def double_root(served_model: Path) -> str:
+    """The doubles here report the served model as their root, as vLLM does: what an upload is checked against."""
+    return str(served_model)
 
 
 def register(redis: Redis, settings: Settings, double: BrokenWeightsBackend) -> str:
