@@ -34,6 +34,7 @@ class Config:
     max_digits: int = 1  # operands of exactly this many digits
     problem_pool: int = 0  # 0: a fresh problem every time; N > 0: draw from N fixed ones
     warmup_steps: int = 1600  # at most, for the skill; it stops at warmup_nll (seed 2 needs ~1,200)
+    warmup_ramp_steps: int = 80  # the skill phase's LR rises linearly over these (fixed: raising the cap changes no seed)
     warmup_nll: float = 0.3  # target episode NLL of the skill phase: exp(-0.3) ~ 0.74 of sampled episodes right
     tool_share: float = 0.25  # of the habit phase's episodes: the rest guess
     habit_steps: int = 100
@@ -66,8 +67,9 @@ def train_seed(client: RolloutClient, seed: int, config: Config, out: Path) -> l
     model = build_policy(tokenizer, seed, config.hidden, config.layers)
     started = time.perf_counter()
     losses = warm_up(model, tokenizer, tasks, steps=config.warmup_steps, batch_size=config.warmup_batch,
-                     lr=config.warmup_lr, target_nll=config.warmup_nll, tool_share=config.tool_share,
-                     habit_steps=config.habit_steps, habit_lr=config.habit_lr, rng=random.Random(seed + 1000))
+                     lr=config.warmup_lr, lr_ramp_steps=config.warmup_ramp_steps, target_nll=config.warmup_nll,
+                     tool_share=config.tool_share, habit_steps=config.habit_steps, habit_lr=config.habit_lr,
+                     rng=random.Random(seed + 1000))
     log.info("seed %d: warm-up %d steps in %.0fs, final episode NLL %.3f", seed, len(losses),
              time.perf_counter() - started, losses[-1] if losses else float("nan"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.99))

@@ -59,7 +59,7 @@ def renderer_for(tokenizer: Any) -> ChatRenderer:
 
 def warm_up(model: Any, tokenizer: Any, tasks: Callable[[], dict[str, Any]], *, steps: int, batch_size: int,
             lr: float, target_nll: float, tool_share: float, habit_steps: int, habit_lr: float | None = None,
-            lr_ramp_steps: int = 80, rng: random.Random) -> list[float]:
+            lr_ramp_steps: int, rng: random.Random) -> list[float]:
     """Teach the skill, then the habit: SFT on tool episodes, then on a mix where most episodes guess.
 
     Phase 1 (at most `steps`, the rate ramped up linearly over the first `lr_ramp_steps`, a
