@@ -328,11 +328,35 @@ def bench_lifecycle(rounds: int, settings: Settings, work: Path) -> list[str]:
     ]
 
 
+def bench_server_imports(rounds: int) -> list[str]:
+    """The tool server's start-up imports, as it is (jupyter_client when the first python call
+    starts the kernel) vs importing jupyter_client and zmq up front, as it did: interleaved."""
+    variants = {
+        "tool server imports (jupyter_client on the first python call)": "import workers.toolserver.server",
+        "the same, jupyter_client and zmq imported up front": "import zmq, jupyter_client, workers.toolserver.server",
+    }
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name in random.sample(list(variants), len(variants)):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", variants[name]], check=True)
+            times[name].append((time.perf_counter() - t0) * 1000)
+    eager = statistics.median(times["the same, jupyter_client and zmq imported up front"])
+    return [
+        "| new interpreter + imports | median ms | up-front / this |",
+        "|---|---|---|",
+        *(f"| {name} | {statistics.median(t):.0f} | {eager / statistics.median(t):.2f}x |" for name, t in times.items()),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300, help="interleaved rounds per table")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--only", default="bash,python,wakeups,lifecycle,imports",
+                        help="comma-separated sections to run")
     args = parser.parse_args()
+    only = set(args.only.split(","))
     usable, reason = bwrap_usable()
     if not usable:
         raise SystemExit(f"bubblewrap cannot run here: {reason}")
@@ -340,13 +364,16 @@ def main() -> None:
     settings = Settings(state_dir=work / "state")
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n", flush=True)
     try:
-        for section in (
-            bench_bash(args.calls, settings, work),
-            bench_python(args.calls, settings, work),
-            bench_wakeups(args.calls, work),
-            bench_lifecycle(args.rounds, settings, work),
-        ):
-            print("\n".join(section) + "\n", flush=True)
+        sections: dict[str, Callable[[], list[str]]] = {
+            "bash": lambda: bench_bash(args.calls, settings, work),
+            "python": lambda: bench_python(args.calls, settings, work),
+            "wakeups": lambda: bench_wakeups(args.calls, work),
+            "lifecycle": lambda: bench_lifecycle(args.rounds, settings, work),
+            "imports": lambda: bench_server_imports(args.rounds * 3),
+        }
+        for name, section in sections.items():
+            if name in only:
+                print("\n".join(section()) + "\n", flush=True)
         print(f"load average after: {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

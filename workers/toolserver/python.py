@@ -19,12 +19,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import zmq
-from jupyter_client import KernelManager
+from typing import TYPE_CHECKING, Any
 
 from workers.toolserver.output import CappedBuffer, cap_text
+
+if TYPE_CHECKING:  # imported when the kernel starts: a sandbox that never runs python skips ~0.2 s of imports
+    import zmq
+    from jupyter_client import KernelManager
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _INTERRUPT_GRACE_S = 5.0
@@ -82,6 +83,8 @@ class PythonKernel:
         self.client = None
 
     def start(self) -> None:
+        from jupyter_client import KernelManager
+
         self.state_dir.mkdir(parents=True, exist_ok=True)
         ip = str(self.state_dir / "k") if self.transport == "ipc" else "127.0.0.1"
         manager = KernelManager(
