@@ -24,7 +24,7 @@ log = logging.getLogger("train_grpo")
 
 @dataclass(frozen=True)
 class Config:
-    steps: int = 8  # the choice is learnt in 2-4 steps (docs/TRAINING.md); 8 keeps 3 seeds under 20 min on 2 cores
+    steps: int = 8  # the choice is learnt in 2-6 steps (docs/TRAINING.md); 8 keeps 3 seeds under 20 min on 2 cores
     prompts_per_step: int = 8  # groups in flight; the pool holds twice as many for DAPO's replenishment
     min_informative: int = 6  # DAPO target: informative groups trained on per step
     group_size: int = 4  # small groups, many prompts: products differ in difficulty, and the curve is per step
@@ -33,7 +33,7 @@ class Config:
     minibatches: int = 2
     max_digits: int = 1  # operands of exactly this many digits
     problem_pool: int = 0  # 0: a fresh problem every time; N > 0: draw from N fixed ones
-    warmup_steps: int = 1600  # at most, for the skill; it stops at warmup_nll (seed 2 needs ~1,200)
+    warmup_steps: int = 1600  # at most, for the skill; it stops at warmup_nll (400-650 steps; up to ~1,200 seen)
     warmup_ramp_steps: int = 80  # the skill phase's LR rises linearly over these (fixed: raising the cap changes no seed)
     warmup_nll: float = 0.3  # target episode NLL of the skill phase: exp(-0.3) ~ 0.74 of sampled episodes right
     tool_share: float = 0.25  # of the habit phase's episodes: the rest guess

@@ -63,8 +63,9 @@ def warm_up(model: Any, tokenizer: Any, tasks: Callable[[], dict[str, Any]], *, 
     """Teach the skill, then the habit: SFT on tool episodes, then on a mix where most episodes guess.
 
     Phase 1 (at most `steps`, the rate ramped up linearly over the first `lr_ramp_steps`, a
-    fixed number so that raising the cap changes nothing for a seed that ends sooner): every episode uses the tool, until the smoothed episode NLL
-    (summed over its assistant tokens) drops below `target_nll`: the policy then copies the
+    fixed number so that raising the cap changes nothing for a seed that ends sooner): every
+    episode uses the tool, until the smoothed episode NLL (summed over its assistant tokens)
+    drops below `target_nll`: the policy then copies the
     operands into the call and the product into finish. Phase 2 (`habit_steps` at
     `habit_lr`, same optimizer): only a `tool_share` of the episodes use the tool, the rest
     finish at once with a guess, so the policy reaches for the tool about that often: a
