@@ -25,7 +25,9 @@ def running_sandbox(tmp_path: Path, prefix: str) -> Iterator[Sandbox]:
     workspace.mkdir()
     settings = Settings(state_dir=tmp_path / "state", sandbox_require_isolation=bwrap_usable()[0])
     box = create_sandbox(SandboxSpec(), workspace, short / "rt", settings)
-    box.start()
-    yield box
-    box.stop()
-    shutil.rmtree(short, ignore_errors=True)
+    try:
+        box.start()
+        yield box
+    finally:
+        box.stop()
+        shutil.rmtree(short, ignore_errors=True)
