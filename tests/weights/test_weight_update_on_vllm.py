@@ -3,12 +3,15 @@
 One module-scoped server and stack (as `rollouts up --backend-url` runs them); the tests run in
 order and each leaves the server on the version it applied. Checkpoints are the tiny model with
 other seeds; the logprobs the server reports are compared with transformers' on the same tokens.
+The pool reaches the server through a HoldingProxy, so a test that needs a job between two of its
+turns holds it there instead of racing the model.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -19,6 +22,7 @@ from cli.stack import Stack
 from cli.tiny_model import build_tiny_model, build_tokenizer
 from shared.config import Settings
 from tests.support.broken_weights_backend import BrokenWeightsBackend
+from tests.support.holding_proxy import HoldingProxy
 from tests.support.vllm_server import SERVED_NAME, start_server
 from tests.support.waiting import client_for, wait_for, wait_status
 
@@ -30,18 +34,30 @@ ENV = {"ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds", "ROLLOUTS_MAINTENAN
 PROMPT = [(7 * i) % 200 + 40 for i in range(300)]
 
 
+@dataclass
+class Served:
+    """The vLLM server (`url`: what the tests sample from directly), the proxy the pool knows it by, the stack."""
+
+    url: str
+    proxy: HoldingProxy
+    stack: Stack
+    root: Path
+
+
 @pytest.fixture(scope="module")
-def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Stack, Path]]:
+def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("weights")
     server = start_server(tiny_model, root)
+    proxy = HoldingProxy(server.url).start()
     stack = Stack(Settings(redis_url=None, state_dir=root / "state"), api_port=0, log_dir=root / "logs",
-                  concurrency={"init": 1, "rollout": 2, "eval": 1}, backend_urls=[server.url], extra_env=ENV)
+                  concurrency={"init": 1, "rollout": 2, "eval": 1}, backend_urls=[proxy.url], extra_env=ENV)
     try:
         stack.start()
         stack.wait_for_workers()
-        yield server.url, stack, root
+        yield Served(server.url, proxy, stack, root)
     finally:
         stack.stop(timeout=20)
+        proxy.stop()
         server.stop()
 
 
@@ -88,13 +104,19 @@ def update(api: httpx.Client, version: str, path: Path | str, **extra: object) -
                     timeout=300)  # fmt: skip
 
 
-def test_an_update_serves_the_new_weights_from_a_reset_cache_under_the_new_version(served) -> None:
-    url, stack, root = served
-    api = client_for(stack)
-    sample(url, seed=3)  # cache the prompt under the weights before the update
-    response = update(api, "step-1", checkpoint(root, 1))
+def applied(response: httpx.Response) -> dict:
+    """The answer of an update that every backend took; anything else fails the test with the body."""
     assert response.status_code == 200, response.text
     result = response.json()
+    assert all(b["status"] == "updated" for b in result["backends"]), result
+    return result
+
+
+def test_an_update_serves_the_new_weights_from_a_reset_cache_under_the_new_version(served) -> None:
+    url, root = served.url, served.root
+    api = client_for(served.stack)
+    sample(url, seed=3)  # cache the prompt under the weights before the update
+    result = applied(update(api, "step-1", checkpoint(root, 1)))
     [backend] = result["backends"]
     assert (result["version"], result["seq"], backend["status"]) == ("step-1", 1, "updated"), result
     assert list(backend["seconds"]) == ["pause", "reload", "reset_prefix_cache", "set_version", "resume"]
@@ -117,9 +139,9 @@ def test_an_update_serves_the_new_weights_from_a_reset_cache_under_the_new_versi
 
 
 def test_bad_checkpoints_and_a_backwards_version_are_refused_and_serving_goes_on(served) -> None:
-    url, stack, root = served
-    api = client_for(stack)
-    assert update(api, "step-2", checkpoint(root, 2)).json()["seq"] == 2
+    url, root = served.url, served.root
+    api = client_for(served.stack)
+    assert applied(update(api, "step-2", checkpoint(root, 2)))["seq"] == 2
     refusals = [
         (update(api, "step-3", root / "missing"), "body.path"),
         (update(api, "step-3", checkpoint(root, 3, intermediate=256)), "body.path"),  # shapes do not fit
@@ -134,35 +156,52 @@ def test_bad_checkpoints_and_a_backwards_version_are_refused_and_serving_goes_on
     assert backend["healthy"], backend
     tokens, logprobs = sample(url, seed=6)
     assert gap_to(checkpoint(root, 2), tokens, logprobs) < 1e-3  # still step-2's weights, and serving
-    assert update(api, "step-2", checkpoint(root, 2)).json()["seq"] == 2  # re-applying the current one: a retry
+    assert applied(update(api, "step-2", checkpoint(root, 2)))["seq"] == 2  # re-applying the current one: a retry
 
 
 def test_a_trajectory_older_than_max_staleness_is_not_admitted(served) -> None:
-    """A long job straddles an update: its first turn's version is one update behind at max_staleness 0."""
-    url, stack, root = served
-    api = client_for(stack)
-    task = {"kind": "agent-answer", "problem": "Count to a thousand.", "answer": "x", "stop_on_no_tool_call": False}
-    batch = api.post("/v1/batches", json={
-        "prompts": [task], "n_samples": 1, "max_staleness": 0,
-        "limits": {"max_turns": 6}, "sampling": {"max_tokens": 600, "temperature": 1.0, "seed": 7},
-    }).json()  # fmt: skip
-    wait_for(lambda: api.get("/v1/backends").json()["inflight"] >= 1, timeout=120, what="the job to generate")
-    assert update(api, "step-4", checkpoint(root, 4)).json()["backends"][0]["status"] == "updated"
+    """A job straddles an update: its first turn's version is one update behind at max_staleness 0.
+
+    The proxy holds the job's second model call until the update has landed, so the first turn is
+    sampled by step-2 and every later one by step-4 however fast the model writes.
+    """
+    api = client_for(served.stack)
+    step_4 = checkpoint(served.root, 4)
+    task = {"kind": "agent-answer", "problem": "Count to ten.", "answer": "x", "stop_on_no_tool_call": False}
+    served.proxy.hold_after(1)
+    try:
+        response = api.post("/v1/batches", json={
+            "prompts": [task], "n_samples": 1, "max_staleness": 0,
+            "limits": {"max_turns": 3}, "sampling": {"max_tokens": 16, "temperature": 1.0, "seed": 7},
+        })  # fmt: skip
+        assert response.status_code == 202, response.text
+        batch = response.json()
+        assert served.proxy.held.wait(300), "the job's second model call never came"
+        applied(update(api, "step-4", step_4))
+    finally:
+        served.proxy.release()
     done = wait_for(lambda: (b := api.get(f"/v1/batches/{batch['id']}").json())["status"] != "running" and b,
                     timeout=300, what="the batch to end")  # fmt: skip
     assert done["counts"]["stale"] == 1 and done["counts"]["used"] == 0, done
     [summary] = api.get("/v1/jobs", params={"group_id": f"b.{batch['id']}.0"}).json()["jobs"]
-    turns = [t for t in wait_status(api, summary["id"])["result"]["trajectory"]["turns"] if t["role"] == "assistant"]
-    assert turns[0]["policy_version"] == "step-2" and turns[-1]["weight_versions"][-1]["version"] == "step-4"
+    record = wait_status(api, summary["id"])
+    turns = [t for t in record["result"]["trajectory"]["turns"] if t["role"] == "assistant"]
+    assert len(turns) >= 2, record
+    assert turns[0]["policy_version"] == "step-2", turns[0]
+    assert {s["version"] for s in turns[0]["weight_versions"]} == {"step-2"}, turns[0]
+    assert {s["version"] for t in turns[1:] for s in t["weight_versions"]} == {"step-4"}, turns
 
 
 def test_a_backend_that_fails_the_update_leaves_the_pool_and_the_rest_update(served) -> None:
-    url, stack, root = served
-    api = client_for(stack)
+    url = served.proxy.url  # the address the pool knows the real server by
+    api = client_for(served.stack)
     double = BrokenWeightsBackend(SERVED_NAME).start()
     try:
-        assert api.post("/v1/backends", json={"url": double.url, "model": SERVED_NAME}).status_code == 201
-        result = update(api, "step-5", checkpoint(root, 5)).json()
+        registered = api.post("/v1/backends", json={"url": double.url, "model": SERVED_NAME})
+        assert registered.status_code == 201, registered.text
+        response = update(api, "step-5", checkpoint(served.root, 5))
+        assert response.status_code == 200, response.text
+        result = response.json()
         by_url = {b["url"]: b for b in result["backends"]}
         assert by_url[url]["status"] == "updated" and not by_url[url]["removed_from_pool"]
         assert by_url[double.url]["status"] == "failed" and by_url[double.url]["removed_from_pool"]
