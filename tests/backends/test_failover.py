@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,22 +13,16 @@ from shared.backend_pool import BackendPool
 from shared.config import Settings
 from shared.keys import Keys
 from workers.rollout.llm_client import LLMClient, Sampling
-from tests.support.vllm_server import kill_server
+from tests.support.vllm_server import LOG_REQUESTS, freeze, kill_server, requests_taken
+from tests.support.waiting import wait_for
 from workers.rollout.llm_routing import complete_routed
-
-
-def on_request_sent(client: LLMClient) -> threading.Event:
-    """Set when the client sends its next request (an httpx event hook on the client's own session)."""
-    sent = threading.Event()
-    client._http.event_hooks["request"].append(lambda request: sent.set())
-    return sent
 
 
 def test_killed_backend_fails_over_and_the_trajectory_goes_on(
     start_backends: Callable[[int], list[VLLMServer]], vllm_server: VLLMServer, redis: Redis, settings: Settings,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    own = start_backends(1)[0]  # the one to kill: the session's server must live on
+    own = start_backends(1, LOG_REQUESTS)[0]  # the one to kill: the session's server must live on
     pool = BackendPool(redis, Keys(settings.redis_prefix), settings)
     by_id = {pool.register(own.url, "tiny").id: own}
     sampling = Sampling(max_tokens=6, seed=11, ignore_eos=True)
@@ -43,21 +35,22 @@ def test_killed_backend_fails_over_and_the_trajectory_goes_on(
         assert pool.get(first_backend).inflight == 1
         by_id[pool.register(vllm_server.url, "tiny").id] = vllm_server  # the survivor joins
 
-        # Turn 3 is a long generation; the pinned backend is killed while it runs.
+        # Turn 3 reaches the pinned backend while its scheduler is paused (vLLM's own /pause, mode keep:
+        # the request is accepted and queued, and no token of it is sampled), so it is certainly mid-request,
+        # however fast the machine generates, when the backend is killed.
+        victim = by_id[first_backend]
+        freeze(victim)
+        taken = requests_taken(victim)
         history = prompt + turns[1].token_ids + [10, 257, 117, 10]
-        long_turn = Sampling(max_tokens=3500, seed=11, ignore_eos=True)
+        third = Sampling(max_tokens=40, seed=11, ignore_eos=True)
         with ThreadPoolExecutor(1) as executor:
-            sent = on_request_sent(client)
-            pending = executor.submit(complete_routed, pool, client, "job-1", history, long_turn)
-            # vLLM's /metrics is no witness: its API server answers only after a fast generation ends.
-            # 3500 tokens take seconds here; the kill comes 1 s after the request left.
-            assert sent.wait(60), "the long request was never sent"
-            time.sleep(1.0)
-            kill_server(by_id[first_backend])
+            pending = executor.submit(complete_routed, pool, client, "job-1", history, third)
+            wait_for(lambda: requests_taken(victim) > taken, timeout=60, what="the paused backend to take turn 3")
+            kill_server(victim)
             after = pending.result(timeout=120)
 
     assert after.backend_id != first_backend
-    assert len(after.token_ids) == 3500 and after.prompt_tokens == len(history)
+    assert len(after.token_ids) == 40 and after.prompt_tokens == len(history)
     # The first failed attempt on the killed backend (the client retries it once) lost a response mid-way.
     failures = [r.getMessage() for r in caplog.records if first_backend in r.getMessage()]
     assert failures and "ConnectError" not in failures[0], f"the kill must land mid-request: {failures}"

@@ -13,6 +13,7 @@ import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from cli.embedded_redis import free_port
@@ -62,14 +63,34 @@ def start_vllm_servers(tiny_model: Path, tmp_path: Path) -> Iterator[Callable[[i
     """Start n more servers for this test (stopped at its end); the session's one is not among them."""
     started: list[VLLMServer] = []
 
-    def start(n: int) -> list[VLLMServer]:
-        servers = [start_server(tiny_model, tmp_path) for _ in range(n)]
+    def start(n: int, args: list[str] | None = None) -> list[VLLMServer]:
+        servers = [start_server(tiny_model, tmp_path, args=args) for _ in range(n)]
         started.extend(servers)
         return servers
 
     yield start
     for server in started:
         server.stop()
+
+
+# Start a server with these to count the requests its engine took (`requests_taken`).
+LOG_REQUESTS = ["--enable-log-requests"]
+
+
+def freeze(server: VLLMServer) -> None:
+    """Pause the server's scheduler with vLLM's own `/pause?mode=keep`: every request it takes from now
+    on is queued and sampled not at all until `/resume` (or its death). A fault test holds a request
+    mid-way by this, whatever the machine's speed, instead of asking for many tokens and hoping."""
+    response = httpx.post(f"{server.url}/pause", params={"mode": "keep"}, timeout=60)
+    assert response.status_code == 200, response.text
+
+
+def requests_taken(server: VLLMServer) -> int:
+    """Generation requests the server's engine has accepted so far: its "Added request" log lines, written
+    once the request is in the engine (vLLM's /metrics gauges do not move while the scheduler is paused).
+    Needs a server started with LOG_REQUESTS."""
+    assert server.log_path is not None, "a server started by start_server logs to a file"
+    return server.log_path.read_bytes().count(b"Added request ") if server.log_path.exists() else 0
 
 
 def kill_server(server: VLLMServer) -> None:

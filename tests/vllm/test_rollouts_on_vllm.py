@@ -16,7 +16,7 @@ from cli.stack import Stack
 from cli.vllm_server import VLLMServer
 from shared.config import Settings
 from shared.trajectory import ASSISTANT, Trajectory
-from tests.support.vllm_server import kill_server
+from tests.support.vllm_server import LOG_REQUESTS, freeze, kill_server, requests_taken
 from tests.support.waiting import client_for, wait_for, wait_status
 
 pytestmark = pytest.mark.vllm
@@ -96,12 +96,14 @@ def test_a_backend_killed_mid_run_costs_no_job_and_leaves_no_count(
     stack_on: Callable[[list[VLLMServer]], Stack], vllm_server: VLLMServer,
     start_vllm_servers: Callable[[int], list[VLLMServer]],
 ) -> None:  # fmt: skip
-    [doomed] = start_vllm_servers(1)
+    [doomed] = start_vllm_servers(1, LOG_REQUESTS)
     stack = stack_on([vllm_server, doomed])
     api = client_for(stack)
+    freeze(doomed)  # the trajectories routed to it stay mid-request until it dies, however fast the machine
     ids = submit(api, 12, seed=200, max_turns=4)
     backends = {b["url"]: b["id"] for b in api.get("/v1/backends").json()["backends"]}
-    wait_for(lambda: _inflight(api, backends[doomed.url]) >= 1, timeout=120, what="work on the doomed server")
+    wait_for(lambda: requests_taken(doomed) >= 1, timeout=120, what="the doomed server to take a request")
+    assert _inflight(api, backends[doomed.url]) >= 1
     kill_server(doomed)
     for job_id in ids:
         record = wait_status(api, job_id, timeout=600)
