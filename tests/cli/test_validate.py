@@ -32,6 +32,7 @@ from workers.sandbox.local import bwrap_usable
 ROOT = Path(__file__).resolve().parents[2]
 ROLLOUTS = [sys.executable, "-m", "cli"]
 
+
 @pytest.fixture()
 def stack(tmp_path: Path) -> Iterator[tuple[Stack, list[dict[str, Any]]]]:
     usable, reason = bwrap_usable()

@@ -34,9 +34,7 @@ _PLAIN_NUMBER = re.compile(
     r"(?P<sign>[-−]?)\s*" + _CURRENCY + r"?\s*(?P<sign2>[-−]?)(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?"
 )
 # A number inside prose: "17,500", "$6", "-3", "2.5", "3/4" (not the "1" of "x1", nor "3" of "3rd").
-_NUMBER_IN_TEXT = re.compile(
-    r"(?<![\w.])[-−]?" + _CURRENCY + r"?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?(?![\w])"
-)
+_NUMBER_IN_TEXT = re.compile(r"(?<![\w.])[-−]?" + _CURRENCY + r"?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?(?![\w])")
 _LEADING_NUMBER = re.compile(r"\s*(" + _NUMBER_IN_TEXT.pattern + r")\s+[A-Za-z]{2,}")
 _MARKER = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
 # "The answer is 15", "Answer: 15", "**Final answer:** 15", "the answer = 15" (not "the answer isn't").
