@@ -49,6 +49,9 @@ def evaluate(make_ctx: MakeCtx, row: dict[str, Any], output: str) -> dict[str, A
         ("72", "72", "finish"),
         ("1,000", "$1,000.", "finish"),
         ("2.5", "2.50", "finish"),
+        ("15", "15 dollars", "finish"),  # a number and its words, not a sentence
+        ("15", "$15 per hour", "finish"),
+        ("15", "$15 per hour.", "finish.last_number"),
         ("-3", "The temperature fell to -3 degrees, so the answer is -3.", "finish.phrase"),
     ],
 )
@@ -124,6 +127,10 @@ def test_numbers_are_normalised_only_when_the_answer_is_one_number(text: str, pl
 )  # fmt: skip
 def test_what_counts_as_a_sentence(text: str, sentence: bool) -> None:
     assert is_sentence(text) is sentence
+
+
+def test_a_number_times_a_constant_is_not_cut() -> None:
+    assert math_answer("", "3 pi").text == "3 pi" and math_answer("", "The answer is 2 sqrt 2.").text == "2 sqrt 2"
 
 
 def test_units_keep_their_words() -> None:

@@ -35,7 +35,10 @@ _PLAIN_NUMBER = re.compile(
 )
 # A number inside prose: "17,500", "$6", "-3", "2.5", "3/4" (not the "1" of "x1", nor "3" of "3rd").
 _NUMBER_IN_TEXT = re.compile(r"(?<![\w.])[-−]?" + _CURRENCY + r"?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?(?![\w])")
-_LEADING_NUMBER = re.compile(r"\s*(" + _NUMBER_IN_TEXT.pattern + r")\s+[A-Za-z]{2,}")
+# A number and then words ("15 apples", "$6 per hour"), not a number times a function or constant ("3 pi").
+_LEADING_NUMBER = re.compile(
+    r"\s*(" + _NUMBER_IN_TEXT.pattern + r")\s+(?!(?:pi|sqrt|log|ln|exp|sin|cos|tan|cot|sec|csc|i)\b)[A-Za-z]{2,}"
+)
 _MARKER = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
 # "The answer is 15", "Answer: 15", "**Final answer:** 15", "the answer = 15" (not "the answer isn't").
 _PHRASE = re.compile(r"\banswer\b\s*(?:is\b|:|=)[\s:*]*", re.IGNORECASE)
@@ -126,7 +129,8 @@ def math_answer(final_text: str, answer: str | None, with_units: bool = False) -
 
 
 def _from_finish(answer: str, with_units: bool) -> Extracted:
-    """The finish argument's answer: its "####" line, its answer phrase, itself, or a sentence's last number."""
+    """The finish argument's answer: its "####" line, its answer phrase, itself (the number of "15 dollars"),
+    or a sentence's last number."""
     marked = _MARKER.findall(answer)
     if marked:
         return Extracted(plain_final_answer(marked[-1]), "finish.marker")
@@ -134,7 +138,8 @@ def _from_finish(answer: str, with_units: bool) -> Extracted:
     if phrase is not None:
         return Extracted(phrase, "finish.phrase")
     if with_units or not is_sentence(answer):
-        return Extracted(plain_final_answer(answer), "finish")
+        leading = None if with_units else _LEADING_NUMBER.match(answer)
+        return Extracted(plain_final_answer(leading.group(1) if leading else answer), "finish")
     number = last_number(answer)
     if number is not None:
         return Extracted(number, "finish.last_number")
