@@ -54,6 +54,12 @@ def test_a_wrong_mbpp_solution_passing_some_asserts_scores_0_by_default(make_ctx
     assert asked["reward"] == pytest.approx(2 / 3) and asked["scoring"] == "fraction"
 
 
+def test_setup_code_goes_after_a_solutions_future_imports(make_ctx: MakeCtx) -> None:
+    future = '"""Hypotenuse."""\nfrom __future__ import annotations\n\ndef hypotenuse(a: float, b: float) -> float:\n'
+    result = score(make_ctx, MBPP_SETUP, future + "  return math.sqrt(a * a + b * b)\n")
+    assert result["reward"] == 1.0, result
+
+
 def test_challenge_tests_run_on_request(make_ctx: MakeCtx) -> None:
     plain = score(make_ctx, MBPP_SETUP, None)
     challenged = score(make_ctx, MBPP_SETUP, None, challenge_tests=True)

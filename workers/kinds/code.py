@@ -10,6 +10,7 @@ are with `format` (workers/kinds/formats.py `code_fields`).
 
 from __future__ import annotations
 
+import ast
 import math
 from typing import Any, ClassVar
 
@@ -145,4 +146,22 @@ def with_setup(task: dict[str, Any], solution: str) -> str:
     setup = task.get("setup_code")
     if not isinstance(setup, str) or not setup.strip():
         return solution
-    return f"{setup.rstrip()}\n\n{solution}"
+    lines = solution.splitlines(keepends=True)
+    head = _future_imports_end(solution)  # `from __future__` must stay first
+    return "".join(lines[:head]) + f"{setup.rstrip()}\n\n" + "".join(lines[head:])
+
+
+def _future_imports_end(solution: str) -> int:
+    """How many lines the solution's docstring and `from __future__` imports take (0 if none, or unparsable)."""
+    try:
+        body = ast.parse(solution).body
+    except SyntaxError:
+        return 0
+    end = 0
+    for index, node in enumerate(body):
+        docstring = index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            end = node.end_lineno or end
+        elif not docstring:
+            break
+    return end
