@@ -32,6 +32,7 @@ from workers.sandbox.local import bwrap_usable
 ROOT = Path(__file__).resolve().parents[2]
 ROLLOUTS = [sys.executable, "-m", "cli"]
 
+
 @pytest.fixture()
 def stack(tmp_path: Path) -> Iterator[tuple[Stack, list[dict[str, Any]]]]:
     usable, reason = bwrap_usable()
@@ -173,3 +174,36 @@ def test_given_outputs_are_judged_as_a_models_answer_would_be(stack, tmp_path: P
     assert "no reference solution" in fields["body[2].task.reference_solution"]
     assert any(f.startswith("body[3].given") for f in fields) and not any(f.startswith("body[0]") for f in fields)
     client.close()
+
+
+def test_validate_answers_reports_what_was_read_by_which_rule(stack, tmp_path: Path) -> None:
+    """A model's answers to published rows: right ones in GSM8K's sentence forms score 1, wrong ones 0, and
+    every row says what was extracted and by which rule; only rows that cannot be judged fail the command."""
+    service, _ = stack
+    lines = [
+        {"row": GSM8K, "output": "She sold 48 in April and 24 in May. The answer is 72."},
+        {"row": GSM8K_THOUSANDS, "output": "The answer is 1,200."},
+        {"row": GSM8K, "output": "So Natalia sold 71 clips altogether."},
+        {"row": MATH, "output": "The final answer is $\\frac{1}{6}$."},
+        {"row": MBPP, "output": "def similar_elements(a, b):\n    return tuple(a)\n"},
+        {"row": GSM8K, "output": "I am not sure how to do this."},
+        {"row": GSM8K},
+    ]
+    answers = _write_jsonl(tmp_path / "answers.jsonl", lines)
+    out = tmp_path / "answers.verdicts.jsonl"
+    done = subprocess.run(
+        [*ROLLOUTS, "validate", "--answers", str(answers), "--url", service.api_url, "--no-progress",
+         "--output", str(out)],
+        capture_output=True, text=True, timeout=900, cwd=ROOT, env=service.env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr  # row 7 cannot be evaluated
+    verdicts = [json.loads(line) for line in out.read_text().splitlines()]
+    got = [(v["reward"], v["extracted"], v["source"]) for v in verdicts[:6]]
+    assert got == [
+        (1.0, "72", "finish.phrase"), (1.0, "1200", "finish.phrase"), (0.0, "71", "finish.last_number"),
+        (1.0, "$\\frac{1}{6}$", "finish.phrase"), (0.0, None, None), (0.0, None, "none"),
+    ], done.stdout  # fmt: skip
+    assert "0/2 tests passed" in verdicts[4]["why"]
+    assert "sentence with no number" in verdicts[5]["why"]
+    assert verdicts[6]["verdict"] == "cannot be evaluated" and "`output`" in verdicts[6]["why"]
+    assert "row 1 " in done.stdout and "'72' by finish.phrase" in done.stdout

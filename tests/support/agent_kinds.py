@@ -61,8 +61,8 @@ class AnswerAgentKind(AgentTask):
         ]
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
-        from workers.eval.answers import boxed_answer, trajectory_texts
+        from workers.eval.answers import math_answer, trajectory_texts
 
         final_text, answer = trajectory_texts(ctx.outputs["rollout"])
-        found = boxed_answer(final_text, answer)
+        found = math_answer(final_text, answer)
         return {"reward": float(found.text == ctx.task["answer"]), "extracted": found.text, "source": found.source}

@@ -20,7 +20,7 @@ from tests.support.published_rows import (
     NUMINA,
 )
 from workers.eval.answer_grading import grade_math
-from workers.eval.answers import boxed_answer
+from workers.eval.answers import math_answer
 from workers.kinds.formats import (
     FormatError,
     code_fields,
@@ -107,8 +107,8 @@ def test_code_rows_become_the_code_kinds_fields() -> None:
 
 
 def test_gsm8k_style_answers_of_a_model_are_read() -> None:
-    assert boxed_answer("so\n#### 1,000.", None).text == "1000"
-    assert boxed_answer("", "#### 72").source == "finish.marker"
+    assert math_answer("so\n#### 1,000.", None).text == "1000"
+    assert math_answer("", "#### 72").source == "finish.marker"
     graded = grade_math("Natalia sold 72.\n#### 72", None, "72")
     assert graded["reward"] == 1.0 and graded["source"] == "final_text.marker"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.eval.answers import boxed_answer, choice_letter, stated_answer
+from workers.eval.answers import choice_letter, math_answer
 from workers.eval.math_equiv import CHECK_TIMEOUT_S, equivalent
 from workers.eval.quantities import UnitError, parse_quantity, same_quantity
 
@@ -19,7 +19,7 @@ DEFAULT_REL_TOL = 0.01
 def _graded(reward: float, details: dict[str, Any], match: str) -> dict[str, Any]:
     """The grader's result with its one-line `reason`."""
     if details["extracted"] is None:
-        reason = f"no answer found ({match}); reference {details['reference']!r}"
+        reason = f"{match}; reference {details['reference']!r}"
     else:
         verdict = "matches" if reward == 1.0 else "does not match"
         reason = (
@@ -30,11 +30,11 @@ def _graded(reward: float, details: dict[str, Any], match: str) -> dict[str, Any
 
 
 def grade_math(final_text: str, answer: str | None, reference: str, timeout: float = CHECK_TIMEOUT_S) -> dict[str, Any]:
-    """1.0 if the boxed (or finish) answer is mathematically equivalent to `reference`."""
-    found = boxed_answer(final_text, answer)
+    """1.0 if the extracted answer (workers/eval/answers.py) is mathematically equivalent to `reference`."""
+    found = math_answer(final_text, answer)
     details: dict[str, Any] = {"extracted": found.text, "source": found.source, "reference": reference}
     if found.text is None:
-        return _graded(0.0, details, "no answer: no \\boxed{} and no finish answer")
+        return _graded(0.0, details, f"no answer: {found.note}")
     verdict = equivalent(found.text, reference, timeout)
     return _graded(1.0 if verdict.equivalent else 0.0, details, verdict.reason)
 
@@ -44,7 +44,7 @@ def grade_choice(final_text: str, answer: str | None, choices: dict[str, str], r
     found = choice_letter(final_text, answer, choices)
     details: dict[str, Any] = {"extracted": found.text, "source": found.source, "reference": reference}
     if found.text is None:
-        return _graded(0.0, details, "no choice letter found")
+        return _graded(0.0, details, "no answer: no choice letter found")
     right = found.text == reference
     return _graded(1.0 if right else 0.0, details, "letter" if right else "different")
 
@@ -59,10 +59,10 @@ def grade_value(
     """1.0 if the stated value equals `reference`: as quantities with units where the reference
     is a number (within `rel_tol`; a bare number is read in the reference's unit), else by
     mathematical equivalence."""
-    found = stated_answer(final_text, answer)
+    found = math_answer(final_text, answer, with_units=True)
     details: dict[str, Any] = {"extracted": found.text, "source": found.source, "reference": reference}
     if found.text is None:
-        return _graded(0.0, details, "no answer found")
+        return _graded(0.0, details, f"no answer: {found.note}")
     try:
         expected = parse_quantity(reference)
     except UnitError:

@@ -1,8 +1,14 @@
-"""Where an agent's final answer is: the finish tool's argument, a \\boxed{}, or an "answer is" phrase.
+"""Where an agent's final answer is, read the way the field writes answers.
 
 The finish argument is the agent's explicit answer, so it is read first; the
-last assistant text is the fallback. Every extractor reports where it found
-the answer, so a reward of 0 can be told apart from "no answer was given".
+last assistant text is the fallback. The rules, in order: the last ``\\boxed{}``
+(finish, then text); a GSM8K ``#### N`` line; the last "The answer is N" /
+"Answer: N" / "Final answer: N" phrase (lm-evaluation-harness's GSM8K CoT
+reading); then the finish argument itself, or, when it is a sentence, its last
+number (lm-evaluation-harness's flexible reading). Numbers are normalised as
+GSM8K writes them ("$1,200.00." -> "1200"). Every extractor reports which rule
+fired (`Extracted.source`), so a reward of 0 can be told apart from "no answer
+was given".
 """
 
 from __future__ import annotations
@@ -17,12 +23,41 @@ from workers.eval.latex import last_boxed, unwrap_text
 @dataclass
 class Extracted:
     text: str | None
-    source: str  # "finish.boxed", "finish", "finish.marker", "final_text.boxed", "final_text.marker", "final_text.phrase", "none"
+    # "finish.boxed", "final_text.boxed", "finish.marker", "finish.phrase", "finish", "finish.last_number",
+    # "final_text.marker", "final_text.phrase", "none"
+    source: str
+    note: str = ""  # why nothing was found, when text is None
+
+
+_CURRENCY = r"(?:\\\$|\$|€|£|¥)"
+_PLAIN_NUMBER = re.compile(
+    r"(?P<sign>[-−]?)\s*" + _CURRENCY + r"?\s*(?P<sign2>[-−]?)(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?"
+)
+# A number inside prose: "17,500", "$6", "-3", "2.5", "3/4" (not the "1" of "x1", nor "3" of "3rd").
+_NUMBER_IN_TEXT = re.compile(r"(?<![\w.])[-−]?" + _CURRENCY + r"?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?(?![\w])")
+# A number and then words ("15 apples", "$6 per hour"), not a number times a function or constant ("3 pi").
+_LEADING_NUMBER = re.compile(
+    r"\s*(" + _NUMBER_IN_TEXT.pattern + r")\s+(?!(?:pi|sqrt|log|ln|exp|sin|cos|tan|cot|sec|csc|i)\b)[A-Za-z]{2,}"
+)
+_MARKER = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
+# "The answer is 15", "Answer: 15", "**Final answer:** 15", "the answer = 15" (not "the answer isn't").
+_PHRASE = re.compile(r"\banswer\b\s*(?:is\b|:|=)[\s:*]*", re.IGNORECASE)
+_SENTENCE_END = re.compile(r"\.\s|\.$")
 
 
 def plain_final_answer(text: str) -> str:
-    """'1,000.' -> '1000': GSM8K writes thousands separators; a trailing period ends the sentence."""
-    return re.sub(r"(?<=\d),(?=\d{3}\b)", "", text.strip()).rstrip(".").strip()
+    """A final answer as GSM8K writes its numbers: '$1,000.00.' -> '1000', '2.50' -> '2.5', ' 7. ' -> '7'.
+
+    Only a text that is one number (an optional currency sign before it) loses its separators, currency sign
+    and trailing zeros after the point; any text loses surrounding space and a sentence's final period."""
+    stripped = text.strip().rstrip(".").strip()
+    match = _PLAIN_NUMBER.fullmatch(stripped)
+    if not match:
+        return stripped
+    negative = bool(match.group("sign") or match.group("sign2"))
+    digits = match.group("int").replace(",", "")
+    fraction = (match.group("frac") or "").rstrip("0").rstrip(".")
+    return ("-" if negative else "") + digits + fraction
 
 
 def trajectory_texts(trajectory: dict[str, Any]) -> tuple[str, str | None]:
@@ -34,41 +69,81 @@ def trajectory_texts(trajectory: dict[str, Any]) -> tuple[str, str | None]:
     )
 
 
-_MARKER = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
+def is_sentence(text: str) -> bool:
+    """Whether a finish argument is prose ("so 15 are left. The answer is 15.") rather than an answer
+    ("15", "\\frac{1}{2}", "x = 4", "New York"): three words, or two and a final period; words inside
+    LaTeX math and commands do not count."""
+    prose = re.sub(r"\$[^$]*\$|\\\(.*?\\\)|\\[a-zA-Z]+", " ", text)
+    words = re.findall(r"[A-Za-z]{2,}", prose)
+    return len(words) >= 3 or (len(words) >= 2 and text.rstrip().endswith((".", "!", "?")))
 
 
-def boxed_answer(final_text: str, answer: str | None) -> Extracted:
-    """For tasks that ask for \\boxed{}: boxed in the finish answer, boxed in the text, the finish answer,
-    then a GSM8K-style "#### N" line of the text (how GSM8K writes its answers)."""
+def answer_phrase(text: str, with_units: bool = False) -> str | None:
+    """What follows the last "the answer is" / "answer:" of `text`, up to the end of its sentence: a leading
+    number when words follow it ("15 apples" -> "15"; not `with_units`: "9000 mJ"), else the phrase."""
+    starts = [match.end() for match in _PHRASE.finditer(text)]
+    lines = text[starts[-1] :].strip().splitlines() if starts else []
+    if not lines:
+        return None
+    body = lines[0]
+    end = _SENTENCE_END.search(body)
+    body = (body[: end.start()] if end else body).strip().strip("*").strip()
+    leading = None if with_units else _LEADING_NUMBER.match(body)
+    if leading:
+        body = leading.group(1)
+    body = plain_final_answer(body)
+    return body or None
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in `text` ("... 17,500 left." -> "17500"), or None."""
+    numbers = _NUMBER_IN_TEXT.findall(text)
+    return plain_final_answer(numbers[-1]) if numbers else None
+
+
+def math_answer(final_text: str, answer: str | None, with_units: bool = False) -> Extracted:
+    """The answer to a math or short-answer question, by the first rule that finds one (module docstring).
+
+    `with_units` (values with units, where "500 nm" is not "500"): words after a number are kept and a
+    sentence given to finish is taken whole, with no last-number fallback."""
     if answer is not None:
         boxed = last_boxed(answer)
         if boxed is not None:
-            return Extracted(boxed, "finish.boxed")
+            return Extracted(plain_final_answer(boxed), "finish.boxed")
     boxed = last_boxed(final_text)
     if boxed is not None:
-        return Extracted(boxed, "final_text.boxed")
+        return Extracted(plain_final_answer(boxed), "final_text.boxed")
+    note = ""
     if answer is not None:
-        marked = _MARKER.findall(answer)
-        return Extracted(plain_final_answer(marked[-1]), "finish.marker") if marked else Extracted(answer.strip(), "finish")
+        found = _from_finish(answer, with_units)
+        if found.text is not None:
+            return found
+        note = found.note
     markers = _MARKER.findall(final_text)
     if markers:
         return Extracted(plain_final_answer(markers[-1]), "final_text.marker")
-    return Extracted(None, "none")
-
-
-_PHRASE = re.compile(r"(?:final answer|answer)\s*(?:is|:|=)\s*:?\s*(.+)", re.IGNORECASE)
-
-
-def stated_answer(final_text: str, answer: str | None) -> Extracted:
-    """For short answers: like `boxed_answer`, then the text after the last "the answer is"."""
-    found = boxed_answer(final_text, answer)
-    if found.text is not None:
-        return found
-    matches = _PHRASE.findall(final_text)
-    if matches:
-        phrase = matches[-1].strip().splitlines()[0].strip().rstrip(".").strip("*").strip()
+    phrase = answer_phrase(final_text, with_units)
+    if phrase is not None:
         return Extracted(phrase, "final_text.phrase")
-    return Extracted(None, "none")
+    return Extracted(None, "none", note or 'no \\boxed{}, "#### N" line, "the answer is" phrase or finish answer')
+
+
+def _from_finish(answer: str, with_units: bool) -> Extracted:
+    """The finish argument's answer: its "####" line, its answer phrase, itself (the number of "15 dollars"),
+    or a sentence's last number."""
+    marked = _MARKER.findall(answer)
+    if marked:
+        return Extracted(plain_final_answer(marked[-1]), "finish.marker")
+    phrase = answer_phrase(answer, with_units)
+    if phrase is not None:
+        return Extracted(phrase, "finish.phrase")
+    if with_units or not is_sentence(answer):
+        leading = None if with_units else _LEADING_NUMBER.match(answer)
+        return Extracted(plain_final_answer(leading.group(1) if leading else answer), "finish")
+    number = last_number(answer)
+    if number is not None:
+        return Extracted(number, "finish.last_number")
+    return Extracted(None, "none", "the finish argument is a sentence with no number and no answer phrase")
 
 
 def choice_letter(final_text: str, answer: str | None, choices: dict[str, str]) -> Extracted:

@@ -3,12 +3,14 @@
 Task fields: `prompt` (the problem), `tests` (stdin/stdout cases and/or assert
 snippets) and/or `test_code` (a pytest-style module), `entry_file` (default
 solution.py), `starter_code`, `files` (more init files), `scoring` ("fraction"
-or "all"), `timeout_s` per test, `memory_mb` per test process. MBPP and HumanEval
-rows are read as they are with `format` (workers/kinds/formats.py `code_fields`).
+or "all"), `timeout_s` per test, `memory_mb` per test process, `setup_code` (run at
+the top of the solution's module before it). MBPP and HumanEval rows are read as they
+are with `format` (workers/kinds/formats.py `code_fields`).
 """
 
 from __future__ import annotations
 
+import ast
 import math
 from typing import Any, ClassVar
 
@@ -57,8 +59,9 @@ class CodeKind(AgentTask):
         files = task.get("files", {})
         if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
             raise TaskValidationError("task.files: a map of relative path -> text")
-        if "starter_code" in task and not isinstance(task["starter_code"], str):
-            raise TaskValidationError("task.starter_code: a string")
+        for field in ("starter_code", "setup_code"):
+            if field in task and not isinstance(task[field], str):
+                raise TaskValidationError(f"task.{field}: a string")
 
     # --- the agent's side ---------------------------------------------------
     def messages(self, task: dict[str, Any]) -> list[dict[str, Any]]:
@@ -111,6 +114,7 @@ class CodeKind(AgentTask):
                 "error": reason, "reason": f"no solution to test: {reason}",
             }  # fmt: skip
         entry = task.get("entry_file", "solution.py")
+        solution = with_setup(task, solution)
         python = sandbox_python(ctx.settings, task)
         timeout = float(task.get("timeout_s", DEFAULT_TIMEOUT_S))
         spec = self.eval_spec(task)
@@ -133,3 +137,31 @@ class CodeKind(AgentTask):
             if not isinstance(output, str) or not output.strip():
                 raise TaskValidationError("task.reference_solution: the row has no reference solution to evaluate")
         return {"final_text": "", "answer": None, "extra": {"solution": output}}
+
+
+def with_setup(task: dict[str, Any], solution: str) -> str:
+    """The solution as judged: the task's `setup_code` (MBPP's test_setup_code) first, in the solution's own
+    module, as MBPP's harness runs setup, code and tests as one program; the solution still runs in a
+    process of its own (workers/eval/split_harness.py)."""
+    setup = task.get("setup_code")
+    if not isinstance(setup, str) or not setup.strip():
+        return solution
+    lines = solution.splitlines(keepends=True)
+    head = _future_imports_end(solution)  # `from __future__` must stay first
+    return "".join(lines[:head]) + f"{setup.rstrip()}\n\n" + "".join(lines[head:])
+
+
+def _future_imports_end(solution: str) -> int:
+    """How many lines the solution's docstring and `from __future__` imports take (0 if none, or unparsable)."""
+    try:
+        body = ast.parse(solution).body
+    except SyntaxError:
+        return 0
+    end = 0
+    for index, node in enumerate(body):
+        docstring = index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            end = node.end_lineno or end
+        elif not docstring:
+            break
+    return end

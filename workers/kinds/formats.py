@@ -183,7 +183,12 @@ def _string_list(task: dict[str, Any], field: str, required: bool) -> list[str]:
 
 def code_fields(task: dict[str, Any]) -> dict[str, Any]:
     """An MBPP or HumanEval row as the code kind's own fields (prompt, tests, starter code, reference),
-    without `format` (so reading it again changes nothing); a task without a format is returned as it is."""
+    without `format` (so reading it again changes nothing); a task without a format is returned as it is.
+
+    As their own harnesses run them: pass/fail per problem (`scoring` "all" unless the row says
+    "fraction"), and MBPP's `test_setup_code` runs in the solution's module (`setup_code`) as well as
+    before each assert, as in MBPP's one-program harness; `challenge_tests: true` adds the
+    `challenge_test_list` asserts."""
     fmt = task.get("format")
     if fmt == "humaneval":
         for field in ("prompt", "canonical_solution", "test", "entry_point"):
@@ -194,6 +199,7 @@ def code_fields(task: dict[str, Any]) -> dict[str, Any]:
         check = f"{task['test']}\n\ncheck({task['entry_point']})\n"
         return {
             **{k: v for k, v in task.items() if k != "format"},
+            "scoring": task.get("scoring", "all"),
             "prompt": _HUMANEVAL_INSTRUCTIONS.format(prompt=task["prompt"]),
             "starter_code": task["prompt"],
             "tests": [{"name": "check", "code": check}],
@@ -209,16 +215,23 @@ def code_fields(task: dict[str, Any]) -> dict[str, Any]:
         setup = task.get("test_setup_code") or ""
         if not isinstance(setup, str):
             raise TaskValidationError("task.test_setup_code: a string")
+        challenge = task.get("challenge_tests", False)
+        if not isinstance(challenge, bool):
+            raise TaskValidationError("task.challenge_tests: true or false (also run MBPP's challenge_test_list)")
+        named = [(f"test_list[{i}]", line) for i, line in enumerate(asserts)]
+        if challenge:
+            extra = _string_list(task, "challenge_test_list", required=False)
+            named += [(f"challenge_test_list[{i}]", line) for i, line in enumerate(extra)]
         imports = "\n".join(_string_list(task, "test_imports", required=False))
         prefix = "\n".join(part for part in (imports, setup) if part.strip())
-        tests = [
-            {"name": f"test_list[{i}]", "code": f"{prefix}\n{line}\n" if prefix else line}
-            for i, line in enumerate(asserts)
-        ]
+        tests = [{"name": name, "code": f"{prefix}\n{line}\n" if prefix else line} for name, line in named]
+        fields = {k: v for k, v in task.items() if k != "format"}
         return {
-            **{k: v for k, v in task.items() if k != "format"},
+            **fields,
             "prompt": _MBPP_INSTRUCTIONS.format(text=text.strip(), tests="\n".join(asserts)),
             "tests": tests,
             "reference_solution": task["code"],
+            "scoring": task.get("scoring", "all"),
+            **({"setup_code": setup} if setup.strip() else {}),
         }
     return task

@@ -5,9 +5,9 @@ plain), optional `system_prompt`. Published rows are read as they are with
 `format` (workers/kinds/formats.py): GSM8K (`question`, `answer` ending in
 "#### N"), MATH (`problem`, `solution` with \\boxed{}), plain `answer` rows.
 The agent has the python tool (sympy is importable there) and finish. The
-reward is 1.0 when the last \\boxed{} (in the finish answer, else in the last
-message; else the finish answer itself; else a GSM8K-style "#### N" line) is
-mathematically equivalent to the reference (workers/eval/math_equiv.py).
+reward is 1.0 when the answer, read as the field writes answers (\\boxed{},
+"#### N", "The answer is N", a sentence's last number: workers/eval/answers.py),
+is mathematically equivalent to the reference (workers/eval/math_equiv.py).
 """
 
 from __future__ import annotations
