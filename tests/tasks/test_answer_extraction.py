@@ -137,3 +137,13 @@ def test_units_keep_their_words() -> None:
     """For values with units (the stem kind) "9000 mJ" is not cut to "9000", and no last number is guessed."""
     assert math_answer("", "the final answer is 9000 mJ.", with_units=True).text == "9000 mJ"
     assert math_answer("", "The wavelength is 500 nm.", with_units=True).source == "finish"
+
+
+def test_a_text_answer_of_several_words_given_whole_is_read_as_the_answer(make_ctx: MakeCtx) -> None:
+    """Three words with no number read as a sentence, but a words-only reference is compared with them whole."""
+    row = {"problem": "Which city is called the Big Apple?", "answer": "New York City"}
+    right = evaluate(make_ctx, row, "New York City")
+    assert (right["reward"], right["source"]) == (1.0, "finish"), right
+    wrong = evaluate(make_ctx, row, "Los Angeles, California, USA")
+    assert wrong["reward"] == 0.0 and wrong["extracted"] is None, wrong
+    assert evaluate(make_ctx, gsm8k_row("15"), "I could not work this one out.")["extracted"] is None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.eval.answers import choice_letter, math_answer
+from workers.eval.answers import choice_letter, math_answer, plain_final_answer
 from workers.eval.math_equiv import CHECK_TIMEOUT_S, equivalent
 from workers.eval.quantities import UnitError, parse_quantity, same_quantity
 
@@ -34,9 +34,20 @@ def grade_math(final_text: str, answer: str | None, reference: str, timeout: flo
     found = math_answer(final_text, answer)
     details: dict[str, Any] = {"extracted": found.text, "source": found.source, "reference": reference}
     if found.text is None:
+        if answer is not None and _is_text_answer(answer, reference):
+            # "New York City" reads as a sentence with no number, yet it is a text answer given whole.
+            verdict = equivalent(plain_final_answer(answer), reference, timeout)
+            if verdict.equivalent:
+                return _graded(1.0, {**details, "extracted": answer.strip(), "source": "finish"}, verdict.reason)
         return _graded(0.0, details, f"no answer: {found.note}")
     verdict = equivalent(found.text, reference, timeout)
     return _graded(1.0 if verdict.equivalent else 0.0, details, verdict.reason)
+
+
+def _is_text_answer(answer: str, reference: str) -> bool:
+    """Whether a finish argument with nothing extractable may still be the answer itself: the reference is
+    words (no digit), and the argument is short enough to be one."""
+    return not any(c.isdigit() for c in reference) and len(answer.split()) <= max(2 * len(reference.split()), 4)
 
 
 def grade_choice(final_text: str, answer: str | None, choices: dict[str, str], reference: str) -> dict[str, Any]:
