@@ -20,6 +20,7 @@ from shared.config import Settings
 from shared.jobs.store import JobStore
 from tests.batches.live import start_stack
 from tests.support.holds import Gate
+from tests.support.waiting import wait_for
 
 SLOW_INFORMATIVE = {"kind": "dapo_sim", "rewards": [0.0, 1.0]}  # held: slow_informative(gate)
 FAST_INFORMATIVE = {"kind": "dapo_sim", "rewards": [1.0, 0.0], "rollout_s": 0.1}
@@ -43,21 +44,24 @@ def test_uniform_prompts_are_replaced_while_slow_groups_still_run(stack, tmp_pat
     gate = Gate(tmp_path / "release-slow")
     fast = [FAST_UNIFORM, FAST_UNIFORM, FAST_INFORMATIVE] * 2 + [FAST_UNIFORM] * 3
     pool = [slow_informative(gate), slow_informative(gate), *fast]
-    groups = []
-    try:
-        with RolloutClient(stack.api_url) as client:
-            batch = client.submit_batch(pool, n_samples=2, min_informative_groups=4, max_groups_in_flight=4)
-            for group in client.iter_groups(batch.id, results=False, timeout=120):
-                groups.append(group)
-                if len(groups) == 2:  # both fast informative groups are back: the slow ones may end now
-                    gate.release()
-            final = client.get_batch(batch.id)
-    finally:
-        gate.release()
-    assert final.status == "completed" and final.counts.used == 4 == len(groups)
-    assert all(g.outcome == "informative" and g.used for g in groups)
+    with RolloutClient(stack.api_url) as client:
+        batch = client.submit_batch(pool, n_samples=2, min_informative_groups=4, max_groups_in_flight=4)
+
+        def only_the_slow_groups_left() -> bool:
+            counts = client.get_batch(batch.id).counts
+            return counts.launched == len(pool) and counts.in_flight == 2
+
+        try:  # every fast group runs and ends while the slow ones are held
+            wait_for(only_the_slow_groups_left, timeout=120, what="every fast group to end beside the held ones")
+        finally:
+            gate.release()
+        groups = list(client.iter_groups(batch.id, results=False, timeout=120))
+        final = client.get_batch(batch.id)
+    assert final.status == "completed" and final.counts.used == 4 == len(groups), (final, groups)
+    assert all(g.outcome == "informative" and g.used for g in groups), groups
     assert len({g.prompt_index for g in groups}) == 4
-    assert final.counts.filtered >= 1 and final.counts.filtered + final.counts.late == final.counts.launched - 4
+    counts = final.counts
+    assert counts.filtered >= 1 and counts.filtered + counts.late == counts.launched - 4, counts
     slow = [g for g in groups if g.prompt_index in (0, 1)]
     assert len(slow) == 2, "the slow informative groups count toward the target"
     slow_end = min(g.completed_at for g in slow)
