@@ -8,7 +8,8 @@ the task per sample index: equal rewards make an uninformative prompt.
 
 Task fields: `rewards` (list, indexed by sample index, cycled) or `reward`
 (one value for every sample); `rollout_s` (seconds, or a list per sample) or
-`lognormal` {median_s, sigma, seed, max_s}; `fail_samples` (sample indices whose rollout raises).
+`lognormal` {median_s, sigma, seed, max_s}; `fail_samples` (sample indices whose rollout raises);
+`hold` {stage: path} (the stage waits until the file exists: bench/hold.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import math
 import random
 from typing import Any
 
+from bench.hold import hold_stage, validate_hold
 from shared.tasks import StageContext, TaskKind, TaskValidationError, register
 from shared.trajectory import ASSISTANT, PROMPT, Trajectory, Turn
 
@@ -63,13 +65,16 @@ class DapoSimKind(TaskKind):
             raise TaskValidationError("task.rewards: a non-empty list of numbers (one per sample index, cycled)")
         if task.get("lognormal") is not None and "median_s" not in task["lognormal"]:
             raise TaskValidationError("task.lognormal: needs median_s")
+        validate_hold(task)
 
     def init(self, ctx: StageContext) -> dict[str, Any]:
+        hold_stage(ctx)
         return {}
 
     def rollout(self, ctx: StageContext) -> dict[str, Any]:
         index = ctx.request.sample_index or 0
         seconds = rollout_seconds(ctx.task, index)
+        hold_stage(ctx)
         if seconds > 0:
             ctx.sleep(seconds)
         if index in (ctx.task.get("fail_samples") or []):
@@ -77,4 +82,5 @@ class DapoSimKind(TaskKind):
         return {**tiny_trajectory(index), "extra": {"slept_s": seconds}}
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
+        hold_stage(ctx)
         return {"reward": sample_reward(ctx.task, ctx.request.sample_index or 0)}

@@ -28,9 +28,8 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def stop_in_order(stack: Stack) -> None:
-    """Stop the stack in order (workers, backend, API, Redis last); a second Ctrl-C or SIGTERM
-    meanwhile kills every service process at once and exits."""
+def kill_on_next_interrupt(stack: Stack) -> None:
+    """From now on a Ctrl-C or SIGTERM kills every service process at once and exits."""
 
     def kill_now(signum: int, frame: FrameType | None) -> None:
         click.echo("second interrupt: killing the service processes now; jobs that were running are "
@@ -40,6 +39,12 @@ def stop_in_order(stack: Stack) -> None:
 
     signal.signal(signal.SIGINT, kill_now)
     signal.signal(signal.SIGTERM, kill_now)
+
+
+def stop_in_order(stack: Stack) -> None:
+    """Stop the stack in order (workers, backend, API, Redis last); a second Ctrl-C or SIGTERM
+    meanwhile kills every service process at once and exits."""
+    kill_on_next_interrupt(stack)
     stack.stop()
 
 
@@ -134,6 +139,8 @@ def up(
         code = stack.supervise()  # a dead worker is restarted; the API or the backend exiting ends `up`
         click.echo(f"a service process exited with code {code}; stopping the rest", err=True)
     except KeyboardInterrupt:
+        # Armed before saying so: a Ctrl-C right after "Ctrl-C again" must kill, not raise in here.
+        kill_on_next_interrupt(stack)
         click.echo("stopping: workers finish or hand back their jobs, then the backend, the API, and Redis last "
                    "(Ctrl-C again to kill them now)...", err=True)  # fmt: skip
     finally:

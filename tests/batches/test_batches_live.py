@@ -19,8 +19,10 @@ from shared.batches.store import BatchStore
 from shared.config import Settings
 from shared.jobs.store import JobStore
 from tests.batches.live import start_stack
+from tests.support.holds import Gate
+from tests.support.waiting import wait_for
 
-SLOW_INFORMATIVE = {"kind": "dapo_sim", "rewards": [0.0, 1.0], "rollout_s": 4.0}
+SLOW_INFORMATIVE = {"kind": "dapo_sim", "rewards": [0.0, 1.0]}  # held: slow_informative(gate)
 FAST_INFORMATIVE = {"kind": "dapo_sim", "rewards": [1.0, 0.0], "rollout_s": 0.1}
 FAST_UNIFORM = {"kind": "dapo_sim", "reward": 1.0, "rollout_s": 0.1}
 
@@ -32,18 +34,34 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack.stop(timeout=10)
 
 
-def test_uniform_prompts_are_replaced_while_slow_groups_still_run(stack):
+def slow_informative(gate: Gate) -> dict:
+    """An informative prompt whose rollouts run until the test releases `gate` (a file, not a time)."""
+    return {**SLOW_INFORMATIVE, **gate.hold("rollout")}
+
+
+def test_uniform_prompts_are_replaced_while_slow_groups_still_run(stack, tmp_path):
     # the target needs the two slow groups: only four prompts of the pool are informative
+    gate = Gate(tmp_path / "release-slow")
     fast = [FAST_UNIFORM, FAST_UNIFORM, FAST_INFORMATIVE] * 2 + [FAST_UNIFORM] * 3
-    pool = [SLOW_INFORMATIVE, SLOW_INFORMATIVE, *fast]
+    pool = [slow_informative(gate), slow_informative(gate), *fast]
     with RolloutClient(stack.api_url) as client:
         batch = client.submit_batch(pool, n_samples=2, min_informative_groups=4, max_groups_in_flight=4)
+
+        def only_the_slow_groups_left() -> bool:
+            counts = client.get_batch(batch.id).counts
+            return counts.launched == len(pool) and counts.in_flight == 2
+
+        try:  # every fast group runs and ends while the slow ones are held
+            wait_for(only_the_slow_groups_left, timeout=120, what="every fast group to end beside the held ones")
+        finally:
+            gate.release()
         groups = list(client.iter_groups(batch.id, results=False, timeout=120))
         final = client.get_batch(batch.id)
-    assert final.status == "completed" and final.counts.used == 4 == len(groups)
-    assert all(g.outcome == "informative" and g.used for g in groups)
+    assert final.status == "completed" and final.counts.used == 4 == len(groups), (final, groups)
+    assert all(g.outcome == "informative" and g.used for g in groups), groups
     assert len({g.prompt_index for g in groups}) == 4
-    assert final.counts.filtered >= 1 and final.counts.filtered + final.counts.late == final.counts.launched - 4
+    counts = final.counts
+    assert counts.filtered >= 1 and counts.filtered + counts.late == counts.launched - 4, counts
     slow = [g for g in groups if g.prompt_index in (0, 1)]
     assert len(slow) == 2, "the slow informative groups count toward the target"
     slow_end = min(g.completed_at for g in slow)
@@ -100,17 +118,20 @@ def test_a_failing_sample_fails_its_group_which_is_reported_and_replaced(stack):
     assert final.status == "completed" and final.counts.failed == 1 and final.counts.used == 1
 
 
-def test_worker_maintenance_sweeps_a_reservation_whose_submission_was_lost(stack):
-    slow = {**FAST_INFORMATIVE, "rollout_s": 1.0}
+def test_worker_maintenance_sweeps_a_reservation_whose_submission_was_lost(stack, tmp_path):
+    gate = Gate(tmp_path / "release")  # prompt 0 stays in flight until prompt 1 is reserved by hand
     with RolloutClient(stack.api_url) as client:
-        pool = [slow, FAST_INFORMATIVE]
+        pool = [slow_informative(gate), FAST_INFORMATIVE]
         batch = client.submit_batch(pool, n_samples=2, min_informative_groups=2, max_groups_in_flight=1)
         redis = Redis.from_url(stack.redis_url)
         batches = BatchStore(JobStore(redis, Settings(redis_url=stack.redis_url)))
-        # a process reserves prompt 1 and dies before submitting its jobs
-        redis.hset(batches.keys.batch(batch.id), "max_in_flight", 2)
-        assert batches.fill(batch.id) == [1]
-        assert batches.group_job_ids(batch.id, 1) == []
+        try:
+            # a process reserves prompt 1 and dies before submitting its jobs
+            redis.hset(batches.keys.batch(batch.id), "max_in_flight", 2)
+            assert batches.fill(batch.id) == [1]
+            assert batches.group_job_ids(batch.id, 1) == []
+        finally:
+            gate.release()
         final = client.wait_batch(batch.id, timeout=120)
         redis.close()
     assert final.status == "completed" and final.counts.used == 2 and final.counts.launched == 2
@@ -131,11 +152,12 @@ def test_long_poll_and_sse_readers_each_get_every_group_exactly_once(stack):
     assert via_sse == via_poll  # the same groups, in the same (completion) order
 
 
-def test_more_long_polls_than_redis_py_default_pool_all_answer(stack):
+def test_more_long_polls_than_redis_py_default_pool_all_answer(stack, tmp_path):
     """Each waiting long-poll holds one async Redis connection; redis-py 8 caps a pool at 100 by default."""
     polls = 120
+    gate = Gate(tmp_path / "release")  # the batch stays unfinished, so every poll waits its full 3 s
     with RolloutClient(stack.api_url) as client:
-        batch = client.submit_batch([{**SLOW_INFORMATIVE, "rollout_s": 8.0}], n_samples=2)
+        batch = client.submit_batch([slow_informative(gate)], n_samples=2)
     url = f"{stack.api_url}/v1/batches/{batch.id}/groups"
     barrier = threading.Barrier(polls)
 
@@ -144,8 +166,11 @@ def test_more_long_polls_than_redis_py_default_pool_all_answer(stack):
             barrier.wait()
             return http.get(url, params={"wait": 3}).status_code
 
-    with ThreadPoolExecutor(polls) as pool:
-        codes = list(pool.map(long_poll, range(polls)))
+    try:
+        with ThreadPoolExecutor(polls) as pool:
+            codes = list(pool.map(long_poll, range(polls)))
+    finally:
+        gate.release()
     assert codes == [200] * polls
 
 

@@ -32,12 +32,14 @@ JOBS = [
 ]
 
 
-def start_up(tmp_path: Path, port: int, log_name: str = "up.log") -> tuple[subprocess.Popen, IO[str]]:
+def start_up(
+    tmp_path: Path, port: int, log_name: str = "up.log", drain_timeout: float = 1.0
+) -> tuple[subprocess.Popen, IO[str]]:
     """`rollouts up` leading a process group of its own, as a shell runs a foreground job."""
     log = open(tmp_path / log_name, "w")
     env = cli_env(tmp_path, ROLLOUTS_TASK_MODULES="tests.support.kinds", ROLLOUTS_HEARTBEAT_INTERVAL_S="1")
     up = subprocess.Popen(
-        [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", "--drain-timeout", "1"],
+        [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", "--drain-timeout", str(drain_timeout)],
         env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     wait_for(lambda: len(children_of(up.pid)) >= 5, timeout=60, what="redis, the API and three workers")
@@ -147,7 +149,9 @@ def test_ctrl_c_to_the_group_stops_workers_before_redis_hands_every_job_back_and
 
 def test_a_second_ctrl_c_kills_everything_at_once_and_says_so(tmp_path):
     port = free_port()
-    up, log = start_up(tmp_path, port)
+    # A drain far longer than the jobs' 120 s hold would be cut only by the stack's own stop limit
+    # (tens of seconds): the first stop is certainly still draining when the second Ctrl-C lands.
+    up, log = start_up(tmp_path, port, drain_timeout=600)
     try:
         children = children_of(up.pid)
         submit_and_wait_running(port)

@@ -33,13 +33,13 @@ ENGINE_DOUBLE = textwrap.dedent("""
     out = sys.argv[1]
     engine = subprocess.Popen([sys.executable, "-c",
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"])
-    with open(out + ".tmp", "w") as f:
-        f.write(f"{os.getpid()} {engine.pid}")
-    os.rename(out + ".tmp", out)
     def stopped(*_):
         open(out + ".graceful", "w").close()
         sys.exit(0)
-    signal.signal(signal.SIGTERM, stopped)
+    signal.signal(signal.SIGTERM, stopped)  # before the pid file: a test acts on its pids at once
+    with open(out + ".tmp", "w") as f:
+        f.write(f"{os.getpid()} {engine.pid}")
+    os.rename(out + ".tmp", out)
     if len(sys.argv) > 2:
         sys.exit(int(sys.argv[2]))
     time.sleep(3600)

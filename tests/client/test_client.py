@@ -143,7 +143,8 @@ def test_connection_errors_are_retried_until_the_api_is_back(stack):
         stack.api.wait(timeout=15)
         restart = threading.Timer(0.5, stack.start_api)
         restart.start()
-        patient = RolloutClient(stack.api_url, retry=RetryPolicy(retries=12, first_delay_s=0.2, max_delay_s=1.0))
+        # A budget (about 2 min) far above any API start-up: the test is about retrying, not speed.
+        patient = RolloutClient(stack.api_url, retry=RetryPolicy(retries=120, first_delay_s=0.2, max_delay_s=1.0))
         with patient:
             assert patient.get_batch(batch.id).id == batch.id
         restart.join()

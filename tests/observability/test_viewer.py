@@ -94,7 +94,8 @@ def test_the_viewer_shows_turns_evaluation_attempts_partial_trajectories_and_err
         return api.post("/v1/jobs", json=job).json()["job_ids"][0]
 
     done_id = submit({"task": {"kind": "viewer-demo"}})
-    timed_out_id = submit({"task": {"kind": "viewer-demo", "stall": True}, "limits": {"rollout_timeout_s": 1}})
+    # The limit runs from the take, before the rollout sets its partial: seconds of margin.
+    timed_out_id = submit({"task": {"kind": "viewer-demo", "stall": True}, "limits": {"rollout_timeout_s": 3}})
     eval_timed_out_id = submit({"task": {"kind": "viewer-demo", "stall_in_eval": True},
                                 "limits": {"eval_timeout_s": 1}})  # fmt: skip
     failed_id = submit({"task": {"kind": "scripted", "fail": "eval"}})

@@ -1,8 +1,10 @@
 """LLM backends that fail: one that hangs, and a scripted one in a process of its own to SIGKILL.
 
-`HangingBackend` answers the registration check (`GET /v1/models`) and then never answers
-anything else, /health included (a server that wedged after it registered: the kernel
-completes the TCP handshake, nobody reads). `ScriptedProcess`
+`HangingBackend` answers the registration check (`GET /v1/models`) and health probes until the
+first generation request arrives, and from then on never answers anything, /health included (a
+server that wedged once it took work: the kernel completes the TCP handshake, nobody reads).
+Healthy until then, it cannot be probed out of the pool (a maintenance pass runs every few
+seconds) before the job's request reaches it, however long the job takes to get there. `ScriptedProcess`
 runs tests.support.scripted_llm in a child process that answers the first `serve` requests
 and holds every later one, printing `received N` as each arrives, so a test can SIGKILL
 it with a request in flight: `python -m tests.reliability.fault_backends MODEL_DIR SCRIPTS_JSON SERVE`.
@@ -27,7 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class HangingBackend:
-    """Answers GET /v1/models; accepts every other request, reads its head, and holds it open, silent."""
+    """Answers GET /v1/models, and GET /health until a generation request came; accepts every other
+    request, reads its head, and holds it open, silent."""
 
     def __init__(self, model_dir: Path | None = None) -> None:
         self.model_dir = model_dir
@@ -72,6 +75,9 @@ class HangingBackend:
             body = json.dumps({"object": "list", "data": [card]}).encode()
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
                          + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            conn.close()
+        elif line.startswith("GET /health ") and not self.completions():
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
             conn.close()
 
     def stop(self) -> None:

@@ -19,13 +19,13 @@ from cli.stack import Stack
 from shared.trajectory import Trajectory
 from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
-    agent_stack, assert_worker_serves_next_job, assistant_backends, register, rollout_worker,
+    agent_stack, assert_worker_serves_next_job, assistant_backends, deregister_all, register, rollout_worker,
     submit, use_only,
 )  # fmt: skip
 from tests.reliability.backend_fixtures import SCRIPTS, api, healthy  # noqa: F401
 from tests.reliability.fault_backends import HangingBackend, ScriptedProcess
 from tests.support.scripted_llm import ScriptedLLM
-from tests.support.waiting import wait_for, wait_status
+from tests.support.waiting import client_for, wait_for, wait_status
 
 REQUEST_TIMEOUT_S = 3.0
 PROBE_TIMEOUT_S = 1.0
@@ -42,11 +42,22 @@ ENV = {
 # The longest a generation call can take against backends that never answer: each of the
 # FAILOVERS + 1 backends gets one request (read timeout) and one /health probe.
 CALL_BOUND_S = (FAILOVERS + 1) * (REQUEST_TIMEOUT_S + PROBE_TIMEOUT_S)
+# For the kill test: a request timeout no test step comes near, so only the kill ends the held request.
+PATIENT_REQUEST_TIMEOUT_S = 600.0
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:  # noqa: F811
     with agent_stack(tmp_path_factory.mktemp("backend-faults"), model_dir, ENV) as started:
+        yield started
+
+
+@pytest.fixture()
+def patient_stack(tmp_path: Path, model_dir: Path) -> Iterator[Stack]:  # noqa: F811
+    """A stack of its own whose LLM requests wait far longer than any step of the test (registering
+    the other backend on a busy machine included): a request ends by the backend's death, not a timeout."""
+    env = {**ENV, "ROLLOUTS_LLM_REQUEST_TIMEOUT_S": str(PATIENT_REQUEST_TIMEOUT_S)}
+    with agent_stack(tmp_path, model_dir, env) as started:
         yield started
 
 
@@ -58,9 +69,12 @@ def hanging(model_dir: Path) -> Iterator[HangingBackend]:  # noqa: F811
 
 
 def test_a_backend_killed_mid_request_fails_over_and_the_job_is_done(
-    stack: Stack, api: httpx.Client, healthy: ScriptedLLM, model_dir: Path, figure  # noqa: F811
+    patient_stack: Stack, healthy: ScriptedLLM, model_dir: Path, figure  # noqa: F811
 ) -> None:
     """Turn 1 is served by A; A is SIGKILLed while it holds turn 2; B serves turn 2 from the same tokens."""
+    stack = patient_stack
+    api = client_for(stack)
+    deregister_all(api)  # not the stack's own CPU backend: A, then B, are the pool
     doomed = ScriptedProcess.start(model_dir, SCRIPTS, serve=1)
     try:
         pid = rollout_worker(stack)
@@ -70,7 +84,8 @@ def test_a_backend_killed_mid_request_fails_over_and_the_job_is_done(
         other_id = register(api, healthy.url)
         killed = time.monotonic()
         doomed.kill()
-        record = wait_status(api, job_id, timeout=CALL_BOUND_S + 30)
+        # Well under the request timeout: a job still waiting then was not freed by the kill.
+        record = wait_status(api, job_id, timeout=120)
         recovered = time.monotonic() - killed
     finally:
         doomed.kill()

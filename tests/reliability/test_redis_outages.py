@@ -9,6 +9,9 @@ an outage of a few seconds left live worker processes with no slots: nothing fin
   later attempt (the attempt counter fences the earlier one, so only one moved the job on);
 - the same worker processes live on, every slot re-registers (/v1/status) and every slot takes a
   job of a second wave submitted once Redis is back; how soon each stage takes one is reported.
+  The second wave is held in each stage (a release file per stage) until that stage's slots all
+  hold one of its jobs at once: a slot that resumed late still gets one, one that never resumed
+  fails the wait, whatever the relative speeds of the slots.
 
 Outage lengths: ROLLOUTS_REDIS_OUTAGE_S (kill) and ROLLOUTS_REDIS_FREEZE_S (freeze); the figures
 for 5, 15 and 30 s in docs/RELIABILITY.md were measured with them.
@@ -29,6 +32,7 @@ from cli.stack import Stack
 from shared.config import STAGES, Settings
 from tests.pipeline.conftest import FAST_RECOVERY_ENV
 from tests.reliability.jobs import scripted_jobs, statuses, wait_all_terminal
+from tests.support.holds import Gate
 from tests.support.waiting import client_for, trace, wait_for
 
 KILL_OUTAGE_S = float(os.environ.get("ROLLOUTS_REDIS_OUTAGE_S", "15"))
@@ -93,6 +97,16 @@ def _submit_until_accepted(api: httpx.Client, jobs: list[dict]) -> list[str]:
     return wait_for(accepted, timeout=60, interval=0.2, what="the API to accept jobs again")
 
 
+def _held_in(trace_dir: Path, ids: list[str], stage: str) -> list[str]:
+    """The jobs that started `stage` and have not ended it: each holds a slot of that stage."""
+    def holding(job_id: str) -> bool:
+        lines = trace(trace_dir, job_id)
+        started = any(line.startswith(f"{stage} start") for line in lines)
+        return started and not any(line.startswith(f"{stage} end") for line in lines)
+
+    return [job_id for job_id in ids if holding(job_id)]
+
+
 def _all_slots_registered(api: httpx.Client) -> dict | None:
     stages = api.get("/v1/status").json()["stages"]
     ok = all(stages[s]["slots"] == SLOTS[s] and stages[s]["processes"] == 1 for s in STAGES)
@@ -113,7 +127,7 @@ def _first_job_after(api: httpx.Client, ids: list[str], since: float) -> dict[st
 
 @pytest.mark.parametrize("fault", ["kill", "freeze"])
 def test_workers_take_jobs_again_after_a_redis_outage_and_no_job_is_lost(
-    persistent_stack: Stack, trace_dir: Path, figure, fault: str
+    persistent_stack: Stack, trace_dir: Path, figure, fault: str, tmp_path: Path
 ):
     stack = persistent_stack
     api = client_for(stack)
@@ -139,10 +153,22 @@ def test_workers_take_jobs_again_after_a_redis_outage_and_no_job_is_lost(
     away = back - down
 
     back_wall = time.time() - (time.monotonic() - back)
+    gates = {stage: Gate(tmp_path / f"release-{stage}") for stage in STAGES}
+    holds = {"hold": {stage: str(gate.path) for stage, gate in gates.items()}}
     second_jobs = [
-        dict(job, idempotency_key=f"second-{n}") for n, job in enumerate(scripted_jobs(SECOND_WAVE, trace_dir, SLEEP))
+        {**job, "task": {**job["task"], **holds}, "idempotency_key": f"second-{n}"}
+        for n, job in enumerate(scripted_jobs(SECOND_WAVE, trace_dir, SLEEP))
     ]
     second = _submit_until_accepted(api, second_jobs)
+    try:
+        for stage in STAGES:  # in stage order: a stage's gate lets the wave on to the next stage
+            wait_for(lambda: len(_held_in(trace_dir, second, stage)) >= SLOTS[stage], timeout=120,
+                     what=lambda: f"every {stage} slot to hold a second-wave job (held: "
+                                  f"{len(_held_in(trace_dir, second, stage))} of {SLOTS[stage]})")  # fmt: skip
+            gates[stage].release()
+    finally:
+        for gate in gates.values():
+            gate.release()
     final = wait_all_terminal(api, first + second, timeout=240)
     resumed = _first_job_after(api, first + second, back_wall)
 

@@ -10,29 +10,37 @@ from redis import Redis
 
 from shared.jobs.queues import rq_job_id, stage_queue
 from tests.reliability.jobs import submit
+from tests.support.holds import Gate
 from tests.support.waiting import client_for, job, trace, wait_for, wait_status
 
 
-def test_a_job_stranded_between_queue_and_worker_runs_once_without_spending_a_retry(make_stack, trace_dir, figure):
+def test_a_job_stranded_between_queue_and_worker_runs_once_without_spending_a_retry(
+    make_stack, trace_dir, figure, tmp_path
+):
     stack = make_stack(concurrency={"init": 1, "rollout": 1, "eval": 1})
     api = client_for(stack)
     redis = Redis.from_url(stack.redis_url)
     queue = stage_queue("rollout", redis)
     sleep = {"kind": "scripted", "trace": str(trace_dir)}
-    busy = submit(api, [{"task": {**sleep, "sleep": {"rollout": 8}}}])[0]
+    gate = Gate(tmp_path / "release-busy")  # the busy job holds the only rollout slot until the strand is made
+    busy = submit(api, [{"task": {**sleep, **gate.hold("rollout")}}])[0]
     wait_for(lambda: "rollout start attempt=1" in " ".join(trace(trace_dir, busy)), what="the busy rollout")
     stranded = submit(api, [{"task": {**sleep, "sleep": {}}}])[0]
     rq_id = rq_job_id(stranded, "rollout")
     wait_for(lambda: rq_id in queue.get_job_ids(), what="the second job queued behind the busy slot")
 
     # What a worker that lost Redis right after taking the job leaves behind, seen a while ago.
-    assert redis.lmove(queue.key, queue.intermediate_queue.key).decode() == rq_id
-    redis.set(queue.intermediate_queue.get_first_seen_key(rq_id), time.time() - 3600)
-    moved = time.monotonic()
-    wait_for(lambda: rq_id in queue.get_job_ids() or _rollouts(trace_dir, stranded), what="the job queued again")
-    back_after = time.monotonic() - moved
-    rq_job = queue.fetch_job(rq_id)
-    assert rq_job is not None and rq_job.retries_left == stack.settings.stage_retries, "a retry was spent"
+    # The busy job keeps the only slot until the requeued rq job is read: run, it would be gone (result_ttl=0).
+    try:
+        assert redis.lmove(queue.key, queue.intermediate_queue.key).decode() == rq_id
+        redis.set(queue.intermediate_queue.get_first_seen_key(rq_id), time.time() - 3600)
+        moved = time.monotonic()
+        wait_for(lambda: rq_id in queue.get_job_ids(), what="the job queued again")
+        back_after = time.monotonic() - moved
+        rq_job = queue.fetch_job(rq_id)
+        assert rq_job is not None and rq_job.retries_left == stack.settings.stage_retries, "a retry was spent"
+    finally:
+        gate.release()
 
     for job_id in (busy, stranded):
         assert wait_status(api, job_id, {"done", "failed", "cancelled", "timed_out"})["status"] == "done"

@@ -105,13 +105,14 @@ def test_a_finished_job_keeps_under_2kb_in_redis_while_get_returns_its_whole_tra
 
 def test_a_timed_out_jobs_partial_output_is_stored_and_returned(worker: WorkerState, api: TestClient) -> None:
     (submitted,) = worker.store.submit(
-        [{"task": {"kind": "long-trajectory", "hang": True}, "limits": {"rollout_timeout_s": 0.5}}]
+        # The limit runs from the take, before the handler sets its partial: seconds of margin, not 0.5 s.
+        [{"task": {"kind": "long-trajectory", "hang": True}, "limits": {"rollout_timeout_s": 3}}]
     )
     init_stage.run(submitted.job_id)
     assert rollout_stage.run(submitted.job_id) == JobStatus.TIMED_OUT
     assert b"partial" not in worker.redis.hkeys(worker.store.keys.job(submitted.job_id))
     view = api.get(f"/v1/jobs/{submitted.job_id}").json()
-    assert view["partial"]["trajectory"]["token_ids"] == list(range(100))
+    assert (view.get("partial") or {}).get("trajectory", {}).get("token_ids") == list(range(100)), view
 
 
 def test_a_job_that_times_out_in_eval_serves_its_finished_trajectory_as_partial(

@@ -14,15 +14,19 @@ T = TypeVar("T")
 TERMINAL = {"done", "failed", "cancelled", "timed_out"}
 
 
-def wait_for(condition: Callable[[], T], timeout: float = 60.0, interval: float = 0.1, what: str = "condition") -> T:
-    """Return condition()'s first truthy value; fail the test if none comes within `timeout`."""
+def wait_for(
+    condition: Callable[[], T], timeout: float = 60.0, interval: float = 0.1, what: str | Callable[[], str] = "condition"
+) -> T:
+    """Return condition()'s first truthy value; fail the test if none comes within `timeout`.
+    `what` may be a callable, asked only on failure, to say what was still missing then."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {said}")
         time.sleep(interval)
 
 
