@@ -27,7 +27,7 @@ def payload(directory: Path) -> bytes:
 
 
 def test_an_upload_serves_the_new_weights_under_the_new_version(served) -> None:  # noqa: F811
-    url, stack, root = served
+    url, stack, root = served.url, served.stack, served.root
     client = RolloutClient(stack.api_url)
     result = client.upload_weights(SERVED_NAME, "up-1", payload(checkpoint(root, 11)))
     [backend] = result["backends"]
@@ -48,7 +48,7 @@ def test_an_upload_serves_the_new_weights_under_the_new_version(served) -> None:
 
 
 def test_an_upload_that_does_not_fit_is_refused_and_serving_goes_on(served) -> None:  # noqa: F811
-    url, stack, root = served
+    url, stack, root = served.url, served.stack, served.root
     client = RolloutClient(stack.api_url)
     for bad, words in [(payload(checkpoint(root, 13, intermediate=256)), "mlp"), (b"\0" * 64, "not a safetensors")]:
         with pytest.raises(ApiError) as refused:
