@@ -131,8 +131,7 @@ def up(
         return
     click.echo(banner(stack))
     try:
-        code = stack.supervise()  # a dead worker is restarted; the API or the backend exiting ends `up`
-        click.echo(f"a service process exited with code {code}; stopping the rest", err=True)
+        stack.supervise()  # every process that dies is restarted (cli/supervision.py); only Ctrl-C ends `up`
     except KeyboardInterrupt:
         click.echo("stopping: workers finish or hand back their jobs, then the backend, the API, and Redis last "
                    "(Ctrl-C again to kill them now)...", err=True)  # fmt: skip

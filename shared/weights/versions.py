@@ -32,6 +32,7 @@ class Current:
     seq: int = 0
     path: str = ""
     applied_at: float = 0.0
+    lora: str = ""  # the adapter's name when the version was loaded as a LoRA adapter from `path`
 
 
 class WeightVersions:
@@ -46,7 +47,7 @@ class WeightVersions:
         if not raw:
             return Current()
         return Current(raw.get("version"), int(raw.get("seq") or 0), raw.get("path", ""),
-                       float(raw.get("applied_at") or 0))  # fmt: skip
+                       float(raw.get("applied_at") or 0), raw.get("lora", ""))  # fmt: skip
 
     def check_forward(self, model: str, version: str) -> None:
         """Raise VersionBackwards if `version` was the model's current one before the current one."""
@@ -67,11 +68,12 @@ class WeightVersions:
         self.redis.hset(self.keys.weight_versions(model), version, seq)
         return seq
 
-    def record(self, model: str, version: str, path: str) -> int:
-        """Make `version` the model's current one (after at least one backend took it); returns its number."""
+    def record(self, model: str, version: str, path: str, lora: str = "") -> int:
+        """Make `version` the model's current one (after at least one backend took it); returns its number.
+        What it was loaded from (`path`, `lora`) is kept so that a restarted backend can load it again."""
         seq = self.reserve(model, version)
-        self.redis.hset(self.keys.weight_current(model),
-                        mapping={"version": version, "seq": seq, "path": path, "applied_at": time.time()})  # fmt: skip
+        self.redis.hset(self.keys.weight_current(model), mapping={
+            "version": version, "seq": seq, "path": path, "lora": lora, "applied_at": time.time()})  # fmt: skip
         return seq
 
     def seqs(self, model: str, versions: Iterable[str | None]) -> list[int]:
