@@ -15,8 +15,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import httpx
 from redis import Redis
 
+from shared.backend_pool import STALE_WEIGHTS
 from shared.keys import Keys
 
 
@@ -83,6 +85,23 @@ class WeightVersions:
             return []
         raw = self.redis.hmget(self.keys.weight_versions(model), [v or "" for v in names])
         return [int(r) if r is not None else 0 for r in raw]
+
+
+def stale_reason(versions: WeightVersions, model: str, url: str, timeout_s: float) -> str:
+    """Why a server registering for `model` must not be routed to yet: it reports (vLLM's GET /weight_info) a
+    version other than the model's current one, e.g. restarted on the base weights after updates. "" when it
+    matches, when the model was never updated, or when the server does not say (not a vLLM, no dev routes)."""
+    current = versions.current(model).version
+    if current is None:
+        return ""
+    try:
+        response = httpx.get(url.rstrip("/") + "/weight_info", timeout=timeout_s)
+        served = response.json().get("weight_version") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return ""
+    if served is None or served == current:
+        return ""
+    return f"{STALE_WEIGHTS}: it serves version {served!r}, the model's current one is {current!r}"
 
 
 def _text(value: bytes | str | None) -> str:
