@@ -70,9 +70,9 @@ def test_past_its_budget_it_stays_down_and_says_so_once() -> None:
     for now in (9.0, 20.0, 30.0):
         supervised.check(now)
     assert fake.restarts == 2 and supervised.down, lines
-    assert [line for line in lines if "budget" in line] == [
+    assert [line for line in lines if "budget" in line] == [(
         "thing exited with code 0 after 2 s; its restart budget (2 in 100 s) is spent: it stays down, "
-        "the rest of the stack goes on"], lines  # fmt: skip
+        "the rest of the stack goes on")], lines  # fmt: skip
     # outside the window the budget is whole again (a new unit: one that gave up stays down)
     again = unit(fake, RestartPolicy(budget=2, window_s=100), [])
     again.restarts = [1.0, 5.0]
