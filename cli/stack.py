@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+from redis import Redis
+from redis.exceptions import RedisError
 
 from cli.embedded_redis import EmbeddedRedis, free_port
 from cli.procs import die_with_parent
@@ -116,6 +118,7 @@ class Stack:
                 self.api_port = free_port()
             self.start_api()
             self._wait_for_api(timeout)
+            self._restart_counts(lambda redis, key: redis.delete(key))  # this stack's restarts, from 0
             if self.vllm:
                 self.start_vllm()
             for url in self.backend_urls:
@@ -327,28 +330,50 @@ class Stack:
             self._stopping.wait(0.5)
 
     def _supervised(self) -> list[Supervised]:
-        say, policy = self.on_progress, RestartPolicy()
+        say, policy, counted = self.on_progress, RestartPolicy(), self._counted
         units = [Supervised(f"worker {stage}-{index}", self._poller(self.workers[stage], index),
-                            lambda stage=stage, index=index: self._restart_worker(stage, index), policy, say)
+                            counted("worker", lambda stage=stage, index=index: self._restart_worker(stage, index)),
+                            policy, say)
                  for stage in STAGES for index in range(len(self.workers[stage]))]  # fmt: skip
         if self.api is not None:
             units.append(Supervised(f"the API (port {self.api_port})", lambda: self.api.poll() if self.api else None,
-                                    self._restart_api, policy, say))  # fmt: skip
+                                    counted("api", self._restart_api), policy, say))  # fmt: skip
         if self.redis is not None:
             units.append(Supervised(f"the embedded Redis (port {self.redis.port})", self._redis_poll,
-                                    self._restart_redis, policy, say))  # fmt: skip
+                                    counted("redis", self._restart_redis), policy, say))  # fmt: skip
         for slot in range(len(self.registrars)):
             if slot != self._vllm_slot:
                 units.append(Supervised(f"registrar {slot}", self._poller(self.registrars, slot),
-                                        lambda slot=slot: self._restart_registrar(slot), policy, say))  # fmt: skip
+                                        counted("registrar", lambda slot=slot: self._restart_registrar(slot)),
+                                        policy, say))  # fmt: skip
         if self.vllm_server is not None:
             s = self.settings
             vllm_policy = RestartPolicy(budget=s.vllm_restart_budget, window_s=s.vllm_restart_window_s)
-            units.append(Supervised(f"vLLM (port {self.vllm_server.port})", self._vllm_poll, self._restart_vllm,
-                                    vllm_policy, say, on_death=self._vllm_died))  # fmt: skip
+            units.append(Supervised(f"vLLM (port {self.vllm_server.port})", self._vllm_poll,
+                                    counted("vllm", self._restart_vllm), vllm_policy, say,
+                                    on_death=self._vllm_died))  # fmt: skip
             units.append(Supervised("vLLM's registrar", self._vllm_registrar_poll,
-                                    lambda: self._restart_registrar(self._vllm_slot), policy, say))  # fmt: skip
+                                    counted("registrar", lambda: self._restart_registrar(self._vllm_slot)),
+                                    policy, say))  # fmt: skip
         return units
+
+    def _counted(self, kind: str, restart: Callable[[], str]) -> Callable[[], str]:
+        """`restart`, counted by kind in Redis once it succeeded, for `rollouts status` (GET /v1/status)."""
+
+        def run() -> str:
+            outcome = restart()
+            self._restart_counts(lambda redis, key: redis.hincrby(key, kind, 1))
+            return outcome
+
+        return run
+
+    def _restart_counts(self, change: Callable[[Redis, str], object]) -> None:
+        """Apply `change` to the restart counts; best effort: a count is never worth failing a restart for."""
+        try:
+            with connect(self._redis_settings()) as redis:
+                change(redis, Keys(self.settings.redis_prefix).stack_restarts)
+        except (RedisError, RolloutsError) as exc:
+            self.on_progress(f"could not record the restart count in Redis ({type(exc).__name__}: {exc})")
 
     @staticmethod
     def _poller(processes: list[subprocess.Popen[bytes]], index: int) -> Callable[[], int | None]:
@@ -424,8 +449,8 @@ class Stack:
             return None
         what = f"the model {model!r}'s current weights {current.version!r} ({current.path})"
         if current.path.startswith("upload:"):
-            raise StayDown(f"{what} were sent as bytes, which the service does not keep: it stays out of the pool "
-                           "until it is restarted with them (or a new update is sent while it is registered)")  # fmt: skip
+            raise StayDown(f"{what} were sent as bytes, which the service does not keep: it stays out of the "
+                           "pool (a new update cannot reach it either: restart `rollouts up` and send them again)")
         try:
             check_checkpoint(current.path, str(server.model), lora=bool(current.lora))
             checkpoint = Checkpoint(current.path, current.version, lora=current.lora or None)

@@ -1,8 +1,18 @@
-"""The one restart policy of `rollouts up` (cli/supervision.py), driven by a fake clock and fake processes."""
+"""The one restart policy of `rollouts up` (cli/supervision.py), driven by a fake clock and fake processes; the
+restart's weights rule and the restart counts in `rollouts status`, without vLLM (the real thing:
+tests/reliability/test_stack_restarts.py)."""
 
 from __future__ import annotations
 
+import pytest
+from click.testing import CliRunner
+
+import cli.jobs
+from cli.stack import Stack
 from cli.supervision import RestartPolicy, StayDown, Supervised
+from cli.vllm_server import VLLMServer
+from shared.keys import Keys
+from shared.weights import WeightVersions
 
 
 class Fake:
@@ -94,3 +104,38 @@ def test_a_failed_restart_is_retried_and_stay_down_is_final() -> None:
     assert supervised.down and lines[-1] == "thing stays down: the weights are gone", lines
     supervised.check(100.0)
     assert fake.restarts == 2, lines
+
+
+def test_the_stacks_restarts_show_in_status(make_client, redis, settings, monkeypatch) -> None:
+    """What `rollouts up` counted (cli/stack.py, by kind) is in GET /v1/status and `rollouts status`."""
+    api = make_client()
+    assert api.get("/v1/status").json()["restarts"] == {}
+    redis.hset(Keys(settings.redis_prefix).stack_restarts, mapping={"vllm": 2, "api": 1})
+    body = api.get("/v1/status").json()
+    assert body["restarts"] == {"vllm": 2, "api": 1}, body
+
+    class Client:  # the CLI's client, answering what the API just did
+        def status(self) -> dict:
+            return body
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(cli.jobs, "connect", lambda url: Client())
+    result = CliRunner().invoke(cli.jobs.status, [])
+    assert result.exit_code == 0 and "restarts: api 1, vllm 2" in result.output, result.output
+
+
+def test_a_restarted_vllm_stays_out_when_the_current_weights_cannot_be_loaded(settings, redis, tmp_path) -> None:
+    """The restart's weights rule (Stack._load_current_weights), without a server: every refusal comes before
+    vLLM is touched (a failed reload kills vLLM's engine: shared/weights/checkpoint.py)."""
+    stack = Stack(settings)
+    server = VLLMServer(python=tmp_path, model=tmp_path, served_name="tiny", port=9)  # nothing listens on port 9
+    assert stack._load_current_weights(server) is None  # never updated: the weights it starts with are current
+    versions = WeightVersions(redis, Keys(settings.redis_prefix))
+    versions.record("tiny", "up-1", "upload:sha256:0123456789abcdef")
+    with pytest.raises(StayDown, match=r"'up-1' .* were sent as bytes, which the service does not keep"):
+        stack._load_current_weights(server)
+    versions.record("tiny", "step-2", str(tmp_path / "gone"))
+    with pytest.raises(StayDown, match=r"'step-2' .* could not be loaded, so it stays out of the pool: .* not a dir"):
+        stack._load_current_weights(server)

@@ -5,7 +5,7 @@ with its supervise() on a thread. The tests kill, in order: the API process and 
 (jobs submitted afterwards run to done); vLLM's engine (EngineCore, found in the vLLM server's
 process group) while jobs are held in it, after a weight update (every job ends done, the backend
 comes back with the updated weights, checked by logprobs against transformers); vLLM's API server
-process. Jobs are held by mechanism: the server's scheduler is paused with vLLM's own
+process; then every restart shows in GET /v1/status. Jobs are held by mechanism: the server's scheduler is paused with vLLM's own
 /pause?mode=keep and the kill comes once its log shows it took every job's request. Each test reports
 the time from its kill to serving again (figures, never asserted).
 """
@@ -251,5 +251,8 @@ def test_a_killed_vllm_api_server_comes_back_with_the_current_weights(up: Up, fi
     assert info["weight_version"] == "step-1", (info, up.log())
     records = finished(up.api, submit(up.api, 2, seed=300))
     assert_all_done(records, up)
+    # every restart of the module shows in `rollouts status` (GET /v1/status): API 1, Redis 1, vLLM 2
+    restarts = up.api.get("/v1/status").json()["restarts"]
+    assert restarts == {"api": 1, "redis": 1, "vllm": 2}, (restarts, up.log())
     figure(f"vLLM's API server SIGKILLed: back in the pool ({backend['id']}) with step-1 {back:.1f} s after the "
            "kill; 2 jobs submitted afterwards done")

@@ -104,8 +104,9 @@ def test_a_server_registering_with_other_weights_than_the_models_current_ones_is
     before = api.post("/v1/backends", json={"url": fresh.url, "model": "tiny"}).json()
     assert before["healthy"], before  # the model was never updated: nothing to be behind
     WeightVersions(redis, Keys(settings.redis_prefix)).record("tiny", "v2", "/ckpt/v2")
+    servers = {"behind": fresh, "current": doubles(weight_version="v2"), "silent": doubles()}
     views = {name: api.post("/v1/backends", json={"url": double.url, "model": "tiny"}).json()
-             for name, double in {"behind": fresh, "current": doubles(weight_version="v2"), "silent": doubles()}.items()}
+             for name, double in servers.items()}
     assert not views["behind"]["healthy"], views
     assert views["behind"]["unhealthy_reason"] == (
         "stale weights: it serves version 'default', the model's current one is 'v2'"), views
