@@ -331,28 +331,30 @@ class Stack:
 
     def _supervised(self) -> list[Supervised]:
         say, policy, counted = self.on_progress, RestartPolicy(), self._counted
-        units = [Supervised(f"worker {stage}-{index}", self._poller(self.workers[stage], index),
+        units = [Supervised(f"worker {stage}-{index}", lambda procs=self.workers[stage], index=index: procs[index],
                             counted("worker", lambda stage=stage, index=index: self._restart_worker(stage, index)),
                             policy, say)
                  for stage in STAGES for index in range(len(self.workers[stage]))]  # fmt: skip
         if self.api is not None:
-            units.append(Supervised(f"the API (port {self.api_port})", lambda: self.api.poll() if self.api else None,
+            units.append(Supervised(f"the API (port {self.api_port})", lambda: self.api,
                                     counted("api", self._restart_api), policy, say))  # fmt: skip
         if self.redis is not None:
-            units.append(Supervised(f"the embedded Redis (port {self.redis.port})", self._redis_poll,
+            units.append(Supervised(f"the embedded Redis (port {self.redis.port})",
+                                    lambda: self.redis.process if self.redis else None,
                                     counted("redis", self._restart_redis), policy, say))  # fmt: skip
         for slot in range(len(self.registrars)):
             if slot != self._vllm_slot:
-                units.append(Supervised(f"registrar {slot}", self._poller(self.registrars, slot),
+                units.append(Supervised(f"registrar {slot}", lambda slot=slot: self.registrars[slot],
                                         counted("registrar", lambda slot=slot: self._restart_registrar(slot)),
                                         policy, say))  # fmt: skip
         if self.vllm_server is not None:
             s = self.settings
             vllm_policy = RestartPolicy(budget=s.vllm_restart_budget, window_s=s.vllm_restart_window_s)
-            units.append(Supervised(f"vLLM (port {self.vllm_server.port})", self._vllm_poll,
+            units.append(Supervised(f"vLLM (port {self.vllm_server.port})",
+                                    lambda: self.vllm_server.process if self.vllm_server else None,
                                     counted("vllm", self._restart_vllm), vllm_policy, say,
                                     on_death=self._vllm_died))  # fmt: skip
-            units.append(Supervised("vLLM's registrar", self._vllm_registrar_poll,
+            units.append(Supervised("vLLM's registrar", self._vllm_registrar,
                                     counted("registrar", lambda: self._restart_registrar(self._vllm_slot)),
                                     policy, say))  # fmt: skip
         return units
@@ -375,11 +377,6 @@ class Stack:
         except (RedisError, RolloutsError) as exc:
             self.on_progress(f"could not record the restart count in Redis ({type(exc).__name__}: {exc})")
 
-    @staticmethod
-    def _poller(processes: list[subprocess.Popen[bytes]], index: int) -> Callable[[], int | None]:
-        """The exit code of whatever process holds `index` now (a restart replaces it in the list)."""
-        return lambda: processes[index].poll()
-
     def _restart_worker(self, stage: str, index: int) -> str:
         with self._lock:
             self.workers[stage][index] = self._spawn_worker(stage, index)
@@ -390,10 +387,6 @@ class Stack:
             self.start_api()
         self._wait_for_api(60.0)  # on the same port: the clients and workers reach it where they did
         return f"pid {self.api.pid}" if self.api else ""
-
-    def _redis_poll(self) -> int | None:
-        process = self.redis.process if self.redis else None
-        return process.poll() if process is not None else None
 
     def _restart_redis(self) -> str:
         """The same port, password and data directory (and append-only file), so every client reconnects."""
@@ -406,13 +399,9 @@ class Stack:
         assert slot is not None
         return f"pid {self._respawn_registrar(slot).pid}"
 
-    def _vllm_poll(self) -> int | None:
-        process = self.vllm_server.process if self.vllm_server else None
-        return process.poll() if process is not None else None
-
-    def _vllm_registrar_poll(self) -> int | None:
-        """Its exit code, unless the vLLM it registers is out (its restart registers it again)."""
-        return None if self._vllm_out or self._vllm_slot is None else self.registrars[self._vllm_slot].poll()
+    def _vllm_registrar(self) -> subprocess.Popen[bytes] | None:
+        """Its registrar, unless the vLLM it registers is out (the restart registers it again)."""
+        return None if self._vllm_out or self._vllm_slot is None else self.registrars[self._vllm_slot]
 
     def _vllm_died(self) -> None:
         """At once, before the pause: its registrar deregisters it (SIGTERM), so no new turn is routed

@@ -10,6 +10,7 @@ crash loop is logged and slowed, never spun; a policy with a budget gives up pas
 from __future__ import annotations
 
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -37,22 +38,23 @@ class StayDown(RolloutsError, RuntimeError):
 class Supervised:
     """One process the stack keeps running.
 
-    `poll`: its exit code once it has died (None while it runs); `restart`: start it again (blocking is fine:
-    it runs on a thread; returns a few words for the log, raises StayDown to give up, anything else to retry
-    later); `on_death`: what must happen at once, before the pause (e.g. take a backend out of the pool).
+    `process`: the process to watch now (a restart replaces it; None: nothing to watch); `restart`: start it
+    again (blocking is fine: it runs on a thread; returns a few words for the log, raises StayDown to give up,
+    anything else to retry later); `on_death`: what must happen at once, before the pause (e.g. take a backend
+    out of the pool).
     """
 
     def __init__(
         self,
         name: str,
-        poll: Callable[[], int | None],
+        process: Callable[[], subprocess.Popen[bytes] | None],
         restart: Callable[[], str],
         policy: RestartPolicy,
         say: Callable[[str], None],
         on_death: Callable[[], None] = lambda: None,
     ) -> None:
         self.name = name
-        self.poll = poll
+        self.process = process
         self.restart = restart
         self.policy = policy
         self.say = say
@@ -81,10 +83,12 @@ class Supervised:
             if now >= self.due:
                 self._start_restart(now)
             return
-        code = self.poll()
-        if code is not None:
+        process = self.process()
+        code = process.poll() if process is not None else None
+        if process is not None and code is not None:
             self.on_death()
-            self._schedule(now, f"exited with {exit_text(code)} after {now - self.started_at:.0f} s")
+            lived = now - self.started_at
+            self._schedule(now, f"(pid {process.pid}) exited with {exit_text(code)} after {lived:.0f} s")
 
     def _schedule(self, now: float, what_happened: str) -> None:
         p = self.policy

@@ -16,7 +16,12 @@ from shared.weights import WeightVersions
 
 
 class Fake:
-    """A process that is dead until restarted; each restart may raise what `fail_with` says."""
+    """A process (Popen's poll and pid) that is dead until restarted; each restart may raise what `fail_with` says."""
+
+    pid = 42
+
+    def poll(self) -> int | None:
+        return self.code
 
     def __init__(self) -> None:
         self.code: int | None = None
@@ -36,7 +41,7 @@ def unit(fake: Fake, policy: RestartPolicy, lines: list[str]) -> Supervised:
     def died() -> None:
         fake.deaths_seen += 1
 
-    return Supervised("thing", lambda: fake.code, fake.restart, policy, lines.append, on_death=died)
+    return Supervised("thing", lambda: fake, fake.restart, policy, lines.append, on_death=died)
 
 
 def settle(supervised: Supervised, now: float) -> None:
@@ -61,7 +66,7 @@ def test_a_death_is_logged_then_restarted_after_a_pause_that_doubles_while_it_di
         now += supervised.delay + 1
     assert delays == [1, 2, 4, 4], lines
     assert fake.restarts == 4 and fake.deaths_seen == 4, lines
-    assert "thing exited with signal SIGKILL after 10 s; restarting it in 1 s" in lines, lines
+    assert "thing (pid 42) exited with signal SIGKILL after 10 s; restarting it in 1 s" in lines, lines
     assert lines.count("thing restarted (back)") == 4, lines
     fake.code = 1  # it lived long this time: the pause starts over
     supervised.check(now + 120)
@@ -81,7 +86,7 @@ def test_past_its_budget_it_stays_down_and_says_so_once() -> None:
         supervised.check(now)
     assert fake.restarts == 2 and supervised.down, lines
     assert [line for line in lines if "budget" in line] == [(
-        "thing exited with code 0 after 2 s; its restart budget (2 in 100 s) is spent: it stays down, "
+        "thing (pid 42) exited with code 0 after 2 s; its restart budget (2 in 100 s) is spent: it stays down, "
         "the rest of the stack goes on")], lines  # fmt: skip
     # outside the window the budget is whole again (a new unit: one that gave up stays down)
     again = unit(fake, RestartPolicy(budget=2, window_s=100), [])
