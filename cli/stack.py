@@ -353,7 +353,8 @@ class Stack:
             units.append(Supervised(f"vLLM (port {self.vllm_server.port})",
                                     lambda: self.vllm_server.process if self.vllm_server else None,
                                     counted("vllm", self._restart_vllm), vllm_policy, say,
-                                    on_death=self._vllm_died))  # fmt: skip
+                                    on_death=self._vllm_died, threaded=True,
+                                    on_restarted=self._vllm_rejoins))  # fmt: skip
             units.append(Supervised("vLLM's registrar", self._vllm_registrar,
                                     counted("registrar", lambda: self._restart_registrar(self._vllm_slot)),
                                     policy, say))  # fmt: skip
@@ -423,10 +424,14 @@ class Stack:
             server.start()
         server.wait_until_ready(self.settings.vllm_start_timeout_s, self.on_progress)
         version = self._load_current_weights(server)
+        return f"{server.url}, registering again, weights: {version or 'as started (no update applied)'}"
+
+    def _vllm_rejoins(self) -> None:
+        """Its registrar again, spawned on the supervising thread (die_with_parent arms only there)."""
+        assert self.vllm_server is not None
         with self._lock:
-            self._register_vllm(server)
+            self._register_vllm(self.vllm_server)
             self._vllm_out = False
-        return f"{server.url}, registered again, weights: {version or 'as started (no update applied)'}"
 
     def _load_current_weights(self, server: VLLMServer) -> str | None:
         """Apply the model's current version (WeightVersions) to `server`, as an update does; None: there is

@@ -2,8 +2,10 @@
 
 `Stack.supervise` keeps a `Supervised` per process it started (each worker, the API, the embedded
 Redis, a registrar, the stack's vLLM server). A death is logged in one line (what died, how, when
-it restarts); the restart runs on a thread of its own, so a vLLM that takes a minute to load holds
-up no other restart. The pause before a restart doubles while the process keeps dying young, so a
+it restarts). A restart runs on the supervising thread, so what it spawns gets `die_with_parent`'s
+signal (armed only from the main thread); a slow one (vLLM: a minute to load) runs on a thread of
+its own, so it holds up no other restart, and hands what must be spawned back to the supervising
+thread (`on_restarted`). The pause before a restart doubles while the process keeps dying young, so a
 crash loop is logged and slowed, never spun; a policy with a budget gives up past it (one line).
 """
 
@@ -39,9 +41,10 @@ class Supervised:
     """One process the stack keeps running.
 
     `process`: the process to watch now (a restart replaces it; None: nothing to watch); `restart`: start it
-    again (blocking is fine: it runs on a thread; returns a few words for the log, raises StayDown to give up,
-    anything else to retry later); `on_death`: what must happen at once, before the pause (e.g. take a backend
-    out of the pool).
+    again (returns a few words for the log, raises StayDown to give up, anything else to retry later);
+    `on_death`: what must happen at once, before the pause (e.g. take a backend out of the pool);
+    `threaded`: run `restart` on a thread of its own (a slow one); `on_restarted`: run on the supervising
+    thread once a restart succeeded (e.g. spawn what a threaded restart must not).
     """
 
     def __init__(
@@ -52,6 +55,8 @@ class Supervised:
         policy: RestartPolicy,
         say: Callable[[str], None],
         on_death: Callable[[], None] = lambda: None,
+        threaded: bool = False,
+        on_restarted: Callable[[], None] = lambda: None,
     ) -> None:
         self.name = name
         self.process = process
@@ -59,6 +64,8 @@ class Supervised:
         self.policy = policy
         self.say = say
         self.on_death = on_death
+        self.threaded = threaded
+        self.on_restarted = on_restarted
         self.started_at = time.monotonic()
         self.delay = 0.0
         self.due: float | None = None  # when the pending restart starts
@@ -106,6 +113,10 @@ class Supervised:
     def _start_restart(self, now: float) -> None:
         self.due = None
         self.restarts.append(now)
+        if not self.threaded:
+            self._run()
+            self._finished(now)
+            return
         self._thread = threading.Thread(target=self._run, name=f"restart {self.name}", daemon=True)
         self._thread.start()
 
@@ -123,6 +134,11 @@ class Supervised:
         elif isinstance(outcome, BaseException):
             self._schedule(now, f"failed to restart ({type(outcome).__name__}: {outcome})")
         else:
+            try:
+                self.on_restarted()
+            except Exception as exc:  # noqa: BLE001 - a failed hand-over is a failed restart: retried
+                self._schedule(now, f"failed to rejoin after its restart ({type(exc).__name__}: {exc})")
+                return
             self.started_at = now
             self.say(f"{self.name} restarted{f' ({outcome})' if outcome else ''}")
 

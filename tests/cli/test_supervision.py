@@ -4,6 +4,8 @@ tests/reliability/test_stack_restarts.py)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from click.testing import CliRunner
 
@@ -144,3 +146,39 @@ def test_a_restarted_vllm_stays_out_when_the_current_weights_cannot_be_loaded(se
     versions.record("tiny", "step-2", str(tmp_path / "gone"))
     with pytest.raises(StayDown, match=r"'step-2' .* could not be loaded, so it stays out of the pool: .* not a dir"):
         stack._load_current_weights(server)
+
+
+def test_a_restart_runs_on_the_supervising_thread_unless_threaded_and_rejoins_there() -> None:
+    """Spawned from the supervising thread, a child gets die_with_parent's signal; only a slow restart
+    (vLLM) takes a thread of its own, and what must be spawned after it (its registrar) comes back here."""
+    fake, lines, threads = Fake(), [], []
+    original = fake.restart
+
+    def restart() -> str:
+        threads.append(threading.current_thread())
+        return original()
+
+    inline = Supervised("inline", lambda: fake, restart, RestartPolicy(), lines.append)
+    fake.code = 0
+    inline.check(1.0)
+    settle(inline, 2.0)
+    assert threads == [threading.current_thread()] and not inline.restarting, lines
+
+    rejoined: list[threading.Thread] = []
+    slow = Supervised("slow", lambda: fake, restart, RestartPolicy(), lines.append, threaded=True,
+                      on_restarted=lambda: rejoined.append(threading.current_thread()))  # fmt: skip
+    fake.code = 0
+    slow.check(10.0)
+    settle(slow, 11.0)
+    assert threads[-1] is not threading.current_thread() and rejoined == [threading.current_thread()], lines
+    assert lines[-1] == "slow restarted (back)", lines
+
+    def refuse() -> None:
+        raise RuntimeError("registrar would not start")
+
+    slow.on_restarted = refuse
+    fake.code = 0
+    slow.check(100.0)
+    settle(slow, 101.0)
+    assert "slow failed to rejoin after its restart (RuntimeError: registrar would not start)" in lines[-1], lines
+    assert slow.due is not None and not slow.down, lines
