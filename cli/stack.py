@@ -16,12 +16,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 import httpx
-from redis import Redis
 from redis.exceptions import RedisError
 
 from cli.embedded_redis import EmbeddedRedis, free_port
@@ -90,6 +90,8 @@ class Stack:
         # Restarts run on threads of their own: what they start is taken under the lock, never after stop().
         self._lock = threading.RLock()
         self._stopping = threading.Event()
+        self._restarts: Counter[str] = Counter()  # successful restarts by kind, mirrored to Redis for status
+        self._restarts_unsaved = False
 
     @property
     def api_url(self) -> str:
@@ -118,7 +120,8 @@ class Stack:
                 self.api_port = free_port()
             self.start_api()
             self._wait_for_api(timeout)
-            self._restart_counts(lambda redis, key: redis.delete(key))  # this stack's restarts, from 0
+            self._restarts_unsaved = True  # this stack's restarts, from 0
+            self._save_restart_counts()
             if self.vllm:
                 self.start_vllm()
             for url in self.backend_urls:
@@ -327,6 +330,7 @@ class Stack:
             now = time.monotonic()
             for unit in units:
                 unit.check(now)
+            self._save_restart_counts()
             self._stopping.wait(0.5)
 
     def _supervised(self) -> list[Supervised]:
@@ -361,22 +365,37 @@ class Stack:
         return units
 
     def _counted(self, kind: str, restart: Callable[[], str]) -> Callable[[], str]:
-        """`restart`, counted by kind in Redis once it succeeded, for `rollouts status` (GET /v1/status)."""
+        """`restart`, counted by kind once it succeeded, for `rollouts status` (GET /v1/status)."""
 
         def run() -> str:
             outcome = restart()
-            self._restart_counts(lambda redis, key: redis.hincrby(key, kind, 1))
+            with self._lock:
+                self._restarts[kind] += 1
+                self._restarts_unsaved = True
+            self._save_restart_counts()
             return outcome
 
         return run
 
-    def _restart_counts(self, change: Callable[[Redis, str], object]) -> None:
-        """Apply `change` to the restart counts; best effort: a count is never worth failing a restart for."""
+    def _save_restart_counts(self) -> None:
+        """Write the counts to Redis when they changed; a write that fails (Redis is itself down or
+        restarting) is tried again on the next supervision round, so no restart goes uncounted."""
+        with self._lock:
+            if not self._restarts_unsaved:
+                return
+            counts = dict(self._restarts)
         try:
             with connect(self._redis_settings()) as redis:
-                change(redis, Keys(self.settings.redis_prefix).stack_restarts)
-        except (RedisError, RolloutsError) as exc:
-            self.on_progress(f"could not record the restart count in Redis ({type(exc).__name__}: {exc})")
+                key = Keys(self.settings.redis_prefix).stack_restarts
+                pipe = redis.pipeline()
+                pipe.delete(key)
+                if counts:
+                    pipe.hset(key, mapping=counts)
+                pipe.execute()
+        except (RedisError, RolloutsError):
+            return
+        with self._lock:
+            self._restarts_unsaved = self._restarts != Counter(counts)
 
     def _restart_worker(self, stage: str, index: int) -> str:
         with self._lock:
