@@ -109,3 +109,7 @@ class ServiceStatus(BaseModel):
     in_flight: int = Field(description="Jobs not yet in a terminal status.")
     redis: RedisMemoryStatus
     results: ResultsStatus
+    restarts: dict[str, int] = Field(
+        default_factory=dict,
+        description="Processes `rollouts up` restarted since it started, by kind (worker, api, redis, registrar, "
+        "vllm); empty when none was, or the service runs otherwise.")

@@ -108,19 +108,22 @@ class Registration:
     def _backoff(self, failures: int) -> float:
         return min(self.interval_s * 2 ** min(failures, 16), max(_MAX_BACKOFF_S, self.interval_s))
 
-    def stop(self) -> None:
+    def stop(self) -> str | None:
+        """Stop beating and deregister; returns the id deregistered (None: none was, or the API was away)."""
         self.stopped.set()
-        self._deregister()
+        return self._deregister()
 
-    def _deregister(self) -> None:
+    def _deregister(self) -> str | None:
         backend_id, self.backend_id = self.backend_id, None
         if backend_id is None:
-            return
+            return None
         try:
             removed = self.client.deregister_backend(backend_id)
             log.info("deregistered %s%s", backend_id, "" if removed else " (the pool had already dropped it)")
         except (httpx.HTTPError, ApiError) as exc:
             log.warning("deregistration failed (the pool will drop it after missed heartbeats): %s", exc)
+            return None
+        return backend_id
 
 
 def _message(exc: Exception) -> str:
@@ -193,5 +196,6 @@ def register(backend_url: str, model: str, backend_id: str | None, tokenizer: st
             click.echo(f"registered {backend_id} ({backend_url}, {model})", err=True)
             registration.run()
     finally:
-        registration.stop()
+        if (removed := registration.stop()) is not None:  # said as registration is: `rollouts up` logs both
+            click.echo(f"deregistered {removed} ({backend_url})", err=True)
         registration.client.close()

@@ -87,3 +87,5 @@ def status(url: str | None) -> None:
         click.echo(f"redis: {redis['used_bytes']} bytes of {limit}{refusing}")
         health = "ok" if results["healthy"] else f"UNHEALTHY: {results['reason']}"
         click.echo(f"results: {results['bytes']} bytes in {results['files']} files under {results['root']} ({health})")
+    if info.get("restarts"):  # what `rollouts up` restarted since it started
+        click.echo("restarts: " + ", ".join(f"{kind} {count}" for kind, count in sorted(info["restarts"].items())))

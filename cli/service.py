@@ -136,8 +136,7 @@ def up(
         return
     click.echo(banner(stack))
     try:
-        code = stack.supervise()  # a dead worker is restarted; the API or the backend exiting ends `up`
-        click.echo(f"a service process exited with code {code}; stopping the rest", err=True)
+        stack.supervise()  # every process that dies is restarted (cli/supervision.py); only Ctrl-C ends `up`
     except KeyboardInterrupt:
         # Armed before saying so: a Ctrl-C right after "Ctrl-C again" must kill, not raise in here.
         kill_on_next_interrupt(stack)

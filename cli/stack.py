@@ -14,21 +14,29 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 import httpx
+from redis.exceptions import RedisError
 
 from cli.embedded_redis import EmbeddedRedis, free_port
 from cli.procs import die_with_parent
+from cli.supervision import RestartPolicy, StayDown, Supervised
 from cli.tiny_model import tiny_model_dir
 from cli.vllm_server import VLLMError, VLLMServer
 from rollouts_client import ApiError, RetryPolicy, RolloutClient
 from shared.config import STAGES, Settings
-from shared.errors import RolloutsError
-from shared.redis_conn import write_url_file
+from shared.errors import RolloutsError, ValidationError
+from shared.keys import Keys
+from shared.redis_conn import connect, write_url_file
+from shared.weights.checkpoint import check_checkpoint
+from shared.weights.versions import WeightVersions
+from shared.weights.vllm_routes import Checkpoint, StepFailed, StepTimes, apply
 
 
 class StackError(RolloutsError, RuntimeError):
@@ -74,9 +82,16 @@ class Stack:
         self.api: subprocess.Popen[bytes] | None = None
         self.vllm_server: VLLMServer | None = None
         self.registrars: list[subprocess.Popen[bytes]] = []
+        self._registrar_argv: list[list[str]] = []  # each registrar's command line, to start it again
+        self._vllm_slot: int | None = None  # the index in `registrars` of the stack's vLLM's registrar
+        self._vllm_out = False  # the stack's vLLM is out of the pool (dead, restarting, or down for good)
         self.workers: dict[str, list[subprocess.Popen[bytes]]] = {stage: [] for stage in STAGES}
         self._logs: list[IO[bytes]] = []
-        self._started_at: dict[int, float] = {}  # worker pid -> when it started (for the restart backoff)
+        # Restarts run on threads of their own: what they start is taken under the lock, never after stop().
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._restarts: Counter[str] = Counter()  # successful restarts by kind, mirrored to Redis for status
+        self._restarts_unsaved = False
 
     @property
     def api_url(self) -> str:
@@ -105,6 +120,8 @@ class Stack:
                 self.api_port = free_port()
             self.start_api()
             self._wait_for_api(timeout)
+            self._restarts_unsaved = True  # this stack's restarts, from 0
+            self._save_restart_counts()
             if self.vllm:
                 self.start_vllm()
             for url in self.backend_urls:
@@ -158,23 +175,42 @@ class Stack:
         except VLLMError as exc:
             raise StackError(str(exc)) from None
         self.on_progress(f"vLLM ready at {self.vllm_server.url}, serving {self.vllm_server.served_name}")
-        if self.register_as is None:
-            self.register_backend(self.vllm_server.url, self.vllm_server.served_name)
-        else:  # an adapter has no tokenizer of its own: it is the base model's
-            self.register_backend(self.vllm_server.url, self.register_as, tokenizer=Path(model))
+        self._register_vllm(self.vllm_server)
         return self.vllm_server
 
-    def register_backend(self, url: str, model: str | None = None,
-                         tokenizer: Path | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
-        """Register a running server with the pool as an operator does: `rollouts register` beside it."""
+    def _vllm_model_name(self, server: VLLMServer) -> str:
+        """The model the stack's vLLM is registered as (and its weights are versioned under)."""
+        return self.register_as or server.served_name
+
+    def _register_vllm(self, server: VLLMServer) -> None:
+        """Its registrar, in the slot of the one before it when it comes back from a restart."""
+        # An adapter has no tokenizer of its own: it is the base model's.
+        tokenizer = None if self.register_as is None else server.model
+        self.register_backend(server.url, self._vllm_model_name(server), tokenizer=tokenizer, slot=self._vllm_slot)
+        if self._vllm_slot is None:
+            self._vllm_slot = len(self.registrars) - 1
+
+    def register_backend(self, url: str, model: str | None = None, tokenizer: Path | None = None,
+                         slot: int | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+        """Register a running server with the pool as an operator does: `rollouts register` beside it.
+        `slot`: replace that registrar (one that has exited) instead of adding one."""
         if model is None:
             model = _the_one_served_model(url, self.settings.llm_probe_timeout_s)
         argv = [sys.executable, "-m", "cli", "register", "--backend-url", url, "--model", model, "--wait-timeout", "60"]
         if tokenizer is not None:
             argv += ["--tokenizer", str(tokenizer)]
-        process = self._spawn(f"register-{len(self.registrars)}", argv)
-        self.registrars.append(process)
-        return process
+        with self._lock:
+            if slot is None:
+                self._registrar_argv.append(argv)
+                self.registrars.append(self._spawn(f"register-{len(self.registrars)}", argv))
+                return self.registrars[-1]
+            self._registrar_argv[slot] = argv
+            return self._respawn_registrar(slot)
+
+    def _respawn_registrar(self, slot: int) -> subprocess.Popen[bytes]:
+        with self._lock:
+            self.registrars[slot] = self._spawn(f"register-{slot}", self._registrar_argv[slot])
+            return self.registrars[slot]
 
     def _own_backend_urls(self) -> set[str]:
         urls = {url.rstrip("/") for url in self.backend_urls}
@@ -208,8 +244,9 @@ class Stack:
         return RolloutClient(self.api_url, token, timeout=timeout, retry=RetryPolicy(retries=0))
 
     def start_worker(self, stage: str, concurrency: int | None = None) -> subprocess.Popen[bytes]:
-        process = self._spawn_worker(stage, len(self.workers[stage]), concurrency)
-        self.workers[stage].append(process)
+        with self._lock:
+            process = self._spawn_worker(stage, len(self.workers[stage]), concurrency)
+            self.workers[stage].append(process)
         return process
 
     def _spawn_worker(self, stage: str, index: int, concurrency: int | None = None) -> subprocess.Popen[bytes]:
@@ -219,11 +256,11 @@ class Stack:
             argv += ["--concurrency", str(slots)]
         if self.drain_timeout_s is not None:
             argv += ["--drain-timeout", str(self.drain_timeout_s)]
-        process = self._spawn(f"{stage}-{index}", argv)
-        self._started_at[process.pid] = time.monotonic()
-        return process
+        return self._spawn(f"{stage}-{index}", argv)
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        if self._stopping.is_set():  # a restart that ran into stop(): start nothing stop() would not see
+            raise StayDown("the stack is stopping")
         output: IO[bytes] | None = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -279,46 +316,175 @@ class Stack:
                     return code
             time.sleep(0.5)
 
-    def supervise(self) -> int:
-        """Keep the stack up until the API, the backend or a registrar exits (returns its code).
+    def supervise(self) -> None:
+        """Keep the stack up until stop(): every process it started that dies is started again.
 
-        A worker process that dies (SIGKILL, the OOM killer, a crash) is started again in its place:
-        its jobs were handed back or are re-queued by rq's abandoned-job handling, so nothing is lost.
-        The pause before a restart doubles while the worker keeps dying young (1 s up to
-        RESTART_BACKOFF_MAX_S), so a crash loop is logged and slowed, never spun."""
-        pending: dict[tuple[str, int], tuple[float, float]] = {}  # (stage, index) -> (restart at, delay)
-        delays: dict[tuple[str, int], float] = {}
-        while True:
-            others = [p for p in self.children() if not any(p in procs for procs in self.workers.values())]
-            for child in others:
-                code = child.poll()
-                if code is not None:
-                    return code
+        A dead worker's jobs were handed back or are re-queued by rq's abandoned-job handling; the API
+        comes back on its port (clients retry); the embedded Redis on its port, password and data
+        directory (with `persistent_redis` its append-only file: nothing lost); a registrar registers
+        again. The stack's vLLM leaves the pool at once and comes back with the model's current weights
+        (`_restart_vllm`), within a budget (Settings.vllm_restart_budget). One policy for all
+        (cli/supervision.py); one log line per death and per restart."""
+        units = self._supervised()
+        while not self._stopping.is_set():
             now = time.monotonic()
-            for stage, procs in self.workers.items():
-                for index, process in enumerate(procs):
-                    key = (stage, index)
-                    if key in pending:
-                        restart_at, delay = pending[key]
-                        if now >= restart_at:
-                            del pending[key]
-                            procs[index] = self._spawn_worker(stage, index)
-                            self.on_progress(f"worker {stage}-{index} restarted (pid {procs[index].pid})")
-                        continue
-                    code = process.poll()
-                    if code is None:
-                        continue
-                    lived = now - self._started_at.pop(process.pid, now)
-                    delay = 1.0 if lived > RESTART_RESET_S else min(2 * delays.get(key, 0.5), RESTART_BACKOFF_MAX_S)
-                    delays[key] = delay
-                    pending[key] = (now + delay, delay)
-                    self.on_progress(f"worker {stage}-{index} (pid {process.pid}) exited with {_exit_text(code)} "
-                                     f"after {lived:.0f} s; restarting it in {delay:.0f} s")  # fmt: skip
-            time.sleep(0.5)
+            for unit in units:
+                unit.check(now)
+            self._save_restart_counts()
+            self._stopping.wait(0.5)
+
+    def _supervised(self) -> list[Supervised]:
+        say, policy, counted = self.on_progress, RestartPolicy(), self._counted
+        units = [Supervised(f"worker {stage}-{index}", lambda procs=self.workers[stage], index=index: procs[index],
+                            counted("worker", lambda stage=stage, index=index: self._restart_worker(stage, index)),
+                            policy, say)
+                 for stage in STAGES for index in range(len(self.workers[stage]))]  # fmt: skip
+        if self.api is not None:
+            units.append(Supervised(f"the API (port {self.api_port})", lambda: self.api,
+                                    counted("api", self._restart_api), policy, say))  # fmt: skip
+        if self.redis is not None:
+            units.append(Supervised(f"the embedded Redis (port {self.redis.port})",
+                                    lambda: self.redis.process if self.redis else None,
+                                    counted("redis", self._restart_redis), policy, say))  # fmt: skip
+        for slot in range(len(self.registrars)):
+            if slot != self._vllm_slot:
+                units.append(Supervised(f"registrar {slot}", lambda slot=slot: self.registrars[slot],
+                                        counted("registrar", lambda slot=slot: self._restart_registrar(slot)),
+                                        policy, say))  # fmt: skip
+        if self.vllm_server is not None:
+            s = self.settings
+            vllm_policy = RestartPolicy(budget=s.vllm_restart_budget, window_s=s.vllm_restart_window_s)
+            units.append(Supervised(f"vLLM (port {self.vllm_server.port})",
+                                    lambda: self.vllm_server.process if self.vllm_server else None,
+                                    counted("vllm", self._restart_vllm), vllm_policy, say,
+                                    on_death=self._vllm_died, threaded=True,
+                                    on_restarted=self._vllm_rejoins))  # fmt: skip
+            units.append(Supervised("vLLM's registrar", self._vllm_registrar,
+                                    counted("registrar", lambda: self._restart_registrar(self._vllm_slot)),
+                                    policy, say))  # fmt: skip
+        return units
+
+    def _counted(self, kind: str, restart: Callable[[], str]) -> Callable[[], str]:
+        """`restart`, counted by kind once it succeeded, for `rollouts status` (GET /v1/status)."""
+
+        def run() -> str:
+            outcome = restart()
+            with self._lock:
+                self._restarts[kind] += 1
+                self._restarts_unsaved = True
+            self._save_restart_counts()
+            return outcome
+
+        return run
+
+    def _save_restart_counts(self) -> None:
+        """Write the counts to Redis when they changed; a write that fails (Redis is itself down or
+        restarting) is tried again on the next supervision round, so no restart goes uncounted."""
+        with self._lock:
+            if not self._restarts_unsaved:
+                return
+            counts = dict(self._restarts)
+        try:
+            with connect(self._redis_settings()) as redis:
+                key = Keys(self.settings.redis_prefix).stack_restarts
+                pipe = redis.pipeline()
+                pipe.delete(key)
+                if counts:
+                    pipe.hset(key, mapping=counts)
+                pipe.execute()
+        except (RedisError, RolloutsError):
+            return
+        with self._lock:
+            self._restarts_unsaved = self._restarts != Counter(counts)
+
+    def _restart_worker(self, stage: str, index: int) -> str:
+        with self._lock:
+            self.workers[stage][index] = self._spawn_worker(stage, index)
+            return f"pid {self.workers[stage][index].pid}"
+
+    def _restart_api(self) -> str:
+        with self._lock:
+            self.start_api()
+        self._wait_for_api(60.0)  # on the same port: the clients and workers reach it where they did
+        return f"pid {self.api.pid}" if self.api else ""
+
+    def _restart_redis(self) -> str:
+        """The same port, password and data directory (and append-only file), so every client reconnects."""
+        assert self.redis is not None
+        with self._lock:
+            self.redis.start()  # it waits until the server answers PING
+            return f"pid {self.redis.process.pid}" if self.redis.process else ""
+
+    def _restart_registrar(self, slot: int | None) -> str:
+        assert slot is not None
+        return f"pid {self._respawn_registrar(slot).pid}"
+
+    def _vllm_registrar(self) -> subprocess.Popen[bytes] | None:
+        """Its registrar, unless the vLLM it registers is out (the restart registers it again)."""
+        return None if self._vllm_out or self._vllm_slot is None else self.registrars[self._vllm_slot]
+
+    def _vllm_died(self) -> None:
+        """At once, before the pause: its registrar deregisters it (SIGTERM), so no new turn is routed
+        to it; turns in flight there fail over or wait for a backend (`backend_wait_s`) as they always do."""
+        self._vllm_out = True
+        if self._vllm_slot is not None and self.registrars[self._vllm_slot].poll() is None:
+            self.registrars[self._vllm_slot].send_signal(signal.SIGTERM)
+
+    def _restart_vllm(self) -> str:
+        """On the same port, and back in the pool only with the model's current weights: a restarted vLLM
+        loads the model from disk, and would otherwise serve an old policy under the current version."""
+        server = self.vllm_server
+        assert server is not None and self._vllm_slot is not None
+        _terminate([self.registrars[self._vllm_slot]], 15.0)  # deregistered before anything else
+        with self._lock:
+            if self._stopping.is_set():
+                raise StayDown("the stack is stopping")
+            server.stop()
+            server.start()
+        server.wait_until_ready(self.settings.vllm_start_timeout_s, self.on_progress)
+        version = self._load_current_weights(server)
+        return f"{server.url}, registering again, weights: {version or 'as started (no update applied)'}"
+
+    def _vllm_rejoins(self) -> None:
+        """Its registrar again, spawned on the supervising thread (die_with_parent arms only there)."""
+        assert self.vllm_server is not None
+        with self._lock:
+            self._register_vllm(self.vllm_server)
+            self._vllm_out = False
+
+    def _load_current_weights(self, server: VLLMServer) -> str | None:
+        """Apply the model's current version (WeightVersions) to `server`, as an update does; None: there is
+        none. StayDown when it cannot be loaded: the backend stays out rather than serve older weights."""
+        model = self._vllm_model_name(server)
+        with connect(self._redis_settings()) as redis:
+            current = WeightVersions(redis, Keys(self.settings.redis_prefix)).current(model)
+        if current.version is None:
+            return None
+        what = f"the model {model!r}'s current weights {current.version!r} ({current.path})"
+        if current.path.startswith("upload:"):
+            raise StayDown(f"{what} were sent as bytes, which the service does not keep: it stays out of the "
+                           "pool (a new update cannot reach it either: restart `rollouts up` and send them again)")
+        try:
+            check_checkpoint(current.path, str(server.model), lora=bool(current.lora))
+            checkpoint = Checkpoint(current.path, current.version, lora=current.lora or None)
+            apply(server.url, checkpoint, self.settings.weights_step_timeout_s, StepTimes())
+        except (ValidationError, StepFailed) as exc:
+            raise StayDown(f"{what} could not be loaded, so it stays out of the pool: {exc}") from None
+        return current.version
+
+    def _redis_settings(self) -> Settings:
+        """The settings with the Redis the stack's processes use (its own, when it started one)."""
+        return self.settings.model_copy(update={"redis_url": self.redis_url})
 
     def stop(self, timeout: float = 40.0) -> None:
         """Stop in order: the workers (their running jobs handed back through Redis), then the
-        registrars (they deregister through the API) and the backend, the API, and Redis last."""
+        registrars (they deregister through the API) and the backend, the API, and Redis last.
+        Supervision ends first: no process is restarted from here on."""
+        self._stopping.set()
+        with self._lock:
+            self._stop_in_order(timeout)
+
+    def _stop_in_order(self, timeout: float) -> None:
         workers = [p for procs in self.workers.values() for p in procs]
         _terminate(workers, timeout)
         # The registrars (they deregister on SIGTERM, so the API must still be up) and the backend
@@ -346,6 +512,7 @@ class Stack:
         """Stop at once, out of order (a second Ctrl-C): SIGKILL every child's process group; Redis
         gets SIGTERM (it exits at once, its append-only file flushed). Jobs that were running are
         re-queued by rq's abandoned-job handling when workers next run."""
+        self._stopping.set()
         for process in self.children():
             _signal_group(process, signal.SIGKILL)
         self.vllm_server = None
@@ -357,15 +524,6 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-# A worker that ran this long before dying restarts after 1 s again; one that keeps dying young waits longer.
-RESTART_RESET_S = 60.0
-RESTART_BACKOFF_MAX_S = 30.0
-
-
-def _exit_text(code: int) -> str:
-    return f"signal {signal.Signals(-code).name}" if code < 0 else f"code {code}"
 
 
 def _terminate(processes: list[subprocess.Popen[bytes]], timeout: float) -> None:

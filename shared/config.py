@@ -218,6 +218,14 @@ class Settings(BaseSettings):
     vllm_args: str = Field(default="", description="Extra command-line arguments for vLLM's api_server.")
     vllm_start_timeout_s: float = Field(default=900.0, gt=0, description="How long `rollouts up` waits for vLLM.")
     vllm_kv_cache_gib: int = Field(default=1, gt=0, description="VLLM_CPU_KVCACHE_SPACE of a CPU-only server.")
+    vllm_restart_budget: int = Field(
+        default=3, ge=0,
+        description="Restarts `rollouts up` gives its vLLM server within vllm_restart_window_s; past them the server "
+        "stays down (said in one line) and the rest of the stack keeps serving: a crash loop is not retried forever.",
+    )
+    vllm_restart_window_s: float = Field(
+        default=3600.0, gt=0, description="The window vllm_restart_budget counts restarts in (seconds)."
+    )
     tiny_model_seed: int = Field(default=0, description="Seed of the built tiny model's weights.")
     tiny_model_max_len: int = Field(default=4096, gt=0, description="Context length of the built tiny model.")
 

@@ -146,6 +146,12 @@ class Keys:
         """Hash: the model's last applied update: version, seq, path, applied_at."""
         return f"{self.prefix}:weights:{model}:current"
 
+    # --- the stack `rollouts up` runs (cli/stack.py) -----------------------------
+    @property
+    def stack_restarts(self) -> str:
+        """Hash: processes the stack restarted since it started, by kind (worker, api, redis, registrar, vllm)."""
+        return f"{self.prefix}:stack:restarts"
+
     def weight_lock(self, model: str) -> str:
         """String: held while one weight update of the model runs (concurrent updates are serialised)."""
         return f"{self.prefix}:lock:weights:{model}"

@@ -12,6 +12,7 @@ from api.deps import get_keys, get_redis, get_settings, require_admin, require_a
 from shared.backend_pool import Backend, BackendPool, NotAModelServer, check_serves_model
 from shared.config import Settings
 from shared.keys import Keys
+from shared.weights.versions import WeightVersions, stale_reason
 
 router = APIRouter(prefix="/v1/backends", tags=["backends"])
 
@@ -90,12 +91,16 @@ def _found(backend: Backend | None, backend_id: str) -> Backend:
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=BackendView,
              dependencies=[Depends(require_admin)], summary="Register (or refresh) a backend")
 def register_backend(body: BackendRegistration, pool: BackendPool = Depends(get_pool)) -> BackendView:
-    """Refused (422) unless the URL is an OpenAI-compatible server that serves the named model."""
+    """Refused (422) unless the URL is an OpenAI-compatible server that serves the named model. One that reports
+    a weight version other than the model's current one is registered unhealthy (`stale weights`)."""
+    timeout = pool.settings.llm_probe_timeout_s
     try:
-        root = check_serves_model(body.url, body.model, pool.settings.llm_probe_timeout_s)
+        root = check_serves_model(body.url, body.model, timeout)
     except NotAModelServer as exc:
         raise exc.within("body") from None
-    backend = pool.register(body.url, body.model, body.capacity, body.labels, body.id, tokenizer=body.tokenizer or root)
+    stale = stale_reason(WeightVersions(pool.redis, pool.keys), body.model, body.url, timeout)
+    backend = pool.register(body.url, body.model, body.capacity, body.labels, body.id,
+                            tokenizer=body.tokenizer or root, unhealthy_reason=stale)  # fmt: skip
     return BackendView.of(backend)
 
 

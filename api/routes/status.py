@@ -41,6 +41,7 @@ def service_status(request: Request, redis: Redis = Depends(get_redis)) -> Servi
     jobs = store.counts_by_status()
     memory = redis_memory(redis, request.app.state.settings)
     health = store.results.health()
+    restarts = {_text(kind): int(count) for kind, count in redis.hgetall(request.app.state.keys.stack_restarts).items()}
     return ServiceStatus(
         stages=stages,
         jobs=jobs,
@@ -49,4 +50,9 @@ def service_status(request: Request, redis: Redis = Depends(get_redis)) -> Servi
                "accepting": not memory.over_high_water},  # fmt: skip
         results={"root": str(store.results.root), **store.results_usage(), "healthy": health.healthy,
                  "reason": health.reason},  # fmt: skip
+        restarts=restarts,
     )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

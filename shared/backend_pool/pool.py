@@ -210,8 +210,10 @@ class BackendPool:
         labels: dict[str, str] | None = None,
         backend_id: str | None = None,
         tokenizer: str = "",
+        unhealthy_reason: str = "",
     ) -> Backend:
         """Add (or refresh) a backend; it is healthy at once, and open to new pins unless drained.
+        With `unhealthy_reason` (e.g. stale weights) it is registered out of selection, in the same step.
 
         ``tokenizer``: a directory the workers can read with the served model's tokenizer and chat
         template (rollout workers render prompts with it; without one, jobs on this backend fail
@@ -232,8 +234,8 @@ class BackendPool:
                 "tokenizer": tokenizer,
                 "capacity": capacity,
                 "labels": json.dumps(labels or {}),
-                "healthy": 1,
-                "unhealthy_reason": "",
+                "healthy": 0 if unhealthy_reason else 1,
+                "unhealthy_reason": unhealthy_reason,
                 "last_heartbeat": now,
             })
             pipe.execute()

@@ -88,7 +88,7 @@ def _update_locked(redis: Redis, pool: BackendPool, model: str, checkpoint: Chec
     with ThreadPoolExecutor(max_workers=min(16, len(backends))) as executor:
         outcomes = list(executor.map(lambda b: _apply_one(pool, b, checkpoint, timeout), backends))
     updated = any(o.status == "updated" for o in outcomes)
-    seq = versions.record(model, checkpoint.version, checkpoint.path) if updated else 0
+    seq = versions.record(model, checkpoint.version, checkpoint.path, checkpoint.lora or "") if updated else 0
     return UpdateReport(model, checkpoint.version, seq, outcomes, time.perf_counter() - started)
 
 

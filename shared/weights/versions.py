@@ -15,8 +15,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import httpx
 from redis import Redis
 
+from shared.backend_pool import STALE_WEIGHTS
 from shared.keys import Keys
 
 
@@ -32,6 +34,7 @@ class Current:
     seq: int = 0
     path: str = ""
     applied_at: float = 0.0
+    lora: str = ""  # the adapter's name when the version was loaded as a LoRA adapter from `path`
 
 
 class WeightVersions:
@@ -46,7 +49,7 @@ class WeightVersions:
         if not raw:
             return Current()
         return Current(raw.get("version"), int(raw.get("seq") or 0), raw.get("path", ""),
-                       float(raw.get("applied_at") or 0))  # fmt: skip
+                       float(raw.get("applied_at") or 0), raw.get("lora", ""))  # fmt: skip
 
     def check_forward(self, model: str, version: str) -> None:
         """Raise VersionBackwards if `version` was the model's current one before the current one."""
@@ -67,11 +70,12 @@ class WeightVersions:
         self.redis.hset(self.keys.weight_versions(model), version, seq)
         return seq
 
-    def record(self, model: str, version: str, path: str) -> int:
-        """Make `version` the model's current one (after at least one backend took it); returns its number."""
+    def record(self, model: str, version: str, path: str, lora: str = "") -> int:
+        """Make `version` the model's current one (after at least one backend took it); returns its number.
+        What it was loaded from (`path`, `lora`) is kept so that a restarted backend can load it again."""
         seq = self.reserve(model, version)
-        self.redis.hset(self.keys.weight_current(model),
-                        mapping={"version": version, "seq": seq, "path": path, "applied_at": time.time()})  # fmt: skip
+        self.redis.hset(self.keys.weight_current(model), mapping={
+            "version": version, "seq": seq, "path": path, "lora": lora, "applied_at": time.time()})  # fmt: skip
         return seq
 
     def seqs(self, model: str, versions: Iterable[str | None]) -> list[int]:
@@ -81,6 +85,23 @@ class WeightVersions:
             return []
         raw = self.redis.hmget(self.keys.weight_versions(model), [v or "" for v in names])
         return [int(r) if r is not None else 0 for r in raw]
+
+
+def stale_reason(versions: WeightVersions, model: str, url: str, timeout_s: float) -> str:
+    """Why a server registering for `model` must not be routed to yet: it reports (vLLM's GET /weight_info) a
+    version other than the model's current one, e.g. restarted on the base weights after updates. "" when it
+    matches, when the model was never updated, or when the server does not say (not a vLLM, no dev routes)."""
+    current = versions.current(model).version
+    if current is None:
+        return ""
+    try:
+        response = httpx.get(url.rstrip("/") + "/weight_info", timeout=timeout_s)
+        served = response.json().get("weight_version") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return ""
+    if served is None or served == current:
+        return ""
+    return f"{STALE_WEIGHTS}: it serves version {served!r}, the model's current one is {current!r}"
 
 
 def _text(value: bytes | str | None) -> str:

@@ -1,7 +1,7 @@
 """A test double of a vLLM server whose weight-update routes fail or hang: fault injection only.
 
 It serves what registration and the health probe ask (`GET /health`, `GET /v1/models` listing one
-model with a `root`), and answers every weight route (`/pause`, `/collective_rpc`, ...) with a
+model with a `root`; with `weight_version`, `GET /weight_info` as vLLM does), and answers every weight route (`/pause`, `/collective_rpc`, ...) with a
 500, or holds it until `release` is set when started with `hang=True`. It generates nothing.
 """
 
@@ -17,8 +17,9 @@ from tests.support.json_backend import JsonBackendHandler
 class BrokenWeightsBackend:
     """A backend that is up and healthy but cannot take new weights."""
 
-    def __init__(self, model: str, root: str = "", hang: bool = False) -> None:
+    def __init__(self, model: str, root: str = "", hang: bool = False, weight_version: str | None = None) -> None:
         self.model, self.root, self.hang = model, root, hang
+        self.weight_version = weight_version
         self.release = threading.Event()
         self.received = threading.Event()  # a weight route was called
         self._server: ThreadingHTTPServer | None = None
@@ -34,6 +35,12 @@ class BrokenWeightsBackend:
         class Handler(JsonBackendHandler):
             def models_listing(self) -> dict[str, Any]:
                 return {"data": [{"id": double.model, "root": double.root}]}
+
+            def do_GET(self) -> None:
+                if self.path == "/weight_info" and double.weight_version is not None:
+                    self.send_json(200, {"weight_version": double.weight_version})
+                else:
+                    super().do_GET()
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))

@@ -12,6 +12,7 @@ from redis import Redis
 from shared.backend_pool import BackendPool
 from shared.config import Settings
 from shared.keys import Keys
+from shared.weights import WeightVersions
 
 ADMIN = {"Authorization": "Bearer admin-token"}
 USER = {"Authorization": "Bearer user-token"}
@@ -92,3 +93,23 @@ def test_a_second_concurrent_update_of_the_model_gets_409(
     assert first["r"].status_code == 200
     # the lock is gone with the first update: the next one runs (and fails on the double, as it should)
     assert api.post("/v1/models/tiny/weights", json={"version": "v2", "path": str(checkpoint)}).status_code == 200
+
+
+def test_a_server_registering_with_other_weights_than_the_models_current_ones_is_registered_unhealthy(
+    make_client, redis: Redis, settings: Settings, doubles
+) -> None:
+    """A vLLM restarted on the base weights after updates must not be routed to until it has the current ones."""
+    api = make_client()
+    fresh = doubles(weight_version="default")
+    before = api.post("/v1/backends", json={"url": fresh.url, "model": "tiny"}).json()
+    assert before["healthy"], before  # the model was never updated: nothing to be behind
+    WeightVersions(redis, Keys(settings.redis_prefix)).record("tiny", "v2", "/ckpt/v2")
+    servers = {"behind": fresh, "current": doubles(weight_version="v2"), "silent": doubles()}
+    views = {name: api.post("/v1/backends", json={"url": double.url, "model": "tiny"}).json()
+             for name, double in servers.items()}
+    assert not views["behind"]["healthy"], views
+    assert views["behind"]["unhealthy_reason"] == (
+        "stale weights: it serves version 'default', the model's current one is 'v2'"), views
+    assert views["current"]["healthy"] and views["silent"]["healthy"], views  # silent: no /weight_info to compare
+    pool = BackendPool(redis, Keys(settings.redis_prefix), settings)
+    assert pool.maintain().recovered == [], views  # its /health passes; only the current weights bring it back
