@@ -155,7 +155,7 @@ def test_a_task_near_its_time_limit_is_warned_and_hands_its_job_back(fleet, trac
 
 
 def test_a_preempted_task_is_warned_and_hands_its_job_back(fleet, trace_dir, tmp_path):
-    api, slurm, arrays = fleet["api"], fleet["slurm"], fleet["arrays"]
+    api, slurm = fleet["api"], fleet["slurm"]
     ids = _submit(api, trace_dir, [{"sleep": {"rollout": 120}, "sleep_first_attempt_only": True}])
     pid = _started(trace_dir, ids[0], "rollout")
     task = _array_task(pid)
