@@ -19,6 +19,7 @@ import httpx
 
 from cli.stack import Stack
 from shared.config import Settings
+from tests.support.proc_table import process_table
 from tests.support.scripted_llm import SCRIPTED_MODEL
 from tests.support.waiting import wait_for, wait_status
 
@@ -110,13 +111,8 @@ def observations(trajectory: dict[str, Any]) -> list[dict[str, Any]]:
 
 def descendants(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            children.setdefault(int(stat[1]), []).append(int(entry))
+    for pid, (parent, _group) in process_table().items():
+        children.setdefault(parent, []).append(pid)
     found, queue = [], [root]
     while queue:
         for child in children.get(queue.pop(), []):

@@ -27,6 +27,7 @@ import pytest
 from cli.stack import Stack
 from cli.vllm_server import VLLMServer
 from shared.config import Settings
+from tests.support.proc_table import process_table
 from tests.support.vllm_server import SERVED_NAME, freeze, requests_taken
 from tests.support.waiting import TERMINAL, client_for, job, wait_for
 from tests.weights.test_weight_update_on_vllm import checkpoint, gap_to, sample
@@ -146,16 +147,7 @@ def registrar_log(up: Up) -> str:
 
 
 def process_group(leader: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(stat[2]) == leader:
-                pids.append(int(entry))
-    return pids
+    return [pid for pid, (_parent, group) in process_table().items() if group == leader]
 
 
 def vllm_process(server: VLLMServer, needle: bytes) -> int:
