@@ -25,11 +25,14 @@ class JobStatus(str, Enum):
 TERMINAL: frozenset[str] = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.TIMED_OUT})
 ALL_STATUSES: tuple[str, ...] = tuple(s.value for s in JobStatus)
 
-# A stage worker may take a job whose status is the stage before it (normal
-# hand-over) or the stage itself (a re-run after its previous worker died).
+# A stage worker may take a job whose status is its stage: the hand-over moved it there in the
+# same transaction that stored the previous stage's output, and a re-run after a worker died finds
+# it there still. `init` also takes a job from `queued`, where submission leaves it. A job still in
+# the stage before is never taken: a rollout queued by a superseded init attempt (whose move was
+# refused) would otherwise run without the init output the newer attempt has not yet stored.
 STAGE_ENTRY_FROM: dict[str, tuple[str, ...]] = {
     "init": (JobStatus.QUEUED, JobStatus.INIT),
-    "rollout": (JobStatus.INIT, JobStatus.ROLLOUT),
-    "eval": (JobStatus.ROLLOUT, JobStatus.EVAL),
+    "rollout": (JobStatus.ROLLOUT,),
+    "eval": (JobStatus.EVAL,),
 }
 NEXT_STAGE: dict[str, str | None] = {"init": "rollout", "rollout": "eval", "eval": None}

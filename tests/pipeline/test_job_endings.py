@@ -180,6 +180,22 @@ def test_a_superseded_attempt_leaves_the_workspace_and_pin_to_the_newer_one(work
     assert worker.store.status(job_id) == JobStatus.ROLLOUT
 
 
+def test_a_rollout_queued_by_a_superseded_init_waits_for_the_newer_one(worker: WorkerState) -> None:
+    """An init attempt given up for dead finishes anyway: its move on is refused (a newer attempt
+    owns the job) but its rollout is queued in the same transaction. That rollout must not run on a
+    record that has no init output yet; the newer attempt's hand-over queues the one that runs."""
+    job_id = submit(worker)
+    assert worker.store.take(job_id, "init", ("queued",), "given-up-for-dead").attempt == 1
+    assert worker.store.take(job_id, "init", ("init",), "the-newer-attempt").attempt == 2
+
+    assert rollout_stage.run(job_id) == "skipped:init"
+    record = worker.store.get(job_id)
+    assert record["status"] == "init" and "attempts:rollout" not in record, record
+
+    assert init_stage.run(job_id) == "queued:rollout"
+    assert rollout_stage.run(job_id) == "queued:eval"
+
+
 def test_the_api_cancel_releases_the_pin_and_leaves_the_workspace_to_the_worker(
     worker: WorkerState, make_client: Callable[..., TestClient]
 ) -> None:

@@ -224,7 +224,9 @@ def _not_taken(job_id: str, stage: str, current: str) -> Outcome:
         return Outcome("missing", Ended("", moved=False))
     if current in TERMINAL:
         return Outcome(f"skipped:{current}", Ended(current, moved=False))
-    log.info("job %s: status %s is past %s; nothing to do", job_id, current, stage)
+    # Past this stage, or still in the one before (a superseded attempt queued this one): the
+    # attempt that owns the job queues this stage again when it hands the job on.
+    log.info("job %s: status %s is not %s's to take; nothing to do", job_id, current, stage)
     return Outcome(f"skipped:{current}")
 
 
