@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 import time
 from typing import Any
@@ -18,8 +19,10 @@ import click
 import httpx
 
 from cli.connect import connect_admin
+from gateway.app import GatewayConfig
+from gateway.server import ThreadedServer
 from rollouts_client import ApiError, RolloutClient
-from shared.config import get_settings
+from shared.config import Settings, get_settings
 from shared.errors import RolloutsError
 
 log = logging.getLogger(__name__)
@@ -169,20 +172,32 @@ def api_options(fn):  # type: ignore[no-untyped-def]
 
 
 @click.command("register")
-@click.option("--backend-url", required=True, help="Base URL of the vLLM server, e.g. http://$(hostname):8000.")
+@click.option("--backend-url", required=True, help="Base URL of the vLLM server, e.g. http://$(hostname):8000; "
+              "with --gateway, its loopback address (http://127.0.0.1:8000).")
 @click.option("--model", required=True, help="Served model name (what vLLM reports).")
 @click.option("--id", "backend_id", default=None, help="Backend id (default: derived from the URL).")
 @click.option("--tokenizer", default=None,
               help="Tokenizer dir the rollout workers can read (default: the model path vLLM reports).")
 @click.option("--wait-timeout", type=float, default=1800.0, show_default=True,
               help="Seconds to wait for the server's /health before registering.")
+@click.option("--gateway", "gateway_listen", default=None, metavar="HOST:PORT",
+              help="Serve the backend through a node gateway listening here (keys: ROLLOUTS_BACKEND_KEY and "
+              "ROLLOUTS_BACKEND_ADMIN_KEY) and register the gateway, not the server (docs/SECURITY.md).")
+@click.option("--advertise-url", default=None,
+              help="With --gateway: the URL others reach the gateway by (default: http://<hostname>:<port>).")
 @api_options
 def register(backend_url: str, model: str, backend_id: str | None, tokenizer: str | None, wait_timeout: float,
-             api_url: str | None, token: str | None, capacity: float, labels: tuple[str, ...]) -> None:
+             gateway_listen: str | None, advertise_url: str | None, api_url: str | None, token: str | None,
+             capacity: float, labels: tuple[str, ...]) -> None:  # fmt: skip
     """Register a vLLM server with the pool, heartbeat until SIGTERM/SIGINT, then deregister."""
     settings = get_settings()
     _wait_healthy(backend_url, wait_timeout)
-    body = {"url": backend_url, "model": model, "capacity": capacity, "labels": _labels(labels)}
+    gateway = _start_gateway(gateway_listen, backend_url, settings) if gateway_listen else None
+    registered_url = backend_url
+    if gateway is not None:
+        registered_url = advertise_url or f"http://{_advertised_host(gateway.host)}:{gateway.port}"
+        click.echo(f"gateway on {gateway.host}:{gateway.port} in front of {backend_url}", err=True)
+    body = {"url": registered_url, "model": model, "capacity": capacity, "labels": _labels(labels)}
     if backend_id:
         body["backend_id"] = backend_id
     if tokenizer:
@@ -193,9 +208,27 @@ def register(backend_url: str, model: str, backend_id: str | None, tokenizer: st
     try:
         backend_id = registration.register_until_done()
         if backend_id is not None:
-            click.echo(f"registered {backend_id} ({backend_url}, {model})", err=True)
+            click.echo(f"registered {backend_id} ({registered_url}, {model})", err=True)
             registration.run()
     finally:
         if (removed := registration.stop()) is not None:  # said as registration is: `rollouts up` logs both
-            click.echo(f"deregistered {removed} ({backend_url})", err=True)
+            click.echo(f"deregistered {removed} ({registered_url})", err=True)
         registration.client.close()
+        if gateway is not None:  # after deregistering: the pool no longer sends it anything new
+            gateway.stop()
+
+
+def _start_gateway(listen: str, upstream: str, settings: Settings) -> ThreadedServer:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise click.BadParameter(f"{listen!r} is not HOST:PORT", param_hint="--gateway")
+    try:
+        config = GatewayConfig.from_settings(upstream, settings)
+        return ThreadedServer.gateway(config, host.strip("[]"), int(port)).start()
+    except (ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _advertised_host(bound: str) -> str:
+    """The name to register for a gateway bound to `bound`: the node's own name for a wildcard."""
+    return socket.gethostname() if bound in ("0.0.0.0", "::", "") else bound

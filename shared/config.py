@@ -204,6 +204,23 @@ class Settings(BaseSettings):
         "loaded instead: past it, a shared prefix cache is worth less than the queue. Running trajectories never move.",
     )
 
+    # --- Node gateways (gateway/, `rollouts register --gateway`) -------------------
+    backend_key: str | None = Field(
+        default=None,
+        description="Bearer key of the data routes (generate, completions, models, health, metrics) of every node "
+        "gateway; the workers and the API send it to the backends. Unset: backends are called without one.",
+    )
+    backend_admin_key: str | None = Field(
+        default=None,
+        description="Bearer key of a node gateway's control routes (pause, resume, reload, bytes upload, prefix "
+        "cache, weight version, LoRA load); only the API, which runs weight updates, sends it.",
+    )
+    checkpoint_roots: WordList = Field(
+        default_factory=list,
+        description="Directories a node gateway lets its vLLM reload checkpoints and LoRA adapters from (comma "
+        "separated); a path outside them is refused with 403. Empty: every path reload is refused.",
+    )
+
     # --- The embedded vLLM server (`rollouts up`) ------------------------------
     vllm_env: Path = Field(
         default_factory=_default_vllm_env,
@@ -306,7 +323,7 @@ class Settings(BaseSettings):
     )
     log_json: bool = False
 
-    @field_validator("api_tokens", "admin_tokens", "task_modules", mode="before")
+    @field_validator("api_tokens", "admin_tokens", "task_modules", "checkpoint_roots", mode="before")
     @classmethod
     def _split_words(cls, value: object) -> object:
         if isinstance(value, str):

@@ -95,10 +95,11 @@ def register_backend(body: BackendRegistration, pool: BackendPool = Depends(get_
     a weight version other than the model's current one is registered unhealthy (`stale weights`)."""
     timeout = pool.settings.llm_probe_timeout_s
     try:
-        root = check_serves_model(body.url, body.model, timeout)
+        root = check_serves_model(body.url, body.model, timeout, pool.settings.backend_key)
     except NotAModelServer as exc:
         raise exc.within("body") from None
-    stale = stale_reason(WeightVersions(pool.redis, pool.keys), body.model, body.url, timeout)
+    stale = stale_reason(WeightVersions(pool.redis, pool.keys), body.model, body.url, timeout,
+                         pool.settings.backend_key)
     backend = pool.register(body.url, body.model, body.capacity, body.labels, body.id,
                             tokenizer=body.tokenizer or root, unhealthy_reason=stale)  # fmt: skip
     return BackendView.of(backend)

@@ -125,10 +125,16 @@ def _probe_cannot_restore(backend: Backend) -> bool:
     return backend.unhealthy_reason.startswith((NOT_SERVING_MODEL, STALE_WEIGHTS))
 
 
-def probe_health(url: str, timeout_s: float) -> str | None:
+def backend_auth(key: str | None) -> dict[str, str]:
+    """The header a node gateway (gateway/) asks for; none where the key is unset (a vLLM server called
+    directly, on loopback or a trusted network)."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def probe_health(url: str, timeout_s: float, key: str | None = None) -> str | None:
     """GET <url>/health as vLLM serves it; None when healthy, else the reason."""
     try:
-        response = httpx.get(url.rstrip("/") + "/health", timeout=timeout_s)
+        response = httpx.get(url.rstrip("/") + "/health", timeout=timeout_s, headers=backend_auth(key))
     except httpx.HTTPError as exc:
         return f"probe failed: {type(exc).__name__}: {exc}"
     if response.status_code != 200:
@@ -144,14 +150,14 @@ class NotAModelServer(ValidationError):
         super().__init__(message, (field,))
 
 
-def check_serves_model(url: str, model: str, timeout_s: float) -> str:
+def check_serves_model(url: str, model: str, timeout_s: float, key: str | None = None) -> str:
     """Ask the server what it serves (GET /v1/models); returns the model's `root`, vLLM's local path of it.
 
     Raises NotAModelServer naming the field at fault: the URL (unreachable, not an OpenAI-compatible
     server) or the model (the server serves others).
     """
     try:
-        response = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
+        response = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s, headers=backend_auth(key))
         cards = response.json()["data"] if response.status_code == 200 else None
         served = {str(card["id"]): str(card.get("root") or "") for card in cards}
     except (httpx.HTTPError, httpx.InvalidURL, ValueError, KeyError, TypeError) as exc:
@@ -393,7 +399,7 @@ class BackendPool:
         backend = self.get(backend_id)
         if backend is None:
             return False
-        reason = probe_health(backend.url, self.settings.llm_probe_timeout_s)
+        reason = probe_health(backend.url, self.settings.llm_probe_timeout_s, self.settings.backend_key)
         if reason is None:
             return True
         self.set_health(backend_id, False, f"{reason} (after: {error})")
@@ -437,7 +443,7 @@ class BackendPool:
             return []
         timeout = self.settings.llm_probe_timeout_s
         with ThreadPoolExecutor(max_workers=min(32, len(backends))) as executor:
-            return list(executor.map(lambda b: probe_health(b.url, timeout), backends))
+            return list(executor.map(lambda b: probe_health(b.url, timeout, self.settings.backend_key), backends))
 
     def reap_expired(self, now: float | None = None, batch: int = 1000) -> int:
         """Release trajectories whose lease expired (their rollout died without releasing)."""

@@ -34,15 +34,30 @@ def tensor_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_checkpoint(path: str, reference: str | None, lora: bool = False) -> None:
+def outside_roots(path: str, roots: list[str]) -> str:
+    """Why `path` is not under any of `roots` once symlinks and `..` are resolved ("" when it is): a
+    checkpoint root is where trainers save, and the one place a backend may load from (gateway/)."""
+    if not os.path.isabs(path):
+        return f"{path!r} is not an absolute path"
+    resolved = Path(os.path.realpath(path))
+    if any(resolved.is_relative_to(os.path.realpath(root)) for root in roots):
+        return ""
+    return f"{path} is outside the checkpoint roots ({', '.join(roots) or 'none are set'})"
+
+
+def check_checkpoint(path: str, reference: str | None, lora: bool = False, roots: list[str] | None = None) -> None:
     """Raise ValidationError on body.path unless `path` is a readable checkpoint that fits `reference`.
 
     `reference`: the served model's directory (None or unreadable: names and shapes are not compared).
     A LoRA adapter needs adapter_config.json and its safetensors; its shapes are vLLM's to check.
+    `roots`: where it must lie when set (the gateways refuse the rest; refused here first, no backend is
+    paused for it).
     """
     directory = Path(path)
     if not directory.is_absolute():
         raise _refuse(f"{path!r} is not an absolute path (the backends resolve it, not the caller)")
+    if roots and (reason := outside_roots(path, roots)):
+        raise _refuse(reason)
     if not directory.is_dir():
         raise _refuse(f"{path} is not a directory the service can see" if not directory.exists()
                       else f"{path} is a file; give the checkpoint's directory")  # fmt: skip

@@ -82,7 +82,8 @@ def _update_locked(redis: Redis, pool: BackendPool, model: str, checkpoint: Chec
     if checkpoint.data is not None:
         check_payload(checkpoint.data, reference)
     else:
-        check_checkpoint(checkpoint.path, reference, lora=checkpoint.lora is not None)
+        check_checkpoint(checkpoint.path, reference, lora=checkpoint.lora is not None,
+                         roots=pool.settings.checkpoint_roots)
     versions.reserve(model, checkpoint.version)
     timeout = pool.settings.weights_step_timeout_s
     with ThreadPoolExecutor(max_workers=min(16, len(backends))) as executor:
@@ -97,7 +98,7 @@ def _apply_one(pool: BackendPool, backend: Backend, checkpoint: Checkpoint, time
     outcome = BackendOutcome(backend.id, backend.url)
     times = StepTimes()
     try:
-        apply(backend.url, checkpoint, timeout, times)
+        apply(backend.url, checkpoint, timeout, times, pool.settings.backend_admin_key)
     except StepFailed as exc:
         outcome.error, outcome.seconds = str(exc), times.seconds
         outcome.removed_from_pool = pool.set_health(

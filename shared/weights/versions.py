@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import httpx
 from redis import Redis
 
-from shared.backend_pool import STALE_WEIGHTS
+from shared.backend_pool import STALE_WEIGHTS, backend_auth
 from shared.keys import Keys
 
 
@@ -87,7 +87,7 @@ class WeightVersions:
         return [int(r) if r is not None else 0 for r in raw]
 
 
-def stale_reason(versions: WeightVersions, model: str, url: str, timeout_s: float) -> str:
+def stale_reason(versions: WeightVersions, model: str, url: str, timeout_s: float, key: str | None = None) -> str:
     """Why a server registering for `model` must not be routed to yet: it reports (vLLM's GET /weight_info) a
     version other than the model's current one, e.g. restarted on the base weights after updates. "" when it
     matches, when the model was never updated, or when the server does not say (not a vLLM, no dev routes)."""
@@ -95,7 +95,7 @@ def stale_reason(versions: WeightVersions, model: str, url: str, timeout_s: floa
     if current is None:
         return ""
     try:
-        response = httpx.get(url.rstrip("/") + "/weight_info", timeout=timeout_s)
+        response = httpx.get(url.rstrip("/") + "/weight_info", timeout=timeout_s, headers=backend_auth(key))
         served = response.json().get("weight_version") if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return ""

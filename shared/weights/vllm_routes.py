@@ -62,7 +62,7 @@ def _call(client: httpx.Client, step: str, times: StepTimes, method: str, path: 
     return response
 
 
-def apply(url: str, checkpoint: Checkpoint, timeout_s: float, times: StepTimes) -> None:
+def apply(url: str, checkpoint: Checkpoint, timeout_s: float, times: StepTimes, key: str | None = None) -> None:
     """Pause, load, reset the prefix cache, label, resume: five calls, each acknowledged or StepFailed.
 
     Paused, no token is sampled while weights are half swapped (`wait` lets running requests
@@ -72,7 +72,7 @@ def apply(url: str, checkpoint: Checkpoint, timeout_s: float, times: StepTimes) 
     found no cached token either, but nothing documents that). Resumed only once the new weights
     and their label are both in.
     """
-    with httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s) as client:
+    with httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s, headers=backend_auth(key)) as client:
         _call(client, "pause", times, "POST", "/pause", params={"mode": checkpoint.pause_mode})
         _load(client, checkpoint, times)
         reset = _call(client, "reset_prefix_cache", times, "POST", "/reset_prefix_cache")

@@ -39,6 +39,7 @@ from typing import Any
 
 import httpx
 
+from shared.backend_pool import backend_auth
 from shared.errors import RolloutsError
 
 log = logging.getLogger(__name__)
@@ -186,10 +187,9 @@ class LLMClient:
         backoff_s: float = 0.5,
         api_key: str | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(
             timeout=httpx.Timeout(request_timeout_s, connect=connect_timeout_s),
-            headers=headers,
+            headers=backend_auth(api_key),
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
         self.max_retries = max_retries
@@ -198,13 +198,13 @@ class LLMClient:
         self._routes_lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, settings: Any, api_key: str | None = None) -> LLMClient:
+    def from_settings(cls, settings: Any) -> LLMClient:
         return cls(
             request_timeout_s=settings.llm_request_timeout_s,
             connect_timeout_s=settings.llm_connect_timeout_s,
             max_retries=settings.llm_max_retries,
             backoff_s=settings.llm_retry_backoff_s,
-            api_key=api_key,
+            api_key=settings.backend_key,  # the node gateways' data key (gateway/), if the deployment has them
         )
 
     def close(self) -> None:
