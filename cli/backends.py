@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
 import threading
 import time
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import click
 import httpx
 
-from cli.connect import connect_admin
+from cli.connect import advertised_host, connect_admin
 from gateway.app import GatewayConfig
 from gateway.server import ThreadedServer
 from rollouts_client import ApiError, RolloutClient
@@ -195,7 +194,7 @@ def register(backend_url: str, model: str, backend_id: str | None, tokenizer: st
     gateway = _start_gateway(gateway_listen, backend_url, settings) if gateway_listen else None
     registered_url = backend_url
     if gateway is not None:
-        registered_url = advertise_url or f"http://{_advertised_host(gateway.host)}:{gateway.port}"
+        registered_url = advertise_url or f"http://{advertised_host(gateway.host)}:{gateway.port}"
         click.echo(f"gateway on {gateway.host}:{gateway.port} in front of {backend_url}", err=True)
     body = {"url": registered_url, "model": model, "capacity": capacity, "labels": _labels(labels)}
     if backend_id:
@@ -228,7 +227,3 @@ def _start_gateway(listen: str, upstream: str, settings: Settings) -> ThreadedSe
     except (ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None
 
-
-def _advertised_host(bound: str) -> str:
-    """The name to register for a gateway bound to `bound`: the node's own name for a wildcard."""
-    return socket.gethostname() if bound in ("0.0.0.0", "::", "") else bound

@@ -6,8 +6,33 @@ the same retries, errors and msgpack/JSON decoding.
 
 from __future__ import annotations
 
+import ipaddress
+import socket
+
+import httpx
+
 from rollouts_client import RolloutClient
 from shared.config import Settings, get_settings
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address is reachable from this machine only (what may go unauthenticated)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def advertised_host(bound: str) -> str:
+    """The name others reach a server bound to `bound` by: the machine's own name for a wildcard."""
+    return socket.gethostname() if bound in ("0.0.0.0", "::", "") else bound
+
+
+def url_host(url: str) -> str:
+    """The host of an http(s) URL (no port, no brackets)."""
+    return httpx.URL(url).host
 
 
 def api_url(settings: Settings, url: str | None = None) -> str:

@@ -10,7 +10,7 @@ from types import FrameType
 
 import click
 
-from cli.connect import connect
+from cli.connect import connect, is_loopback
 from cli.stack import Stack, StackError
 from cli.tracking import follow, read_jobs, submit_all, summary_table, write_results
 from shared.config import STAGES, get_settings
@@ -157,10 +157,16 @@ def api(host: str | None, port: int | None, workers: int) -> None:
 
     settings = get_settings()
     setup_logging(settings)
+    host = host or settings.api_host
+    if not settings.api_tokens and not settings.admin_tokens and not is_loopback(host) and not settings.allow_open_api:
+        raise click.ClickException(
+            f"refusing to serve the API on {host} with no tokens: anyone who can reach it could submit, cancel and "
+            "update weights. Set ROLLOUTS_API_TOKENS and ROLLOUTS_ADMIN_TOKENS, bind 127.0.0.1 "
+            "(ROLLOUTS_API_HOST), or set ROLLOUTS_ALLOW_OPEN_API=1 for a network you trust.")
     uvicorn.run(
         "api.app:create_app",
         factory=True,
-        host=host or settings.api_host,
+        host=host,
         port=port if port is not None else settings.api_port,
         workers=workers,
         log_level=settings.log_level.lower(),

@@ -24,6 +24,7 @@ from typing import IO
 import httpx
 from redis.exceptions import RedisError
 
+from cli.connect import advertised_host, is_loopback, url_host
 from cli.embedded_redis import EmbeddedRedis, free_port
 from cli.procs import die_with_parent
 from cli.supervision import RestartPolicy, StayDown, Supervised
@@ -71,7 +72,17 @@ class Stack:
         self.model = model or settings.vllm_model
         self.backend_urls = backend_urls or []
         self.on_progress = on_progress or (lambda message: None)
-        self.extra_env = extra_env or {}
+        self.extra_env = dict(extra_env or {})
+        # Listening beyond loopback (remote workers and trainers): a backend on this machine's loopback is
+        # registered behind a node gateway on the API's address, as on a cluster (gateway/), with keys
+        # made for this stack unless the settings have them.
+        self.gateway_host = None if is_loopback(settings.api_host) else settings.api_host
+        if self.gateway_host is not None:
+            for name, value in (("ROLLOUTS_BACKEND_KEY", settings.backend_key),
+                                ("ROLLOUTS_BACKEND_ADMIN_KEY", settings.backend_admin_key)):  # fmt: skip
+                if not value:
+                    self.extra_env.setdefault(name, secrets.token_urlsafe(32))
+        self._registered_urls: dict[str, str] = {}  # a backend's URL -> the one the pool knows (its gateway's)
         self.drain_timeout_s = drain_timeout_s  # the workers' time to finish on stop; None: their setting
         # The model name the stack's vLLM is registered under: its served name, or a LoRA adapter it
         # serves (`--lora-modules NAME=DIR` in vllm_args), so that every job samples from the adapter.
@@ -196,7 +207,8 @@ class Stack:
         `slot`: replace that registrar (one that has exited) instead of adding one."""
         if model is None:
             model = _the_one_served_model(url, self.settings.llm_probe_timeout_s)
-        argv = [sys.executable, "-m", "cli", "register", "--backend-url", url, "--model", model, "--wait-timeout", "60"]
+        argv = [sys.executable, "-m", "cli", "register", "--backend-url", url, "--model", model, "--wait-timeout", "60",
+                *self._gateway_args(url)]  # fmt: skip
         if tokenizer is not None:
             argv += ["--tokenizer", str(tokenizer)]
         with self._lock:
@@ -213,10 +225,24 @@ class Stack:
             return self.registrars[slot]
 
     def _own_backend_urls(self) -> set[str]:
-        urls = {url.rstrip("/") for url in self.backend_urls}
-        if self.vllm_server is not None:
-            urls.add(self.vllm_server.url.rstrip("/"))
-        return urls
+        urls = [*self.backend_urls, *([self.vllm_server.url] if self.vllm_server is not None else [])]
+        return {self.registered_url(url) for url in urls}
+
+    def registered_url(self, url: str) -> str:
+        """The URL the pool knows a backend of this stack by: its gateway's, when it has one."""
+        return self._registered_urls.get(url.rstrip("/"), url.rstrip("/"))
+
+    def _gateway_args(self, url: str) -> list[str]:
+        """`rollouts register` options that put a loopback backend behind a gateway on the API's address
+        (the same port on every restart of its registrar); none on loopback."""
+        if self.gateway_host is None or not is_loopback(url_host(url)):
+            return []
+        registered = self._registered_urls.get(url.rstrip("/"))
+        if registered is None:
+            registered = f"http://{advertised_host(self.gateway_host)}:{free_port()}"
+            self._registered_urls[url.rstrip("/")] = registered
+        port = registered.rsplit(":", 1)[1]
+        return ["--gateway", f"{self.gateway_host}:{port}", "--advertise-url", registered]
 
     def _wait_for_backends(self, urls: set[str], timeout: float) -> None:
         """Until every one of `urls` is registered, healthy and open to new pins."""

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import httpx
 
+from cli.connect import is_loopback
 from shared.config import Settings
 from shared.errors import RolloutsError
 
@@ -46,7 +47,6 @@ _WATCHDOG = Path(__file__).with_name("vllm_watchdog.py")
 # A directory vLLM's own Python imports the worker extension from (it cannot import the project).
 EXTENSION_DIR = Path(__file__).with_name("vllm_extension")
 EXTENSION_CLS = "rollouts_weight_loader.BytesWeightLoader"
-_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 # vLLM's log prefix: "(APIServer pid=1) INFO 11-24 21:19:35 [launcher.py:195] " or "INFO 11-24 ... [x.py:1] ".
 _LOG_PREFIX = re.compile(r"^(\([^)]*\)\s+)?[A-Z]+\s+\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\]\s*")
 
@@ -162,7 +162,7 @@ class VLLMServer:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
         env.setdefault("HF_HUB_OFFLINE", "1")  # no model hub: a model is a local directory
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
-        if self.host in _LOOPBACK:
+        if is_loopback(self.host):
             env.setdefault("VLLM_SERVER_DEV_MODE", "1")
         else:  # never inherited either: the weight-reload routes read any path the server can
             env.pop("VLLM_SERVER_DEV_MODE", None)

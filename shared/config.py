@@ -100,6 +100,10 @@ class Settings(BaseSettings):
         description="Tokens with the admin scope (backend registration). Empty: any API token.",
     )
     token: str | None = Field(default=None, description="Bearer token the CLI and clients send.")
+    allow_open_api: bool = Field(
+        default=False,
+        description="Serve the API beyond loopback with no tokens (auth off). Off: `rollouts api` refuses to start so.",
+    )
     progress_interval_s: float = Field(
         default=30.0, gt=0, description="Without a terminal (CI, Slurm, nohup), the CLI's progress line every this often."
     )

@@ -6,7 +6,8 @@
 # from. Settings come from the environment first, then from the KEY=value file
 # named by ROLLOUTS_CONFIG (the same file and precedence the Python code uses).
 # Services publish their address as "<name>.env" in ROLLOUTS_RUN_DIR (shared
-# storage), and the jobs that need them wait for that file.
+# storage), and the jobs that need them wait for that file. The deployment's secrets
+# (stack.sh up makes them) are read last from "secrets.env" there, private to the user.
 
 # Reads KEY=value lines (comments and blanks skipped, one layer of quotes removed)
 # into the environment, leaving variables that are already set alone: env wins.
@@ -26,9 +27,36 @@ rollouts_load_env_file() {
   done < "$file"
 }
 
-# A URL for the logs: its password, if any, replaced by ***.
+# A line for the logs: a URL's password, and the value of a KEY=value whose name says it is a
+# secret (…PASSWORD, …TOKEN(S), …KEY), replaced by ***.
 rollouts_redact() {
-  sed -E 's#//([^:@/]*):[^@/]*@#//\1:***@#' <<< "$1"
+  sed -E -e 's#//([^:@/]*):[^@/]*@#//\1:***@#' -e 's#^([A-Z0-9_]*(PASSWORD|TOKENS?|KEY))=.*#\1=***#' <<< "$1"
+}
+
+# Makes the deployment's secrets, in $ROLLOUTS_RUN_DIR/secrets.env (mode 0600): a Redis password
+# (when the stack runs its own Redis), an API token for trainers, an admin token (the operator's
+# CLI and the backends' registrars send it) and the node gateways' two keys. Only what is not set
+# yet is made: a value from the environment, the config file or the file itself is kept, so a
+# second `up` keeps the tokens trainers hold, and a line removed from the file is made anew.
+rollouts_make_secrets() {
+  local file=$ROLLOUTS_RUN_DIR/secrets.env var value needed=(ROLLOUTS_API_TOKENS ROLLOUTS_ADMIN_TOKENS)
+  [ -r "$file" ] && rollouts_load_env_file "$file"
+  [ -n "${ROLLOUTS_REDIS_URL:-}" ] || needed+=(ROLLOUTS_SLURM_REDIS_PASSWORD)
+  needed+=(ROLLOUTS_TOKEN ROLLOUTS_BACKEND_KEY ROLLOUTS_BACKEND_ADMIN_KEY)
+  if [ ! -e "$file" ]; then  # private from its first byte
+    (umask 077 && echo "# made by slurm/stack.sh up; every job reads it (slurm/lib.sh)" > "$file")
+  fi
+  for var in "${needed[@]}"; do
+    [ -z "${!var:-}" ] || continue
+    if [ "$var" = ROLLOUTS_TOKEN ]; then
+      value=${ROLLOUTS_ADMIN_TOKENS%%,*}  # the operator's own CLI and the registrars: the admin scope
+    else
+      value=$($ROLLOUTS_PYTHON -c 'import secrets; print(secrets.token_urlsafe(32))') || return 1
+    fi
+    echo "$var=$value" >> "$file"
+    export "$var=$value"
+    rollouts_log "made $var in $file"
+  done
 }
 
 rollouts_log() {
@@ -48,6 +76,7 @@ rollouts_setup() {
   local state=${ROLLOUTS_STATE_DIR:-${XDG_STATE_HOME:-$HOME/.local/state}/rollouts}
   export ROLLOUTS_RUN_DIR=${ROLLOUTS_RUN_DIR:-$state/slurm}
   mkdir -p "$ROLLOUTS_RUN_DIR"
+  [ -r "$ROLLOUTS_RUN_DIR/secrets.env" ] && rollouts_load_env_file "$ROLLOUTS_RUN_DIR/secrets.env"
   # A command prefix, so the service image works too: "apptainer exec service.sif python".
   if [ -z "${ROLLOUTS_PYTHON:-}" ]; then
     ROLLOUTS_PYTHON=python3

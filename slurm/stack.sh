@@ -5,7 +5,7 @@
 #   slurm/stack.sh add <init|rollout|eval|vllm> N     # scale up: one more array of N tasks
 #   slurm/stack.sh add api                            # a replacement API (then cancel the old)
 #   slurm/stack.sh scale <init|rollout|eval|vllm> N   # exactly N tasks: submit more, or drain the surplus
-#   slurm/stack.sh status                             # jobs and addresses (passwords shown as ***)
+#   slurm/stack.sh status                             # jobs, addresses and secrets (values shown as ***)
 #   slurm/stack.sh down                               # drain workers, then backends, API, Redis
 #
 # Worker tasks renew themselves before their time limit (slurm/lib.sh, rollouts_renew): the
@@ -69,6 +69,7 @@ cmd_up() {
   done
   mkdir -p "$LOGS"
   rm -f "$JOBS" "$ROLLOUTS_RUN_DIR/redis.env" "$ROLLOUTS_RUN_DIR/api.env" "$ROLLOUTS_RUN_DIR/stopping"
+  rollouts_make_secrets
 
   local after=()
   if [ -z "${ROLLOUTS_REDIS_URL:-}" ]; then
@@ -133,8 +134,8 @@ cmd_status() {
   while read -r role id; do
     printf '%-8s %s\n' "$role" "$(alive "$id" | tr '\n' ' ')"
   done < "$JOBS"
-  # The addresses, with any password in a URL shown as *** (the files themselves are private).
-  cat "$ROLLOUTS_RUN_DIR"/*.env 2>/dev/null | grep -v '_JOB=' | while IFS= read -r line; do
+  # The addresses and secrets, every secret value shown as *** (the files themselves are private).
+  cat "$ROLLOUTS_RUN_DIR"/*.env 2>/dev/null | grep -v -e '_JOB=' -e '^#' | while IFS= read -r line; do
     rollouts_redact "$line"
   done
 }

@@ -82,6 +82,11 @@ def _update_locked(redis: Redis, pool: BackendPool, model: str, checkpoint: Chec
     if checkpoint.data is not None:
         check_payload(checkpoint.data, reference)
     else:
+        if pool.settings.backend_admin_key and not pool.settings.checkpoint_roots:
+            # Behind node gateways, which refuse every path then: refused here, before a backend is paused.
+            raise ValidationError("the backends are behind node gateways and ROLLOUTS_CHECKPOINT_ROOTS is empty, so "
+                                  "no path can be reloaded: set it to the directories trainers save under",
+                                  ("body", "path"))  # fmt: skip
         check_checkpoint(checkpoint.path, reference, lora=checkpoint.lora is not None,
                          roots=pool.settings.checkpoint_roots)
     versions.reserve(model, checkpoint.version)

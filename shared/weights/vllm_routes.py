@@ -18,6 +18,8 @@ from typing import Literal
 
 import httpx
 
+from shared.backend_pool import backend_auth
+
 PauseMode = Literal["keep", "wait", "abort"]
 
 

@@ -31,6 +31,11 @@ def _published(run_dir: Path, name: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
+def _bearer(run_dir: Path) -> dict[str, str]:
+    """The admin token `stack.sh up` made (the API refuses callers without one)."""
+    return {"Authorization": f"Bearer {_published(run_dir, 'secrets')['ROLLOUTS_TOKEN']}"}
+
+
 def _recorded(run_dir: Path, role: str) -> list[str]:
     return [line.split()[1] for line in (run_dir / "jobs").read_text().splitlines() if line.split()[0] == role]
 
@@ -46,7 +51,7 @@ def test_a_fleet_scales_renews_before_its_time_limit_and_hides_its_password(slur
     try:
         api_url = wait_for(lambda: _published(run_dir, "api").get("ROLLOUTS_API_URL"), timeout=240,
                            what="the API job to publish its address")  # fmt: skip
-        api = httpx.Client(base_url=api_url, timeout=10.0)
+        api = httpx.Client(base_url=api_url, timeout=10.0, headers=_bearer(run_dir))
 
         def rollout_workers() -> int:
             return api.get("/v1/status").json()["stages"]["rollout"]["processes"]
@@ -58,9 +63,12 @@ def test_a_fleet_scales_renews_before_its_time_limit_and_hides_its_password(slur
         assert scaled.stderr.count("rollout: stopping") == 2, scaled.stderr
         wait_for(lambda: rollout_workers() == 1, timeout=120, what="one rollout worker again")
 
-        # The status lists the jobs and the addresses, never the password.
+        # The status lists the jobs, the addresses and the secrets' names, never a password, token or key.
         status = _stack(slurm, config, "status").stdout
         assert PASSWORD not in status and "redis://:***@" in status and f"ROLLOUTS_API_URL={api_url}" in status
+        made = {k: v for k, v in _published(run_dir, "secrets").items() if not k.startswith("#")}
+        assert {"ROLLOUTS_API_TOKENS", "ROLLOUTS_BACKEND_KEY"} <= set(made) and "ROLLOUTS_SLURM_REDIS_PASSWORD" not in made
+        assert not [k for k, v in made.items() if v in status] and "ROLLOUTS_BACKEND_KEY=***" in status
 
         # A task with two minutes, warned (USR1) 100 s before its end: it submits its successor, then drains.
         before = set(_recorded(run_dir, "rollout"))

@@ -79,3 +79,45 @@ def test_a_job_waits_for_an_address_and_ignores_one_whose_job_is_gone(tmp_path: 
     configured = subprocess.run(["bash", "-c", script], env={**env, "ROLLOUTS_REDIS_URL": "redis://site:3/0"},
                                 capture_output=True, text=True, timeout=30)
     assert configured.stdout.strip() == "redis://site:3/0"
+
+
+def _settings(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line and line[0] != "#")
+
+
+def test_up_makes_private_secrets_once_and_every_job_reads_them(tmp_path: Path):
+    env = {"ROLLOUTS_RUN_DIR": str(tmp_path), "ROLLOUTS_PYTHON": "python3", "ROLLOUTS_BACKEND_KEY": "from-config"}
+    _bash("rollouts_make_secrets", env)
+    made = _settings(tmp_path / "secrets.env")
+    assert (tmp_path / "secrets.env").stat().st_mode & 0o077 == 0
+    assert set(made) == {"ROLLOUTS_SLURM_REDIS_PASSWORD", "ROLLOUTS_API_TOKENS", "ROLLOUTS_ADMIN_TOKENS",
+                         "ROLLOUTS_TOKEN", "ROLLOUTS_BACKEND_ADMIN_KEY"}, "a configured value is not made"  # fmt: skip
+    assert len(set(made.values())) == 4 and made["ROLLOUTS_TOKEN"] == made["ROLLOUTS_ADMIN_TOKENS"]
+    assert all(len(value) >= 40 for value in made.values())
+
+    _bash("rollouts_make_secrets", env)  # a second `up`: the tokens trainers hold stay valid
+    assert _settings(tmp_path / "secrets.env") == made
+    # Rotation: a line removed from the file is made anew; the rest stay.
+    kept = [line for line in (tmp_path / "secrets.env").read_text().splitlines() if "BACKEND_ADMIN_KEY" not in line]
+    (tmp_path / "secrets.env").write_text("\n".join(kept) + "\n")
+    _bash("rollouts_make_secrets", env)
+    rotated = _settings(tmp_path / "secrets.env")
+    assert rotated.pop("ROLLOUTS_BACKEND_ADMIN_KEY") != made.pop("ROLLOUTS_BACKEND_ADMIN_KEY") and rotated == made
+    out = _bash('rollouts_setup; echo "$ROLLOUTS_API_TOKENS $ROLLOUTS_BACKEND_KEY"',
+                {**env, "SLURM_SUBMIT_DIR": str(REPO)})  # fmt: skip
+    assert out.split() == [rotated["ROLLOUTS_API_TOKENS"], "from-config"], "the environment wins over the file"
+
+
+def test_a_site_redis_gets_no_password_made(tmp_path: Path):
+    _bash("rollouts_make_secrets", {"ROLLOUTS_RUN_DIR": str(tmp_path), "ROLLOUTS_PYTHON": "python3",
+                                    "ROLLOUTS_REDIS_URL": "redis://:site@redis:6379/0"})  # fmt: skip
+    assert "ROLLOUTS_SLURM_REDIS_PASSWORD" not in _settings(tmp_path / "secrets.env")
+
+
+def test_redaction_hides_every_secret_value_and_keeps_the_rest():
+    lines = ["ROLLOUTS_REDIS_URL=redis://:pw@node:6379/0", "ROLLOUTS_API_TOKENS=a,b", "ROLLOUTS_TOKEN=t",
+             "ROLLOUTS_BACKEND_ADMIN_KEY=k", "ROLLOUTS_SLURM_REDIS_PASSWORD=p", "ROLLOUTS_API_URL=http://node:8000"]
+    out = _bash(" ".join(f"rollouts_redact '{line}';" for line in lines), {})
+    assert out.splitlines() == ["ROLLOUTS_REDIS_URL=redis://:***@node:6379/0", "ROLLOUTS_API_TOKENS=***",
+                                "ROLLOUTS_TOKEN=***", "ROLLOUTS_BACKEND_ADMIN_KEY=***",
+                                "ROLLOUTS_SLURM_REDIS_PASSWORD=***", "ROLLOUTS_API_URL=http://node:8000"]  # fmt: skip

@@ -1,8 +1,11 @@
 """slurm/stack.sh as an operator runs it: Redis, the API, the stage arrays and a model backend as
-jobs with dependencies, a batch through them, scaling up, and an ordered shutdown.
+jobs with dependencies, a batch through them, a weight update, scaling up, and an ordered shutdown.
 
-The vLLM job runs the real slurm/vllm.sbatch: vLLM's CPU build serving the tiny model, so its
-serve/wait/register/heartbeat/deregister path runs under Slurm as on a GPU cluster.
+The vLLM job runs the real slurm/vllm.sbatch: vLLM's CPU build serving the tiny model on loopback
+behind its node gateway, bound to this machine's non-loopback address, so its
+serve/wait/register/heartbeat/deregister path and a weight update run under Slurm as on a GPU
+cluster. No secret is configured: the stack makes its own, and what a cluster neighbour would try
+(no token, no key, the data key on a control route, vLLM's own port) is refused.
 """
 
 from __future__ import annotations
@@ -13,8 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cli.embedded_redis import free_port
 from tests.slurm.conftest import REPO, job_env
+from tests.support.addresses import node_address, refuses
+from tests.support.vllm_server import SERVED_NAME
 from tests.support.waiting import trace, wait_for, wait_status
+from tests.weights.test_weight_update_on_vllm import PROMPT, checkpoint, gap_to
 
 
 
@@ -33,32 +40,69 @@ def _backends(api: httpx.Client) -> list[dict]:
     return api.get("/v1/backends").json()["backends"]
 
 
+def _sample(url: str, key: str) -> tuple[list[int], list[float]]:
+    body = {"model": SERVED_NAME, "prompt": PROMPT, "max_tokens": 4, "temperature": 1.0, "seed": 5,
+            "logprobs": 0, "return_token_ids": True}  # fmt: skip
+    answer = httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+    assert answer.status_code == 200, answer.text
+    choice = answer.json()["choices"][0]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+
 @pytest.mark.vllm
 def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_config, tmp_path, trace_dir, tiny_model):
-    run_dir = tmp_path / "run"
+    run_dir, node, vllm_port, checkpoints = tmp_path / "run", node_address(), free_port(), tmp_path / "checkpoints"
+    checkpoints.mkdir()
     config = write_config(
         ROLLOUTS_SLURM_SBATCH_ARGS=f"--partition={slurm.partition} --time=10",
         ROLLOUTS_SLURM_VLLM_SBATCH_ARGS="--gres=none --cpus-per-task=1",  # no GPUs here
         ROLLOUTS_VLLM_MODEL=str(tiny_model),
         ROLLOUTS_VLLM_SERVED_MODEL_NAME="tiny",
-        ROLLOUTS_VLLM_ARGS="--dtype float32",
+        ROLLOUTS_VLLM_ARGS="--dtype float32 --max-model-len 4096",
+        ROLLOUTS_VLLM_PORT=str(vllm_port),
+        ROLLOUTS_GATEWAY_BIND=node,
+        ROLLOUTS_CHECKPOINT_ROOTS=str(checkpoints),
         ROLLOUTS_DRAIN_TIMEOUT_S="3",
-        ROLLOUTS_SLURM_REDIS_PASSWORD="s3cret",  # Redis binds every interface: the API and workers log in
     )
     _stack(slurm, config, "up", "--init", "1", "--rollout", "1", "--eval", "1", "--vllm", "1")
     roles = dict(line.split() for line in (run_dir / "jobs").read_text().splitlines())
     assert set(roles) == {"redis", "api", "init", "rollout", "eval", "vllm"}
+    secrets = _published(run_dir, "secrets")
+    assert (run_dir / "secrets.env").stat().st_mode & 0o077 == 0, "the secrets file is readable by others"
     added = new_api = None
     try:
         api_url = wait_for(lambda: _published(run_dir, "api").get("ROLLOUTS_API_URL"), timeout=90,
                            what="the API job to publish its address")
-        assert _published(run_dir, "redis")["ROLLOUTS_REDIS_URL"].startswith("redis://:s3cret@")
+        password = secrets["ROLLOUTS_SLURM_REDIS_PASSWORD"]
+        assert _published(run_dir, "redis")["ROLLOUTS_REDIS_URL"].startswith(f"redis://:{password}@")
         assert (run_dir / "redis.env").stat().st_mode & 0o077 == 0, "the password file is readable by others"
-        api = httpx.Client(base_url=api_url, timeout=10.0)
+        assert httpx.get(f"{api_url}/v1/jobs", timeout=10).status_code == 401, "the API answers without a token"
+        api = httpx.Client(base_url=api_url, timeout=10.0,
+                           headers={"Authorization": f"Bearer {secrets['ROLLOUTS_TOKEN']}"})  # fmt: skip
 
         backend = wait_for(lambda: next((b for b in _backends(api) if b["healthy"]), None), timeout=900,
                            what="the vLLM job's backend to register")
         assert backend["model"] == "tiny" and backend["labels"]["slurm_job"].startswith(roles["vllm"])
+        gateway = backend["url"]
+        assert gateway.startswith(f"http://{node}:"), f"the pool knows {gateway}, not the node gateway"
+
+        # What a cluster neighbour would try, each refused; vLLM itself answers on loopback only.
+        assert refuses(node, vllm_port) and not refuses("127.0.0.1", vllm_port)
+        assert httpx.post(f"{gateway}/pause", timeout=10).status_code == 401
+        data_key = {"Authorization": f"Bearer {secrets['ROLLOUTS_BACKEND_KEY']}"}
+        assert httpx.post(f"{gateway}/pause", headers=data_key, timeout=10).status_code == 403
+
+        # A weight update through the API reaches the Slurm-launched backend through its gateway.
+        step = checkpoint(checkpoints, seed=1)
+        outside = api.post(f"/v1/models/{SERVED_NAME}/weights", json={"version": "step-x", "path": str(tiny_model)},
+                           timeout=300)  # fmt: skip
+        assert outside.status_code == 422 and "outside the checkpoint roots" in outside.text, outside.text
+        update = api.post(f"/v1/models/{SERVED_NAME}/weights", json={"version": "step-1", "path": str(step)},
+                          timeout=300)  # fmt: skip
+        assert update.status_code == 200, update.text
+        assert [b["status"] for b in update.json()["backends"]] == ["updated"], update.text
+        tokens, logprobs = _sample(gateway, secrets["ROLLOUTS_BACKEND_KEY"])
+        assert gap_to(step, tokens, logprobs) < 1e-3 < gap_to(tiny_model, tokens, logprobs)
 
         _stack(slurm, config, "add", "rollout", "2")  # scale up: another array
         added = (run_dir / "jobs").read_text().splitlines()[-1].split()[1]
@@ -67,7 +111,7 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
                  what="three rollout workers")
 
         status = _stack(slurm, config, "status").stdout
-        assert f"ROLLOUTS_API_URL={api_url}" in status
+        assert f"ROLLOUTS_API_URL={api_url}" in status and not [v for v in secrets.values() if v in status]
         assert all(any(l.startswith(role) and "_" in l for l in status.splitlines()) for role in ("init", "vllm"))
 
         jobs = [{"task": {"kind": "scripted", "trace": str(trace_dir), "sleep": {"rollout": 0.5}}}] * 6
@@ -92,7 +136,7 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
         slurm.run(["scancel", roles["api"]])
         wait_for(lambda: not slurm.tasks(roles["api"]), timeout=30, what="the old API to end")
         assert _published(run_dir, "api")["ROLLOUTS_SLURM_API_JOB"] == new_api
-        api = httpx.Client(base_url=_published(run_dir, "api")["ROLLOUTS_API_URL"], timeout=10.0)
+        api = httpx.Client(base_url=_published(run_dir, "api")["ROLLOUTS_API_URL"], timeout=10.0, headers=api.headers)
         assert wait_status(api, ids[0])["status"] == "done"
     finally:
         down = _stack(slurm, config, "down")
@@ -103,4 +147,5 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
         assert not slurm.tasks(job_id), f"job {job_id} still queued after down"
     assert not (run_dir / "api.env").exists() and not (run_dir / "redis.env").exists()
     assert list((run_dir / "redis").glob("appendonly*")), "Redis kept no data on shared storage"
-    assert not [log.name for log in (run_dir / "logs").iterdir() if "s3cret" in log.read_text()]
+    leaked = [log.name for log in (run_dir / "logs").iterdir() if any(v in log.read_text() for v in secrets.values())]
+    assert not leaked, f"a secret is in the logs: {leaked}"

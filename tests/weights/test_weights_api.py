@@ -52,6 +52,32 @@ def test_bad_input_is_refused_naming_the_field_and_no_backend_is_touched(
     assert not double.received.is_set()
 
 
+def test_a_checkpoint_outside_the_roots_is_refused_before_any_backend_is_touched(
+    make_client, redis: Redis, settings: Settings, doubles, checkpoint: Path, tmp_path: Path
+) -> None:
+    double = doubles()
+    register(redis, settings, double.url)
+    (tmp_path / "roots").mkdir()
+    (tmp_path / "roots" / "link").symlink_to(checkpoint)  # under the root by name only
+    api = make_client(checkpoint_roots=[str(tmp_path / "roots")])
+    for path in (checkpoint, tmp_path / "roots" / "link"):
+        response = api.post("/v1/models/tiny/weights", json={"version": "v1", "path": str(path)})
+        assert response.status_code == 422 and "outside the checkpoint roots" in response.text, response.text
+        assert response.json()["errors"][0]["field"] == "body.path"
+    assert not double.received.is_set()
+
+
+def test_behind_gateways_without_roots_a_path_update_is_refused_naming_the_setting(
+    make_client, redis: Redis, settings: Settings, doubles, checkpoint: Path
+) -> None:
+    double = doubles()
+    register(redis, settings, double.url)
+    api = make_client(backend_key="data", backend_admin_key="admin")
+    response = api.post("/v1/models/tiny/weights", json={"version": "v1", "path": str(checkpoint)})
+    assert response.status_code == 422 and "ROLLOUTS_CHECKPOINT_ROOTS" in response.text, response.text
+    assert not double.received.is_set()
+
+
 def test_a_checkpoint_without_safetensors_is_refused(make_client, redis, settings, doubles, tmp_path: Path) -> None:
     register(redis, settings, doubles().url)
     (tmp_path / "empty").mkdir()
