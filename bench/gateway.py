@@ -6,17 +6,19 @@ calls are the workers' own: LLMClient to `/inference/v1/generate`, greedy, `igno
 call generates the same `--max-tokens` tokens. Side by side in one run:
 
 - **latency**: `--calls` sequential calls, alternating direct and through the gateway; p50 and
-  p99 of each and the p50 difference (goal: under 1 ms);
+  p99 of each and the p50 difference (goal: under 1 ms), and the gateway process's own CPU time
+  per call (user + system, from /proc), which a busy machine's scheduling does not inflate;
 - **throughput**: 32 threads, each a rollout making `--turns` calls one after another (its next
-  prompt extends the last), all at once; directly, then through the gateway, then again each,
-  so a drift of the machine shows; calls/s of each (goal: no loss).
+  prompt extends the last), all at once; directly, then through the gateway, `--rounds` times
+  each, interleaved, so a drift of the machine shows; calls/s of each (goal: no loss).
 
-    .venv/bin/python -m bench.gateway [--calls 300] [--max-tokens 8] [--rollouts 32] [--turns 6]
+    .venv/bin/python -m bench.gateway [--calls 300] [--max-tokens 8] [--rollouts 32] [--turns 12] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -54,6 +56,12 @@ def serve(upstream: str, port: int) -> None:
         server.stop()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/<pid>/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rollout(client: LLMClient, url: str, sampling: Sampling, turns: int, seed: int) -> int:
     """One multi-turn rollout's model calls: each prompt is the last one plus what came back."""
     prompt = PROMPT + [40 + seed % 150]
@@ -74,7 +82,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--rollouts", type=int, default=32)
-    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--turns", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--serve", nargs=2, metavar=("UPSTREAM", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -98,7 +107,10 @@ def main() -> None:
         sampling = Sampling(max_tokens=args.max_tokens, temperature=0.0, extra={"ignore_eos": True})
 
         times: dict[str, list[float]] = {name: [] for name in targets}
+        cpu_before = 0.0
         for i in range(args.calls + 20):  # the first 20 rounds warm up both paths
+            if i == 20:
+                cpu_before = cpu_seconds(gateway.pid)
             for name in (("direct", "gateway") if i % 2 else ("gateway", "direct")):
                 url, client = targets[name]
                 t0 = time.perf_counter()
@@ -107,18 +119,21 @@ def main() -> None:
                 assert len(generated) == args.max_tokens, (name, generated)
                 if i >= 20:
                     times[name].append(elapsed)
+        cpu_per_call = (cpu_seconds(gateway.pid) - cpu_before) / args.calls
         base = statistics.median(times["direct"])
         print(f"latency: {args.calls} sequential generate calls each, {args.max_tokens} tokens a call, alternating")
         for name, values in times.items():
             p50 = statistics.median(values)
             print(f"  {name:>8}: p50 {p50 * 1e3:7.2f} ms  p99 {percentile(values, 99) * 1e3:7.2f} ms  "
                   f"p50 - direct {(p50 - base) * 1e3:+6.2f} ms")
+        print(f"  gateway process CPU per call: {cpu_per_call * 1e3:.2f} ms")
 
         rates: dict[str, list[float]] = {name: [] for name in targets}
-        for name in ("direct", "gateway", "direct", "gateway"):
+        for name in ("direct", "gateway") * args.rounds:
             url, client = targets[name]
             rates[name].append(throughput(client, url, sampling, args.rollouts, args.turns))
-        print(f"throughput: {args.rollouts} concurrent rollouts x {args.turns} calls, twice each, interleaved")
+        print(f"throughput: {args.rollouts} concurrent rollouts x {args.turns} calls, {args.rounds} rounds each, "
+              "interleaved")
         for name, values in rates.items():
             runs = ", ".join(f"{rate:.1f}" for rate in values)
             print(f"  {name:>8}: {statistics.mean(values):6.1f} calls/s ({runs})")

@@ -117,34 +117,61 @@ def test_a_streamed_completion_arrives_as_vllm_wrote_it(gateway: Gateway) -> Non
     assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == direct
 
 
-def test_a_stream_is_passed_on_before_the_backend_finishes_it(gateway: Gateway) -> None:
-    """A test double behind the gateway writes one event, then waits for the test: the event must
-    reach the caller while the backend's answer is still open (nothing buffers it)."""
-    release = threading.Event()
+class StallingStream:
+    """A test double of a streaming backend: it writes one event, then holds the rest until `release`;
+    `ended` is set when its answer ends, finished or cut off by the caller going away."""
 
-    async def events() -> AsyncIterator[bytes]:
-        yield b"data: first\n\n"
-        while not release.is_set():  # an asyncio-friendly wait: the double's loop serves nothing else
-            await asyncio.sleep(0.01)
-        yield b"data: [DONE]\n\n"
+    def __init__(self) -> None:
+        self.release, self.ended = threading.Event(), threading.Event()
 
-    async def endpoint(_request) -> StreamingResponse:  # type: ignore[no-untyped-def]
-        return StreamingResponse(events(), media_type="text/event-stream")
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                yield b"data: first\n\n"
+                while not self.release.is_set():  # an asyncio-friendly wait: the double serves nothing else
+                    await asyncio.sleep(0.01)
+                yield b"data: [DONE]\n\n"
+            finally:
+                self.ended.set()
 
-    double = ThreadedServer(Starlette(routes=[Route("/v1/completions", endpoint, methods=["POST"])]),
-                            "127.0.0.1", free_port()).start()  # fmt: skip
-    config = GatewayConfig.from_settings(double.url, Settings(backend_key=DATA, backend_admin_key=ADMIN))
-    front = ThreadedServer.gateway(config, "127.0.0.1", free_port()).start()
-    try:
-        with httpx.stream("POST", f"{front.url}/v1/completions", json={}, headers=auth(DATA), timeout=60) as answer:
-            lines = answer.iter_lines()
-            assert next(lines) == "data: first"  # while the double still holds the rest
-            release.set()
-            assert [line for line in lines if line] == ["data: [DONE]"]
-    finally:
-        release.set()
-        front.stop()
-        double.stop()
+        async def endpoint(_request) -> StreamingResponse:  # type: ignore[no-untyped-def]
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        app = Starlette(routes=[Route("/v1/completions", endpoint, methods=["POST"])])
+        self.server = ThreadedServer(app, "127.0.0.1", free_port()).start()
+        config = GatewayConfig.from_settings(self.server.url, Settings(backend_key=DATA, backend_admin_key=ADMIN))
+        self.gateway = ThreadedServer.gateway(config, "127.0.0.1", free_port()).start()
+
+    def stop(self) -> None:
+        self.release.set()
+        self.gateway.stop()
+        self.server.stop()
+
+
+@pytest.fixture()
+def stalling() -> Iterator[StallingStream]:
+    double = StallingStream()
+    yield double
+    double.stop()
+
+
+def test_a_stream_is_passed_on_before_the_backend_finishes_it(stalling: StallingStream) -> None:
+    """The first event must reach the caller while the backend's answer is still open (nothing buffers it)."""
+    url = f"{stalling.gateway.url}/v1/completions"
+    with httpx.stream("POST", url, json={}, headers=auth(DATA), timeout=60) as answer:
+        lines = answer.iter_lines()
+        assert next(lines) == "data: first" and not stalling.ended.is_set()
+        stalling.release.set()
+        assert [line for line in lines if line] == ["data: [DONE]"]
+
+
+def test_a_caller_that_goes_away_ends_the_call_upstream(stalling: StallingStream) -> None:
+    """A cancelled job's worker closes its connection mid-generation: the backend's answer must end too (vLLM
+    aborts a request whose connection closes), not run on for nobody."""
+    url = f"{stalling.gateway.url}/v1/completions"
+    with httpx.stream("POST", url, json={}, headers=auth(DATA), timeout=60) as answer:
+        assert next(answer.iter_lines()) == "data: first"
+    assert stalling.ended.wait(30), "the backend's answer went on after the caller left"
+    assert not stalling.release.is_set()
 
 
 def test_the_admin_key_pauses_and_resumes(gateway: Gateway) -> None:
