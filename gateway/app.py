@@ -4,8 +4,8 @@ Answers are streamed chunk by chunk as vLLM writes them (server-sent events, lon
 never buffered; request bodies are read whole, since a control call's body is checked first and
 a data call's is a prompt. A caller that goes away ends its call upstream at once (vLLM aborts a
 request whose connection closes). Plain ASGI on one pooled aiohttp session to the loopback server:
-a framework's request and response objects and httpx's async pool cost more per call than the
-hop itself (docs/BENCHMARKS.md, "Node gateway").
+every call pays the proxy's own CPU time, which on a CPU-bound node is taken from vLLM, so what a
+framework would add per call is left out (measured: docs/BENCHMARKS.md, "Node gateway").
 """
 
 from __future__ import annotations

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, HTTPException, Path, Request, Response, status
+from fastapi import APIRouter, BackgroundTasks, Body, Depends, HTTPException, Path, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 from redis import Redis
+from redis.exceptions import LockError, RedisError
 
 from api.deps import get_keys, get_redis, get_settings, require_admin, require_auth
 from shared.backend_pool import Backend, BackendPool, NotAModelServer, check_serves_model
 from shared.config import Settings
 from shared.keys import Keys
+from shared.weights.update import catch_up
 from shared.weights.versions import WeightVersions, stale_reason
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/backends", tags=["backends"])
 
@@ -90,9 +95,11 @@ def _found(backend: Backend | None, backend_id: str) -> Backend:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=BackendView,
              dependencies=[Depends(require_admin)], summary="Register (or refresh) a backend")
-def register_backend(body: BackendRegistration, pool: BackendPool = Depends(get_pool)) -> BackendView:
+def register_backend(body: BackendRegistration, background: BackgroundTasks,
+                     pool: BackendPool = Depends(get_pool)) -> BackendView:  # fmt: skip
     """Refused (422) unless the URL is an OpenAI-compatible server that serves the named model. One that reports
-    a weight version other than the model's current one is registered unhealthy (`stale weights`)."""
+    a weight version other than the model's current one is registered unhealthy (`stale weights`), and the
+    current weights are loaded into it after the answer; it rejoins the pool once they are in."""
     timeout = pool.settings.llm_probe_timeout_s
     try:
         root = check_serves_model(body.url, body.model, timeout, pool.settings.backend_key)
@@ -102,7 +109,20 @@ def register_backend(body: BackendRegistration, pool: BackendPool = Depends(get_
                          pool.settings.backend_key)
     backend = pool.register(body.url, body.model, body.capacity, body.labels, body.id,
                             tokenizer=body.tokenizer or root, unhealthy_reason=stale)  # fmt: skip
+    if stale:
+        background.add_task(_catch_up, pool, backend.id)
     return BackendView.of(backend)
+
+
+def _catch_up(pool: BackendPool, backend_id: str) -> None:
+    """After the answer: a registration must not wait minutes for a reload."""
+    try:
+        outcome = catch_up(pool.redis, pool, backend_id)
+    except (RedisError, LockError) as exc:  # left stale: the next registration tries again
+        log.warning("backend %s: its current weights were not loaded: %s: %s", backend_id, type(exc).__name__, exc)
+        return
+    if outcome is not None:
+        log.info("backend %s registered behind the current weights: %s %s", backend_id, outcome.status, outcome.error)
 
 
 @router.get("", response_model=BackendList, dependencies=[Depends(require_auth)],

@@ -113,3 +113,28 @@ def _apply_one(pool: BackendPool, backend: Backend, checkpoint: Checkpoint, time
     if backend.unhealthy_reason.startswith(STALE_WEIGHTS):
         pool.set_health(backend.id, True)  # it missed an earlier update; now it has the current weights
     return outcome
+
+
+def catch_up(redis: Redis, pool: BackendPool, backend_id: str) -> BackendOutcome | None:
+    """Bring a backend that registered behind its model's current weights (a vLLM restarted on the base
+    weights, on a Slurm node or by hand) up to them, so the pool routes to it again; None when there is
+    nothing to do. It waits for an update of the model in progress (that may move the current version on),
+    and leaves the backend out, with the reason, when the current weights cannot be loaded: bytes are not
+    kept by the service, and a checkpoint may be gone."""
+    lease = pool.settings.weights_step_timeout_s * _STEPS + 60
+    backend = pool.get(backend_id)
+    if backend is None or not backend.unhealthy_reason.startswith(STALE_WEIGHTS):
+        return None
+    with redis.lock(pool.keys.weight_lock(backend.model), timeout=lease, blocking_timeout=lease):
+        backend = pool.get(backend_id)  # as the update that held the lock left it
+        if backend is None or not backend.unhealthy_reason.startswith(STALE_WEIGHTS):
+            return None
+        current = WeightVersions(redis, pool.keys).current(backend.model)
+        if current.version is None:
+            return None
+        if current.path.startswith("upload:"):
+            pool.set_health(backend.id, False, f"{STALE_WEIGHTS}: the model's current weights {current.version!r} "
+                            "were sent as bytes, which the service does not keep: send them again (PUT)")  # fmt: skip
+            return None
+        checkpoint = Checkpoint(current.path, current.version, lora=current.lora or None)
+        return _apply_one(pool, backend, checkpoint, pool.settings.weights_step_timeout_s)

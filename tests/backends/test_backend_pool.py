@@ -321,7 +321,7 @@ def test_a_backend_serving_another_model_stays_out_until_it_registers_again(pool
     from shared import backend_pool
 
     [backend_id] = register_n(pool, 1)
-    monkeypatch.setattr(backend_pool, "probe_health", lambda url, timeout_s: None)
+    monkeypatch.setattr(backend_pool, "probe_health", lambda url, timeout_s, key=None: None)
     pool.set_health(backend_id, False, f"{backend_pool.NOT_SERVING_MODEL} 'm'")
     pool.maintain(probe=True)
     assert not pool.get(backend_id).healthy

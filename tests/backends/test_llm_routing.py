@@ -37,7 +37,7 @@ def completion(token_ids: list[int], model: str = "policy-v1") -> dict:
 @pytest.fixture()
 def pool(redis: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> BackendPool:
     # An overloaded vLLM still answers /health with 200: every probe passes.
-    monkeypatch.setattr(backend_pool, "probe_health", lambda url, timeout_s: None)
+    monkeypatch.setattr(backend_pool, "probe_health", lambda url, timeout_s, key=None: None)
     return BackendPool(redis, Keys(settings.redis_prefix), settings)
 
 

@@ -1,4 +1,5 @@
-"""What a control call may ask for through a node gateway: checked before vLLM sees the call."""
+"""What a control call may ask for through a node gateway (checked before vLLM sees the call), and the keys
+without which a gateway does not start."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.app import GatewayConfig
 from gateway.routes import ControlPolicy, Refused, ReloadedAdapter
+from shared.config import Settings
 
 
 def rpc(method: str, **kwargs: object) -> bytes:
@@ -80,3 +83,13 @@ def test_a_lora_name_must_be_an_adapter_the_server_serves(roots: Path) -> None:
     with pytest.raises(Refused, match="'other' is not served here \\(served adapters: policy\\)"):
         adapter.check(models)
     ReloadedAdapter("policy").check(models)
+
+
+@pytest.mark.parametrize(("keys", "words"), [
+    ({}, "ROLLOUTS_BACKEND_KEY and ROLLOUTS_BACKEND_ADMIN_KEY not set"),
+    ({"backend_key": "k"}, "ROLLOUTS_BACKEND_ADMIN_KEY not set"),
+    ({"backend_key": "same", "backend_admin_key": "same"}, "must differ"),
+])  # fmt: skip
+def test_a_gateway_will_not_start_without_two_distinct_keys(keys: dict[str, str], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        GatewayConfig.from_settings("http://127.0.0.1:8000", Settings(**keys))

@@ -10,6 +10,8 @@ cluster. No secret is configured: the stack makes its own, and what a cluster ne
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -38,6 +40,19 @@ def _published(run_dir: Path, name: str) -> dict[str, str]:
 
 def _backends(api: httpx.Client) -> list[dict]:
     return api.get("/v1/backends").json()["backends"]
+
+
+def _vllm_pid(port: int) -> int:
+    """The vLLM API server listening on `port` (its command line names the port)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"vllm.entrypoints.openai.api_server" in argv and b"--port" in argv:
+            if argv[argv.index(b"--port") + 1] == str(port).encode():
+                return int(proc.name)
+    raise AssertionError(f"no vLLM server on port {port}")
 
 
 def _sample(url: str, key: str) -> tuple[list[int], list[float]]:
@@ -103,6 +118,20 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
         assert [b["status"] for b in update.json()["backends"]] == ["updated"], update.text
         tokens, logprobs = _sample(gateway, secrets["ROLLOUTS_BACKEND_KEY"])
         assert gap_to(step, tokens, logprobs) < 1e-3 < gap_to(tiny_model, tokens, logprobs)
+
+        # vLLM dies (its API server SIGKILLed): the job restarts it in place, its registration follows, and
+        # the API loads the current weights into it before the pool routes to it again.
+        os.kill(_vllm_pid(vllm_port), signal.SIGKILL)
+        wait_for(lambda: not any(b["healthy"] for b in _backends(api)), timeout=60, what="the dead backend to leave")
+        back = wait_for(lambda: next((b for b in _backends(api) if b["healthy"]), None), timeout=600,
+                        what="the restarted backend to rejoin the pool")  # fmt: skip
+        assert back["url"] == gateway
+        info = httpx.get(f"{gateway}/weight_info", headers=data_key, timeout=10).json()
+        assert info["weight_version"] == "step-1", info
+        tokens, logprobs = _sample(gateway, secrets["ROLLOUTS_BACKEND_KEY"])
+        assert gap_to(step, tokens, logprobs) < 1e-3 < gap_to(tiny_model, tokens, logprobs)
+        vllm_log = next((run_dir / "logs").glob(f"rollouts-vllm-{roles['vllm']}_0.log")).read_text()
+        assert "vLLM exited (code" in vllm_log and "restarting it on port" in vllm_log
 
         _stack(slurm, config, "add", "rollout", "2")  # scale up: another array
         added = (run_dir / "jobs").read_text().splitlines()[-1].split()[1]

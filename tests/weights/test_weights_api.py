@@ -139,3 +139,19 @@ def test_a_server_registering_with_other_weights_than_the_models_current_ones_is
     assert views["current"]["healthy"] and views["silent"]["healthy"], views  # silent: no /weight_info to compare
     pool = BackendPool(redis, Keys(settings.redis_prefix), settings)
     assert pool.maintain().recovered == [], views  # its /health passes; only the current weights bring it back
+
+
+@pytest.mark.parametrize(("path", "reason"), [
+    ("/ckpt/v2", "stale weights: update to 'v2' failed at pause"),  # tried after the answer, and failed
+    ("upload:sha256:0123", "stale weights: the model's current weights 'v2' were sent as bytes"),  # nothing to load
+])  # fmt: skip
+def test_a_backend_registering_behind_is_brought_up_to_the_current_weights_or_stays_out_saying_why(
+    make_client, redis: Redis, settings: Settings, doubles, path: str, reason: str
+) -> None:
+    WeightVersions(redis, Keys(settings.redis_prefix)).record("tiny", "v2", path)
+    behind = doubles(weight_version="default")  # a restarted vLLM on the base weights; updates fail on it
+    view = make_client().post("/v1/backends", json={"url": behind.url, "model": "tiny"}).json()
+    assert not view["healthy"]
+    backend = BackendPool(redis, Keys(settings.redis_prefix), settings).get(view["id"])
+    assert backend is not None and backend.unhealthy_reason.startswith(reason), backend.unhealthy_reason
+    assert behind.received.is_set() == (not path.startswith("upload:"))
