@@ -1,4 +1,5 @@
-"""Shared fixtures: a real redis-server per test session, flushed for every test."""
+"""Shared fixtures: a real redis-server per test session, flushed for every test; `figure`, a measured line
+that pytest prints at the end (never asserted)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,24 @@ def make_client(settings: Settings) -> Iterator[Callable[..., TestClient]]:
     yield make
     for client in clients:
         client.__exit__(None, None, None)
+
+
+_FIGURES: list[str] = []
+
+
+@pytest.fixture()
+def figure(request: pytest.FixtureRequest) -> Iterator[Callable[[str], None]]:
+    """Report one line of a test's figures (shown in the terminal summary, with or without -s)."""
+
+    def report(line: str) -> None:
+        _FIGURES.append(f"{request.node.name}: {line}")
+        print(line)
+
+    yield report
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    if _FIGURES:
+        terminalreporter.section("measured figures")
+        for line in _FIGURES:
+            terminalreporter.write_line(line)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -65,7 +66,8 @@ def _sample(url: str, key: str) -> tuple[list[int], list[float]]:
 
 
 @pytest.mark.vllm
-def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_config, tmp_path, trace_dir, tiny_model):
+def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_config, tmp_path, trace_dir, tiny_model,
+                                                                figure):  # fmt: skip
     run_dir, node, vllm_port, checkpoints = tmp_path / "run", node_address(), free_port(), tmp_path / "checkpoints"
     checkpoints.mkdir()
     config = write_config(
@@ -121,10 +123,14 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
 
         # vLLM dies (its API server SIGKILLed): the job restarts it in place, its registration follows, and
         # the API loads the current weights into it before the pool routes to it again.
+        killed = time.monotonic()
         os.kill(_vllm_pid(vllm_port), signal.SIGKILL)
         wait_for(lambda: not any(b["healthy"] for b in _backends(api)), timeout=60, what="the dead backend to leave")
+        left = time.monotonic() - killed
         back = wait_for(lambda: next((b for b in _backends(api) if b["healthy"]), None), timeout=600,
                         what="the restarted backend to rejoin the pool")  # fmt: skip
+        figure(f"vLLM SIGKILLed under Slurm after update step-1: out of the pool {left:.1f} s after the kill, "
+               f"back behind its gateway with step-1 {time.monotonic() - killed:.1f} s after")
         assert back["url"] == gateway
         info = httpx.get(f"{gateway}/weight_info", headers=data_key, timeout=10).json()
         assert info["weight_version"] == "step-1", info
