@@ -53,6 +53,10 @@ class JobView(JobHeader):
     lost: dict[str, int] = Field(
         default_factory=dict, description="Times a stage's worker died (or lost Redis) mid-job and it was re-queued."
     )
+    failovers: dict[str, int] = Field(
+        default_factory=dict, description="Per LLM backend, the model calls it failed (it died, restarted or answered "
+        "unusably) that went on to another backend or waited for one.",
+    )
     result: JobResult | None = Field(default=None, description="Present once the job is done.")
     error: dict[str, Any] | None = Field(default=None, description="Why it failed, timed out or was cancelled.")
     partial: dict[str, Any] | None = Field(default=None, description="What a stage had when it was cut short.")

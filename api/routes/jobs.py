@@ -146,6 +146,7 @@ def job_view(record: dict[str, Any]) -> dict[str, Any]:
         "attempts": record["attempts"],
         "workers": record["workers"],
         "lost": record["lost"],
+        "failovers": record["failovers"],
         "result": None,
         "error": record.get("error"),
         "partial": record.get("partial"),

@@ -442,7 +442,8 @@ def reward_of(reward: bytes | None, evaluation: bytes | None) -> Any:
 
 def decode_record(raw: dict[bytes, bytes]) -> dict[str, Any]:
     """Turn a raw job hash into a plain dict: blobs unpacked, numbers parsed, per-stage fields nested."""
-    record: dict[str, Any] = {"timings": {}, "attempts": {}, "workers": {}, "lost": {}, "refs": {}, "wait": {}}
+    record: dict[str, Any] = {"timings": {}, "attempts": {}, "workers": {}, "lost": {}, "refs": {}, "wait": {},
+                              "failovers": {}}  # fmt: skip
     for raw_name, raw_value in raw.items():
         name = raw_name.decode()
         if name in _BLOB_FIELDS:
@@ -453,7 +454,7 @@ def decode_record(raw: dict[bytes, bytes]) -> dict[str, Any]:
         if group == "t":
             stage, _, event = rest.partition(":")
             record["timings"].setdefault(stage, {})[event] = float(value)
-        elif group in ("attempts", "lost", "wait"):
+        elif group in ("attempts", "lost", "wait", "failovers"):
             record[group][rest] = int(value)
         elif group == "worker":
             record["workers"][rest] = value

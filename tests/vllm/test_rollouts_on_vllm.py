@@ -105,6 +105,7 @@ def test_a_backend_killed_mid_run_costs_no_job_and_leaves_no_count(
     wait_for(lambda: requests_taken(doomed) >= 1, timeout=120, what="the doomed server to take a request")
     assert _inflight(api, backends[doomed.url]) >= 1
     kill_server(doomed)
+    interrupted = 0
     for job_id in ids:
         record = wait_status(api, job_id, timeout=600)
         if record["status"] == "done":
@@ -112,6 +113,9 @@ def test_a_backend_killed_mid_run_costs_no_job_and_leaves_no_count(
         else:  # an infrastructure failure is recorded as such, never as a reward
             assert record["status"] == "failed" and record.get("result") is None, record
             assert "backend" in str(record["error"]).lower(), record["error"]
+        assert set(record["failovers"]) <= {backends[doomed.url]}, record["failovers"]
+        interrupted += bool(record["failovers"])
+    assert interrupted >= 1, "no job's record shows that its backend died under it"
     survivor = backends[vllm_server.url]
     wait_for(lambda: _inflight(api, survivor) == 0, timeout=60, what="the survivor's in-flight count to return to 0")
     assert api.get("/v1/backends").json()["inflight"] == 0

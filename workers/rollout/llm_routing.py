@@ -76,12 +76,14 @@ def complete_routed(
                                        backend_id=pin.backend_id)  # fmt: skip
         except BackendUnavailable as exc:
             failed.append(pin.backend_id)
+            _record_failover(pool, job_id, pin.backend_id)
             last_error = exc
             still_healthy = pool.report_failure(pin.backend_id, str(exc))
             still_open = still_open or still_healthy
             log.warning("job %s: %s (healthy after probe: %s); failing over", job_id, exc, still_healthy)
         except BadBackendResponse as exc:
             failed.append(pin.backend_id)
+            _record_failover(pool, job_id, pin.backend_id)
             last_error = exc
             still_open = True
             log.warning("job %s: backend %s sent an unusable response (%s); failing over", job_id,
@@ -90,8 +92,17 @@ def complete_routed(
             if exc.status != 404:
                 raise
             failed.append(pin.backend_id)
+            _record_failover(pool, job_id, pin.backend_id)
             last_error = BadBackendResponse(f"does not serve model {pin.model!r}: {exc.message}", pin.backend_id)
             pool.set_health(pin.backend_id, False, f"{NOT_SERVING_MODEL} {pin.model!r}")
             log.warning("job %s: %s; failing over", job_id, last_error)
     assert last_error is not None
     raise last_error
+
+
+def _record_failover(pool: BackendPool, job_id: str, backend_id: str) -> None:
+    """Count the backend's failed call on the job's record (`failovers` in GET /v1/jobs/{id}): a job that ends
+    done after its backend died says so, instead of looking like one that never met a fault."""
+    key = pool.keys.job(job_id)
+    if pool.redis.exists(key):  # never a stray hash for a job that is gone (or a call outside any job)
+        pool.redis.hincrby(key, f"failovers:{backend_id}", 1)
