@@ -10,7 +10,10 @@ call generates the same `--max-tokens` tokens. Side by side in one run:
   per call (user + system, from /proc), which a busy machine's scheduling does not inflate;
 - **throughput**: 32 threads, each a rollout making `--turns` calls one after another (its next
   prompt extends the last), all at once; directly, then through the gateway, `--rounds` times
-  each, interleaved, so a drift of the machine shows; calls/s of each (goal: no loss).
+  each, interleaved, so a drift of the machine shows; calls/s of each (goal: no loss);
+- **the proxy alone**: the same sequential calls against an instant upstream (a process answering
+  a fixed generate-sized body at once, no vLLM), direct and through a second gateway: what the hop
+  itself costs when no model shares the CPU with it.
 
     .venv/bin/python -m bench.gateway [--calls 300] [--max-tokens 8] [--rollouts 32] [--turns 12] [--rounds 3]
 """
@@ -18,14 +21,19 @@ call generates the same `--max-tokens` tokens. Side by side in one run:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 
 from cli.embedded_redis import free_port
@@ -38,10 +46,33 @@ from workers.rollout.llm_client import LLMClient, Sampling
 
 DATA_KEY, ADMIN_KEY = "bench-data-key", "bench-admin-key"
 PROMPT = [(11 * i) % 200 + 40 for i in range(64)]
+INSTANT = json.dumps({"request_id": "x", "choices": [{"index": 0, "token_ids": list(range(8)),
+                      "logprobs": {"content": [{"logprob": -0.5}] * 8}, "finish_reason": "length"}],
+                      "prompt_token_ids": None, "usage": {"prompt_tokens": 64, "completion_tokens": 8}}).encode()
 
 
 def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
+
+
+async def instant(scope: dict, receive: Any, send: Any) -> None:
+    """An upstream that answers every call at once with a fixed body the size of a short generation."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        return await send({"type": "lifespan.shutdown.complete"})
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(INSTANT)).encode())]})
+    await send({"type": "http.response.body", "body": INSTANT})
+
+
+def serve_instant(port: int) -> None:
+    import uvicorn
+
+    print("serving", flush=True)
+    uvicorn.run(instant, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
 def serve(upstream: str, port: int) -> None:
@@ -77,6 +108,74 @@ def throughput(client: LLMClient, url: str, sampling: Sampling, rollouts: int, t
         return calls / (time.perf_counter() - start)
 
 
+Call = Callable[[], int]  # one generate call; returns the tokens it generated
+
+
+def latency(title: str, calls: dict[str, Call], n: int, gateway_pid: int) -> None:
+    """`n` sequential calls of each, alternating which goes first, after 20 warm-up rounds; prints p50,
+    p99, the p50 difference to `direct`, and the gateway process's CPU time per call."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    cpu_before = 0.0
+    for i in range(n + 20):
+        if i == 20:
+            cpu_before = cpu_seconds(gateway_pid)
+        for name in (("direct", "gateway") if i % 2 else ("gateway", "direct")):
+            t0 = time.perf_counter()
+            calls[name]()
+            if i >= 20:
+                times[name].append(time.perf_counter() - t0)
+    cpu_per_call = (cpu_seconds(gateway_pid) - cpu_before) / n
+    base = statistics.median(times["direct"])
+    print(title)
+    for name, values in times.items():
+        p50 = statistics.median(values)
+        print(f"  {name:>8}: p50 {p50 * 1e3:7.2f} ms  p99 {percentile(values, 99) * 1e3:7.2f} ms  "
+              f"p50 - direct {(p50 - base) * 1e3:+6.2f} ms")
+    print(f"  gateway process CPU per call: {cpu_per_call * 1e3:.2f} ms")
+
+
+def start_gateway(upstream: str) -> tuple[subprocess.Popen[str], str]:
+    """A gateway in a process of its own in front of `upstream`, as `rollouts register --gateway` runs it."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "bench.gateway", "--serve", upstream, str(port)],
+                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert process.stdout is not None and process.stdout.readline().strip() == "serving"
+    return process, f"http://127.0.0.1:{port}"
+
+
+def proxy_alone(n: int) -> None:
+    """The hop's own cost: the same calls against an instant upstream, no model sharing the CPU."""
+    port = free_port()
+    upstream = subprocess.Popen([sys.executable, "-m", "bench.gateway", "--serve-instant", str(port)],
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert upstream.stdout is not None and upstream.stdout.readline().strip() == "serving"
+    gateway, gateway_url = start_gateway(f"http://127.0.0.1:{port}")
+    body = {"token_ids": PROMPT, "sampling_params": {"max_tokens": 8}, "model": "tiny"}
+    try:
+        with httpx.Client() as direct, httpx.Client(headers={"Authorization": f"Bearer {DATA_KEY}"}) as through:
+            def call(client: httpx.Client, url: str) -> Call:
+                return lambda: len(client.post(f"{url}/inference/v1/generate", json=body).content)
+
+            wait_until_serving(direct, f"http://127.0.0.1:{port}")
+            latency(f"the proxy alone: {n} sequential calls each to an instant upstream, alternating",
+                    {"direct": call(direct, f"http://127.0.0.1:{port}"), "gateway": call(through, gateway_url)},
+                    n, gateway.pid)  # fmt: skip
+    finally:
+        for process in (gateway, upstream):
+            process.terminate()
+            process.wait(timeout=10)
+
+
+def wait_until_serving(client: httpx.Client, url: str) -> None:
+    for _ in range(100):
+        try:
+            client.post(f"{url}/inference/v1/generate", json={})
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=300)
@@ -85,9 +184,12 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--serve", nargs=2, metavar=("UPSTREAM", "PORT"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve-instant", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         return serve(args.serve[0], int(args.serve[1]))
+    if args.serve_instant:
+        return serve_instant(args.serve_instant)
 
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     model = tiny_model_dir(Path.home() / ".cache" / "rollouts" / "test-models", 0, 4096)
@@ -97,36 +199,17 @@ def main() -> None:
     gateway: subprocess.Popen[str] | None = None
     try:
         vllm.wait_until_ready(900, lambda message: print(message, flush=True))
-        port = free_port()
-        gateway = subprocess.Popen([sys.executable, "-m", "bench.gateway", "--serve", vllm.url, str(port)],
-                                   stdout=subprocess.PIPE, text=True)  # fmt: skip
-        assert gateway.stdout is not None and gateway.stdout.readline().strip() == "serving"
+        gateway, gateway_url = start_gateway(vllm.url)
         targets = {"direct": (vllm.url, LLMClient(request_timeout_s=300, max_retries=0)),
-                   "gateway": (f"http://127.0.0.1:{port}", LLMClient(request_timeout_s=300, max_retries=0,
-                                                                     api_key=DATA_KEY))}  # fmt: skip
+                   "gateway": (gateway_url, LLMClient(request_timeout_s=300, max_retries=0, api_key=DATA_KEY))}
         sampling = Sampling(max_tokens=args.max_tokens, temperature=0.0, extra={"ignore_eos": True})
 
-        times: dict[str, list[float]] = {name: [] for name in targets}
-        cpu_before = 0.0
-        for i in range(args.calls + 20):  # the first 20 rounds warm up both paths
-            if i == 20:
-                cpu_before = cpu_seconds(gateway.pid)
-            for name in (("direct", "gateway") if i % 2 else ("gateway", "direct")):
-                url, client = targets[name]
-                t0 = time.perf_counter()
-                generated = client.complete(url, PROMPT, sampling, "tiny").token_ids
-                elapsed = time.perf_counter() - t0
-                assert len(generated) == args.max_tokens, (name, generated)
-                if i >= 20:
-                    times[name].append(elapsed)
-        cpu_per_call = (cpu_seconds(gateway.pid) - cpu_before) / args.calls
-        base = statistics.median(times["direct"])
-        print(f"latency: {args.calls} sequential generate calls each, {args.max_tokens} tokens a call, alternating")
-        for name, values in times.items():
-            p50 = statistics.median(values)
-            print(f"  {name:>8}: p50 {p50 * 1e3:7.2f} ms  p99 {percentile(values, 99) * 1e3:7.2f} ms  "
-                  f"p50 - direct {(p50 - base) * 1e3:+6.2f} ms")
-        print(f"  gateway process CPU per call: {cpu_per_call * 1e3:.2f} ms")
+        def generate(name: str) -> Call:
+            url, client = targets[name]
+            return lambda: len(client.complete(url, PROMPT, sampling, "tiny").token_ids)
+
+        latency(f"latency: {args.calls} sequential generate calls each, {args.max_tokens} tokens a call, alternating",
+                {name: generate(name) for name in targets}, args.calls, gateway.pid)  # fmt: skip
 
         rates: dict[str, list[float]] = {name: [] for name in targets}
         for name in ("direct", "gateway") * args.rounds:
@@ -144,6 +227,7 @@ def main() -> None:
             gateway.terminate()
             gateway.wait(timeout=10)
         vllm.stop()
+    proxy_alone(args.calls * 4)
 
 
 if __name__ == "__main__":
