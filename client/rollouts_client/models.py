@@ -23,6 +23,8 @@ class Job:
     created_at: float = 0.0
     finished_at: float | None = None
     status_detail: str | None = None  # "waiting for an LLM backend" while it does
+    agent: dict[str, str] | None = None  # an `agent: external` job's endpoint: base_url and api_key
+    failovers: dict[str, int] = field(default_factory=dict)  # per LLM backend, model calls it failed
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -49,6 +51,8 @@ class Job:
             created_at=data.get("created_at", 0.0),
             finished_at=data.get("finished_at"),
             status_detail=data.get("status_detail"),
+            agent=data.get("agent"),
+            failovers=data.get("failovers") or {},
             raw=data,
         )
 

@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from redis import Redis
 
+from rollouts_client import Job
 from shared.agent_keys import job_key
 from shared.keys import Keys
 from tests.external.conftest import SECRET, TOOLS, serve
@@ -37,6 +38,8 @@ def test_submit_hands_out_each_external_jobs_base_url_and_key(client: TestClient
     assert endpoint["api_key"] == job_key(SECRET, external) != job_key(SECRET, builtin)
     assert client.get(f"/v1/jobs/{external}").json()["agent"] == endpoint
     assert client.get(f"/v1/jobs/{builtin}").json().get("agent") is None
+    typed = Job.from_api(client.get(f"/v1/jobs/{external}").json())  # the trainer's typed client reads it too
+    assert typed.agent == endpoint and typed.failovers == {}
     assert "agent" not in submit(client, {"task": {"kind": "demo", "text": "x"}})
 
 
