@@ -159,6 +159,15 @@ class LocalSandbox(Sandbox):
     def workdir(self) -> str:
         return self.settings.sandbox_workdir if self.isolated else str(self.workspace)
 
+    def toolserver_argv(self) -> list[str]:
+        # The tool server is this project's, from the tree bound read-only inside (PROJECT_ROOT), whatever
+        # the venv's editable install points at: a git worktree's venv may name another checkout, which is
+        # not bound (its import would fail) and would be another version of the server.
+        argv = super().toolserver_argv()
+        boot = f"import runpy, sys; sys.path.insert(0, {str(PROJECT_ROOT)!r}); "
+        boot += "runpy.run_module('workers.toolserver', run_name='__main__', alter_sys=True)"
+        return [argv[0], "-c", boot, *argv[3:]]
+
     @property
     def launcher_reaps(self) -> bool:
         return self.isolated  # bwrap waits for its init; the fallback's launcher is the server
