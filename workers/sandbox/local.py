@@ -182,8 +182,21 @@ class LocalSandbox(Sandbox):
         if not self.isolated or os.geteuid() != 0 or self._slot is not None:
             return
         self._slot = UidSlot.acquire(self.settings.sandbox_uid_base, self.settings.sandbox_uid_slots)
-        chown_tree(self.workspace, self._slot.uid, self._slot.uid)
+        self._own_workspace()
         chown_tree(self.runtime_dir, self._slot.uid, self._slot.uid)
+
+    def _own_workspace(self) -> None:
+        if self._slot is not None:
+            chown_tree(self.workspace, self._slot.uid, self._slot.uid)
+
+    @property
+    def poolable(self) -> str | None:
+        # Unisolated, the workspace appears at its host path, which changes when a job takes the sandbox.
+        return None if self.isolated else "the unisolated fallback shows the workspace at its host path"
+
+    @property
+    def scratch_inside(self) -> str:
+        return "/tmp" if self.isolated else str(self.scratch_dir)
 
     def _release(self) -> None:
         slot, self._slot = self._slot, None
