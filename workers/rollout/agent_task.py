@@ -7,6 +7,7 @@ Settings come from three places, most specific first: the task (`max_turns`,
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -23,6 +24,8 @@ from workers.rollout.tool_parsers import get_parser
 from workers.rollout.job_sandbox import JobSandbox, lifetime_for, open_job_sandbox, sandbox_pool
 from workers.sandbox import Sandbox, SandboxError, SandboxSpec
 from workers.toolserver.result import ToolResult
+
+log = logging.getLogger("rollouts.rollout")
 
 
 class AgentKind(Protocol):
@@ -157,11 +160,13 @@ def start_sandbox(kind: AgentKind, ctx: StageContext) -> JobSandbox:
         ctx.on_interrupt(lambda _reason: held.stop())  # unblocks a tool call the cancel must not wait for
 
     try:
-        return open_job_sandbox(
+        held = open_job_sandbox(
             kind.sandbox_spec(ctx.task, ctx.settings), ctx.workspace, ctx.settings,
             python="python" in kind.tools, lifetime=lifetime_for(getattr(kind, "name", ""), ctx.settings),
             pool=sandbox_pool(ctx.settings), hold=hold,
         )  # fmt: skip
+        log.info("job %s: sandbox %s", ctx.job_id, "ready from the pool" if held.pooled else "started for it")
+        return held
     except SandboxError:
         ctx.check()  # the deadline or a cancel stopped it mid-start: timed_out/cancelled, not failed
         raise

@@ -69,6 +69,7 @@ class JobSandbox:
         self.lifetime = lifetime
         self.pool = pool
         self.workspace = workspace
+        self.pooled = False  # taken ready from the pool
         self._lock = threading.Lock()
         self._done = False
 
@@ -116,6 +117,7 @@ def open_job_sandbox(
         hold(held)
         try:
             move_in(box, workspace)
+            held.pooled = True
             return held
         except HandoffError as exc:
             held.disown()
