@@ -19,6 +19,7 @@ from workers.sandbox import SandboxError, SandboxLimits, SandboxSpec
 from workers.sandbox.pool import SandboxPool
 from workers.sandbox.pool_sizing import Demand
 from workers.sandbox.profile import SandboxProfile
+from workers.sandbox.reset import server_host_pid
 
 pytestmark = pytest.mark.usefixtures("require_bwrap")
 
@@ -198,3 +199,16 @@ def test_a_sandbox_whose_tool_server_died_is_never_reused(pool: SandboxPool, reu
     assert not a.sandbox.running
     profile = SandboxProfile.of(SandboxSpec(), reuse_settings, python=True)
     assert pool.take(profile) is None
+
+
+def test_a_file_left_outside_the_workspace_and_tmp_discards_the_sandbox(
+    pool: SandboxPool, reuse_settings: Settings
+) -> None:
+    """Rootless, the sandbox's user owns bwrap's in-memory / and /dev; as root it does not, so the file is put
+    there from outside, through /proc/<pid>/root, as such a job would have left it."""
+    a = _job(reuse_settings, pool, "job-a", {}, SandboxSpec())
+    server = server_host_pid(a.sandbox, a.sandbox.control({"op": "ping"}, 5.0)["pid"])
+    assert server is not None
+    Path(f"/proc/{server}/root/dev/shm/left-by-a").write_text("secret")
+    assert not _give_back_and_wait(pool, a)
+    assert "dev/shm/left-by-a" in (pool.stats.last_discard or ""), pool.stats.last_discard

@@ -23,6 +23,7 @@ from workers.sandbox.handoff import HandoffError, move_in
 from workers.sandbox.pool import SandboxPool
 from workers.sandbox.pool_sizing import Demand
 from workers.sandbox.profile import SandboxProfile
+from workers.sandbox.reset import take_fingerprint
 
 _pool: tuple[int, SandboxPool] | None = None
 _pool_lock = threading.Lock()
@@ -130,4 +131,6 @@ def open_job_sandbox(
     held = JobSandbox(create_sandbox(spec, workspace, runtime_dir, settings), profile, lifetime, pool, workspace)
     hold(held)
     held.sandbox.start()  # waits for a turn under the start cap (start_gate.py)
+    if lifetime == "reuse" and pool is not None:
+        take_fingerprint(held.sandbox)  # before the job's first call: what its reset must restore
     return held

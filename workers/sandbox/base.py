@@ -97,6 +97,8 @@ class Sandbox(ABC):
         self._watch_lock = threading.Lock()
         self._quota_ended = threading.Event()  # set once an over-quota sandbox's processes are all gone
         self._client: ToolClient | None = None
+        # What the sandbox's own in-memory trees held while it was known clean (reset.py proves a reuse by it).
+        self.clean_fingerprint: frozenset[tuple[str, int, int]] | None = None
         self._created_runtime = False
         # stop() may race itself (a cancel from the API thread, the rollout's own teardown,
         # __del__): one stopper at a time, the others find nothing left to do.

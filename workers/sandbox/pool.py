@@ -36,7 +36,7 @@ from workers.sandbox.base import Sandbox, SandboxError
 from workers.sandbox.handoff import HandoffError, move_out
 from workers.sandbox.pool_sizing import Asked, Demand, targets
 from workers.sandbox.profile import SandboxProfile
-from workers.sandbox.reset import reset_processes, warm
+from workers.sandbox.reset import reset_processes, take_fingerprint, warm
 
 log = logging.getLogger("rollouts.sandbox.pool")
 
@@ -206,6 +206,7 @@ class SandboxPool:
             why = warm(box, profile.python, _WARM_TIMEOUT_S)
             if why is not None:
                 raise SandboxError(f"pooled sandbox did not warm up: {why}")
+            take_fingerprint(box)
         except BaseException:
             box.stop()
             shutil.rmtree(home, ignore_errors=True)

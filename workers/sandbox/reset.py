@@ -35,6 +35,47 @@ def _inner_pid(pid: int) -> int | None:
     return None
 
 
+def server_host_pid(sandbox: Sandbox, server_pid: int) -> int | None:
+    """The host's pid of the tool server, which says ``server_pid`` inside its pid namespace."""
+    launcher = sandbox.launcher_pid
+    if launcher is None:
+        return None
+    return next((pid for pid in descendants(launcher) if _inner_pid(pid) == server_pid), None)
+
+
+def tmpfs_fingerprint(host_pid: int) -> frozenset[tuple[str, int, int]]:
+    """(path, mode, size) of every entry of the sandbox's own in-memory trees, its ``/`` and ``/dev``
+    (bwrap makes both, mount points aside), seen from outside through ``/proc/<pid>/root``. As root the
+    sandbox's uid cannot write there; rootless it owns them, so a file left there (``/dev/shm/x``) would
+    outlive a reset that only empties /workspace and /tmp: the fingerprint taken clean must match."""
+    root = f"/proc/{host_pid}/root"
+    found: set[tuple[str, int, int]] = set()
+    for top in (root, os.path.join(root, "dev")):
+        device = os.lstat(top).st_dev
+        for dirpath, dirnames, filenames in os.walk(top):
+            inside = []
+            for name in dirnames + filenames:
+                path = os.path.join(dirpath, name)
+                st = os.lstat(path)
+                if st.st_dev != device:
+                    continue  # a mount point: another tree, checked (or read-only) on its own
+                found.add((os.path.relpath(path, root), st.st_mode, st.st_size))
+                if name in dirnames:
+                    inside.append(name)
+            dirnames[:] = inside
+    return frozenset(found)
+
+
+def take_fingerprint(sandbox: Sandbox) -> None:
+    """Record what the sandbox's own in-memory trees hold while it is known clean (started, no job yet)."""
+    try:
+        server_pid = sandbox.control({"op": "ping"}, 5.0).get("pid")
+        host_pid = server_host_pid(sandbox, server_pid) if isinstance(server_pid, int) else None
+        sandbox.clean_fingerprint = tmpfs_fingerprint(host_pid) if host_pid is not None else None
+    except (SandboxError, OSError):
+        sandbox.clean_fingerprint = None  # its reset then cannot be proven: it is discarded
+
+
 def leftover_processes(sandbox: Sandbox, server_pid: int) -> list[int]:
     """Processes of the sandbox (live or not yet reaped), as the host sees them, other than the tool server
     (``server_pid`` inside) and the processes that launched it."""
@@ -106,6 +147,9 @@ def reset_processes(sandbox: Sandbox) -> str | None:
     left = leftover_processes(sandbox, server_pid)
     if left:
         return f"{len(left)} processes still run in the sandbox after its reset"
+    why = _tmpfs_changed(sandbox, server_pid)
+    if why is not None:
+        return why
     try:
         leftovers = _runtime_leftovers(sandbox)
     except OSError as exc:
@@ -114,6 +158,20 @@ def reset_processes(sandbox: Sandbox) -> str | None:
         return f"left in the sandbox's runtime dir after its reset: {', '.join(sorted(leftovers)[:5])}"
     if sandbox.over_quota is not None:
         return f"the sandbox hit its disk quota: {sandbox.over_quota}"
+    return None
+
+
+def _tmpfs_changed(sandbox: Sandbox, server_pid: int) -> str | None:
+    if sandbox.clean_fingerprint is None:
+        return "no fingerprint of the sandbox taken clean"
+    host_pid = server_host_pid(sandbox, server_pid)
+    try:
+        now = tmpfs_fingerprint(host_pid) if host_pid is not None else None
+    except OSError as exc:
+        return f"cannot read the sandbox's / and /dev: {exc}"
+    if now != sandbox.clean_fingerprint:
+        changed = sorted({entry[0] for entry in now ^ sandbox.clean_fingerprint}) if now is not None else []
+        return f"changed outside /workspace and /tmp: {', '.join(changed[:5]) or 'the tool server is gone'}"
     return None
 
 
