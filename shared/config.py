@@ -284,9 +284,9 @@ class Settings(BaseSettings):
         "keeps more than this / sandbox_pool_sandbox_bytes of them.",
     )  # fmt: skip
     sandbox_pool_sandbox_bytes: int = Field(
-        default=96 * 1024**2, gt=0,
-        description="Memory of one ready sandbox (tool server, shell and IPython kernel; measured in "
-        "docs/BENCHMARKS.md), for the bound above.",
+        default=64 * 1024**2, gt=0,
+        description="Memory of one ready sandbox (tool server, shell and IPython kernel: 63 MiB PSS measured in "
+        "docs/BENCHMARKS.md, Sandbox pool), for the bound above.",
     )  # fmt: skip
     sandbox_pool_idle_s: float = Field(
         default=120.0, gt=0,
