@@ -45,15 +45,19 @@ def worker_demand() -> Demand:
 
 
 def sandbox_pool(settings: Settings) -> SandboxPool | None:
-    """This process's pool, or None when ``sandbox_pool`` is off."""
+    """This process's pool, or None when ``sandbox_pool`` is off. A worker has one Settings; a process that
+    runs stages under other settings (tests) gets a new pool for them, and the old one is closed."""
     global _pool
     if not settings.sandbox_pool:
         return None
     with _pool_lock:
-        if _pool is None or _pool[0] != os.getpid():
+        old = _pool
+        if old is None or old[0] != os.getpid() or old[1].settings != settings:
             pool = SandboxPool(settings, worker_demand)
             atexit.register(pool.close)
             _pool = (os.getpid(), pool)
+            if old is not None and old[0] == os.getpid():
+                threading.Thread(target=old[1].close, name="sandbox-pool-close", daemon=True).start()
         return _pool[1]
 
 

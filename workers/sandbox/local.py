@@ -165,8 +165,8 @@ class LocalSandbox(Sandbox):
         # not bound (its import would fail) and would be another version of the server.
         argv = super().toolserver_argv()
         boot = f"import runpy, sys; sys.path.insert(0, {str(PROJECT_ROOT)!r}); "
-        boot += "runpy.run_module('workers.toolserver', run_name='__main__', alter_sys=True)"
-        return [argv[0], "-c", boot, *argv[3:]]
+        boot += "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+        return [argv[0], "-c", boot, *argv[2:]]  # argv[2] is the module's name, as with -m
 
     @property
     def launcher_reaps(self) -> bool:
