@@ -161,7 +161,7 @@ def memory_per_sandbox(settings: Settings, count: int) -> None:
         if not pool.wait_ready(profile, count, timeout=600):
             raise RuntimeError(f"the pool did not fill: {pool.stats}")
         per_box = []
-        for box in list(pool._ready[profile]):
+        for box in pool.ready(profile):
             tree = [box.launcher_pid or 0, *descendants(box.launcher_pid or 0)]
             per_box.append(sum(_pss_kib(pid) for pid in tree) / 1024)
         print(f"\nmemory of a ready sandbox (kernel started), PSS over its processes, {count} ready at once: "

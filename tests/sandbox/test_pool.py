@@ -4,7 +4,10 @@ has more sandboxes starting than the cap."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
+import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -174,3 +177,20 @@ def test_a_burst_of_64_jobs_never_has_more_sandboxes_starting_than_the_cap(pool_
     finally:
         pool.close()
         reset_start_gate()
+
+
+def test_directories_a_dead_worker_pool_left_are_swept(pool_settings: Settings) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    root = pool_settings.workspaces / ".pool"
+    stale = root / f"{socket.gethostname()}-{gone.pid}-abc"
+    live = root / f"{socket.gethostname()}-{os.getpid()}-def"
+    elsewhere = root / f"another-node-{gone.pid}-abc"
+    for path in (stale, live, elsewhere):
+        (path / "left").mkdir(parents=True)
+    pool = SandboxPool(pool_settings, lambda: Demand(free_slots=0, queue_depth=0), refill=False)
+    try:
+        assert not stale.exists()
+        assert live.exists() and elsewhere.exists()
+    finally:
+        pool.close()

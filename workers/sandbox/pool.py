@@ -77,6 +77,7 @@ class SandboxPool:
         self._retry_at: dict[SandboxProfile, tuple[float, int]] = {}
         self._cond = threading.Condition()
         self._closed = False
+        self._sweep_dead_homes()
         self._thread = threading.Thread(target=self._refill_loop, name="sandbox-pool", daemon=True)
         self._thread.start()
 
@@ -158,6 +159,11 @@ class SandboxPool:
         with self._cond:
             return self._count_ready(profile)
 
+    def ready(self, profile: SandboxProfile) -> list[Sandbox]:
+        """The ready sandboxes of a profile, as they are now (the benchmark measures their memory)."""
+        with self._cond:
+            return list(self._ready.get(profile, ()))
+
     def wait_ready(self, profile: SandboxProfile, count: int, timeout: float) -> bool:
         """Block until ``count`` sandboxes of ``profile`` are ready (a bound for tests, not a pace)."""
         with self._cond:
@@ -186,6 +192,19 @@ class SandboxPool:
         """A directory name of the pool's, unique across the nodes that share the workspaces root."""
         self.root.mkdir(parents=True, exist_ok=True)
         return self.root / f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+    def _sweep_dead_homes(self) -> None:
+        """Remove the directories pools of this node left when their worker died (SIGKILL, the OOM killer):
+        ``<host>-<pid>-<id>`` whose pid is no longer running. Other nodes' are theirs to sweep."""
+        prefix = f"{socket.gethostname()}-"
+        try:
+            entries = list(os.scandir(self.root))
+        except OSError:
+            return
+        for entry in entries:
+            pid = entry.name[len(prefix):].split("-", 1)[0] if entry.name.startswith(prefix) else ""
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                shutil.rmtree(entry.path, ignore_errors=True)
 
     def _forget(self, sandbox: Sandbox) -> None:
         sandbox.stop()
