@@ -18,7 +18,7 @@ import pytest
 from shared.config import Settings
 from tests.support.waiting import wait_for
 from workers.rollout.job_sandbox import JobSandbox, open_job_sandbox, sandbox_pool
-from workers.sandbox import SandboxSpec
+from workers.sandbox import SandboxError, SandboxSpec
 from workers.sandbox.pool import SandboxPool
 from workers.sandbox.pool_sizing import Demand
 from workers.sandbox.profile import SandboxProfile
@@ -194,3 +194,19 @@ def test_directories_a_dead_worker_pool_left_are_swept(pool_settings: Settings) 
         assert live.exists() and elsewhere.exists()
     finally:
         pool.close()
+
+
+def test_a_stop_that_comes_while_the_job_s_own_sandbox_starts_stops_it(pool_settings: Settings) -> None:
+    """A cancel during the start (it may wait for a turn under the cap) finds nothing started yet to stop;
+    the start then stops what it started and says so, rather than leave it running."""
+    held: list[JobSandbox] = []
+
+    def cancelled_at_once(hold: JobSandbox) -> None:
+        held.append(hold)
+        hold.stop()
+
+    ws = _job_workspace(pool_settings, "j", {})
+    with pytest.raises(SandboxError, match="stopped while it started"):
+        open_job_sandbox(SandboxSpec(), ws, pool_settings, python=True, lifetime="single-use", pool=None,
+                         hold=cancelled_at_once)  # fmt: skip
+    assert not held[0].sandbox.running

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shared.config import Settings
-from workers.sandbox import Sandbox, SandboxSpec, create_sandbox
+from workers.sandbox import Sandbox, SandboxError, SandboxSpec, create_sandbox
 from workers.sandbox.handoff import HandoffError, move_in
 from workers.sandbox.pool import SandboxPool
 from workers.sandbox.pool_sizing import Demand
@@ -89,6 +89,12 @@ class JobSandbox:
         finally:
             self._lock.release()
 
+    @property
+    def stopped(self) -> bool:
+        """Whether ``stop`` or ``finish`` ran (the sandbox is not this job's to use any more)."""
+        with self._lock:
+            return self._done
+
     def disown(self) -> None:
         """This hold no longer owns the sandbox (it went back to the pool's hands); stop and finish do nothing."""
         with self._lock:
@@ -135,6 +141,9 @@ def open_job_sandbox(
     held = JobSandbox(create_sandbox(spec, workspace, runtime_dir, settings), profile, lifetime, pool, workspace)
     hold(held)
     held.sandbox.start()  # waits for a turn under the start cap (start_gate.py)
+    if held.stopped:  # a cancel or the deadline came while it started: nothing else would stop it now
+        held.sandbox.stop()
+        raise SandboxError("the job's sandbox was stopped while it started")
     if lifetime == "reuse" and pool is not None:
         take_fingerprint(held.sandbox)  # before the job's first call: what its reset must restore
     return held
