@@ -48,7 +48,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def run_wave(settings: Settings, pool: SandboxPool | None, lifetime: str, size: int, wave: int) -> list[tuple[float, float]]:
+def run_wave(
+    settings: Settings, pool: SandboxPool | None, lifetime: str, size: int, wave: int
+) -> list[tuple[float, float]]:
     """``size`` jobs at once; each (first tool result, hand-off) in seconds from taking the job."""
     results: list[tuple[float, float]] = []
     errors: list[BaseException] = []
@@ -113,7 +115,8 @@ def cap_sweep(settings: Settings, caps: list[int], burst: int) -> None:
     print("| cap | burst wall s | starts/s | p50 start incl. wait, ms | p99 ms |")
     print("|---|---|---|---|---|")
     for cap in caps:
-        capped = settings.model_copy(update={"sandbox_start_concurrency": cap, "sandbox_start_concurrency_per_image": cap})
+        caps_to = {"sandbox_start_concurrency": cap, "sandbox_start_concurrency_per_image": cap}
+        capped = settings.model_copy(update=caps_to)
         reset_start_gate()
         start_gate(capped)
         took: list[float] = []
@@ -199,8 +202,8 @@ def main() -> None:
             print("\n| mode | concurrent jobs | jobs | first tool result p50 ms | p99 ms | hand-off p50 ms | p99 ms |")
             print("|---|---|---|---|---|---|---|")
         for mode, size, count, first, hand in rows:
-            print(f"| {mode} | {size} | {count} | {statistics.median(first) * 1000:.1f} | {pct(first, 0.99) * 1000:.1f} | "
-                  f"{statistics.median(hand) * 1000:.1f} | {pct(hand, 0.99) * 1000:.1f} |")  # fmt: skip
+            figures = [statistics.median(first), pct(first, 0.99), statistics.median(hand), pct(hand, 0.99)]
+            print(f"| {mode} | {size} | {count} | " + " | ".join(f"{value * 1000:.1f}" for value in figures) + " |")
         if args.caps:
             cap_sweep(settings, args.caps, args.burst)
         if args.memory:

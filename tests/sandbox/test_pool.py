@@ -148,7 +148,8 @@ def test_a_failed_handoff_discards_the_sandbox_and_the_job_starts_its_own(pool_s
 
 
 def test_a_burst_of_64_jobs_never_has_more_sandboxes_starting_than_the_cap(pool_settings: Settings) -> None:
-    settings = pool_settings.model_copy(update={"sandbox_start_concurrency": 2, "sandbox_start_concurrency_per_image": 2})
+    caps = {"sandbox_start_concurrency": 2, "sandbox_start_concurrency_per_image": 2}
+    settings = pool_settings.model_copy(update=caps)
     reset_start_gate()
     pool = SandboxPool(settings, lambda: Demand(free_slots=8, queue_depth=64))  # refills pass the same gate
     errors: list[BaseException] = []

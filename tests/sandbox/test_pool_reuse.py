@@ -90,7 +90,8 @@ def test_job_b_sees_nothing_job_a_left_in_a_reused_sandbox(pool: SandboxPool, re
     a = _job(reuse_settings, pool, "job-a", {"listen.py": LISTEN}, SandboxSpec())
     try:
         _bash(a, "echo a > a-file; echo a > /tmp/a-was-here; mkdir -p sub; export LEAKED=yes; cd sub")
-        _bash(a, "setsid sleep 1001 >/dev/null 2>&1 </dev/null & ( ( sleep 1002 & ) & ); nohup sleep 1003 >/dev/null 2>&1 &")
+        _bash(a, "setsid sleep 1001 >/dev/null 2>&1 </dev/null &")  # a daemon in a session of its own
+        _bash(a, "( ( sleep 1002 & ) & ); nohup sleep 1003 >/dev/null 2>&1 &")  # double-forked, nohup
         _bash(a, "setsid python3 /workspace/listen.py >/dev/null 2>&1 </dev/null &")
         _bash(a, "until [ -e /tmp/listening ]; do sleep 0.05; done")  # an event, not a pace
         assert _bash(a, f"(exec 3<>/dev/tcp/127.0.0.1/{PORT}) 2>/dev/null && echo open") == "open\n"
@@ -161,7 +162,8 @@ def test_a_process_that_respawns_itself_never_reaches_the_next_job(pool: Sandbox
     """Processes that fork and exit without pause: a reset's one kill pass that misses a generation
     (born during the pass) ends in a discarded sandbox; one that catches them all is proven clean."""
     spec = SandboxSpec(limits=SandboxLimits(processes=256))
-    b = _hostile_then_clean(pool, reuse_settings, spec, "for i in 1 2 3 4; do setsid python3 hop.py >/dev/null 2>&1 </dev/null & done")
+    hop = "for i in 1 2 3 4; do setsid python3 hop.py >/dev/null 2>&1 </dev/null & done"
+    b = _hostile_then_clean(pool, reuse_settings, spec, hop)
     try:
         if pool.stats.discarded:
             assert "processes" in (pool.stats.last_discard or ""), pool.stats.last_discard
@@ -170,9 +172,8 @@ def test_a_process_that_respawns_itself_never_reaches_the_next_job(pool: Sandbox
 
 
 def test_a_tree_the_sandbox_cannot_remove_discards_it(pool: SandboxPool, reuse_settings: Settings) -> None:
-    b = _hostile_then_clean(
-        pool, reuse_settings, SandboxSpec(), "mkdir -p /tmp/locked/deep && touch /tmp/locked/deep/f && chmod 000 /tmp/locked"
-    )
+    locked = "mkdir -p /tmp/locked/deep && touch /tmp/locked/deep/f && chmod 000 /tmp/locked"
+    b = _hostile_then_clean(pool, reuse_settings, SandboxSpec(), locked)
     try:
         assert pool.stats.discarded == 1 and "cannot remove" in (pool.stats.last_discard or "")
         assert pool.stats.reused == 0
