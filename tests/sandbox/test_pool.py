@@ -211,3 +211,17 @@ def test_a_stop_that_comes_while_the_job_s_own_sandbox_starts_stops_it(pool_sett
         open_job_sandbox(SandboxSpec(), ws, pool_settings, python=True, lifetime="single-use", pool=None,
                          hold=cancelled_at_once)  # fmt: skip
     assert not held[0].sandbox.running
+
+
+def test_a_ready_sandbox_that_died_while_it_waited_is_never_handed_out(
+    pool: SandboxPool, pool_settings: Settings
+) -> None:
+    profile = _learn(pool, pool_settings)
+    dead = pool.ready(profile)[0]
+    dead.stop()  # as if the OOM killer had taken it
+    box = pool.take(profile)
+    try:
+        assert box is not dead and pool.stats.discarded == 1
+    finally:
+        if box is not None:
+            box.stop()

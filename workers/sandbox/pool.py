@@ -92,19 +92,22 @@ class SandboxPool:
                 seen.last, seen.count = time.monotonic(), seen.count + 1
             ready = self._ready.get(profile)
             box = None
+            dead: list[Sandbox] = []
             while ready and box is None:
                 candidate = ready.popleft()
                 if candidate.running:
                     box = candidate
                 else:
                     self.stats.discarded += 1
-                    self._forget(candidate)
+                    dead.append(candidate)
             if box is None:
                 self.stats.missed += 1
             else:
                 self.stats.handed += 1
             self._cond.notify_all()  # the refill replaces it
-            return box
+        for candidate in dead:  # died while it waited: stopped outside the lock, the job need not wait
+            self._forget(candidate)
+        return box
 
     def give_back(self, sandbox: Sandbox, profile: SandboxProfile, job_workspace: Path) -> bool:
         """Reset a used sandbox (lifetime ``reuse``) and offer it again once its shell (and kernel) are up;
