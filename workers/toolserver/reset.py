@@ -85,9 +85,9 @@ def reset_toolbox(toolbox: ToolBox, scratch: Path, keep: frozenset[str] = frozen
     with ExitStack() as held:
         for lock in toolbox.locks():  # no call of the last job runs during its reset
             held.enter_context(lock)
-        toolbox.close()
-        snapshot = descendants(os.getpid())
+        snapshot = descendants(os.getpid())  # the shell and the kernel too: their owners then find them dead
         unkillable = _kill_once(snapshot)
+        toolbox.close()
         if unkillable:
             problems.append(f"{len(unkillable)} processes did not die")
         left = _reap_all()
