@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -101,6 +102,7 @@ def main() -> None:
                   f"{args.jobs / wall:.2f} | {statistics.median(rollouts) * 1000:.0f} |", flush=True)  # fmt: skip
     finally:
         llm.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
