@@ -19,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 STAGES: tuple[str, ...] = ("init", "rollout", "eval")
+SANDBOX_LIFETIMES: tuple[str, ...] = ("single-use", "reuse")
 
 # A list setting reads from the environment as comma-separated words.
 WordList = Annotated[list[str], NoDecode]
@@ -285,6 +286,41 @@ class Settings(BaseSettings):
     )
     sandbox_uid_slots: int = Field(default=4096, gt=0)
     sandbox_start_timeout_s: float = Field(default=60.0, gt=0)
+    sandbox_start_concurrency: int = Field(
+        default=2, gt=0,
+        description="Most sandboxes one worker process starts at a time (pool refills and cold starts alike); "
+        "more wait their turn. Measured in docs/BENCHMARKS.md (sandbox start cap).",
+    )  # fmt: skip
+    sandbox_start_concurrency_per_image: int = Field(
+        default=2, gt=0, description="Most sandboxes of one image (or of the local backend) starting at a time."
+    )
+    sandbox_pool: bool = Field(
+        default=True,
+        description="Keep started sandboxes ready for the rollout stage (workers/sandbox/pool.py); off: every "
+        "job starts its own on its critical path.",
+    )
+    sandbox_pool_memory_bytes: int = Field(
+        default=2 * 1024**3, gt=0,
+        description="Memory the ready sandboxes of one worker process may hold together; the pool never "
+        "keeps more than this / sandbox_pool_sandbox_bytes of them.",
+    )  # fmt: skip
+    sandbox_pool_sandbox_bytes: int = Field(
+        default=64 * 1024**2, gt=0,
+        description="Memory of one ready sandbox (tool server, shell and IPython kernel: 63 MiB PSS measured in "
+        "docs/BENCHMARKS.md, Sandbox pool), for the bound above.",
+    )  # fmt: skip
+    sandbox_pool_idle_s: float = Field(
+        default=120.0, gt=0,
+        description="A sandbox profile no job asked for in this long has its ready sandboxes stopped.",
+    )
+    sandbox_pool_interval_s: float = Field(
+        default=1.0, gt=0, description="How often the pool re-reads its queue's depth and refills or shrinks."
+    )
+    sandbox_lifetimes: dict[str, str] = Field(
+        default_factory=dict,
+        description='Per task kind: "single-use" (the default: a used sandbox is stopped) or "reuse" (reset, '
+        "proven clean, and handed to the next job; docs/SANDBOX.md, Sandbox lifetimes).",
+    )
     tool_output_cap_bytes: int = Field(default=16 * 1024, gt=0, description="Output the agent sees per call.")
     tool_hard_output_bytes: int = Field(
         default=8 * 1024 * 1024, gt=0, description="A command printing more than this is interrupted."
@@ -332,6 +368,14 @@ class Settings(BaseSettings):
     def _split_words(cls, value: object) -> object:
         if isinstance(value, str):
             return [word.strip() for word in value.split(",") if word.strip()]
+        return value
+
+    @field_validator("sandbox_lifetimes")
+    @classmethod
+    def _known_lifetimes(cls, value: dict[str, str]) -> dict[str, str]:
+        wrong = {kind: life for kind, life in value.items() if life not in SANDBOX_LIFETIMES}
+        if wrong:
+            raise ValueError(f"sandbox lifetimes are one of {', '.join(SANDBOX_LIFETIMES)}, not {wrong}")
         return value
 
     @model_validator(mode="after")

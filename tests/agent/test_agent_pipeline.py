@@ -89,6 +89,28 @@ def test_an_agent_job_runs_tools_in_its_sandbox_and_is_scored(stack: Stack, scri
     assert api.get("/v1/backends").json()["backends"][0]["inflight"] == 0, "the pin was released"
 
 
+def test_jobs_take_ready_sandboxes_from_the_rollout_workers_pool(stack: Stack, scripted: ScriptedLLM) -> None:
+    """The first job of a profile starts its sandbox; the pool then keeps one ready, and a later job takes
+    it instead of starting one on its critical path (the rollout worker says which, in its log)."""
+    scripted.scripts["pooled"] = [call("bash", command="cat input.txt && echo written > out.txt"),
+                                  call("finish", answer="hello")]  # fmt: skip
+    api = client_for(stack)
+    logs = stack.log_dir
+    assert logs is not None
+
+    def said(text: str) -> int:
+        return sum(path.read_text(errors="replace").count(text) for path in logs.glob("rollout-*.log"))
+
+    for _ in range(5):  # until a job finds the ready one (the refill runs beside the jobs, not in step)
+        record = wait_status(api, submit(stack, "pooled", input="hello from init", expected="hello"), timeout=120)
+        assert record["status"] == "done", record.get("error")
+        assert record["result"]["reward"] == 1.0
+        assert record["result"]["trajectory"]["extra"] == {"out": "written"}, "the job's files were in its sandbox"
+        if said("ready from the pool"):
+            break
+    assert said("ready from the pool") >= 1
+
+
 def test_cancelling_mid_tool_call_keeps_the_partial_trajectory(stack: Stack, scripted: ScriptedLLM) -> None:
     scripted.scripts["stuck"] = [call("bash", command="sleep 120")]
     job_id = submit(stack, "stuck")

@@ -39,7 +39,13 @@ from workers.sandbox import SandboxError
 
 FILE_SIZE_BYTES = 1024 * 1024
 DISK_BYTES = 16 * 1024 * 1024
-ENV = {"ROLLOUTS_SANDBOX_FILE_SIZE_BYTES": str(FILE_SIZE_BYTES), "ROLLOUTS_SANDBOX_DISK_BYTES": str(DISK_BYTES)}
+ENV = {
+    "ROLLOUTS_SANDBOX_FILE_SIZE_BYTES": str(FILE_SIZE_BYTES),
+    "ROLLOUTS_SANDBOX_DISK_BYTES": str(DISK_BYTES),
+    # These find the job's tool server as the rollout worker's only one; a pool's ready sandboxes would be
+    # more (the pool has its own tests: tests/sandbox/test_pool*.py, tests/agent/test_agent_pipeline.py).
+    "ROLLOUTS_SANDBOX_POOL": "false",
+}
 FINISH = "Done. " + call("finish", answer="ok")
 SCRIPTS = {
     "after": [FINISH],
@@ -206,11 +212,12 @@ def test_a_deadline_during_sandbox_start_is_an_interruption(tmp_path: Path, monk
     to start" instead of `timed_out`. Found by the stage-limit case of test_backend_faults under load
     (sandbox start-up took longer than the 1.5 s limit). Unit-level: where the deadline lands in a
     real start-up is a race."""
-    from workers.rollout import agent_task
+    from workers.rollout import agent_task, job_sandbox
 
+    settings = Settings(state_dir=tmp_path, sandbox_pool=False)  # the job's own start, where the deadline lands
     ctx = StageContext(job_id="j", stage="rollout", request=JobRequest(task={"kind": "agent-echo"}), outputs={},
-                       workspace=tmp_path / "ws", settings=Settings(state_dir=tmp_path), deadline=time.time() + 60)
-    monkeypatch.setattr(agent_task, "create_sandbox", lambda *args: _StartInterrupted(ctx))
+                       workspace=tmp_path / "ws", settings=settings, deadline=time.time() + 60)
+    monkeypatch.setattr(job_sandbox, "create_sandbox", lambda *args: _StartInterrupted(ctx))
     with pytest.raises(StageInterrupted) as stopped:
         agent_task.start_sandbox(ToolsAgentKind(), ctx)
     assert stopped.value.reason == "timed_out"

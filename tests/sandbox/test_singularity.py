@@ -15,8 +15,12 @@ from pathlib import Path
 import pytest
 
 from shared.config import Settings
+from tests.support.waiting import wait_for
 from workers.sandbox import SandboxError, SandboxSpec, create_sandbox
 from workers.sandbox.images import ImageCache
+from workers.sandbox.pool import SandboxPool
+from workers.sandbox.pool_sizing import Demand
+from workers.sandbox.profile import SandboxProfile
 from workers.sandbox.singularity import TOOLSERVER_PYTHON, SingularitySandbox, apptainer_command
 
 
@@ -134,3 +138,18 @@ def test_definition_files_are_keyed_by_content(tmp_path: Path) -> None:
     assert cache.resolve(str(recipe)) != first
     with pytest.raises(ValueError):
         cache.resolve("ubuntu")
+
+
+def test_the_pool_does_not_take_apptainer_sandboxes_it_never_ran(tmp_path: Path) -> None:
+    """Never tried with a real Apptainer: the pool starts none ahead, and jobs start their own as before."""
+    settings = Settings(state_dir=tmp_path, sandbox_backend="singularity", sandbox_default_image="/x.sif",
+                        sandbox_pool_interval_s=0.05)  # fmt: skip
+    box = create_sandbox(SandboxSpec(), tmp_path / "ws", tmp_path / "rt", settings)
+    assert box.poolable and "never tried" in box.poolable
+    pool = SandboxPool(settings, lambda: Demand(free_slots=1, queue_depth=1))
+    try:
+        assert pool.take(SandboxProfile.of(SandboxSpec(), settings, python=True)) is None
+        wait_for(lambda: pool.unpoolable, what="the pool to find it cannot pool here")
+        assert pool.ready_count() == 0 and pool.stats.started == 0
+    finally:
+        pool.close()

@@ -7,10 +7,8 @@ Settings come from three places, most specific first: the task (`max_turns`,
 
 from __future__ import annotations
 
-import tempfile
-import uuid
+import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol
 
 from shared.config import Settings
@@ -23,8 +21,11 @@ from workers.rollout.llm_client import Completion, Sampling
 from workers.rollout.llm_routing import complete_routed
 from workers.rollout.llm_services import llm_services, load_tokenizer
 from workers.rollout.tool_parsers import get_parser
-from workers.sandbox import Sandbox, SandboxError, SandboxSpec, create_sandbox
+from workers.rollout.job_sandbox import JobSandbox, lifetime_for, open_job_sandbox, sandbox_pool
+from workers.sandbox import Sandbox, SandboxError, SandboxSpec
 from workers.toolserver.result import ToolResult
+
+log = logging.getLogger("rollouts.rollout")
 
 
 class AgentKind(Protocol):
@@ -89,6 +90,7 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
     request = ctx.request
     group_id = request.group_id
     sandbox: Sandbox | None = None
+    held: JobSandbox | None = None
     loop: AgentLoop | None = None
 
     def release_pin() -> None:
@@ -107,7 +109,8 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
 
         generate = pinned_generate(ctx, pin.model, release_pin)
         if any(name != FINISH_TOOL for name in kind.tools):
-            sandbox = start_sandbox(kind, ctx)
+            held = start_sandbox(kind, ctx)
+            sandbox = held.sandbox
         loop = AgentLoop(
             renderer, parser, generate, tool_runner(sandbox, ctx), config,
             sampling_for(request.sampling, config.max_tokens_per_turn), ctx,
@@ -126,8 +129,8 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
         raise
     finally:
         release_pin()
-        if sandbox is not None:
-            sandbox.stop()
+        if held is not None:
+            held.finish()
     return trajectory.to_dict()
 
 
@@ -149,20 +152,24 @@ def pinned_generate(ctx: StageContext, model: str | None, release_pin: Callable[
     return generate
 
 
-def start_sandbox(kind: AgentKind, ctx: StageContext) -> Sandbox:
-    """The job's sandbox over its workspace, started; stopped by a cancel, the deadline or the stage's end."""
-    # Node-local and short: the tool server's Unix socket path must fit in 108 bytes.
-    runtime_dir = Path(tempfile.gettempdir()) / f"ro-{uuid.uuid4().hex[:12]}"
-    sandbox = create_sandbox(kind.sandbox_spec(ctx.task, ctx.settings), ctx.workspace, runtime_dir, ctx.settings)
-    ctx.on_cleanup(sandbox.stop)
-    ctx.on_interrupt(lambda _reason: sandbox.stop())  # unblocks a tool call the cancel must not wait for
-    ctx.workspace.mkdir(parents=True, exist_ok=True)
+def start_sandbox(kind: AgentKind, ctx: StageContext) -> JobSandbox:
+    """The job's sandbox over its workspace, started (or taken ready from the pool); stopped by a cancel,
+    the deadline or the stage's end, or given back to the pool for the next job (lifetime ``reuse``)."""
+    def hold(held: JobSandbox) -> None:
+        ctx.on_cleanup(held.stop)
+        ctx.on_interrupt(lambda _reason: held.stop())  # unblocks a tool call the cancel must not wait for
+
     try:
-        sandbox.start()
+        held = open_job_sandbox(
+            kind.sandbox_spec(ctx.task, ctx.settings), ctx.workspace, ctx.settings,
+            python="python" in kind.tools, lifetime=lifetime_for(getattr(kind, "name", ""), ctx.settings),
+            pool=sandbox_pool(ctx.settings), hold=hold,
+        )  # fmt: skip
+        log.info("job %s: sandbox %s", ctx.job_id, "ready from the pool" if held.pooled else "started for it")
+        return held
     except SandboxError:
         ctx.check()  # the deadline or a cancel stopped it mid-start: timed_out/cancelled, not failed
         raise
-    return sandbox
 
 
 def tool_runner(sandbox: Sandbox | None, ctx: StageContext) -> RunTool:

@@ -26,6 +26,7 @@ from shared.errors import RolloutsError
 from workers.sandbox.isolation import rlimit_preexec
 from workers.sandbox.quota import DiskQuota, QuotaWatch
 from workers.sandbox.spec import ExecResult, SandboxSpec
+from workers.sandbox.start_gate import start_gate
 from workers.toolserver.client import ToolClient, ToolServerError
 from workers.toolserver.output import CappedBuffer
 from workers.toolserver.reaper import descendants, kill_descendants
@@ -96,6 +97,8 @@ class Sandbox(ABC):
         self._watch_lock = threading.Lock()
         self._quota_ended = threading.Event()  # set once an over-quota sandbox's processes are all gone
         self._client: ToolClient | None = None
+        # What the sandbox's own in-memory trees held while it was known clean (reset.py proves a reuse by it).
+        self.clean_fingerprint: frozenset[tuple[str, int, int]] | None = None
         self._created_runtime = False
         # stop() may race itself (a cancel from the API thread, the rollout's own teardown,
         # __del__): one stopper at a time, the others find nothing left to do.
@@ -225,10 +228,17 @@ class Sandbox(ABC):
             _kill_group(proc, self.launcher_reaps)
 
     def start(self) -> Sandbox:
-        """Start the sandbox and its tool server; returns once the server answers."""
+        """Start the sandbox and its tool server; returns once the server answers.
+
+        At most ``sandbox_start_concurrency`` starts run at once in this process (and per image):
+        a start beyond that waits for a turn (``start_gate.py``)."""
         if self._proc is not None:
             return self
         self._ensure_runtime_dir()
+        with start_gate(self.settings).turn(self.spec.image or self.backend):  # waits its turn, never fails
+            return self._start()
+
+    def _start(self) -> Sandbox:
         log_path = self.runtime_dir / "toolserver.log"
         try:
             self._acquire()
@@ -336,6 +346,53 @@ class Sandbox(ABC):
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    # --- what a pool needs (workers/sandbox/pool.py, handoff.py, reset.py) ---
+    @property
+    def launcher_pid(self) -> int | None:
+        """The host pid of the process this sandbox was launched as (bwrap, the network launcher)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def scratch_inside(self) -> str:
+        """The sandbox's /tmp as its own processes name it."""
+        return "/tmp"
+
+    @property
+    def over_quota(self) -> str | None:
+        """Why the disk quota ended this sandbox, or None."""
+        return self._quota_reason()
+
+    @property
+    def poolable(self) -> str | None:
+        """Why this sandbox cannot be pooled (started ahead of its job), or None when it can."""
+        return None
+
+    def control(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """One request to the tool server other than a tool call (``warm``, ``reset``); SandboxError if it
+        cannot be made or is refused."""
+        if self._client is None:
+            raise SandboxError("sandbox is not started")
+        try:
+            reply = self._client.request(message, timeout)
+        except ToolServerError as exc:
+            raise SandboxError(f"tool server failed: {exc}") from exc
+        if not reply.get("ok"):
+            raise SandboxError(f"tool server refused {message.get('op')}: {reply.get('error')}")
+        return reply
+
+    def rebind_workspace(self, path: Path) -> None:
+        """The host path of the directory bound at ``workdir`` changed (the pool renamed it): measure the disk
+        quota there from now on, in a fresh walk, and give it to the sandbox's user."""
+        if self._start_watched:
+            self._watch_end()
+        self.workspace = Path(os.path.realpath(path))
+        self._own_workspace()
+        if self._start_watched:
+            self._watch_begin()
+
+    def _own_workspace(self) -> None:  # noqa: B027 - an optional hook
+        """Give the workspace's files to the sandbox's user, where it has one of its own."""
 
     def stop(self) -> None:
         """Stop the tool server and every process of this sandbox; idempotent.

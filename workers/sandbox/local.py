@@ -159,6 +159,15 @@ class LocalSandbox(Sandbox):
     def workdir(self) -> str:
         return self.settings.sandbox_workdir if self.isolated else str(self.workspace)
 
+    def toolserver_argv(self) -> list[str]:
+        # The tool server is this project's, from the tree bound read-only inside (PROJECT_ROOT), whatever
+        # the venv's editable install points at: a git worktree's venv may name another checkout, which is
+        # not bound (its import would fail) and would be another version of the server.
+        argv = super().toolserver_argv()
+        boot = f"import runpy, sys; sys.path.insert(0, {str(PROJECT_ROOT)!r}); "
+        boot += "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+        return [argv[0], "-c", boot, *argv[2:]]  # argv[2] is the module's name, as with -m
+
     @property
     def launcher_reaps(self) -> bool:
         return self.isolated  # bwrap waits for its init; the fallback's launcher is the server
@@ -173,8 +182,21 @@ class LocalSandbox(Sandbox):
         if not self.isolated or os.geteuid() != 0 or self._slot is not None:
             return
         self._slot = UidSlot.acquire(self.settings.sandbox_uid_base, self.settings.sandbox_uid_slots)
-        chown_tree(self.workspace, self._slot.uid, self._slot.uid)
+        self._own_workspace()
         chown_tree(self.runtime_dir, self._slot.uid, self._slot.uid)
+
+    def _own_workspace(self) -> None:
+        if self._slot is not None:
+            chown_tree(self.workspace, self._slot.uid, self._slot.uid)
+
+    @property
+    def poolable(self) -> str | None:
+        # Unisolated, the workspace appears at its host path, which changes when a job takes the sandbox.
+        return None if self.isolated else "the unisolated fallback shows the workspace at its host path"
+
+    @property
+    def scratch_inside(self) -> str:
+        return "/tmp" if self.isolated else str(self.scratch_dir)
 
     def _release(self) -> None:
         slot, self._slot = self._slot, None

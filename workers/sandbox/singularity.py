@@ -65,6 +65,12 @@ class SingularitySandbox(Sandbox):
         self._image: Path | None = None
 
     @property
+    def poolable(self) -> str | None:
+        # The pool's hand-off (a bind mount follows its directory) and reset were run with bubblewrap only;
+        # no Apptainer was installed to try them (docs/SANDBOX.md, Sandbox pool and lifetimes).
+        return "pooling Apptainer sandboxes was never tried (no Apptainer here)"
+
+    @property
     def workdir(self) -> str:
         return self.spec.workdir or self.settings.sandbox_workdir
 

@@ -110,6 +110,13 @@ class PersistentBash:
         except (ProcessLookupError, PermissionError):
             pass
         try:
+            # Reaped first, ptyprocess's close has nothing to wait for: without this it sleeps a fixed
+            # 0.1 s (delayafterclose), on the ending job's slot when a reused sandbox is reset.
+            deadline = time.monotonic() + 5.0
+            while proc.isalive() and time.monotonic() < deadline:
+                time.sleep(0.002)
+            if not proc.isalive():
+                proc.delayafterclose = 0
             proc.close(force=True)
         except Exception:  # noqa: BLE001 - already dead is fine
             pass

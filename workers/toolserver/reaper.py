@@ -50,6 +50,12 @@ def _stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[1])
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process: not gone, not a zombie waiting to be reaped."""
+    info = _stat(pid)
+    return info is not None and info[0] not in ("Z", "X")
+
+
 def children(pid: int) -> list[int]:
     """Direct children of ``pid`` (from its threads' ``children`` lists, else a /proc scan)."""
     found: set[int] = set()

@@ -18,6 +18,7 @@ from typing import Any
 
 from workers.toolserver.protocol import ProtocolError, recv_frame, send_frame
 from workers.toolserver.reaper import OrphanReaper, become_subreaper, kill_descendants
+from workers.toolserver.reset import reset_toolbox
 from workers.toolserver.tools import ToolBox
 
 log = logging.getLogger("rollouts.toolserver")
@@ -68,6 +69,17 @@ class ToolServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             return {"ok": True, "pid": os.getpid()}
         if op == "shutdown":
             return {"ok": True, "shutdown": True}
+        if op == "reset":  # a reused sandbox between two jobs (workers/sandbox/reset.py checks it)
+            scratch, keep = request.get("scratch"), request.get("keep") or []
+            if not isinstance(scratch, str) or not all(isinstance(name, str) for name in keep):
+                return {"ok": False, "error": "reset needs the scratch dir and the names to keep"}
+            return {"ok": True, **reset_toolbox(self.toolbox, Path(scratch), frozenset(keep))}
+        if op == "warm":
+            try:
+                self.toolbox.warm(python=bool(request.get("python")))
+            except Exception as exc:  # noqa: BLE001 - the worker discards the sandbox
+                return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            return {"ok": True}
         if op == "call":
             timeout = request.get("timeout")
             if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):

@@ -30,6 +30,7 @@ class ToolBox:
 
     def __init__(self, workspace: Path, state_dir: Path, env: dict[str, str], limits: ToolLimits) -> None:
         self.limits = limits
+        self.state_dir = state_dir
         self.workspace = Workspace(workspace)
         self.bash = PersistentBash(workspace, env, state_dir / "bash", limits.output_cap, limits.hard_output_cap)
         self.python = PythonKernel(
@@ -40,6 +41,20 @@ class ToolBox:
 
     def start(self) -> None:
         self.bash.start()
+
+    def warm(self, python: bool) -> None:
+        """Have the shell (and, for kinds that use ``python``, the kernel) up before a job's first call."""
+        with self._locks["bash"]:
+            if self.bash.proc is None or not self.bash.proc.isalive():
+                self.bash.restart()
+        if python:
+            with self._locks["python"]:
+                if self.python.manager is None:
+                    self.python.start()
+
+    def locks(self) -> list[threading.Lock]:
+        """Every tool's lock, in one order (a reset holds them all)."""
+        return [self._locks[name] for name in ("bash", "python", "files")]
 
     def close(self) -> None:
         self.bash.close()

@@ -22,6 +22,7 @@ from workers.rollout.agent_task import (
     start_sandbox,
     tool_runner,
 )
+from workers.rollout.job_sandbox import JobSandbox
 from workers.rollout.llm_services import llm_services, load_tokenizer
 from workers.rollout.proxy.server import ThreadServer, build_app
 from workers.rollout.proxy.session import ProxySession
@@ -38,6 +39,7 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
     st = state()
     llm = llm_services()
     sandbox: Sandbox | None = None
+    held: JobSandbox | None = None
     session: ProxySession | None = None
     server: ThreadServer | None = None
     proxy_key = st.store.keys.agent_proxy(ctx.job_id)
@@ -50,7 +52,8 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
         pin = llm.pool.acquire(ctx.job_id, ctx.request.group_id, model=ctx.request.model)
         config = loop_config(kind, ctx)
         if any(name != FINISH_TOOL for name in kind.tools):
-            sandbox = start_sandbox(kind, ctx)
+            held = start_sandbox(kind, ctx)
+            sandbox = held.sandbox
         session = ProxySession(
             load_tokenizer(pin), get_parser(ctx.task.get("tool_parser") or ctx.settings.agent_tool_parser),
             pinned_generate(ctx, pin.model, release_pin), tool_runner(sandbox, ctx), config,
@@ -80,8 +83,8 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
             _unregister(st.redis, proxy_key, server.url)
             server.stop()
         release_pin()
-        if sandbox is not None:
-            sandbox.stop()
+        if held is not None:
+            held.finish()
     return trajectory.to_dict()
 
 
