@@ -359,6 +359,12 @@ class Sandbox(ABC):
         return "/tmp"
 
     @property
+    def host_binds(self) -> list[Path]:
+        """Host paths bound at the same path inside: where one lies under the host's /tmp (the node's temp
+        dir; a CI clone, a scratch venv), its first directory there is a mount point in the sandbox's /tmp."""
+        return [self.runtime_dir]
+
+    @property
     def over_quota(self) -> str | None:
         """Why the disk quota ended this sandbox, or None."""
         return self._quota_reason()

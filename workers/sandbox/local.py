@@ -159,6 +159,10 @@ class LocalSandbox(Sandbox):
     def workdir(self) -> str:
         return self.settings.sandbox_workdir if self.isolated else str(self.workspace)
 
+    @property
+    def host_binds(self) -> list[Path]:
+        return [*super().host_binds, *(Path(path) for path in readonly_paths())] if self.isolated else []
+
     def toolserver_argv(self) -> list[str]:
         # The tool server is this project's, from the tree bound read-only inside (PROJECT_ROOT), whatever
         # the venv's editable install points at: a git worktree's venv may name another checkout, which is

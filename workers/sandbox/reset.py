@@ -103,14 +103,32 @@ def _parent(pid: int) -> int | None:
         return None
 
 
+def _bind_skeleton(sandbox: Sandbox) -> frozenset[Path]:
+    """The directories bwrap made in the sandbox's /tmp to bind host paths at their own paths (the runtime
+    dir, Python, the project: under /tmp where the node's temp dir is /tmp or a checkout lives there, a CI
+    clone), relative to /tmp: every prefix of each such path."""
+    skeleton: set[Path] = set()
+    for path in sandbox.host_binds:
+        try:
+            inside = path.relative_to(sandbox.scratch_inside)
+        except ValueError:
+            continue
+        skeleton.update(Path(*inside.parts[: n + 1]) for n in range(len(inside.parts)))
+    return frozenset(skeleton)
+
+
 def scratch_mount_points(sandbox: Sandbox) -> frozenset[str]:
-    """Names in the sandbox's /tmp that are mount points, not the last job's files: the runtime dir is
-    bound at its host path, which lies under /tmp when the node's temp dir is /tmp."""
-    try:
-        inside = sandbox.runtime_dir.relative_to(sandbox.scratch_inside)
-    except ValueError:
-        return frozenset()
-    return frozenset(inside.parts[:1])
+    """Names in the sandbox's /tmp that lead to mount points, not the last job's files."""
+    return frozenset(path.parts[0] for path in _bind_skeleton(sandbox))
+
+
+def _only_skeleton(top: Path, name: str, skeleton: frozenset[Path]) -> bool:
+    """Whether the host's view of /tmp/<name> holds nothing but the directories bwrap made for binds."""
+    for root, dirs, files in os.walk(top / name):
+        relative = Path(name) / Path(root).relative_to(top / name)
+        if files or relative not in skeleton or any(relative / d not in skeleton for d in dirs):
+            return False
+    return True
 
 
 def _runtime_leftovers(sandbox: Sandbox) -> list[str]:
@@ -118,9 +136,9 @@ def _runtime_leftovers(sandbox: Sandbox) -> list[str]:
     for entry in os.scandir(sandbox.runtime_dir):
         if entry.name not in _RUNTIME_ENTRIES:
             found.append(entry.name)
-    mounts = scratch_mount_points(sandbox)
+    skeleton = _bind_skeleton(sandbox)
     for entry in os.scandir(sandbox.scratch_dir):
-        if entry.name not in mounts or not entry.is_dir(follow_symlinks=False) or any(os.scandir(entry.path)):
+        if not entry.is_dir(follow_symlinks=False) or not _only_skeleton(sandbox.scratch_dir, entry.name, skeleton):
             found.append(f"/tmp/{entry.name}")
     state = sandbox.runtime_dir / "toolserver"
     if state.exists():
