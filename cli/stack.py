@@ -303,16 +303,22 @@ class Stack:
             preexec_fn=die_with_parent(),
         )
 
-    def _wait_for_api(self, timeout: float) -> None:
+    def _wait_for_api(self, timeout: float, healthy: bool = True) -> None:
+        """Until the API answers /healthz: 200 (`healthy`), or at all. A restart waits only for it to serve:
+        Redis may be down at the same moment, and its restart comes from the same supervising thread."""
         deadline = time.monotonic() + timeout
-        with self._probe(1.0) as api:
+        with httpx.Client(base_url=self.api_url, timeout=1.0) as http:
             while time.monotonic() < deadline:
                 if self.api is not None and self.api.poll() is not None:
                     raise StackError(f"the API exited with code {self.api.returncode} (port {self.api_port} taken?)")
-                if api.health():
+                try:
+                    status = http.get("/healthz").status_code
+                except httpx.TransportError:
+                    status = None
+                if status == 200 or (status is not None and not healthy):
                     return
                 time.sleep(0.1)
-        raise StackError(f"the API did not become healthy within {timeout:.0f}s")
+        raise StackError(f"the API did not {'become healthy' if healthy else 'answer'} within {timeout:.0f}s")
 
     def wait_for_workers(self, timeout: float = 30.0, token: str | None = None) -> None:
         """Block until every started worker process has registered its slots with rq (asking with `token`)."""
@@ -431,7 +437,11 @@ class Stack:
     def _restart_api(self) -> str:
         with self._lock:
             self.start_api()
-        self._wait_for_api(60.0)  # on the same port: the clients and workers reach it where they did
+        try:
+            self._wait_for_api(60.0, healthy=False)  # on the same port: the clients and workers reach it where they did
+        except StackError:
+            _terminate([self.api] if self.api else [], 10.0)  # never left holding the port for the next try
+            raise
         return f"pid {self.api.pid}" if self.api else ""
 
     def _restart_redis(self) -> str:

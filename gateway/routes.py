@@ -110,7 +110,8 @@ class ReloadedAdapter:
 
     def check(self, models: dict[str, Any]) -> None:
         """`models`: vLLM's GET /v1/models answer, where an adapter is an entry with a `parent`."""
-        served = {entry.get("id") for entry in models.get("data", []) if isinstance(entry, dict) and entry.get("parent")}
+        entries = [entry for entry in models.get("data", []) if isinstance(entry, dict)]
+        served = {entry.get("id") for entry in entries if entry.get("parent")}
         if self.name not in served:
             names = ", ".join(sorted(str(n) for n in served)) or "none"
             raise Refused(403, f"LoRA adapter {self.name!r} is not served here (served adapters: {names})")

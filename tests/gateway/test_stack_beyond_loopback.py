@@ -16,7 +16,8 @@ from tests.support.waiting import wait_status
 
 pytestmark = pytest.mark.vllm
 
-TOKENS = {"ROLLOUTS_API_TOKENS": "trainer-token", "ROLLOUTS_ADMIN_TOKENS": "admin-token", "ROLLOUTS_TOKEN": "admin-token"}
+TOKENS = {"ROLLOUTS_API_TOKENS": "trainer-token", "ROLLOUTS_ADMIN_TOKENS": "admin-token",
+          "ROLLOUTS_TOKEN": "admin-token"}
 ENV = {"ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds", "ROLLOUTS_LLM_HEARTBEAT_INTERVAL_S": "1", **TOKENS}
 
 
