@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 
 from cli.connect import advertised_host, is_loopback, url_host
 from cli.embedded_redis import EmbeddedRedis, free_port
+from cli.hang_watch import HangWatch
 from cli.procs import die_with_parent
 from cli.supervision import RestartPolicy, StayDown, Supervised
 from cli.tiny_model import tiny_model_dir
@@ -386,11 +387,15 @@ class Stack:
         if self.vllm_server is not None:
             s = self.settings
             vllm_policy = RestartPolicy(budget=s.vllm_restart_budget, window_s=s.vllm_restart_window_s)
+            watch = HangWatch(self.vllm_server.url, s.vllm_hang_timeout_s, self._stopping)
+            if s.vllm_hang_timeout_s > 0:
+                watch.start()
             units.append(Supervised(f"vLLM (port {self.vllm_server.port})",
                                     lambda: self.vllm_server.process if self.vllm_server else None,
                                     counted("vllm", self._restart_vllm), vllm_policy, say,
                                     on_death=self._vllm_died, threaded=True,
-                                    on_restarted=self._vllm_rejoins))  # fmt: skip
+                                    on_restarted=lambda: self._vllm_rejoins(watch), hung=watch.hung,
+                                    kill=lambda process: _signal_group(process, signal.SIGKILL)))  # fmt: skip
             units.append(Supervised("vLLM's registrar", self._vllm_registrar,
                                     counted("registrar", lambda: self._restart_registrar(self._vllm_slot)),
                                     policy, say))  # fmt: skip
@@ -481,9 +486,10 @@ class Stack:
         version = self._load_current_weights(server)
         return f"{server.url}, registering again, weights: {version or 'as started (no update applied)'}"
 
-    def _vllm_rejoins(self) -> None:
+    def _vllm_rejoins(self, watch: HangWatch) -> None:
         """Its registrar again, spawned on the supervising thread (die_with_parent arms only there)."""
         assert self.vllm_server is not None
+        watch.restarted()
         with self._lock:
             self._register_vllm(self.vllm_server)
             self._vllm_out = False

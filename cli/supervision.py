@@ -5,7 +5,8 @@ Redis, a registrar, the stack's vLLM server). A death is logged in one line (wha
 it restarts). A restart runs on the supervising thread, so what it spawns gets `die_with_parent`'s
 signal (armed only from the main thread); a slow one (vLLM: a minute to load) runs on a thread of
 its own, so it holds up no other restart, and hands what must be spawned back to the supervising
-thread (`on_restarted`). The pause before a restart doubles while the process keeps dying young, so a
+thread (`on_restarted`). A process that is alive but hung (its `hung` check says why) is killed, and
+its death handled like any other. The pause before a restart doubles while the process keeps dying young, so a
 crash loop is logged and slowed, never spun; a policy with a budget gives up past it (one line).
 """
 
@@ -44,7 +45,8 @@ class Supervised:
     again (returns a few words for the log, raises StayDown to give up, anything else to retry later);
     `on_death`: what must happen at once, before the pause (e.g. take a backend out of the pool);
     `threaded`: run `restart` on a thread of its own (a slow one); `on_restarted`: run on the supervising
-    thread once a restart succeeded (e.g. spawn what a threaded restart must not).
+    thread once a restart succeeded (e.g. spawn what a threaded restart must not); `hung`: why the running
+    process counts as hung (None: it does not), and `kill` ends it then, so the next look restarts it.
     """
 
     def __init__(
@@ -57,6 +59,8 @@ class Supervised:
         on_death: Callable[[], None] = lambda: None,
         threaded: bool = False,
         on_restarted: Callable[[], None] = lambda: None,
+        hung: Callable[[], str | None] = lambda: None,
+        kill: Callable[[subprocess.Popen[bytes]], None] = lambda process: process.kill(),
     ) -> None:
         self.name = name
         self.process = process
@@ -66,6 +70,8 @@ class Supervised:
         self.on_death = on_death
         self.threaded = threaded
         self.on_restarted = on_restarted
+        self.hung = hung
+        self.kill = kill
         self.started_at = time.monotonic()
         self.delay = 0.0
         self.due: float | None = None  # when the pending restart starts
@@ -96,6 +102,9 @@ class Supervised:
             self.on_death()
             lived = now - self.started_at
             self._schedule(now, f"(pid {process.pid}) exited with {exit_text(code)} after {lived:.0f} s")
+        elif process is not None and (reason := self.hung()):
+            self.say(f"{self.name} (pid {process.pid}) {reason}: killing it")
+            self.kill(process)
 
     def _schedule(self, now: float, what_happened: str) -> None:
         p = self.policy

@@ -245,6 +245,11 @@ class Settings(BaseSettings):
         description="Restarts `rollouts up` gives its vLLM server within vllm_restart_window_s; past them the server "
         "stays down (said in one line) and the rest of the stack keeps serving: a crash loop is not retried forever.",
     )
+    vllm_hang_timeout_s: float = Field(
+        default=120.0, ge=0,
+        description="`rollouts up` kills and restarts its vLLM server when it is running but has not answered /health "
+        "for this long (a hung engine); 0 turns the check off. Judged only once the server answered after its start.",
+    )
     vllm_restart_window_s: float = Field(
         default=3600.0, gt=0, description="The window vllm_restart_budget counts restarts in (seconds)."
     )

@@ -5,16 +5,20 @@ tests/reliability/test_stack_restarts.py)."""
 from __future__ import annotations
 
 import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
 
 import cli.jobs
 from cli.stack import Stack
+from cli.hang_watch import HangWatch
 from cli.supervision import RestartPolicy, StayDown, Supervised
 from cli.vllm_server import VLLMServer
 from shared.keys import Keys
 from shared.weights import WeightVersions
+from tests.support.waiting import wait_for
 
 
 class Fake:
@@ -182,3 +186,63 @@ def test_a_restart_runs_on_the_supervising_thread_unless_threaded_and_rejoins_th
     settle(slow, 101.0)
     assert "slow failed to rejoin after its restart (RuntimeError: registrar would not start)" in lines[-1], lines
     assert slow.due is not None and not slow.down, lines
+
+
+class HealthDouble(ThreadingHTTPServer):
+    """A test double for a server's /health: answers 200 until `hang` is set, then holds every request
+    unanswered (a hung vLLM keeps its port and answers nothing)."""
+
+    def __init__(self) -> None:
+        self.hang = threading.Event()
+        self.released = threading.Event()
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                if double.hang.is_set():
+                    double.released.wait()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+def test_a_hung_process_is_killed_once_silent_long_enough_and_only_after_it_answered() -> None:
+    """cli/hang_watch.py with a real HTTP server: a process that has not answered since it started (vLLM loading)
+    is never judged; once it answered, silence past hang_after_s gets it killed, and its death is then handled as
+    any other (restart); a restarted one is judged only once it answers again."""
+    double, stopping, lines, killed = HealthDouble(), threading.Event(), [], []
+    fake = Fake()
+    watch = HangWatch("http://127.0.0.1:9", hang_after_s=0.5, stopping=stopping, interval_s=0.1).start()
+    try:
+        supervised = Supervised("vLLM", lambda: fake, fake.restart, RestartPolicy(), lines.append, hung=watch.hung,
+                                kill=lambda process: (killed.append(process.pid), setattr(fake, "code", -9)))  # fmt: skip
+        time.sleep(1.0)  # nothing answers at port 9: not judged, however long
+        supervised.check(time.monotonic())
+        assert watch.hung() is None and not killed, lines
+
+        watch.url = double.url
+        wait_for(lambda: watch._last_answer is not None, timeout=30, what="the double's first answer")
+        double.hang.set()
+        reason = wait_for(watch.hung, timeout=60, what="the watch to call it hung")
+        assert "has not answered /health" in reason and "though it is running" in reason
+        supervised.check(time.monotonic())
+        assert killed == [42] and lines[-1].startswith("vLLM (pid 42) has not answered /health"), lines
+        supervised.check(time.monotonic())  # the next look sees the death and schedules the restart
+        assert "exited with signal SIGKILL" in lines[-1] and supervised.due is not None, lines
+        watch.restarted()
+        assert watch.hung() is None  # silent still, but not judged until it answers after its restart
+    finally:
+        stopping.set()
+        double.released.set()
+        double.shutdown()

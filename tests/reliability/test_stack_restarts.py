@@ -5,7 +5,8 @@ with its supervise() on a thread. The tests kill, in order: the API process and 
 (jobs submitted afterwards run to done); vLLM's engine (EngineCore, found in the vLLM server's
 process group) while jobs are held in it, after a weight update (every job ends done, the backend
 comes back with the updated weights, checked by logprobs against transformers); vLLM's API server
-process; then every restart shows in GET /v1/status. Jobs are held by mechanism: the server's scheduler is paused with vLLM's own
+process; vLLM's API server stopped (SIGSTOP: alive, silent), which the stack's hang watch kills and
+restarts; then every restart shows in GET /v1/status. Jobs are held by mechanism: the server's scheduler is paused with vLLM's own
 /pause?mode=keep and the kill comes once its log shows it took every job's request. Each test reports
 the time from its kill to serving again (figures, never asserted).
 """
@@ -42,6 +43,8 @@ ENV = {
 }
 # Generous caps on waiting for events (a vLLM restart on 2 busy cores is 30-120 s); never asserted as speeds.
 RESTART_CAP_S = 600.0
+# A serving vLLM answers /health within a second or two even on busy cores; a minute of silence is a hang.
+HANG_AFTER_S = 60.0
 
 
 @dataclass
@@ -68,7 +71,8 @@ class Up:
 def up(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     root = tmp_path_factory.mktemp("up")
     settings = Settings(redis_url=None, state_dir=root / "state", vllm_served_model_name=SERVED_NAME,
-                        vllm_args="--dtype float32 --max-model-len 4096 --enable-log-requests")  # fmt: skip
+                        vllm_args="--dtype float32 --max-model-len 4096 --enable-log-requests",
+                        vllm_hang_timeout_s=HANG_AFTER_S)  # fmt: skip
     lines: list[tuple[float, str]] = []
 
     def progress(line: str) -> None:
@@ -243,8 +247,31 @@ def test_a_killed_vllm_api_server_comes_back_with_the_current_weights(up: Up, fi
     assert info["weight_version"] == "step-1", (info, up.log())
     records = finished(up.api, submit(up.api, 2, seed=300))
     assert_all_done(records, up)
-    # every restart of the module shows in `rollouts status` (GET /v1/status): API 1, Redis 1, vLLM 2
-    restarts = up.api.get("/v1/status").json()["restarts"]
-    assert restarts == {"api": 1, "redis": 1, "vllm": 2}, (restarts, up.log())
     figure(f"vLLM's API server SIGKILLed: back in the pool ({backend['id']}) with step-1 {back:.1f} s after the "
            "kill; 2 jobs submitted afterwards done")
+
+
+def test_a_hung_vllm_is_killed_and_comes_back_with_the_current_weights(up: Up, figure) -> None:
+    """SIGSTOP of vLLM's API server: alive, holding its port, answering nothing. The stack's hang watch
+    (cli/hang_watch.py) kills it once /health has been silent for vllm_hang_timeout_s, and it restarts
+    as a dead one does: out of the pool at once, back with the current weights."""
+    server = up.server
+    wait_for(lambda: backend_serving(up), timeout=RESTART_CAP_S, what="the backend to serve")
+    api_server = vllm_process(server, b"vllm.entrypoints.openai.api_server")
+    stopped = time.monotonic()
+    os.kill(api_server, signal.SIGSTOP)
+    wait_for(lambda: up.said_since(stopped, "vLLM", "has not answered /health", "killing it"), timeout=RESTART_CAP_S,
+             what="the hang watch to kill the stopped server")  # fmt: skip
+    judged = up.said_since(stopped, "vLLM", "killing it")
+    assert judged is not None and judged - stopped >= HANG_AFTER_S, up.log()  # not before its silence was long enough
+    wait_for(lambda: up.said_since(stopped, "vLLM", "restarted", "step-1"), timeout=RESTART_CAP_S,
+             what="vLLM's restart")  # fmt: skip
+    wait_for(lambda: backend_serving(up), timeout=RESTART_CAP_S, what="the backend to serve again")
+    back = time.monotonic() - stopped
+    records = finished(up.api, submit(up.api, 2, seed=400))
+    assert_all_done(records, up)
+    # every restart of the module shows in `rollouts status` (GET /v1/status): API 1, Redis 1, vLLM 3
+    restarts = up.api.get("/v1/status").json()["restarts"]
+    assert restarts == {"api": 1, "redis": 1, "vllm": 3}, (restarts, up.log())
+    figure(f"vLLM's API server SIGSTOPped: judged hung {judged - stopped:.1f} s after (limit {HANG_AFTER_S:.0f} s), "
+           f"killed, back in the pool with step-1 {back:.1f} s after the stop; 2 jobs submitted afterwards done")
