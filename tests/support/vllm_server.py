@@ -24,8 +24,7 @@ from shared.config import Settings
 SERVED_NAME = "tiny"
 
 
-@pytest.fixture(scope="session")
-def tiny_model() -> Path:
+def tiny_model_path() -> Path:
     """The embedded default's model (tiny Llama, byte-level tokenizer, ChatML), built once per user.
 
     A stable path: vLLM keys its compile cache (~/.cache/vllm) by the model, so every later
@@ -33,6 +32,11 @@ def tiny_model() -> Path:
     """
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rollouts" / "test-models"
     return tiny_model_dir(cache, seed=0, max_model_len=4096)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    return tiny_model_path()
 
 
 def start_server(model: Path, log_dir: Path, served_name: str = SERVED_NAME, args: list[str] | None = None) -> VLLMServer:
