@@ -5,7 +5,8 @@ collective, a process stopped by a debugger or the kernel) keeps its pid and its
 stops answering. The pool's probes take such a backend out of selection, but nothing would ever
 bring it back. `HangWatch` probes `/health` on a thread of its own (a probe that blocks must not
 hold up the supervising loop) and says the server is hung once it has gone `hang_after_s` without
-an answer. It only judges a server that answered since it (re)started: a loading vLLM is silent
+an answer. Its clock starts when the server is known to serve (the stack starts the watch once its
+vLLM is ready, and calls `restarted()` once a restart was waited ready): a loading vLLM is silent
 for a minute and is not hung.
 """
 
@@ -26,24 +27,26 @@ class HangWatch:
         self.interval_s = interval_s
         self._stopping = stopping
         self._lock = threading.Lock()
-        self._last_answer: float | None = None  # None: not answered since it (re)started, not judged
+        self._last_answer = time.monotonic()
         self._last_problem = ""
         self._thread = threading.Thread(target=self._probe_forever, name=f"hang watch {url}", daemon=True)
 
     def start(self) -> HangWatch:
+        """Watch from now on; call once the server serves."""
+        self.restarted()
         self._thread.start()
         return self
 
     def restarted(self) -> None:
-        """The server was started again: judge it only once it answers."""
+        """The server serves again (a restart waited until it was ready): its silence counts from now."""
         with self._lock:
-            self._last_answer = None
+            self._last_answer = time.monotonic()
 
     def hung(self) -> str | None:
         """Why the server counts as hung now, or None."""
         with self._lock:
             last, problem = self._last_answer, self._last_problem
-        if last is None or time.monotonic() - last < self.hang_after_s:
+        if time.monotonic() - last < self.hang_after_s:
             return None
         return f"has not answered /health for {time.monotonic() - last:.0f} s ({problem}) though it is running"
 

@@ -248,7 +248,7 @@ class Settings(BaseSettings):
     vllm_hang_timeout_s: float = Field(
         default=120.0, ge=0,
         description="`rollouts up` kills and restarts its vLLM server when it is running but has not answered /health "
-        "for this long (a hung engine); 0 turns the check off. Judged only once the server answered after its start.",
+        "for this long (a hung engine); 0 turns the check off. Counted from when the server is ready (start, restart).",
     )
     vllm_restart_window_s: float = Field(
         default=3600.0, gt=0, description="The window vllm_restart_budget counts restarts in (seconds)."

@@ -217,22 +217,20 @@ class HealthDouble(ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}"
 
 
-def test_a_hung_process_is_killed_once_silent_long_enough_and_only_after_it_answered() -> None:
-    """cli/hang_watch.py with a real HTTP server: a process that has not answered since it started (vLLM loading)
-    is never judged; once it answered, silence past hang_after_s gets it killed, and its death is then handled as
-    any other (restart); a restarted one is judged only once it answers again."""
+def test_a_hung_process_is_killed_once_silent_long_enough_and_its_restart_starts_the_clock_again() -> None:
+    """cli/hang_watch.py with a real HTTP server: silence past hang_after_s gets the running process killed, and
+    its death is then handled as any other (restart); a restarted one (waited ready) is not judged on the silence
+    before its restart, and is judged again once it stays silent."""
     double, stopping, lines, killed = HealthDouble(), threading.Event(), [], []
     fake = Fake()
-    watch = HangWatch("http://127.0.0.1:9", hang_after_s=0.5, stopping=stopping, interval_s=0.1).start()
+    watch = HangWatch(double.url, hang_after_s=1.0, stopping=stopping, interval_s=0.1).start()
     try:
         supervised = Supervised("vLLM", lambda: fake, fake.restart, RestartPolicy(), lines.append, hung=watch.hung,
                                 kill=lambda process: (killed.append(process.pid), setattr(fake, "code", -9)))  # fmt: skip
-        time.sleep(1.0)  # nothing answers at port 9: not judged, however long
+        time.sleep(1.5)  # answering: never hung, however long
         supervised.check(time.monotonic())
         assert watch.hung() is None and not killed, lines
 
-        watch.url = double.url
-        wait_for(lambda: watch._last_answer is not None, timeout=30, what="the double's first answer")
         double.hang.set()
         reason = wait_for(watch.hung, timeout=60, what="the watch to call it hung")
         assert "has not answered /health" in reason and "though it is running" in reason
@@ -240,8 +238,10 @@ def test_a_hung_process_is_killed_once_silent_long_enough_and_only_after_it_answ
         assert killed == [42] and lines[-1].startswith("vLLM (pid 42) has not answered /health"), lines
         supervised.check(time.monotonic())  # the next look sees the death and schedules the restart
         assert "exited with signal SIGKILL" in lines[-1] and supervised.due is not None, lines
-        watch.restarted()
-        assert watch.hung() is None  # silent still, but not judged until it answers after its restart
+
+        watch.restarted()  # back and ready (still silent here): its clock starts again
+        assert watch.hung() is None
+        assert wait_for(watch.hung, timeout=60, what="the watch to call the silent restarted server hung")
     finally:
         stopping.set()
         double.released.set()
