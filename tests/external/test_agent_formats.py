@@ -1,0 +1,198 @@
+"""The Responses and Anthropic Messages routes of a job's endpoint, driven by the unmodified `openai` and `anthropic`
+SDKs: tool-call round trips that extend one token-exact record, both SSE event sequences, and each format's refusals.
+
+The tiny random model almost never writes a tool call, so the replies here are scripted by the
+suite's test double of a vLLM backend (tests/support/scripted_llm.py); the same SDKs against real
+vLLM are in test_agent_formats_on_vllm.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.external.conftest import TOOLS, Endpoint, renderer_for, serve
+from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
+from tests.support.trajectory_checks import assert_decodes_to_conversation, assert_exact_against_backend
+from workers.rollout.proxy import anthropic_api, responses_api
+
+GOOD = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
+SYSTEM = "You are a careful assistant."
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                    "input_schema": t["function"]["parameters"]} for t in TOOLS]  # fmt: skip
+RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+                    "parameters": t["function"]["parameters"], "strict": False} for t in TOOLS]  # fmt: skip
+
+
+@pytest.fixture()
+def scripted(tokenizer: Any) -> Iterator[ScriptedLLM]:
+    llm = ScriptedLLM(tokenizer, scripts={"tool": [GOOD, "Done."], "hi": ["Hello there."]}).start()
+    yield llm
+    llm.stop()
+
+
+@pytest.fixture()
+def endpoint(tokenizer: Any, scripted: ScriptedLLM) -> Iterator[Endpoint]:
+    yield from serve(tokenizer, scripted.url, SCRIPTED_MODEL, None, max_tokens_per_turn=200)
+
+
+def claude(endpoint: Endpoint, key: str | None = None) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=endpoint.url, api_key=key or endpoint.key, max_retries=0)
+
+
+def responses(endpoint: Endpoint, key: str | None = None) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{endpoint.url}/v1", api_key=key or endpoint.key, max_retries=0)
+
+
+def task_messages(script: str) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"List the files. [script:{script}]"}]
+
+
+def assert_one_exact_record(endpoint: Endpoint, tokenizer: Any, chat_tools: list[dict[str, Any]] | None,
+                            script: str, turns: int) -> None:  # fmt: skip
+    record = endpoint.session.record()
+    assert record.segments == [], "every call extended the same record"
+    assert record.counts.turns == turns
+    assert_exact_against_backend(record, endpoint.served)
+    assert_decodes_to_conversation(record, renderer_for(tokenizer, chat_tools), task_messages(script))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_anthropic_tool_use_loop_extends_one_token_exact_record(endpoint: Endpoint, tokenizer: Any,
+                                                                   stream: bool) -> None:  # fmt: skip
+    llm = claude(endpoint)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "List the files. [script:tool]"}]
+    stops, asked = [], []
+    for _ in range(4):  # the harness's loop: run the tools it is asked for until the model ends its turn
+        kwargs = {"model": SCRIPTED_MODEL, "system": SYSTEM, "messages": messages, "tools": ANTHROPIC_TOOLS,
+                  "max_tokens": 100}  # fmt: skip
+        if stream:
+            with llm.messages.stream(**kwargs) as events:
+                reply = events.get_final_message()
+        else:
+            reply = llm.messages.create(**kwargs)
+        stops.append(reply.stop_reason)
+        messages.append({"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in reply.content]})
+        calls = [block for block in reply.content if block.type == "tool_use"]
+        asked += calls
+        if reply.stop_reason != "tool_use":
+            break
+        assert [(c.name, c.input) for c in calls] == [("bash", {"command": "ls"})]
+        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": c.id, "content": "a.txt"}
+                                                     for c in calls]})  # fmt: skip
+    assert stops == ["tool_use", "end_turn"]
+    assert reply.content[0].text == "Done." and reply.usage.output_tokens > 0
+    assert_one_exact_record(endpoint, tokenizer, anthropic_api.chat_tools(ANTHROPIC_TOOLS), "tool", turns=2)
+    assert endpoint.session.record().turns[2].messages == [{"role": "tool", "content": "a.txt",
+                                                            "tool_call_id": asked[0].id}]  # fmt: skip
+
+
+def test_a_responses_function_call_loop_extends_one_token_exact_record(endpoint: Endpoint, tokenizer: Any) -> None:
+    llm = responses(endpoint)
+    items: list[Any] = [{"role": "user", "content": "List the files. [script:tool]"}]
+    first = llm.responses.create(model=SCRIPTED_MODEL, instructions=SYSTEM, input=items, tools=RESPONSES_TOOLS)
+    [call] = [item for item in first.output if item.type == "function_call"]
+    assert first.status == "completed" and call.name == "bash" and json.loads(call.arguments) == {"command": "ls"}
+    items += [item.model_dump(exclude_none=True) for item in first.output]
+    items.append({"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"})
+    second = llm.responses.create(model=SCRIPTED_MODEL, instructions=SYSTEM, input=items, tools=RESPONSES_TOOLS)
+    assert second.output_text == "Done." and second.usage.output_tokens > 0
+    assert_one_exact_record(endpoint, tokenizer, responses_api.chat_tools(RESPONSES_TOOLS), "tool", turns=2)
+
+
+def test_previous_response_id_continues_the_stored_conversation(endpoint: Endpoint, tokenizer: Any) -> None:
+    llm = responses(endpoint)
+    first = llm.responses.create(model=SCRIPTED_MODEL, instructions=SYSTEM, tools=RESPONSES_TOOLS,
+                                 input="List the files. [script:tool]")  # fmt: skip
+    [call] = [item for item in first.output if item.type == "function_call"]
+    second = llm.responses.create(model=SCRIPTED_MODEL, instructions=SYSTEM, tools=RESPONSES_TOOLS,
+                                  previous_response_id=first.id,
+                                  input=[{"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"}])
+    assert second.output_text == "Done." and second.previous_response_id == first.id
+    assert_one_exact_record(endpoint, tokenizer, responses_api.chat_tools(RESPONSES_TOOLS), "tool", turns=2)
+
+
+def test_responses_streaming_is_the_responses_event_sequence(endpoint: Endpoint) -> None:
+    llm = responses(endpoint)
+    events = list(llm.responses.create(model=SCRIPTED_MODEL, input="Say hi. [script:tool]", tools=RESPONSES_TOOLS,
+                                       stream=True))  # fmt: skip
+    kinds = [event.type for event in events]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                     "response.output_item.done", "response.completed"]  # fmt: skip
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    call = events[-1].response.output[0]
+    assert call.type == "function_call" and json.loads(call.arguments) == {"command": "ls"}
+    items = [{"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+             {"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"}]  # fmt: skip
+    with llm.responses.stream(model=SCRIPTED_MODEL, input=[{"role": "user", "content": "Say hi. [script:tool]"}, *items],
+                              tools=RESPONSES_TOOLS) as stream:  # fmt: skip
+        text = "".join(event.delta for event in stream if event.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert text == final.output_text == "Done."
+    assert endpoint.session.record().segments == []
+
+
+def test_a_reply_cut_at_max_tokens_says_so_in_each_format(endpoint: Endpoint) -> None:
+    cut = claude(endpoint).messages.create(model=SCRIPTED_MODEL, max_tokens=2,
+                                           messages=[{"role": "user", "content": "[script:hi]"}])  # fmt: skip
+    assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 2
+    incomplete = responses(endpoint).responses.create(model=SCRIPTED_MODEL, input="[script:hi]", max_output_tokens=2)
+    assert incomplete.status == "incomplete" and incomplete.incomplete_details.reason == "max_output_tokens"
+    assert [call.max_tokens for call in endpoint.served] == [2, 2]
+
+
+def test_anthropic_refusals_are_anthropic_errors_naming_the_field(endpoint: Endpoint) -> None:
+    hi = [{"role": "user", "content": "[script:hi]"}]
+    with pytest.raises(anthropic.PermissionDeniedError):  # another job's key
+        claude(endpoint, key="not-this-jobs-key").messages.create(model=SCRIPTED_MODEL, max_tokens=8, messages=hi)
+    with pytest.raises(anthropic.BadRequestError) as wrong_model:
+        claude(endpoint).messages.create(model="not-the-jobs-model", max_tokens=8, messages=hi)
+    assert wrong_model.value.body["error"]["message"].startswith("model: ")
+    url, key = f"{endpoint.url}/v1/messages", {"x-api-key": endpoint.key}
+    no_key = httpx.post(url, json={"model": SCRIPTED_MODEL, "max_tokens": 8, "messages": hi})
+    assert no_key.status_code == 401 and no_key.json()["error"]["type"] == "authentication_error"
+    for body, field in [
+        ({"model": SCRIPTED_MODEL, "messages": hi}, "max_tokens"),
+        ({"model": SCRIPTED_MODEL, "max_tokens": 8, "messages": [{"role": "robot", "content": "hi"}]},
+         "messages.0.role"),
+        ({"model": SCRIPTED_MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {}}]}]}, "messages.0.content.0.type"),
+        ({"model": SCRIPTED_MODEL, "max_tokens": 8, "messages": hi, "tools": [{"type": "web_search_20250305",
+                                                                              "name": "web_search"}]}, "tools.0"),
+    ]:  # fmt: skip
+        refused = httpx.post(url, json=body, headers=key)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["type"] == "error" and refused.json()["error"]["type"] == "invalid_request_error"
+        assert refused.json()["error"]["message"].startswith(f"{field}: "), refused.json()
+    assert endpoint.served == [], "nothing refused reached the model"
+    httpx.post(f"{endpoint.url}/finish", headers=key)
+    with pytest.raises(anthropic.ConflictError):  # the rollout has ended: 409
+        claude(endpoint).messages.create(model=SCRIPTED_MODEL, max_tokens=8, messages=hi)
+
+
+def test_responses_refusals_are_openai_errors_naming_the_field(endpoint: Endpoint) -> None:
+    with pytest.raises(openai.PermissionDeniedError):
+        responses(endpoint, key="not-this-jobs-key").responses.create(model=SCRIPTED_MODEL, input="[script:hi]")
+    url, key = f"{endpoint.url}/v1/responses", {"Authorization": f"Bearer {endpoint.key}"}
+    assert httpx.post(url, json={"model": SCRIPTED_MODEL, "input": "hi"}).status_code == 401
+    for body, field in [
+        ({"model": "gpt-5", "input": "hi"}, "model"),
+        ({"model": SCRIPTED_MODEL}, "input"),
+        ({"model": SCRIPTED_MODEL, "input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+        ({"model": SCRIPTED_MODEL, "input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
+        ({"model": SCRIPTED_MODEL, "input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
+        ({"model": SCRIPTED_MODEL, "input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"model": SCRIPTED_MODEL, "input": "hi", "previous_response_id": "resp_nope"}, "previous_response_id"),
+        ({"model": SCRIPTED_MODEL, "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+    ]:
+        refused = httpx.post(url, json=body, headers=key)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == field, refused.json()
+    assert endpoint.served == [], "nothing refused reached the model"
