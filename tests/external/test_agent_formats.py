@@ -9,7 +9,10 @@ vLLM are in test_agent_formats_on_vllm.py.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -196,3 +199,29 @@ def test_responses_refusals_are_openai_errors_naming_the_field(endpoint: Endpoin
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["param"] == field, refused.json()
     assert endpoint.served == [], "nothing refused reached the model"
+
+
+AGENTS_PYTHON = Path(os.environ.get("ROLLOUTS_AGENTS_SDK_ENV", Path.home() / ".cache/rollouts/openai-agents")) / "bin/python"
+HARNESS = Path(__file__).with_name("openai_agents_harness.py")
+
+
+def run_openai_agents(endpoint: Endpoint, model: str, prompt: str, stream: bool = False) -> dict[str, Any]:
+    """The OpenAI Agents SDK harness, run to its end by the SDK's own environment (scripts/setup.sh)."""
+    assert AGENTS_PYTHON.exists(), f"the OpenAI Agents SDK's environment is missing ({AGENTS_PYTHON}): run scripts/setup.sh"
+    command = [str(AGENTS_PYTHON), str(HARNESS), endpoint.url, endpoint.key, model, prompt, *(["--stream"] * stream)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_openai_agents_sdk_runs_its_function_tool_loop_to_its_end(endpoint: Endpoint, tokenizer: Any,
+                                                                      stream: bool) -> None:  # fmt: skip
+    ran = run_openai_agents(endpoint, SCRIPTED_MODEL, "List the files. [script:tool]", stream)
+    assert ran["model_class"] == "OpenAIResponsesModel", "the SDK's default model class: the Responses API"
+    assert ran["tool_calls"] == [{"name": "bash", "command": "ls"}] and ran["final_output"] == "Done."
+    assert len(ran["responses"]) == 2
+    record = endpoint.session.record()
+    assert record.segments == [] and record.counts.turns == 2, "the tool's output extended the same record"
+    assert_exact_against_backend(record, endpoint.served)
+    assert record.turns[2].messages[0]["role"] == "tool"
