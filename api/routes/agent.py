@@ -66,8 +66,8 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.post("/{path:path}", summary="An external agent's call to its job (chat/completions, completions, tools, finish)",
-             responses=_RESPONSES)  # fmt: skip
+@router.post("/{path:path}", summary="An external agent's call to its job (chat/completions, completions, responses, "
+             "messages, tools, finish)", responses=_RESPONSES)  # fmt: skip
 async def post(job_id: str, path: str, request: Request) -> Response:
     """OpenAI's `v1/chat/completions`, `v1/completions` and `v1/responses`; Anthropic's `v1/messages`;
     `tools/{name}`; `finish`."""

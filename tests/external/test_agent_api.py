@@ -89,7 +89,8 @@ def test_anthropic_calls_are_keyed_by_x_api_key_and_refused_in_anthropics_shape(
     ]
     for response, status, kind in refusals:
         assert response.status_code == status
-        assert response.json() == {"type": "error", "error": {"type": kind, "message": response.json()["error"]["message"]}}
+        error = response.json()["error"]
+        assert response.json() == {"type": "error", "error": {"type": kind, "message": error["message"]}}
     responses = client.post(f"/v1/jobs/{one}/agent/v1/responses", json={"model": "tiny", "input": "hi"},
                             headers={"x-api-key": job_key(SECRET, two)})  # fmt: skip
     assert responses.status_code == 403 and responses.json()["error"]["type"] == "permission_error", "OpenAI's shape"
@@ -120,7 +121,8 @@ def test_a_serving_jobs_calls_are_forwarded_to_its_worker(client: TestClient, re
         claude = {"model": SCRIPTED_MODEL, "max_tokens": 16, "messages": body["messages"], "stream": True}
         streamed = client.post(f"{base}/v1/messages", json=claude, headers={"x-api-key": endpoint.key})
         assert streamed.status_code == 200 and streamed.text.rstrip().endswith('data: {"type": "message_stop"}')
-        wrong = client.post(f"{base}/v1/messages", json={**claude, "max_tokens": 0}, headers={"x-api-key": endpoint.key})
+        wrong = client.post(f"{base}/v1/messages", json={**claude, "max_tokens": 0},
+                            headers={"x-api-key": endpoint.key})  # fmt: skip
         assert wrong.status_code == 400 and wrong.json()["error"]["message"].startswith("max_tokens: ")
         answer = client.post(f"{base}/v1/responses", json={"model": SCRIPTED_MODEL, "input": "[script:hi]"},
                              headers=headers)  # fmt: skip

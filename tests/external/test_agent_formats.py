@@ -81,7 +81,7 @@ def test_an_anthropic_tool_use_loop_extends_one_token_exact_record(endpoint: End
         else:
             reply = llm.messages.create(**kwargs)
         stops.append(reply.stop_reason)
-        messages.append({"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in reply.content]})
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]})
         calls = [block for block in reply.content if block.type == "tool_use"]
         asked += calls
         if reply.stop_reason != "tool_use":
@@ -134,8 +134,8 @@ def test_responses_streaming_is_the_responses_event_sequence(endpoint: Endpoint)
     assert call.type == "function_call" and json.loads(call.arguments) == {"command": "ls"}
     items = [{"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
              {"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"}]  # fmt: skip
-    with llm.responses.stream(model=SCRIPTED_MODEL, input=[{"role": "user", "content": "Say hi. [script:tool]"}, *items],
-                              tools=RESPONSES_TOOLS) as stream:  # fmt: skip
+    asked = [{"role": "user", "content": "Say hi. [script:tool]"}, *items]
+    with llm.responses.stream(model=SCRIPTED_MODEL, input=asked, tools=RESPONSES_TOOLS) as stream:
         text = "".join(event.delta for event in stream if event.type == "response.output_text.delta")
         final = stream.get_final_response()
     assert text == final.output_text == "Done."
@@ -201,13 +201,14 @@ def test_responses_refusals_are_openai_errors_naming_the_field(endpoint: Endpoin
     assert endpoint.served == [], "nothing refused reached the model"
 
 
-AGENTS_PYTHON = Path(os.environ.get("ROLLOUTS_AGENTS_SDK_ENV", Path.home() / ".cache/rollouts/openai-agents")) / "bin/python"
+AGENTS_ENV = Path(os.environ.get("ROLLOUTS_AGENTS_SDK_ENV", Path.home() / ".cache/rollouts/openai-agents"))
+AGENTS_PYTHON = AGENTS_ENV / "bin/python"
 HARNESS = Path(__file__).with_name("openai_agents_harness.py")
 
 
 def run_openai_agents(endpoint: Endpoint, model: str, prompt: str, stream: bool = False) -> dict[str, Any]:
     """The OpenAI Agents SDK harness, run to its end by the SDK's own environment (scripts/setup.sh)."""
-    assert AGENTS_PYTHON.exists(), f"the OpenAI Agents SDK's environment is missing ({AGENTS_PYTHON}): run scripts/setup.sh"
+    assert AGENTS_PYTHON.exists(), f"no OpenAI Agents SDK environment at {AGENTS_ENV}: run scripts/setup.sh"
     command = [str(AGENTS_PYTHON), str(HARNESS), endpoint.url, endpoint.key, model, prompt, *(["--stream"] * stream)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -72,7 +72,8 @@ def _messages_of(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
             if not isinstance(block.get("tool_use_id"), str):
                 raise wire.ProxyError(400, "a tool_result names its tool_use_id", f"{at}.tool_use_id")
             result = block.get("content", "")
-            out.append({"role": "tool", "content": _text(result, f"{at}.content"), "tool_call_id": block["tool_use_id"]})
+            text = _text(result, f"{at}.content")
+            out.append({"role": "tool", "content": text, "tool_call_id": block["tool_use_id"]})
         else:
             raise wire.ProxyError(400, "a user message's blocks are text and tool_result", f"{at}.type")
     return out

@@ -103,7 +103,8 @@ def _function_call(item: dict[str, Any], where: str) -> dict[str, Any]:
     for name in ("call_id", "name", "arguments"):
         if not isinstance(item.get(name), str):
             raise wire.ProxyError(400, f"a function_call has a string {name}", f"{where}.{name}")
-    return {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+    function = {"name": item["name"], "arguments": item["arguments"]}
+    return {"id": item["call_id"], "type": "function", "function": function}
 
 
 def _text(content: Any, where: str) -> str:
@@ -187,7 +188,8 @@ def events(response: dict[str, Any]) -> list[str]:
     for index, item in enumerate(response["output"]):
         if item["type"] == "message":
             text = item["content"][0]["text"]
-            emit("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []})
+            opened = {**item, "status": "in_progress", "content": []}
+            emit("response.output_item.added", output_index=index, item=opened)
             empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             emit("response.content_part.added", item_id=item["id"], output_index=index, content_index=0, part=empty)
             emit("response.output_text.delta", item_id=item["id"], output_index=index, content_index=0, delta=text,
