@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import string
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -206,10 +207,22 @@ AGENTS_PYTHON = AGENTS_ENV / "bin/python"
 HARNESS = Path(__file__).with_name("openai_agents_harness.py")
 
 
+def common_token_ids(tokenizer: Any) -> list[int]:
+    """64 token ids (letters, digits, space, '.') to stop on: the tiny random model's turns then end (`completed`)
+    instead of being cut at the token limit, which the Agents SDK takes as a failed run (as it takes OpenAI's own
+    `incomplete`)."""
+    ids = {tokenizer.encode(c, add_special_tokens=False)[-1] for c in string.ascii_letters + string.digits + " ."}
+    return sorted(ids)[:64]
+
+
 def run_openai_agents(endpoint: Endpoint, model: str, prompt: str, stream: bool = False) -> dict[str, Any]:
+    return run_openai_agents_at(endpoint.url, endpoint.key, model, prompt, stream)
+
+
+def run_openai_agents_at(base_url: str, key: str, model: str, prompt: str, stream: bool = False) -> dict[str, Any]:
     """The OpenAI Agents SDK harness, run to its end by the SDK's own environment (scripts/setup.sh)."""
     assert AGENTS_PYTHON.exists(), f"no OpenAI Agents SDK environment at {AGENTS_ENV}: run scripts/setup.sh"
-    command = [str(AGENTS_PYTHON), str(HARNESS), endpoint.url, endpoint.key, model, prompt, *(["--stream"] * stream)]
+    command = [str(AGENTS_PYTHON), str(HARNESS), base_url, key, model, prompt, *(["--stream"] * stream)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

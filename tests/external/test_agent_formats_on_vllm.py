@@ -16,7 +16,7 @@ import pytest
 
 from cli.vllm_server import VLLMServer
 from tests.external.conftest import Endpoint, renderer_for, serve
-from tests.external.test_agent_formats import ANTHROPIC_TOOLS, SYSTEM, run_openai_agents
+from tests.external.test_agent_formats import ANTHROPIC_TOOLS, SYSTEM, common_token_ids, run_openai_agents
 from tests.support.trajectory_checks import assert_decodes_to_conversation, assert_exact_against_backend
 from tests.support.vllm_server import SERVED_NAME
 from workers.rollout.llm_client import Sampling
@@ -32,9 +32,8 @@ def endpoint(tokenizer: Any, vllm_server: VLLMServer) -> Iterator[Endpoint]:
 
 @pytest.fixture()
 def stopping_endpoint(tokenizer: Any, vllm_server: VLLMServer) -> Iterator[Endpoint]:
-    """The job's sampling has stop strings, so the random model's turns end (`completed`, not cut at the token
-    limit, which the Agents SDK takes as a failed run, as it does OpenAI's own `incomplete`)."""
-    sampling = Sampling(max_tokens=32, temperature=1.0, seed=7, stop=tuple("aeiou "))
+    """The job's sampling stops on common tokens, so the random model's turns end (see common_token_ids)."""
+    sampling = Sampling(max_tokens=32, temperature=1.0, seed=7, stop_token_ids=tuple(common_token_ids(tokenizer)))
     yield from serve(tokenizer, vllm_server.url, SERVED_NAME, None, sampling=sampling)
 
 
