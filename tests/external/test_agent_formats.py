@@ -120,6 +120,10 @@ def test_previous_response_id_continues_the_stored_conversation(endpoint: Endpoi
                                   input=[{"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"}])
     assert second.output_text == "Done." and second.previous_response_id == first.id
     assert_one_exact_record(endpoint, tokenizer, responses_api.chat_tools(RESPONSES_TOOLS), "tool", turns=2)
+    unstored = llm.responses.create(model=SCRIPTED_MODEL, input="[script:hi]", store=False)
+    with pytest.raises(openai.BadRequestError) as gone:  # store: false is honoured: nothing to continue
+        llm.responses.create(model=SCRIPTED_MODEL, input="Go on.", previous_response_id=unstored.id)
+    assert gone.value.body["param"] == "previous_response_id"
 
 
 def test_responses_streaming_is_the_responses_event_sequence(endpoint: Endpoint) -> None:
@@ -239,3 +243,23 @@ def test_the_openai_agents_sdk_runs_its_function_tool_loop_to_its_end(endpoint: 
     assert record.segments == [] and record.counts.turns == 2, "the tool's output extended the same record"
     assert_exact_against_backend(record, endpoint.served)
     assert record.turns[2].messages[0]["role"] == "tool"
+
+
+@pytest.fixture()
+def backendless(tokenizer: Any) -> Iterator[Endpoint]:
+    """A job whose backend is gone: every generation fails (connection refused)."""
+    from cli.embedded_redis import free_port
+
+    yield from serve(tokenizer, f"http://127.0.0.1:{free_port()}", SCRIPTED_MODEL, None)
+
+
+def test_a_backend_failure_is_each_formats_502_and_leaves_the_record_as_it_was(backendless: Endpoint) -> None:
+    with pytest.raises(anthropic.InternalServerError) as failed:
+        claude(backendless).messages.create(model=SCRIPTED_MODEL, max_tokens=8,
+                                            messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    assert failed.value.status_code == 502 and failed.value.body["error"]["type"] == "api_error"
+    with pytest.raises(openai.InternalServerError) as also:
+        responses(backendless).responses.create(model=SCRIPTED_MODEL, input="hi")
+    assert also.value.status_code == 502 and also.value.body["type"] == "server_error"
+    record = backendless.session.record()
+    assert record.token_ids == [] and record.segments == [], "no prompt or segment without its generation"
