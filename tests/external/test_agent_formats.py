@@ -156,6 +156,23 @@ def test_a_reply_cut_at_max_tokens_says_so_in_each_format(endpoint: Endpoint) ->
     assert [call.max_tokens for call in endpoint.served] == [2, 2]
 
 
+@pytest.mark.parametrize(("finish_reason", "stop_reason", "expected"), [
+    ("stop", "END", ("stop_sequence", "END")),  # one of the request's stop_sequences
+    ("stop", "<|im_end|>", ("end_turn", None)),  # the job's own stop string is not the agent's
+    ("stop", None, ("end_turn", None)),
+    ("length", None, ("max_tokens", None)),
+])  # fmt: skip
+def test_a_messages_stop_reason_names_the_agents_stop_sequence(finish_reason: str, stop_reason: str | None,
+                                                               expected: tuple[str, str | None]) -> None:  # fmt: skip
+    request = anthropic_api.MessagesRequest(model="m", max_tokens=8, stop_sequences=["END"],
+                                            messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    chat = {"id": "chatcmpl-1", "model": "m", "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+            "choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": finish_reason,
+                         "stop_reason": stop_reason}]}  # fmt: skip
+    message = anthropic_api.message_of(chat, request)
+    assert (message["stop_reason"], message["stop_sequence"]) == expected
+
+
 def test_anthropic_refusals_are_anthropic_errors_naming_the_field(endpoint: Endpoint) -> None:
     hi = [{"role": "user", "content": "[script:hi]"}]
     with pytest.raises(anthropic.PermissionDeniedError):  # another job's key

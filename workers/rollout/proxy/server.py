@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import socket
 import threading
-import uuid
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
