@@ -221,6 +221,9 @@ def test_responses_refusals_are_openai_errors_naming_the_field(endpoint: Endpoin
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["param"] == field, refused.json()
     assert endpoint.served == [], "nothing refused reached the model"
+    httpx.post(f"{endpoint.url}/finish", headers=key)
+    with pytest.raises(openai.ConflictError):  # the rollout has ended: 409
+        responses(endpoint).responses.create(model=SCRIPTED_MODEL, input="[script:hi]")
 
 
 AGENTS_ENV = Path(os.environ.get("ROLLOUTS_AGENTS_SDK_ENV", Path.home() / ".cache/rollouts/openai-agents"))
