@@ -72,4 +72,3 @@ def test_the_openai_agents_sdk_on_vllm_is_one_token_exact_record(stopping_endpoi
     assert record.final_text == ran["final_output"] or ran["tool_calls"]
     assert_exact_against_backend(record, stopping_endpoint.served)
     assert all(call.max_tokens <= 32 for call in stopping_endpoint.served)
-
