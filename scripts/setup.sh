@@ -65,3 +65,19 @@ if [ ! -f "$vllm_stamp" ]; then
     || { echo "setup: $VLLM_PACKAGE does not import in $VLLM_ENV" >&2; exit 1; }
   touch "$vllm_stamp"
 fi
+
+# The OpenAI Agents SDK, for the test that runs its default (Responses) model against a job's
+# endpoint (tests/external/openai_agents_harness.py): an environment of its own, since it caps
+# websockets below the version the project's environment has. Cached per user and per version.
+AGENTS_ENV=${ROLLOUTS_AGENTS_SDK_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/rollouts/openai-agents}
+AGENTS_PACKAGES=(openai-agents==0.24.0 openai==3.57.0)
+agents_stamp="$AGENTS_ENV/.installed-$(echo "${AGENTS_PACKAGES[*]}" | sha1sum | cut -c1-12)"
+if [ ! -f "$agents_stamp" ]; then
+  echo "setup: installing ${AGENTS_PACKAGES[*]} into $AGENTS_ENV"
+  rm -rf "$AGENTS_ENV"
+  "$PY" -m venv "$AGENTS_ENV"
+  quietly "$AGENTS_ENV/pip-install.log" "$AGENTS_ENV/bin/pip" install "${AGENTS_PACKAGES[@]}"
+  quietly "$AGENTS_ENV/import-check.log" "$AGENTS_ENV/bin/python" -c "import agents" \
+    || { echo "setup: openai-agents does not import in $AGENTS_ENV" >&2; exit 1; }
+  touch "$agents_stamp"
+fi

@@ -40,6 +40,12 @@ def key_opens(secret: bytes, job_id: str, key: str | None) -> bool:
     return key is not None and hmac.compare_digest(key.encode(), job_key(secret, job_id).encode())
 
 
+def presented_key(authorization: str | None, x_api_key: str | None) -> str | None:
+    """The key an agent presents: `Authorization: Bearer <key>` (OpenAI clients) or `x-api-key: <key>`
+    (Anthropic clients)."""
+    return bearer(authorization) or (x_api_key.strip() if x_api_key and x_api_key.strip() else None)
+
+
 def bearer(header: str | None) -> str | None:
     """The token of an `Authorization: Bearer <token>` header, or None."""
     if not header:

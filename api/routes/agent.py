@@ -1,9 +1,10 @@
 """An external agent's endpoint: `/v1/jobs/{id}/agent/...`, forwarded to the rollout worker serving the job.
 
 The agent authenticates with its job's key (shared/agent_keys.py), not an API token: the key opens
-this one job and nothing else. The API checks it, reads where the job's rollout worker serves it
-(Keys.agent_proxy) and forwards the call there unchanged, streaming the answer back. Refusals are
-OpenAI's error body, so an OpenAI client shows the message:
+this one job and nothing else (as `Authorization: Bearer` or, for Anthropic clients, `x-api-key`).
+The API checks it, reads where the job's rollout worker serves it (Keys.agent_proxy) and forwards
+the call there unchanged, streaming the answer back. Refusals are OpenAI's error body (Anthropic's
+on `v1/messages`), so the agent's client shows the message:
 
 - no key 401, another job's key 403, no such job 404;
 - the rollout has ended (eval, done, failed, cancelled, timed out) 409;
@@ -21,7 +22,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from shared.agent_keys import bearer, deployment_secret, job_key, key_opens
+from shared.agent_errors import anthropic_error, openai_error
+from shared.agent_keys import deployment_secret, job_key, key_opens, presented_key
 from shared.jobs.status import JobStatus
 from shared.jobs.store import JobStore
 from shared.redis_conn import connect_for_requests_async
@@ -29,7 +31,7 @@ from shared.redis_conn import connect_for_requests_async
 router = APIRouter(prefix="/v1/jobs/{job_id}/agent", tags=["agent"])
 
 _NOT_STARTED = (JobStatus.QUEUED, JobStatus.INIT, JobStatus.ROLLOUT)
-_FORWARDED_HEADERS = ("authorization", "content-type", "accept")
+_FORWARDED_HEADERS = ("authorization", "x-api-key", "content-type", "accept")
 
 
 @dataclass(frozen=True)
@@ -64,10 +66,11 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.post("/{path:path}", summary="An external agent's call to its job (chat/completions, completions, tools, finish)",
-             responses=_RESPONSES)  # fmt: skip
+@router.post("/{path:path}", summary="An external agent's call to its job (chat/completions, completions, responses, "
+             "messages, tools, finish)", responses=_RESPONSES)  # fmt: skip
 async def post(job_id: str, path: str, request: Request) -> Response:
-    """OpenAI's `v1/chat/completions` and `v1/completions`; `tools/{name}`; `finish`."""
+    """OpenAI's `v1/chat/completions`, `v1/completions` and `v1/responses`; Anthropic's `v1/messages`;
+    `tools/{name}`; `finish`."""
     return await forward(job_id, path, request)
 
 
@@ -79,20 +82,22 @@ async def get(job_id: str, path: str, request: Request) -> Response:
 
 async def forward(job_id: str, path: str, request: Request) -> Response:
     """Check the key and the job's state, then forward the call to the worker serving the job."""
-    key = bearer(request.headers.get("authorization"))
+    anthropic = path.rstrip("/") == "v1/messages"
+    key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
     if key is None:
-        return _refusal(401, "the job's key is required: Authorization: Bearer <agent.api_key>", "authentication_error")
+        return _refusal(401, "the job's key is required: Authorization: Bearer <agent.api_key> (or x-api-key)",
+                        "authentication_error", anthropic=anthropic)  # fmt: skip
     found = await _lookup(request, job_id)
     if not key_opens(found.secret, job_id, key):
-        return _refusal(403, "this key does not open this job", "permission_error")
+        return _refusal(403, "this key does not open this job", "permission_error", anthropic=anthropic)
     if found.status is None:
-        return _refusal(404, f"no job with id {job_id!r}", "not_found_error")
+        return _refusal(404, f"no job with id {job_id!r}", "not_found_error", anthropic=anthropic)
     if found.status not in _NOT_STARTED:
-        return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict")
+        return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict", anthropic=anthropic)
     if found.proxy_url is None:
         return _refusal(503, f"this job's rollout is not serving yet (status {found.status}); retry shortly",
-                        "service_unavailable", retry_after=1)  # fmt: skip
-    return await _send(request, f"{found.proxy_url}/{path}", job_id)
+                        "service_unavailable", retry_after=1, anthropic=anthropic)  # fmt: skip
+    return await _send(request, f"{found.proxy_url}/{path}", job_id, anthropic)
 
 
 async def _lookup(request: Request, job_id: str) -> _Lookup:
@@ -112,7 +117,7 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-async def _send(request: Request, url: str, job_id: str) -> Response:
+async def _send(request: Request, url: str, job_id: str, anthropic: bool) -> Response:
     client = _client(request)
     headers = {name: value for name, value in request.headers.items() if name in _FORWARDED_HEADERS}
     outgoing = client.build_request(request.method, url, headers=headers, content=await request.body(),
@@ -122,9 +127,10 @@ async def _send(request: Request, url: str, job_id: str) -> Response:
     except httpx.HTTPError as exc:
         found = await _lookup(request, job_id)
         if found.status not in _NOT_STARTED:  # it ended between the lookup and the call
-            return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict")
+            return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict",
+                            anthropic=anthropic)  # fmt: skip
         return _refusal(503, f"the worker serving this job cannot be reached: {type(exc).__name__}",
-                        "service_unavailable", retry_after=1)  # fmt: skip
+                        "service_unavailable", retry_after=1, anthropic=anthropic)  # fmt: skip
     kept = {k: v for k, v in answer.headers.items() if k.lower() in ("content-type", "retry-after")}
     if not answer.headers.get("content-type", "").startswith("text/event-stream"):  # whole answers: one read
         try:
@@ -144,7 +150,9 @@ def _client(request: Request) -> httpx.AsyncClient:
     return client
 
 
-def _refusal(status: int, message: str, kind: str, retry_after: int | None = None) -> JSONResponse:
+def _refusal(status: int, message: str, kind: str, retry_after: int | None = None,
+             anthropic: bool = False) -> JSONResponse:  # fmt: skip
+    """OpenAI's error body, or Anthropic's for a `v1/messages` call."""
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    body = anthropic_error(message, kind) if anthropic else openai_error(status, message, kind)
     return JSONResponse(body, status_code=status, headers=headers)

@@ -77,6 +77,25 @@ def test_keys_and_the_jobs_state_decide_before_anything_is_forwarded(client: Tes
     assert missing.status_code == 404
 
 
+def test_anthropic_calls_are_keyed_by_x_api_key_and_refused_in_anthropics_shape(client: TestClient,
+                                                                                redis: Redis) -> None:  # fmt: skip
+    one, two = submit(client, MATH, MATH)["job_ids"]
+    url = f"/v1/jobs/{one}/agent/v1/messages"
+    body = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    refusals = [
+        (client.post(url, json=body), 401, "authentication_error"),
+        (client.post(url, json=body, headers={"x-api-key": job_key(SECRET, two)}), 403, "permission_error"),
+        (client.post(url, json=body, headers={"x-api-key": job_key(SECRET, one)}), 503, "overloaded_error"),
+    ]
+    for response, status, kind in refusals:
+        assert response.status_code == status
+        error = response.json()["error"]
+        assert response.json() == {"type": "error", "error": {"type": kind, "message": error["message"]}}
+    responses = client.post(f"/v1/jobs/{one}/agent/v1/responses", json={"model": "tiny", "input": "hi"},
+                            headers={"x-api-key": job_key(SECRET, two)})  # fmt: skip
+    assert responses.status_code == 403 and responses.json()["error"]["type"] == "permission_error", "OpenAI's shape"
+
+
 @pytest.fixture()
 def scripted(tokenizer: Any) -> Iterator[ScriptedLLM]:
     llm = ScriptedLLM(tokenizer, scripts={"hi": ["Hello there."]}).start()
@@ -99,9 +118,18 @@ def test_a_serving_jobs_calls_are_forwarded_to_its_worker(client: TestClient, re
         assert "Hello there." in streamed.text
         wrong = client.post(f"{base}/v1/chat/completions", json={**body, "model": "gpt-4o"}, headers=headers)
         assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "model", "the worker's refusal, as is"
+        claude = {"model": SCRIPTED_MODEL, "max_tokens": 16, "messages": body["messages"], "stream": True}
+        streamed = client.post(f"{base}/v1/messages", json=claude, headers={"x-api-key": endpoint.key})
+        assert streamed.status_code == 200 and streamed.text.rstrip().endswith('data: {"type": "message_stop"}')
+        wrong = client.post(f"{base}/v1/messages", json={**claude, "max_tokens": 0},
+                            headers={"x-api-key": endpoint.key})  # fmt: skip
+        assert wrong.status_code == 400 and wrong.json()["error"]["message"].startswith("max_tokens: ")
+        answer = client.post(f"{base}/v1/responses", json={"model": SCRIPTED_MODEL, "input": "[script:hi]"},
+                             headers=headers)  # fmt: skip
+        assert answer.json()["output"][0]["content"][0]["text"] == "Hello there."
         assert client.post(f"{base}/finish", headers=headers).status_code == 200
         assert client.post(f"{base}/v1/chat/completions", json=body, headers=headers).status_code == 409
-        assert len(endpoint.served) == 1
+        assert len(endpoint.served) == 3
         redis.hset(keys.job(job_id), "status", "eval")
     assert client.get(f"/v1/jobs/{job_id}/agent/task", headers=headers).status_code == 409
 

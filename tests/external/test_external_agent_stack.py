@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -20,9 +21,11 @@ from cli.vllm_server import VLLMServer
 from shared.config import Settings
 from shared.trajectory import ASSISTANT, Trajectory
 from tests.external.conftest import renderer_for
+from tests.external.test_agent_formats import ANTHROPIC_TOOLS, SYSTEM, common_token_ids, run_openai_agents_at
 from tests.support.trajectory_checks import assert_decodes_to_conversation
 from tests.support.waiting import client_for, wait_for, wait_status
 from tests.vllm.test_rollouts_on_vllm import recomputed_logprobs
+from workers.rollout.proxy import anthropic_api
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import external_agent
@@ -101,3 +104,42 @@ def test_cancelling_a_served_job_ends_its_endpoint_and_keeps_the_partial_record(
     partial = Trajectory.from_dict(record["partial"]["trajectory"])
     assert partial.stop_reason == "cancelled" and partial.counts.turns == 1
     wait_for(lambda: api.get("/v1/backends").json()["inflight"] == 0, timeout=30, what="the pin released")
+
+
+def test_the_unmodified_sdks_run_through_the_apis_route_and_their_jobs_are_evaluated(
+    stack: Stack, tokenizer: Any
+) -> None:
+    api = client_for(stack)
+    job = {"task": {"kind": "math", "problem": "What is 2 + 3?", "answer": "5"}, "agent": "external",
+           "sampling": {"max_tokens": 24, "seed": 3}}  # fmt: skip
+    stopping = {**job, "sampling": {**job["sampling"], "stop_token_ids": common_token_ids(tokenizer)}}
+    body = api.post("/v1/jobs", json=[job, stopping]).json()
+    (claude_job, agents_job), (claude_at, agents_at) = body["job_ids"], body["agent"]
+    task = external_agent.wait_until_serving(claude_at)
+    # the anthropic SDK, streamed, at the base_url the submit answer handed out (the API forwards it)
+    llm = anthropic.Anthropic(base_url=claude_at["base_url"], api_key=claude_at["api_key"], max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2 + 3?"}]
+    for _ in range(2):
+        with llm.messages.stream(model=task["model"], system=SYSTEM, messages=messages, tools=ANTHROPIC_TOOLS,
+                                 max_tokens=16) as events:  # fmt: skip
+            reply = events.get_final_message()
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]})
+        results = [{"type": "tool_result", "tool_use_id": b.id, "content": "no tools here"}
+                   for b in reply.content if b.type == "tool_use"]  # fmt: skip
+        messages.append({"role": "user", "content": results or "Go on."})
+    assert httpx.post(f"{claude_at['base_url']}/finish", headers={"x-api-key": claude_at["api_key"]}).status_code == 200
+    # the OpenAI Agents SDK (its default Responses model), through the API's route too
+    external_agent.wait_until_serving(agents_at)
+    ran = run_openai_agents_at(agents_at["base_url"], agents_at["api_key"], task["model"], "What is 2 + 3?")
+    assert ran["model_class"] == "OpenAIResponsesModel" and ran["responses"]
+    httpx.post(f"{agents_at['base_url']}/finish", headers={"Authorization": f"Bearer {agents_at['api_key']}"})
+    for job_id, turns in ((claude_job, 2), (agents_job, len(ran["responses"]))):
+        record = wait_status(api, job_id, timeout=300)
+        assert record["status"] == "done", record.get("error")
+        assert isinstance(record["result"]["reward"], (int, float))
+        trajectory = Trajectory.from_dict(record["result"]["trajectory"])  # validates every invariant
+        assert trajectory.segments == [] and trajectory.stop_reason == "finish" and trajectory.counts.turns == turns
+    task_messages = [{"role": "system", "content": SYSTEM}, messages[0]]
+    claude_record = Trajectory.from_dict(api.get(f"/v1/jobs/{claude_job}").json()["result"]["trajectory"])
+    renderer = renderer_for(tokenizer, anthropic_api.chat_tools(ANTHROPIC_TOOLS))
+    assert_decodes_to_conversation(claude_record, renderer, task_messages)

@@ -2,7 +2,9 @@
 
 The API forwards the agent's calls here (api/routes/agent.py) after checking the job's key; the
 key is checked here again, since this port is reachable on the worker's network too. Routes stay
-thin: parse, call the session, answer; a ProxyError becomes OpenAI's error body with its status.
+thin: parse, call the session, answer; a ProxyError becomes the called format's error body
+(OpenAI's, or Anthropic's on /v1/messages) with its status. The Responses and Messages routes
+translate to the session's one chat call (responses_api.py, anthropic_api.py): one record, one rule.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,8 +21,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from shared.agent_keys import bearer, key_opens
-from workers.rollout.proxy import wire
+from shared.agent_keys import key_opens, presented_key
+from workers.rollout.proxy import anthropic_api, responses_api, wire
 from workers.rollout.proxy.session import ProxySession
 
 
@@ -34,21 +37,21 @@ def build_app(session: ProxySession, job_id: str, secret: bytes, task: Callable[
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
     async def authorized(request: Request) -> None:
-        key = bearer(request.headers.get("authorization"))
+        key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
         if key is None:
-            raise wire.ProxyError(401, "this job's key is required: Authorization: Bearer <agent.api_key>", None,
-                                  "authentication_error")  # fmt: skip
+            raise wire.ProxyError(401, "this job's key is required: Authorization: Bearer <agent.api_key> "
+                                  "(or x-api-key: <agent.api_key>)", None, "authentication_error")  # fmt: skip
         if not key_opens(secret, job_id, key):
             raise wire.ProxyError(403, "this key does not open this job", None, "permission_error")
 
     @app.exception_handler(wire.ProxyError)
-    async def _refused(_request: Request, exc: wire.ProxyError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+    async def _refused(request: Request, exc: wire.ProxyError) -> JSONResponse:
+        return _error(request, exc)
 
     @app.exception_handler(Exception)
-    async def _failed(_request: Request, exc: Exception) -> JSONResponse:  # an infrastructure failure, said so
-        error = wire.ProxyError(502, f"the service failed this call: {type(exc).__name__}: {exc}", None, "server_error")
-        return JSONResponse(error.body(), status_code=502)
+    async def _failed(request: Request, exc: Exception) -> JSONResponse:  # an infrastructure failure, said so
+        return _error(request, wire.ProxyError(502, f"the service failed this call: {type(exc).__name__}: {exc}", None,
+                                               "server_error"))  # fmt: skip
 
     guard = [Depends(authorized)]
 
@@ -65,6 +68,25 @@ def build_app(session: ProxySession, job_id: str, secret: bytes, task: Callable[
         call = _parse(wire.CompletionRequest, await request.body())
         response = session.complete(call)
         return _sse(wire.text_chunks(response)) if call.stream else JSONResponse(response)
+
+    history = responses_api.ResponseHistory()  # previous_response_id, per job
+
+    @app.post("/v1/responses", dependencies=guard)
+    async def responses(request: Request) -> Any:
+        call = _parse(responses_api.ResponsesRequest, await request.body())
+        earlier = history.conversation(call.previous_response_id) if call.previous_response_id else []
+        chat_call, skip = responses_api.chat_request(call, earlier)
+        chat = session.chat(chat_call)
+        response = responses_api.response_of(chat, call, f"resp_{uuid.uuid4().hex}")
+        if call.store:
+            history.keep(response["id"], responses_api.conversation_after(chat_call, skip, chat))
+        return _sse(responses_api.events(response)) if call.stream else JSONResponse(response)
+
+    @app.post("/v1/messages", dependencies=guard)
+    async def messages(request: Request) -> Any:
+        call = _parse(anthropic_api.MessagesRequest, await request.body())
+        message = anthropic_api.message_of(session.chat(anthropic_api.chat_request(call)), call)
+        return _sse(anthropic_api.events(message)) if call.stream else JSONResponse(message)
 
     @app.get("/v1/models", dependencies=guard)
     def models() -> dict[str, Any]:
@@ -84,6 +106,12 @@ def build_app(session: ProxySession, job_id: str, secret: bytes, task: Callable[
         return {"finished": True}
 
     return app
+
+
+def _error(request: Request, error: wire.ProxyError) -> JSONResponse:
+    """The refusal in the called format's own error body: Anthropic's on /v1/messages, OpenAI's elsewhere."""
+    anthropic = request.url.path.rstrip("/").endswith("/v1/messages")
+    return JSONResponse(anthropic_api.error_body(error) if anthropic else error.body(), status_code=error.status)
 
 
 def _parse(model: type[BaseModel], body: bytes) -> Any:

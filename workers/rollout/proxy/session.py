@@ -82,7 +82,8 @@ class ProxySession:
             message, finish_reason = self._message(content, turn, completion)
             segment.conversation = [*messages, canonical([message])[0]]
             counts = wire.usage(prompt_tokens, len(completion.token_ids))
-            return wire.chat_response(f"chatcmpl-{self._calls}", self.model, message, finish_reason, counts)
+            return wire.chat_response(f"chatcmpl-{self._calls}", self.model, message, finish_reason, counts,
+                                      completion.stop_reason)  # fmt: skip
 
     def complete(self, request: wire.CompletionRequest) -> dict[str, Any]:
         """A text_completion for `request`: the prompt continued, its tokens appended to the record."""

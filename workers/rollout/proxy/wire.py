@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.agent_errors import openai_error
 from shared.errors import RolloutsError
 
 
@@ -25,7 +26,7 @@ class ProxyError(RolloutsError):
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+        return openai_error(self.status, self.message, self.kind, self.param)
 
 
 class ChatRequest(BaseModel):
@@ -68,11 +69,12 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def chat_response(call_id: str, model: str, message: dict[str, Any], finish_reason: str,
-                  counts: dict[str, int]) -> dict[str, Any]:  # fmt: skip
-    """A chat.completion object for one choice."""
+                  counts: dict[str, int], stop_reason: int | str | None = None) -> dict[str, Any]:  # fmt: skip
+    """A chat.completion object for one choice; `stop_reason` is vLLM's (the stop string or token id that ended it)."""
     return {
         "id": call_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None,
+                     "stop_reason": stop_reason}],
         "usage": counts,
     }  # fmt: skip
 

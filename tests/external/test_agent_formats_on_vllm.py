@@ -1,0 +1,74 @@
+"""The unmodified `anthropic` and OpenAI Agents SDKs, each run to its own end against a job's endpoint on real vLLM.
+
+The tiny model writes nonsense; what is tested is that each harness ends its run and that every
+call it made is in one token-exact record (tests/support/trajectory_checks.py). The tool-call
+round trips themselves are scripted in test_agent_formats.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from cli.vllm_server import VLLMServer
+from tests.external.conftest import Endpoint, renderer_for, serve
+from tests.external.test_agent_formats import ANTHROPIC_TOOLS, SYSTEM, common_token_ids, run_openai_agents
+from tests.support.trajectory_checks import assert_decodes_to_conversation, assert_exact_against_backend
+from tests.support.vllm_server import SERVED_NAME
+from workers.rollout.llm_client import Sampling
+from workers.rollout.proxy import anthropic_api
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture()
+def endpoint(tokenizer: Any, vllm_server: VLLMServer) -> Iterator[Endpoint]:
+    yield from serve(tokenizer, vllm_server.url, SERVED_NAME, None)
+
+
+@pytest.fixture()
+def stopping_endpoint(tokenizer: Any, vllm_server: VLLMServer) -> Iterator[Endpoint]:
+    """The job's sampling stops on common tokens, so the random model's turns end (see common_token_ids)."""
+    sampling = Sampling(max_tokens=32, temperature=1.0, seed=7, stop_token_ids=tuple(common_token_ids(tokenizer)))
+    yield from serve(tokenizer, vllm_server.url, SERVED_NAME, None, sampling=sampling)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_anthropic_tool_use_loop_on_vllm_is_one_token_exact_record(endpoint: Endpoint, tokenizer: Any,
+                                                                      stream: bool) -> None:  # fmt: skip
+    llm = anthropic.Anthropic(base_url=endpoint.url, api_key=endpoint.key, max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2 + 3?"}]
+    for _ in range(3):  # the harness's own loop: tool results for tool_use, a nudge otherwise, three turns
+        kwargs = {"model": SERVED_NAME, "system": SYSTEM, "messages": messages, "tools": ANTHROPIC_TOOLS,
+                  "max_tokens": 16}  # fmt: skip
+        if stream:
+            with llm.messages.stream(**kwargs) as events:
+                reply = events.get_final_message()
+        else:
+            reply = llm.messages.create(**kwargs)
+        assert reply.stop_reason in ("end_turn", "max_tokens", "tool_use") and reply.model == SERVED_NAME
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]})
+        results = [{"type": "tool_result", "tool_use_id": b.id, "content": "no tools here"}
+                   for b in reply.content if b.type == "tool_use"]  # fmt: skip
+        messages.append({"role": "user", "content": results or "Go on."})
+    httpx.post(f"{endpoint.url}/finish", headers={"x-api-key": endpoint.key})
+    record = endpoint.session.record()
+    assert record.segments == [] and record.stop_reason == "finish" and record.counts.turns == 3
+    assert_exact_against_backend(record, endpoint.served)
+    task = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is 2 + 3?"}]
+    assert_decodes_to_conversation(record, renderer_for(tokenizer, anthropic_api.chat_tools(ANTHROPIC_TOOLS)), task)
+
+
+def test_the_openai_agents_sdk_on_vllm_is_one_token_exact_record(stopping_endpoint: Endpoint) -> None:
+    # Runner.run_streamed's path is covered on the scripted backend (test_agent_formats.py); one run here
+    ran = run_openai_agents(stopping_endpoint, SERVED_NAME, "What is 2 + 3?")
+    assert ran["model_class"] == "OpenAIResponsesModel"
+    record = stopping_endpoint.session.record()
+    assert record.segments == [] and record.counts.turns == len(ran["responses"]) >= 1
+    assert record.final_text == ran["final_output"] or ran["tool_calls"]
+    assert_exact_against_backend(record, stopping_endpoint.served)
+    assert all(call.max_tokens <= 32 for call in stopping_endpoint.served)

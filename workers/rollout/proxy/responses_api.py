@@ -1,0 +1,210 @@
+"""OpenAI's Responses API (`POST /v1/responses`) on a job's endpoint, as a translation to and from chat.
+
+A request's `instructions` and `input` items become chat messages, its function tools chat tools,
+and the session's chat call (the one the chat route makes) generates and records the turn; so a
+Responses agent's calls extend the same token-exact record, by the same rule. The chat answer is
+turned back into output items: a `message` with its `output_text`, then one `function_call` per
+tool call, whose `call_id` the agent's `function_call_output` names next time.
+
+`previous_response_id` is honoured per job: each stored response keeps its whole conversation
+(without its instructions, which OpenAI does not carry over), and a request naming it continues it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from workers.rollout.proxy import wire
+
+_KEPT_RESPONSES = 256  # previous_response_id reaches this many of the job's latest responses
+
+
+class ResponsesRequest(BaseModel):
+    """POST /v1/responses: the fields honoured; the rest are accepted and ignored (docs/TRAJECTORY.md)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    max_output_tokens: int | None = Field(default=None, gt=0)
+    previous_response_id: str | None = None
+    store: bool = True
+    stream: bool = False
+
+
+class ResponseHistory:
+    """The conversations of a job's stored responses, by response id (the latest few)."""
+
+    def __init__(self, capacity: int = _KEPT_RESPONSES) -> None:
+        self._kept: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._capacity = capacity
+
+    def conversation(self, response_id: str) -> list[dict[str, Any]]:
+        if response_id not in self._kept:
+            raise wire.ProxyError(400, f"Previous response with id '{response_id}' not found.", "previous_response_id")
+        return list(self._kept[response_id])
+
+    def keep(self, response_id: str, conversation: list[dict[str, Any]]) -> None:
+        self._kept[response_id] = conversation
+        while len(self._kept) > self._capacity:
+            self._kept.popitem(last=False)
+
+
+def chat_request(request: ResponsesRequest, earlier: list[dict[str, Any]]) -> tuple[wire.ChatRequest, int]:
+    """The chat call this request makes, and where its conversation (after the instructions) starts."""
+    system = [{"role": "system", "content": request.instructions}] if request.instructions else []
+    messages = [*system, *earlier, *input_messages(request.input)]
+    if not messages:
+        raise wire.ProxyError(400, "input has no items", "input")
+    call = wire.ChatRequest(model=request.model, messages=messages, tools=chat_tools(request.tools),
+                            max_tokens=request.max_output_tokens)  # fmt: skip
+    return call, len(system)
+
+
+def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Input items as chat messages: consecutive function_call items join the assistant message before them."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise wire.ProxyError(400, "role must be one of user, assistant, system, developer", f"{where}.role")
+            messages.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+        elif kind == "function_call":
+            call = _function_call(item, where)
+            if messages and messages[-1]["role"] == "assistant":
+                messages[-1].setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise wire.ProxyError(400, "a function_call_output names its call_id", f"{where}.call_id")
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text(output, f"{where}.output")
+            messages.append({"role": "tool", "content": text, "tool_call_id": item["call_id"]})
+        else:
+            raise wire.ProxyError(400, f"input items of type {kind!r} are not supported here; supported: message, "
+                                  "function_call, function_call_output", f"{where}.type")  # fmt: skip
+    return messages
+
+
+def _function_call(item: dict[str, Any], where: str) -> dict[str, Any]:
+    for name in ("call_id", "name", "arguments"):
+        if not isinstance(item.get(name), str):
+            raise wire.ProxyError(400, f"a function_call has a string {name}", f"{where}.{name}")
+    function = {"name": item["name"], "arguments": item["arguments"]}
+    return {"id": item["call_id"], "type": "function", "function": function}
+
+
+def _text(content: Any, where: str) -> str:
+    """A string, or its text parts (input_text, output_text, text) joined."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise wire.ProxyError(400, "content is a string or a list of text parts", where)
+    parts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") \
+                or not isinstance(part.get("text"), str):  # fmt: skip
+            raise wire.ProxyError(400, "only text content parts (input_text, output_text) are supported",
+                                  f"{where}[{i}]")  # fmt: skip
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Function tools as chat tools (`strict` is not for the chat template); other tool types are refused."""
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            raise wire.ProxyError(400, "only function tools are supported", f"tools[{i}].type")
+        if not isinstance(tool.get("name"), str):
+            raise wire.ProxyError(400, "a function tool has a name", f"tools[{i}].name")
+        function = {"name": tool["name"], "description": tool.get("description") or "",
+                    "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}  # fmt: skip
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def response_of(chat: dict[str, Any], request: ResponsesRequest, response_id: str) -> dict[str, Any]:
+    """The chat.completion as a Response object: a message item, then a function_call item per tool call."""
+    choice = chat["choices"][0]
+    message = choice["message"]
+    output: list[dict[str, Any]] = []
+    if message.get("content"):
+        output.append({"type": "message", "id": f"msg_{response_id}", "role": "assistant", "status": "completed",
+                       "content": [{"type": "output_text", "text": message["content"], "annotations": [],
+                                    "logprobs": []}]})  # fmt: skip
+    for k, call in enumerate(message.get("tool_calls") or []):
+        output.append({"type": "function_call", "id": f"fc_{response_id}_{k}", "call_id": call["id"],
+                       "name": call["function"]["name"], "arguments": call["function"]["arguments"],
+                       "status": "completed"})  # fmt: skip
+    cut = choice["finish_reason"] == "length"
+    usage = chat["usage"]
+    return {
+        "id": response_id, "object": "response", "created_at": time.time(), "model": chat["model"],
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "error": None, "instructions": request.instructions, "output": output,
+        "parallel_tool_calls": True, "tool_choice": "auto", "tools": request.tools or [],
+        "max_output_tokens": request.max_output_tokens, "previous_response_id": request.previous_response_id,
+        "text": {"format": {"type": "text"}}, "truncation": "disabled", "metadata": {},
+        "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
+                  "total_tokens": usage["total_tokens"],
+                  "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                  "output_tokens_details": {"reasoning_tokens": 0}},
+    }  # fmt: skip
+
+
+def conversation_after(call: wire.ChatRequest, skip: int, chat: dict[str, Any]) -> list[dict[str, Any]]:
+    """What `previous_response_id` continues: the call's messages after its instructions, then the reply."""
+    return [*call.messages[skip:], chat["choices"][0]["message"]]
+
+
+def events(response: dict[str, Any]) -> list[str]:
+    """The Responses SSE sequence for a complete response: created, in_progress, each output item (added, its
+    part or arguments, its deltas, done), then completed (or incomplete)."""
+    sequence: list[dict[str, Any]] = []
+
+    def emit(kind: str, **fields: Any) -> None:
+        sequence.append({"type": kind, "sequence_number": len(sequence), **fields})
+
+    opening = {**response, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
+    emit("response.created", response=opening)
+    emit("response.in_progress", response=opening)
+    for index, item in enumerate(response["output"]):
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            opened = {**item, "status": "in_progress", "content": []}
+            emit("response.output_item.added", output_index=index, item=opened)
+            empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            emit("response.content_part.added", item_id=item["id"], output_index=index, content_index=0, part=empty)
+            emit("response.output_text.delta", item_id=item["id"], output_index=index, content_index=0, delta=text,
+                 logprobs=[])  # fmt: skip
+            emit("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=text,
+                 logprobs=[])  # fmt: skip
+            emit("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                 part=item["content"][0])  # fmt: skip
+        else:
+            emit("response.output_item.added", output_index=index, item={**item, "status": "in_progress",
+                                                                         "arguments": ""})  # fmt: skip
+            emit("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                 delta=item["arguments"])  # fmt: skip
+            emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                 name=item["name"], arguments=item["arguments"])  # fmt: skip
+        emit("response.output_item.done", output_index=index, item=item)
+    emit("response.incomplete" if response["status"] == "incomplete" else "response.completed", response=response)
+    return [f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in sequence]
