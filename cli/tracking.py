@@ -15,7 +15,7 @@ from cli.progress import Progress
 from rollouts_client import ApiError, Job, RolloutClient
 from shared.config import get_settings
 from shared.jobs.status import TERMINAL
-from workers.kinds.formats import FormatError
+from shared.kinds.formats import FormatError
 
 SUBMIT_CHUNK = 500
 

@@ -27,7 +27,7 @@ from cli.jobs import format_option, split_option
 from cli.loaders import LoaderError, load_rows, row_job
 from cli.tracking import follow, submit_each
 from rollouts_client import ApiError, Job, RolloutClient
-from workers.kinds.formats import FormatError
+from shared.kinds.formats import FormatError
 
 SCORED_1 = "scored 1"
 SCORED_LESS = "scored less"

@@ -22,7 +22,7 @@ from workers.rollout.llm_client import LLMClient, Sampling
 from workers.rollout.tool_parsers import get_parser
 from workers.sandbox import Sandbox
 from workers.toolserver.result import ToolResult
-from workers.toolserver.schemas import TOOL_SCHEMAS
+from shared.tool_schemas import TOOL_SCHEMAS
 
 TOOL_NAMES = ("bash", "finish")
 

@@ -28,7 +28,7 @@ from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.llm_client import Completion, Sampling
 from workers.rollout.tool_parsers import get_parser
 from workers.toolserver.result import ToolResult
-from workers.toolserver.schemas import TOOL_SCHEMAS
+from shared.tool_schemas import TOOL_SCHEMAS
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
 TOOL_NAMES = ("bash", "finish")

@@ -12,7 +12,7 @@ import pytest
 from shared.agent_keys import job_key
 from tests.support.sandboxes import running_sandbox
 from tests.support.trajectory_checks import Served
-from workers.kinds.agentic import DEFAULT_TOOLS
+from shared.kinds.agentic import DEFAULT_TOOLS
 from workers.rollout.agent_loop import LoopConfig
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.llm_client import Completion, LLMClient, Sampling
@@ -20,7 +20,7 @@ from workers.rollout.proxy.server import ThreadServer, build_app
 from workers.rollout.proxy.session import ProxySession
 from workers.rollout.tool_parsers import get_parser
 from workers.sandbox import Sandbox
-from workers.toolserver.schemas import TOOL_SCHEMAS
+from shared.tool_schemas import TOOL_SCHEMAS
 
 SECRET = b"test-secret-0123456789abcdef"
 JOB = "job-under-test"

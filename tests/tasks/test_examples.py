@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shared.tasks import get_kind, load_task_modules
-from workers.kinds.stem import choices_of
+from shared.kinds.stem import choices_of
 
 from .conftest import MakeCtx, example_rows, rollout
 

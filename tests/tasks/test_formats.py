@@ -21,7 +21,7 @@ from tests.support.published_rows import (
 )
 from workers.eval.answer_grading import grade_math
 from workers.eval.answers import math_answer
-from workers.kinds.formats import (
+from shared.kinds.formats import (
     FormatError,
     code_fields,
     detect,

@@ -6,7 +6,7 @@ import pytest
 
 from shared.tasks import get_kind, load_task_modules
 from workers.eval.answer_grading import grade_math
-from workers.eval.latex import last_boxed
+from shared.kinds.latex import last_boxed
 from workers.eval.math_equiv import EquivalenceUndecided, compare, equivalent
 
 from .conftest import MakeCtx, rollout

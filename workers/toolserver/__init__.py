@@ -2,6 +2,6 @@
 
 from workers.toolserver.client import ToolClient, ToolServerError
 from workers.toolserver.result import ToolResult
-from workers.toolserver.schemas import TOOL_NAMES, TOOL_SCHEMAS
+from shared.tool_schemas import TOOL_NAMES, TOOL_SCHEMAS
 
 __all__ = ["TOOL_NAMES", "TOOL_SCHEMAS", "ToolClient", "ToolResult", "ToolServerError"]

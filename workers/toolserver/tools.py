@@ -14,7 +14,7 @@ from workers.toolserver.files import ToolError, Workspace
 from workers.toolserver.output import cap_text
 from workers.toolserver.python import PythonKernel
 from workers.toolserver.result import ToolResult
-from workers.toolserver.schemas import validate_call
+from shared.tool_schemas import validate_call
 
 
 @dataclass

@@ -26,7 +26,7 @@ from workers.rollout.llm_client import BackendRequestError, Completion, Sampling
 from workers.rollout.proxy import wire
 from workers.rollout.proxy.messages import canonical, wire_tool_call
 from workers.rollout.tool_parsers import ParsedCall, ParseResult, ToolParser
-from workers.toolserver.schemas import validate_call
+from shared.tool_schemas import validate_call
 
 
 @dataclass

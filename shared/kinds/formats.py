@@ -15,8 +15,8 @@ from typing import Any
 from shared.errors import RolloutsError
 from shared.jobs.spec import FORMAT_KINDS, FORMATS
 from shared.tasks.base import TaskValidationError
-from workers.eval.answers import plain_final_answer
-from workers.eval.latex import last_boxed
+from shared.kinds.numbers import plain_final_answer
+from shared.kinds.latex import last_boxed
 
 # What each format needs, for the message when a row matches none.
 _NEEDS = {
