@@ -13,7 +13,6 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from redis import Redis
@@ -24,14 +23,9 @@ from shared.errors import StoredResultError
 from shared.jobs.status import JobStatus
 from shared.jobs.store import JobStore
 from shared.keys import BatchKeys
+from shared.lua_scripts import register_lua
 
 
-def _script(name: str) -> str:
-    shared = resources.files("shared.batches").joinpath("reserve.lua").read_text()
-    return shared + "\n" + resources.files("shared.batches").joinpath(name).read_text()
-
-
-_FILL, _RECORD, _CLOSE = _script("fill.lua"), _script("record.lua"), _script("close.lua")
 _COUNTERS = ("cursor", "launched", "in_flight", "completed", "used", "informative", "uniform", "failed", "late", "stale")
 
 
@@ -58,9 +52,10 @@ class BatchStore:
         self.redis: Redis = jobs.redis
         self.settings = jobs.settings
         self.keys = BatchKeys(jobs.keys.prefix)
-        self._fill = self.redis.register_script(_FILL)
-        self._record = self.redis.register_script(_RECORD)
-        self._close = self.redis.register_script(_CLOSE)
+        # reserve.lua holds the helpers the three share
+        self._fill = register_lua(self.redis, __package__, "reserve.lua", "fill.lua")
+        self._record = register_lua(self.redis, __package__, "reserve.lua", "record.lua")
+        self._close = register_lua(self.redis, __package__, "reserve.lua", "close.lua")
 
     @property
     def ttl(self) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from redis import Redis
@@ -26,10 +25,9 @@ from shared.jobs.queues import enqueue_stage
 from shared.jobs.spec import Limits
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
 from shared.keys import Keys
+from shared.lua_scripts import register_lua
 from shared.results import ResultStore
 
-_TRANSITION_LUA = resources.files("shared.jobs").joinpath("transition.lua").read_text()
-_TAKE_LUA = resources.files("shared.jobs").joinpath("take.lua").read_text()
 _BLOB_FIELDS = ("spec", "result", "error", "partial", "reward") + tuple(f"out:{s}" for s in STAGES)
 # The large parts of a job, kept in the results store; the record holds `ref:<part>` to each.
 STORED_PARTS = ("rollout", "eval", "partial")
@@ -100,8 +98,8 @@ class JobStore:
         )
         if settings.results_root is None:
             self.results.ensure_root()  # the embedded default; a configured (shared) path must exist
-        self._transition = redis.register_script(_TRANSITION_LUA)
-        self._take = redis.register_script(_TAKE_LUA)
+        self._transition = register_lua(redis, __package__, "transition.lua")
+        self._take = register_lua(redis, __package__, "take.lua")
 
     # --- create -----------------------------------------------------------
     def submit(self, specs: list[dict[str, Any]]) -> list[Submitted]:

@@ -34,19 +34,12 @@ from shared.config import STAGES, Settings
 from shared.jobs.backend_wait import release_due
 from shared.jobs.queues import queue_name, stage_queue
 from shared.jobs.status import JobStatus
+from shared.lua_scripts import register_lua
 from workers.runtime.registry_hygiene import prune_failed_registry, requeue_stranded
 from workers.runtime.slots import SlotWorker
 from workers.runtime.state import WorkerState, init_state
 
 log = logging.getLogger("rollouts.worker")
-
-_RELEASE_IF_OURS = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
 
 class WorkerProcess:
     def __init__(
@@ -71,7 +64,7 @@ class WorkerProcess:
         self.slots = [self._new_slot(index) for index in range(self.concurrency)]
         self._all_queues = [stage_queue(s, self.state.redis) for s in STAGES]
         self._pool = BackendPool(self.state.redis, self.state.store.keys, settings)
-        self._release_lock = self.state.redis.register_script(_RELEASE_IF_OURS)
+        self._release_lock = register_lua(self.state.redis, __package__, "release_if_ours.lua")
         self._threads: list[threading.Thread] = []
         self._pubsub: PubSub | None = None
         self._pubsub_thread: PubSubWorkerThread | None = None
