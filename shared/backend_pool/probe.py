@@ -47,7 +47,9 @@ def served_models(url: str, timeout_s: float, key: str | None = None) -> dict[st
         raise ProbeError(f"{url!r} did not answer GET /v1/models as an OpenAI-compatible server does "
                          f"({type(exc).__name__}: {exc})") from None  # fmt: skip
     if served is None:
-        raise ProbeError(f"{url} answered GET /v1/models with {response.status_code}, not an OpenAI-compatible model list")
+        raise ProbeError(
+            f"{url} answered GET /v1/models with {response.status_code}, not an OpenAI-compatible model list"
+        )
     return served
 
 

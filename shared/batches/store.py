@@ -18,8 +18,10 @@ from typing import Any
 from redis import Redis
 
 from shared.batches.spec import BatchRequest, group_id, idempotency_key
+from shared.batches.status import BatchStatus
 from shared.codec import pack, unpack
 from shared.errors import StoredResultError
+from shared.jobs.record_fields import output_field
 from shared.jobs.status import JobStatus
 from shared.jobs.store import JobStore
 from shared.keys import BatchKeys
@@ -43,7 +45,7 @@ class Recorded:
     @property
     def closed_batch(self) -> bool:
         """This group's completion closed the batch (target met or pool exhausted)."""
-        return self.group_complete and not self.late and self.batch_status != "running"
+        return self.group_complete and not self.late and self.batch_status != BatchStatus.RUNNING
 
 
 class BatchStore:
@@ -81,7 +83,7 @@ class BatchStore:
         now = time.time()
         fields: dict[str, Any] = {
             "id": batch_id,
-            "status": "running",
+            "status": BatchStatus.RUNNING.value,
             "mode": request.mode,
             "n": request.n_samples,
             "pool_size": len(pool),
@@ -188,7 +190,7 @@ class BatchStore:
             late=bool(reply[4]),
         )
 
-    def close(self, batch_id: str, status: str = "cancelled", reason: str = "cancelled by request") -> tuple[bool, str]:
+    def close(self, batch_id: str, status: str = BatchStatus.CANCELLED, reason: str = "cancelled by request") -> tuple[bool, str]:
         """(closed now, the status before or the status that refused); ("", False) when no such batch."""
         reply = self._close(
             keys=[self.keys.batch(batch_id), self.keys.stream(batch_id)], args=[status, reason, repr(time.time())]
@@ -226,7 +228,7 @@ class BatchStore:
 def closes_groups(head: dict[str, Any]) -> bool:
     """Groups still running must stop: the batch was cancelled, or closed with on_target=cancel."""
     status = head["status"]
-    return status == "cancelled" or (status in ("completed", "exhausted") and head["on_target"] == "cancel")
+    return status == BatchStatus.CANCELLED or (status in (BatchStatus.COMPLETED, BatchStatus.EXHAUSTED) and head["on_target"] == "cancel")
 
 
 def _text(value: bytes | str | None) -> str:
@@ -304,5 +306,6 @@ def _result(jobs: JobStore, record: dict[str, Any] | None) -> dict[str, Any] | N
     if record is None or record.get("status") != JobStatus.DONE:
         return None
     record = jobs.with_outputs(record)
-    evaluation = record.get("out:eval") or {}
-    return {"reward": evaluation.get("reward"), "trajectory": record.get("out:rollout") or {}, "evaluation": evaluation}
+    evaluation = record.get(output_field("eval")) or {}
+    trajectory = record.get(output_field("rollout")) or {}
+    return {"reward": evaluation.get("reward"), "trajectory": trajectory, "evaluation": evaluation}

@@ -2,7 +2,7 @@
 build a job's state, run its rollout and evaluate it)."""
 
 from shared.tasks.base import TaskKind, TaskSpec, TaskValidationError
-from shared.tasks.context import StageContext, StageInterrupted
+from shared.tasks.context import InterruptReason, StageContext, StageInterrupted
 from shared.tasks.registry import (
     UnknownKind,
     get_kind,
@@ -16,6 +16,7 @@ from shared.tasks.validation import Access, validate_job
 
 __all__ = [
     "Access",
+    "InterruptReason",
     "StageContext",
     "StageInterrupted",
     "TaskKind",

@@ -71,7 +71,8 @@ def _load_stages(spec: TaskSpec) -> TaskKind:
     module, _, attribute = (spec.stages or "").partition(":")
     cls = getattr(importlib.import_module(module), attribute, None)
     if not (isinstance(cls, type) and issubclass(cls, TaskKind) and issubclass(cls, type(spec))):
-        raise TypeError(f"kind {spec.name!r}: stages {spec.stages!r} is not a TaskKind subclass of {type(spec).__name__}")
+        spec_class = type(spec).__name__
+        raise TypeError(f"kind {spec.name!r}: stages {spec.stages!r} is not a TaskKind subclass of {spec_class}")
     if cls.name != spec.name:
         raise TypeError(f"kind {spec.name!r}: stages {spec.stages!r} is named {cls.name!r}")
     return cls()

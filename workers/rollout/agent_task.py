@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from shared.config import Settings
 from shared.jobs.spec import SamplingParams
-from shared.tasks.context import StageContext, StageInterrupted
+from shared.tasks.context import InterruptReason, StageContext, StageInterrupted
 from workers.rollout.agent_loop import FINISH_TOOL, AgentLoop, Generate, LoopConfig, RunTool
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.interruptible import call_interruptibly
@@ -96,7 +96,7 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
     def release_pin() -> None:
         # Pins are per job: once a newer attempt has superseded this one, the pin and its charge are
         # that attempt's, and releasing them would send its next turn to another backend.
-        if ctx.interrupted != "superseded":
+        if ctx.interrupted != InterruptReason.SUPERSEDED:
             llm.pool.release(ctx.job_id)
 
     try:

@@ -35,6 +35,7 @@ from shared.jobs.backend_wait import release_due
 from shared.jobs.queues import queue_name, stage_queue
 from shared.jobs.status import JobStatus
 from shared.lua_scripts import register_lua
+from shared.tasks.context import InterruptReason
 from workers.runtime.registry_hygiene import prune_failed_registry, requeue_stranded
 from workers.runtime.slots import SlotWorker
 from workers.runtime.state import WorkerState, init_state
@@ -178,7 +179,7 @@ class WorkerProcess:
             time.sleep(min(0.2, self.settings.heartbeat_interval_s))
         if len(self.state.inflight):
             log.info("%s: handing %d running jobs back to the queue", self.state.process_name, len(self.state.inflight))
-            self.state.inflight.interrupt_all("requeue")
+            self.state.inflight.interrupt_all(InterruptReason.REQUEUE)
         for thread in self._threads:
             thread.join(timeout=max(1.0, self.settings.heartbeat_interval_s * 2))
         self.state.metrics.flush()
@@ -301,7 +302,7 @@ class WorkerProcess:
         if status == JobStatus.CANCELLED:
             ctx = self.state.inflight.get(job_id)
             if ctx is not None:
-                ctx.interrupt("cancelled")
+                ctx.interrupt(InterruptReason.CANCELLED)
 
     def _on_pubsub_error(self, exc: BaseException, pubsub: PubSub, thread: threading.Thread) -> None:
         # Redis went away: keep the thread alive; the status sweep covers the gap.

@@ -69,6 +69,7 @@ def requeue_stranded(queue: Queue, grace_s: float, batch: int = BATCH) -> int:
     """
     intermediate = queue.intermediate_queue
     redis = queue.connection
+    requeue = register_lua(redis, __package__, "requeue_if_stranded.lua")
     stranded = 0
     for job_id in intermediate.get_job_ids()[:batch]:
         if job_id in queue.started_job_registry:
@@ -85,7 +86,7 @@ def requeue_stranded(queue: Queue, grace_s: float, batch: int = BATCH) -> int:
             intermediate.remove(job_id)  # its rq job expired or was deleted: nothing to run
         # Back on the queue's head only if it is still in the intermediate list: a worker that took it
         # meanwhile removed it there (in the same transaction that started it), and then nothing moves.
-        elif register_lua(redis, __package__, "requeue_if_stranded.lua")(keys=[intermediate.key, queue.key], args=[job_id]):
+        elif requeue(keys=[intermediate.key, queue.key], args=[job_id]):
             stranded += 1
         redis.delete(seen_key)
     if stranded:
