@@ -27,7 +27,6 @@ from shared.jobs.store import JobStore
 from shared.keys import BatchKeys
 from shared.lua_scripts import register_lua
 
-
 _COUNTERS = ("cursor", "launched", "in_flight", "completed", "used", "informative", "uniform", "failed", "late", "stale")
 
 

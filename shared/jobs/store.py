@@ -19,7 +19,7 @@ from redis import Redis
 from redis.client import Pipeline
 
 from shared.codec import pack, unpack
-from shared.config import STAGES, Settings
+from shared.config import Settings
 from shared.errors import ValidationError
 from shared.jobs.queues import enqueue_stage
 from shared.jobs.record_fields import OUTPUT_FIELDS, attempts_field, output_field, ref_field, time_field

@@ -14,9 +14,9 @@ from typing import Any
 
 from shared.errors import RolloutsError
 from shared.jobs.spec import FORMAT_KINDS, FORMATS
-from shared.tasks.base import TaskValidationError
-from shared.kinds.numbers import plain_final_answer
 from shared.kinds.latex import last_boxed
+from shared.kinds.numbers import plain_final_answer
+from shared.tasks.base import TaskValidationError
 
 # What each format needs, for the message when a row matches none.
 _NEEDS = {

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rollouts_client import RolloutClient
 
 import shared.kinds
 from cli.stack import Stack
+from rollouts_client import RolloutClient
 from shared.config import Settings
 from tests.support.published_rows import GSM8K, MBPP
 from tests.support.swe_repos import pytest_row

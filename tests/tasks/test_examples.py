@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.tasks import get_kind, load_task_modules
 from shared.kinds.stem import choices_of
+from shared.tasks import get_kind, load_task_modules
 
 from .conftest import MakeCtx, example_rows, rollout
 

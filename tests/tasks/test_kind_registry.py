@@ -10,9 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.tasks import registry
 from shared.kinds.agentic import TOOL_PARSERS
-from shared.tasks import TaskKind, TaskSpec, get_kind, get_spec, load_task_modules, register, validate_job
+from shared.tasks import TaskKind, TaskSpec, get_kind, get_spec, load_task_modules, register, registry, validate_job
 from shared.tasks.base import TaskValidationError
 from workers.rollout.tool_parsers import known_parsers
 

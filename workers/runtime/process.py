@@ -29,12 +29,12 @@ from rq.worker_registration import clean_worker_registry
 
 from shared.backend_pool import BackendPool
 from shared.batches.sweep import sweep_batches
-from shared.results.sweep import sweep_results
 from shared.config import STAGES, Settings
 from shared.jobs.backend_wait import release_due
 from shared.jobs.queues import queue_name, stage_queue
 from shared.jobs.status import JobStatus
 from shared.lua_scripts import register_lua
+from shared.results.sweep import sweep_results
 from shared.tasks.context import InterruptReason
 from workers.runtime.registry_hygiene import prune_failed_registry, requeue_stranded
 from workers.runtime.slots import SlotWorker
