@@ -44,7 +44,7 @@ from cli.vllm_server import VLLMServer
 from shared.agent_keys import job_key
 from shared.config import Settings
 from shared.keys import Keys
-from workers.kinds.agentic import DEFAULT_TOOLS
+from shared.kinds.agentic import DEFAULT_TOOLS
 from workers.rollout.agent_loop import LoopConfig
 from workers.rollout.chat_delta import ChatRenderer
 from workers.rollout.llm_client import LLMClient, Sampling

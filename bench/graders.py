@@ -45,7 +45,7 @@ def old_grader() -> Grader:
             check=True,
             capture_output=True,
             text=True,
-        ).stdout.replace("from workers.eval.latex import", "from old_graders.latex import")
+        ).stdout.replace("from shared.kinds.latex import", "from old_graders.latex import")
         module = types.ModuleType(f"old_graders.{name}")
         sys.modules[module.__name__] = module
         exec(compile(source, f"{OLD_COMMIT[:7]}:workers/eval/{name}.py", "exec"), module.__dict__)  # noqa: S102

@@ -21,6 +21,7 @@ from cli.connect import advertised_host, connect_admin
 from gateway.app import GatewayConfig
 from gateway.server import ThreadedServer
 from rollouts_client import ApiError, RolloutClient
+from shared.backend_pool.probe import probe_health
 from shared.config import Settings, get_settings
 from shared.errors import RolloutsError
 
@@ -145,11 +146,8 @@ def _labels(pairs: tuple[str, ...]) -> dict[str, str]:
 def _wait_healthy(url: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
-        try:
-            if httpx.get(url.rstrip("/") + "/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
+        if probe_health(url, 2.0) is None:
+            return
         if time.monotonic() > deadline:
             raise click.ClickException(f"{url}/health did not answer 200 within {timeout_s:.0f}s")
         time.sleep(1.0)

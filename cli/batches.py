@@ -11,9 +11,9 @@ import click
 
 from cli.connect import connect
 from cli.progress import Progress
-from shared.config import get_settings
 from cli.tracking import read_jobs
-from rollouts_client import Batch, BatchExhausted, Group, RolloutClient, WaitTimeout
+from rollouts_client import Batch, BatchExhausted, BatchStatus, Group, RolloutClient, WaitTimeout
+from shared.config import get_settings
 
 POLL_WAIT_S = 2.0
 _url_option = click.option("--url", default=None, help="API URL (default: ROLLOUTS_API_URL or host:port settings).")
@@ -72,7 +72,7 @@ def batch(
             if out:
                 out.close()
         click.echo(summary_line(final))
-        if final.status == "exhausted":
+        if final.status == BatchStatus.EXHAUSTED:
             raise BatchExhausted(final)  # cli/failures.py: its reason, and a distinct exit code
     except (ValueError, WaitTimeout) as exc:  # an ApiError is explained by cli/failures.py
         raise click.ClickException(str(exc)) from None

@@ -9,7 +9,7 @@ import click
 from cli.connect import connect
 from cli.loaders import LoaderError
 from cli.tracking import RowsRefused, follow, read_row_jobs, submit_all, summary_table, write_results
-from workers.kinds.formats import FORMATS
+from shared.kinds.formats import FORMATS
 
 _url_option = click.option("--url", default=None, help="API URL (default: ROLLOUTS_API_URL or host:port settings).")
 format_option = click.option(

@@ -14,7 +14,7 @@ Rows of a published data set (GSM8K, MATH, plain-answer, MBPP, HumanEval,
 SWE-bench) need no mapping at all: `load_rows` reads them from JSONL or, through
 `datasets`, from parquet/arrow/CSV files or a save_to_disk directory, and
 `row_job` makes each a job by its format (named, or detected;
-workers/kinds/formats.py).
+shared/kinds/formats.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ _FILE_BUILDERS = {
 
 
 from shared.errors import RolloutsError
-from workers.kinds.formats import row_to_task
+from shared.kinds.formats import row_to_task
 
 
 class LoaderError(RolloutsError, ValueError):

@@ -16,7 +16,7 @@ from cli.tracking import follow, read_jobs, submit_all, summary_table, write_res
 from shared.config import STAGES, get_settings
 from shared.logs import setup_logging
 from shared.redis_conn import redact_url
-from shared.tasks import get_kind, load_task_modules
+from shared.tasks import get_spec, load_task_modules
 
 
 def stop_on_sigterm() -> None:
@@ -191,7 +191,7 @@ def _needs_llm(jobs: list[dict], task_modules: list[str]) -> bool:
     kinds = {job.get("task", {}).get("kind") for job in jobs if isinstance(job, dict)}
     for kind in kinds:
         try:
-            if get_kind(str(kind)).uses_llm:
+            if get_spec(str(kind)).uses_llm:
                 return True
         except KeyError:
             continue  # the API rejects unknown kinds with a clear message

@@ -32,6 +32,7 @@ from cli.supervision import RestartPolicy, StayDown, Supervised
 from cli.tiny_model import tiny_model_dir
 from cli.vllm_server import VLLMError, VLLMServer
 from rollouts_client import ApiError, RetryPolicy, RolloutClient
+from shared.backend_pool.probe import ProbeError, served_models
 from shared.config import STAGES, Settings
 from shared.errors import RolloutsError, ValidationError
 from shared.keys import Keys
@@ -592,10 +593,9 @@ def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None
 def _the_one_served_model(url: str, timeout_s: float) -> str:
     """The model a running server serves, for `--backend-url URL` without a name; one model, or say so."""
     try:
-        response = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
-        names = [card["id"] for card in response.json()["data"]]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        raise StackError(f"{url} is not reachable as an OpenAI-compatible server (GET /v1/models: {exc})") from None
+        names = list(served_models(url, timeout_s))
+    except ProbeError as exc:
+        raise StackError(f"{url} is not reachable as an OpenAI-compatible server: {exc}") from None
     if len(names) != 1:
         raise StackError(f"{url} serves {names}: register the one to use with `rollouts register --model`")
     return names[0]

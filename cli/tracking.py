@@ -9,13 +9,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-
 from cli.loaders import load_rows, row_job
 from cli.progress import Progress
-from rollouts_client import ApiError, Job, RolloutClient
+from rollouts_client import ApiError, Job, JobStatus, RolloutClient
 from shared.config import get_settings
-from shared.jobs.status import TERMINAL
-from workers.kinds.formats import FormatError
+from shared.kinds.formats import FormatError
 
 SUBMIT_CHUNK = 500
 
@@ -131,7 +129,7 @@ def follow(
             still: list[str] = []
             newly = 0
             for summary in client.job_summaries(pending):
-                if summary.status in TERMINAL:
+                if summary.finished:
                     finished[summary.id] = summary
                     ended[summary.status] += 1
                     newly += 1
@@ -157,7 +155,7 @@ def summary_table(summaries: list[Job]) -> str:
     rows = [("kind", "jobs", "done", "not done", "reward mean", "time mean (s)")]
     for kind in sorted(by_kind):
         items = by_kind[kind]
-        done = [s for s in items if s.status == "done"]
+        done = [s for s in items if s.status == JobStatus.DONE]
         rewards = [s.reward for s in done if s.reward is not None]
         times = [s.finished_at - s.created_at for s in items if s.finished_at]
         rows.append(

@@ -26,8 +26,8 @@ from cli.connect import connect
 from cli.jobs import format_option, split_option
 from cli.loaders import LoaderError, load_rows, row_job
 from cli.tracking import follow, submit_each
-from rollouts_client import ApiError, Job, RolloutClient
-from workers.kinds.formats import FormatError
+from rollouts_client import ApiError, Job, JobStatus, RolloutClient
+from shared.kinds.formats import FormatError
 
 SCORED_1 = "scored 1"
 SCORED_LESS = "scored less"
@@ -87,10 +87,10 @@ def answer_jobs(lines: list[dict[str, Any]], fmt: str | None) -> Jobs:
 def judge(client: RolloutClient, summary: Job, details: bool = False) -> RowVerdict:
     """The verdict of a finished job (row and format filled in by the caller); `details`: always read the
     evaluation (what was extracted, by which rule, and why), not only for rows that scored less."""
-    if summary.status == "done" and summary.reward == 1.0 and not details:
+    if summary.status == JobStatus.DONE and summary.reward == 1.0 and not details:
         return RowVerdict(0, SCORED_1, 1.0, job_id=summary.id)
     job = client.get_job(summary.id)
-    if summary.status == "done":
+    if summary.status == JobStatus.DONE:
         evaluation = (job.result or {}).get("evaluation") or {}
         why = evaluation.get("reason") or evaluation.get("error") or json.dumps(evaluation)[:500]
         verdict = SCORED_1 if summary.reward == 1.0 else SCORED_LESS

@@ -37,9 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from cli.connect import is_loopback
+from shared.backend_pool.probe import probe_health
 from shared.config import Settings
 from shared.errors import RolloutsError
 
@@ -272,7 +271,4 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 
 def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
+    return probe_health(url, 2.0) is None

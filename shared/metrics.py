@@ -24,6 +24,8 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import RedisError
 
+from shared.jobs.status import AttemptResult
+
 log = logging.getLogger("rollouts.metrics")
 
 LABEL_SEP = "|"
@@ -166,12 +168,18 @@ class MetricsRecorder:
         self.observe_many(TOOL_SECONDS, tool_call_durations(output))
 
 
+_LABELLED_RESULTS = frozenset({
+    AttemptResult.FAILED, AttemptResult.TIMED_OUT, AttemptResult.CANCELLED, AttemptResult.REQUEUED,
+    AttemptResult.SUPERSEDED, AttemptResult.WAITING_FOR_BACKEND,
+})
+
+
 def stage_outcome(outcome: str) -> str | None:
     """The runner's result as a latency label; None for attempts that did not run (skipped, lost races)."""
-    if outcome == "done" or outcome.startswith("queued:"):
+    if outcome == AttemptResult.DONE or outcome.startswith(AttemptResult.QUEUED.at("")):
         return "ok"
-    if outcome in ("failed", "timed_out", "cancelled", "requeued", "superseded", "waiting_for_backend"):
-        return outcome
+    if outcome in _LABELLED_RESULTS:
+        return str(outcome)
     return None
 
 

@@ -26,11 +26,12 @@ from api.negotiation import respond
 from shared.batches.hook import batch_store, cancel_groups, start_batch
 from shared.batches.pool import load_pool
 from shared.batches.spec import BatchRequest
+from shared.batches.status import BatchStatus
 from shared.batches.store import BatchStore, group_views
 from shared.batches.views import batch_view
 from shared.errors import NotPermitted, ValidationError
-from shared.tasks import Access
 from shared.redis_conn import MAX_CONNECTIONS
+from shared.tasks import Access
 
 # Groups per page when each embeds its samples' trajectories and evaluations.
 MAX_RESULTS_PAGE = 16
@@ -45,6 +46,8 @@ _CURSOR = Query(
     default="0-0", pattern=r"^\d+-\d+$", description="Return groups after this cursor (from the last reply)."
 )
 SSE_BLOCK_S = 15.0  # a keep-alive comment at least this often, which is also how fast a gone client is noticed
+
+_RUNNING = BatchStatus.RUNNING.value.encode()  # as the async client reads the status field: bytes
 
 
 def get_batches(request: Request) -> BatchStore:
@@ -206,10 +209,10 @@ async def _read(
 ) -> tuple[list[tuple[str, int]], str, bool]:
     """([(entry id, prompt index)], new cursor, ended) from the stream after `cursor`, waiting up to block_s."""
     stream, key, count = batches.keys.stream(batch_id), batches.keys.batch(batch_id), max(1, count)
-    if await aredis.hget(key, "status") == b"running":
+    if await aredis.hget(key, "status") == _RUNNING:
         block_ms = int(block_s * 1000)
         reply = await aredis.xread({stream: cursor}, count=count, block=block_ms if block_ms > 0 else None)
-        if not reply and await aredis.hget(key, "status") == b"running":
+        if not reply and await aredis.hget(key, "status") == _RUNNING:
             return [], cursor, False
     else:
         reply = None

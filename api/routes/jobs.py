@@ -17,10 +17,11 @@ from api.routes import agent
 from api.schemas import Cancelled, JobList, JobSummary, JobView, Submitted
 from shared.config import STAGES
 from shared.errors import ValidationError
+from shared.job_end import job_ended
 from shared.jobs.backend_wait import WAITING_DETAIL, is_waiting
+from shared.jobs.record_fields import attempts_field, output_field, wait_field
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
 from shared.jobs.store import IdempotencyConflict, JobStore, reward_of
-from shared.job_end import job_ended
 from shared.tasks import Access, validate_job
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_auth)])
@@ -153,14 +154,14 @@ def job_view(record: dict[str, Any]) -> dict[str, Any]:
         "request": spec,
     }
     if record["status"] == JobStatus.DONE:
-        evaluation = record.get("out:eval") or {}
+        evaluation = record.get(output_field("eval")) or {}
         view["result"] = {
             "reward": evaluation.get("reward"),
-            "trajectory": record.get("out:rollout") or {},
+            "trajectory": record.get(output_field("rollout")) or {},
             "evaluation": evaluation,
         }
     elif record["status"] in TERMINAL:
-        view["partial"] = _with_finished_rollout(view["partial"], record.get("out:rollout"))
+        view["partial"] = _with_finished_rollout(view["partial"], record.get(output_field("rollout")))
     return view
 
 
@@ -176,8 +177,9 @@ def _with_finished_rollout(partial: dict[str, Any] | None, rollout: dict[str, An
 MAX_OFFSET = 10**9
 
 _SUMMARY_FIELDS = (
-    ("id", "status", "kind", "group_id", "sample_index", "created_at", "updated_at", "finished_at", "reward", "out:eval")
-    + tuple(f"{field}:{stage}" for stage in STAGES for field in ("wait", "attempts"))  # for status_detail
+    ("id", "status", "kind", "group_id", "sample_index", "created_at", "updated_at", "finished_at", "reward")
+    + (output_field("eval"),)
+    + tuple(field(stage) for stage in STAGES for field in (wait_field, attempts_field))  # for status_detail
 )
 
 
@@ -222,8 +224,8 @@ def _summary_waiting(values: dict[str, bytes | None], status: str) -> bool:
     """`is_waiting` on the summary's few fields."""
     if status not in STAGES:
         return False
-    waited = values[f"wait:{status}"]
-    return waited is not None and waited == values[f"attempts:{status}"]
+    waited = values[wait_field(status)]
+    return waited is not None and waited == values[attempts_field(status)]
 
 
 def _summary(row: list[bytes | None]) -> dict[str, Any]:
@@ -247,7 +249,7 @@ def _summary(row: list[bytes | None]) -> dict[str, Any]:
         updated_at=number("updated_at") or 0.0,
         finished_at=number("finished_at"),
         status_detail=WAITING_DETAIL if _summary_waiting(values, text("status") or "") else None,
-        reward=reward_of(values["reward"], values["out:eval"]) if text("status") == JobStatus.DONE else None,
+        reward=reward_of(values["reward"], values[output_field("eval")]) if text("status") == JobStatus.DONE else None,
     ).model_dump()
 
 

@@ -10,20 +10,33 @@
 
 from rollouts_client.aio import AsyncRolloutClient
 from rollouts_client.errors import ApiError, BatchExhausted, WaitTimeout
-from rollouts_client.models import Batch, BatchCounts, Group, GroupPage, Job, Sample
+from rollouts_client.models import (
+    TERMINAL_STATUSES,
+    Batch,
+    BatchCounts,
+    BatchStatus,
+    Group,
+    GroupPage,
+    Job,
+    JobStatus,
+    Sample,
+)
 from rollouts_client.sync import RolloutClient
 from rollouts_client.training import collate_trajectories, groups_to_tensors
 from rollouts_client.wire import RetryPolicy
 
 __all__ = [
+    "TERMINAL_STATUSES",
     "ApiError",
     "AsyncRolloutClient",
     "Batch",
     "BatchCounts",
     "BatchExhausted",
+    "BatchStatus",
     "Group",
     "GroupPage",
     "Job",
+    "JobStatus",
     "RetryPolicy",
     "RolloutClient",
     "Sample",

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from rollouts_client.errors import ApiError, BatchExhausted, WaitTimeout
-from rollouts_client.models import Batch, Group, GroupPage, Job
+from rollouts_client.models import Batch, BatchStatus, Group, GroupPage, Job
 from rollouts_client.wire import (
     RESULTS_PAGE_GROUPS,
     RetryPolicy,
@@ -230,7 +230,7 @@ class AsyncRolloutClient:
         async for _ in self.iter_groups(batch_id, results=False, timeout=timeout):
             pass
         final = await self.get_batch(batch_id)
-        if final.status == "exhausted":
+        if final.status == BatchStatus.EXHAUSTED:
             raise BatchExhausted(final)
         return final
 

@@ -3,9 +3,42 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
-TERMINAL = frozenset({"done", "failed", "cancelled", "timed_out"})
+
+class JobStatus(str, Enum):
+    """A job's status as the API reports it; a str enum, so `job.status == JobStatus.DONE` holds for the
+    plain string too. The service's own (shared/jobs/status.py) has the same members: a test compares them."""
+
+    QUEUED = "queued"  # accepted, waiting for an init worker
+    INIT = "init"  # in a stage: waiting in its queue or running
+    ROLLOUT = "rollout"
+    EVAL = "eval"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class BatchStatus(str, Enum):
+    """A batch's status: running until its target is met, its prompt pool runs dry, or it is cancelled."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    EXHAUSTED = "exhausted"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TERMINAL_STATUSES: frozenset[str] = frozenset(
+    {JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.TIMED_OUT}
+)  # a job in one of these never changes again
 
 
 @dataclass(frozen=True)
@@ -13,7 +46,7 @@ class Job:
     """One job (trajectory). `result` (trajectory, evaluation, reward) is set once it is done."""
 
     id: str
-    status: str
+    status: str  # a JobStatus
     kind: str = ""
     group_id: str | None = None
     sample_index: int | None = None
@@ -29,7 +62,7 @@ class Job:
 
     @property
     def finished(self) -> bool:
-        return self.status in TERMINAL
+        return self.status in TERMINAL_STATUSES
 
     @property
     def trajectory(self) -> dict[str, Any] | None:
@@ -142,7 +175,7 @@ class BatchCounts:
 @dataclass(frozen=True)
 class Batch:
     id: str
-    status: str  # running, completed, exhausted or cancelled
+    status: str  # a BatchStatus
     mode: str  # dapo or all
     target: int
     n_samples: int
@@ -155,7 +188,7 @@ class Batch:
 
     @property
     def finished(self) -> bool:
-        return self.status != "running"
+        return self.status != BatchStatus.RUNNING
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> Batch:

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from rollouts_client.errors import ApiError, BatchExhausted, WaitTimeout
-from rollouts_client.models import Batch, Group, GroupPage, Job
+from rollouts_client.models import Batch, BatchStatus, Group, GroupPage, Job
 from rollouts_client.wire import (
     RESULTS_PAGE_GROUPS,
     RetryPolicy,
@@ -241,7 +241,7 @@ class RolloutClient:
         for _ in self.iter_groups(batch_id, results=False, timeout=timeout):
             pass
         final = self.get_batch(batch_id)
-        if final.status == "exhausted":
+        if final.status == BatchStatus.EXHAUSTED:
             raise BatchExhausted(final)
         return final
 

@@ -1,4 +1,5 @@
-"""The LLM backend pool: least-loaded sticky routing over Redis, one Lua script per atomic step."""
+"""The LLM backend pool: least-loaded sticky routing over Redis, one Lua script per atomic step; the
+servers' own answers about themselves (`probe.py`)."""
 
 from shared.backend_pool.pool import (
     NOT_SERVING_MODEL,
@@ -9,10 +10,15 @@ from shared.backend_pool.pool import (
     NoBackendAvailable,
     NotAModelServer,
     Pin,
-    backend_auth,
     backend_id_for,
     check_serves_model,
+)
+from shared.backend_pool.probe import (
+    ProbeError,
+    backend_auth,
     probe_health,
+    served_models,
+    served_weight_version,
 )
 
 __all__ = [
@@ -24,8 +30,11 @@ __all__ = [
     "NoBackendAvailable",
     "NotAModelServer",
     "Pin",
+    "ProbeError",
     "backend_auth",
     "backend_id_for",
     "check_serves_model",
     "probe_health",
+    "served_models",
+    "served_weight_version",
 ]

@@ -21,26 +21,19 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import httpx
 from redis import Redis
 
+from shared.backend_pool.probe import ProbeError, probe_health, served_models
 from shared.config import Settings
 from shared.errors import RolloutsError, ValidationError
 from shared.keys import Keys
+from shared.lua_scripts import register_lua
 
 log = logging.getLogger(__name__)
 
-_LUA_DIR = Path(__file__).parent
 # acquire re-picks when the chosen backend is deregistered before its address is read.
 _ACQUIRE_ATTEMPTS = 3
-# Update fields of a backend only while it is registered: a heartbeat or drain racing a
-# deregistration must not resurrect a half-filled hash.
-_HSET_IF_EXISTS = (
-    "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end "
-    "redis.call('HSET', KEYS[1], unpack(ARGV)) return 1"
-)
 
 
 class NoBackendAvailable(RolloutsError, RuntimeError):
@@ -125,23 +118,6 @@ def _probe_cannot_restore(backend: Backend) -> bool:
     return backend.unhealthy_reason.startswith((NOT_SERVING_MODEL, STALE_WEIGHTS))
 
 
-def backend_auth(key: str | None) -> dict[str, str]:
-    """The header a node gateway (gateway/) asks for; none where the key is unset (a vLLM server called
-    directly, on loopback or a trusted network)."""
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-def probe_health(url: str, timeout_s: float, key: str | None = None) -> str | None:
-    """GET <url>/health as vLLM serves it; None when healthy, else the reason."""
-    try:
-        response = httpx.get(url.rstrip("/") + "/health", timeout=timeout_s, headers=backend_auth(key))
-    except httpx.HTTPError as exc:
-        return f"probe failed: {type(exc).__name__}: {exc}"
-    if response.status_code != 200:
-        return f"probe failed: /health answered {response.status_code}"
-    return None
-
-
 class NotAModelServer(ValidationError):
     """A registration whose URL is not an OpenAI-compatible server serving the named model; `field` says
     which of the two is at fault (`url` or `model`)."""
@@ -157,15 +133,9 @@ def check_serves_model(url: str, model: str, timeout_s: float, key: str | None =
     server) or the model (the server serves others).
     """
     try:
-        response = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s, headers=backend_auth(key))
-        cards = response.json()["data"] if response.status_code == 200 else None
-        served = {str(card["id"]): str(card.get("root") or "") for card in cards}
-    except (httpx.HTTPError, httpx.InvalidURL, ValueError, KeyError, TypeError) as exc:
-        raise NotAModelServer("url", f"{url!r} did not answer GET /v1/models as an OpenAI-compatible server does "
-                                     f"({type(exc).__name__}: {exc})") from None  # fmt: skip
-    if cards is None:
-        raise NotAModelServer("url", f"{url} answered GET /v1/models with {response.status_code}, "
-                                     "not an OpenAI-compatible model list")  # fmt: skip
+        served = served_models(url, timeout_s, key)
+    except ProbeError as exc:
+        raise NotAModelServer("url", str(exc)) from None
     if model not in served:
         raise NotAModelServer("model", f"{url} serves {sorted(served)}, not {model!r}")
     return served[model]
@@ -184,11 +154,13 @@ class BackendPool:
         self.redis = redis
         self.keys = keys
         self.settings = settings
-        self._acquire = redis.register_script((_LUA_DIR / "acquire.lua").read_text())
-        self._release = redis.register_script((_LUA_DIR / "release.lua").read_text())
-        self._sync = redis.register_script((_LUA_DIR / "sync.lua").read_text())
-        self._reconcile = redis.register_script((_LUA_DIR / "reconcile.lua").read_text())
-        self._hset_if_exists = redis.register_script(_HSET_IF_EXISTS)
+        self._acquire = register_lua(redis, __package__, "acquire.lua")
+        self._release = register_lua(redis, __package__, "release.lua")
+        self._sync = register_lua(redis, __package__, "sync.lua")
+        self._reconcile = register_lua(redis, __package__, "reconcile.lua")
+        # Update fields of a backend only while it is registered: a heartbeat or drain racing a
+        # deregistration must not resurrect a half-filled hash.
+        self._hset_if_exists = register_lua(redis, __package__, "hset_if_exists.lua")
 
     # --- keys the selection scripts share --------------------------------
     @property

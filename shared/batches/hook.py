@@ -21,6 +21,7 @@ from shared.batches.spec import BatchRequest, idempotency_key, parse_group_id
 from shared.batches.staleness import STALE, is_stale
 from shared.batches.store import BatchStore, Recorded, closes_groups
 from shared.codec import unpack
+from shared.jobs.record_fields import output_field
 from shared.jobs.status import TERMINAL, JobStatus
 from shared.jobs.store import JobStore, reward_of
 
@@ -76,7 +77,7 @@ def on_job_terminal(jobs: JobStore, job_id: str, group_id: str | None | Unknown 
 
 def record_job(batches: BatchStore, job_id: str) -> Recorded | None:
     """Record a terminal job of a batch group and act on what that decided; None for other jobs."""
-    fields = ("group_id", "sample_index", "status", "reward", "out:eval", "error")
+    fields = ("group_id", "sample_index", "status", "reward", output_field("eval"), "error")
     group_raw, sample_raw, status_raw, reward_raw, evaluation_raw, error_raw = batches.redis.hmget(
         batches.jobs.keys.job(job_id), fields
     )

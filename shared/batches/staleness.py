@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shared.jobs.record_fields import output_field
 from shared.jobs.store import JobStore
 from shared.weights.versions import WeightVersions
 
@@ -35,7 +36,7 @@ def is_stale(jobs: JobStore, job_id: str, max_staleness: int) -> bool:
     record = jobs.get(job_id)
     if record is None:
         return False
-    trajectory = jobs.with_outputs(record).get("out:rollout") or {}
+    trajectory = jobs.with_outputs(record).get(output_field("rollout")) or {}
     model, versions = turn_versions(trajectory)
     if not model or not versions:
         return False

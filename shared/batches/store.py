@@ -13,25 +13,20 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from redis import Redis
 
 from shared.batches.spec import BatchRequest, group_id, idempotency_key
+from shared.batches.status import BatchStatus
 from shared.codec import pack, unpack
 from shared.errors import StoredResultError
+from shared.jobs.record_fields import output_field
 from shared.jobs.status import JobStatus
 from shared.jobs.store import JobStore
 from shared.keys import BatchKeys
+from shared.lua_scripts import register_lua
 
-
-def _script(name: str) -> str:
-    shared = resources.files("shared.batches").joinpath("reserve.lua").read_text()
-    return shared + "\n" + resources.files("shared.batches").joinpath(name).read_text()
-
-
-_FILL, _RECORD, _CLOSE = _script("fill.lua"), _script("record.lua"), _script("close.lua")
 _COUNTERS = ("cursor", "launched", "in_flight", "completed", "used", "informative", "uniform", "failed", "late", "stale")
 
 
@@ -49,7 +44,7 @@ class Recorded:
     @property
     def closed_batch(self) -> bool:
         """This group's completion closed the batch (target met or pool exhausted)."""
-        return self.group_complete and not self.late and self.batch_status != "running"
+        return self.group_complete and not self.late and self.batch_status != BatchStatus.RUNNING
 
 
 class BatchStore:
@@ -58,9 +53,10 @@ class BatchStore:
         self.redis: Redis = jobs.redis
         self.settings = jobs.settings
         self.keys = BatchKeys(jobs.keys.prefix)
-        self._fill = self.redis.register_script(_FILL)
-        self._record = self.redis.register_script(_RECORD)
-        self._close = self.redis.register_script(_CLOSE)
+        # reserve.lua holds the helpers the three share
+        self._fill = register_lua(self.redis, __package__, "reserve.lua", "fill.lua")
+        self._record = register_lua(self.redis, __package__, "reserve.lua", "record.lua")
+        self._close = register_lua(self.redis, __package__, "reserve.lua", "close.lua")
 
     @property
     def ttl(self) -> int:
@@ -86,7 +82,7 @@ class BatchStore:
         now = time.time()
         fields: dict[str, Any] = {
             "id": batch_id,
-            "status": "running",
+            "status": BatchStatus.RUNNING.value,
             "mode": request.mode,
             "n": request.n_samples,
             "pool_size": len(pool),
@@ -193,7 +189,7 @@ class BatchStore:
             late=bool(reply[4]),
         )
 
-    def close(self, batch_id: str, status: str = "cancelled", reason: str = "cancelled by request") -> tuple[bool, str]:
+    def close(self, batch_id: str, status: str = BatchStatus.CANCELLED, reason: str = "cancelled by request") -> tuple[bool, str]:
         """(closed now, the status before or the status that refused); ("", False) when no such batch."""
         reply = self._close(
             keys=[self.keys.batch(batch_id), self.keys.stream(batch_id)], args=[status, reason, repr(time.time())]
@@ -231,7 +227,7 @@ class BatchStore:
 def closes_groups(head: dict[str, Any]) -> bool:
     """Groups still running must stop: the batch was cancelled, or closed with on_target=cancel."""
     status = head["status"]
-    return status == "cancelled" or (status in ("completed", "exhausted") and head["on_target"] == "cancel")
+    return status == BatchStatus.CANCELLED or (status in (BatchStatus.COMPLETED, BatchStatus.EXHAUSTED) and head["on_target"] == "cancel")
 
 
 def _text(value: bytes | str | None) -> str:
@@ -309,5 +305,6 @@ def _result(jobs: JobStore, record: dict[str, Any] | None) -> dict[str, Any] | N
     if record is None or record.get("status") != JobStatus.DONE:
         return None
     record = jobs.with_outputs(record)
-    evaluation = record.get("out:eval") or {}
-    return {"reward": evaluation.get("reward"), "trajectory": record.get("out:rollout") or {}, "evaluation": evaluation}
+    evaluation = record.get(output_field("eval")) or {}
+    trajectory = record.get(output_field("rollout")) or {}
+    return {"reward": evaluation.get("reward"), "trajectory": trajectory, "evaluation": evaluation}

@@ -12,6 +12,7 @@ import logging
 import time
 
 from shared.batches.hook import batch_store, cancel_groups, launch, record_job
+from shared.batches.status import BatchStatus
 from shared.batches.store import BatchStore, closes_groups
 from shared.jobs.status import TERMINAL
 from shared.jobs.store import JobStore
@@ -44,14 +45,14 @@ def _sweep_batch(batches: BatchStore, batch_id: str, launch_grace_s: float, repa
     if stale:
         launch(batches, batch_id, [int(k) for k in stale])
         repaired["launched"] += len(stale)
-    if head["status"] == "running":
+    if head["status"] == BatchStatus.RUNNING:
         launch(batches, batch_id, batches.fill(batch_id))
     for k in batches.in_flight_groups(batch_id):
         repaired["recorded"] += _record_missed(batches, batch_id, k)
     head = batches.head(batch_id) or head
     if closes_groups(head):
         repaired["cancelled"] += cancel_groups(batches, batch_id, batches.in_flight_groups(batch_id))
-    if head["status"] != "running" and not batches.in_flight_groups(batch_id):
+    if head["status"] != BatchStatus.RUNNING and not batches.in_flight_groups(batch_id):
         batches.redis.srem(batches.keys.live, batch_id)
 
 

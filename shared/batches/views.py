@@ -6,6 +6,7 @@ from typing import Any
 
 from shared.batches.grpo import group_stats
 from shared.batches.spec import group_id
+from shared.batches.status import BatchStatus
 from shared.jobs.status import JobStatus
 
 
@@ -15,7 +16,7 @@ def batch_view(head: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": head["id"],
         "status": head["status"],
-        "reason": exhausted_reason(head) if head["status"] == "exhausted" else head.get("reason"),
+        "reason": exhausted_reason(head) if head["status"] == BatchStatus.EXHAUSTED else head.get("reason"),
         "mode": head["mode"],
         "n_samples": head["n"],
         "pool_size": head["pool_size"],

@@ -29,7 +29,9 @@ from redis.exceptions import WatchError
 from shared.codec import unpack
 from shared.config import Settings
 from shared.jobs.queues import enqueue_stage, parse_rq_job_id, rq_job_id
+from shared.jobs.record_fields import attempts_field, time_field, wait_field
 from shared.jobs.spec import Limits
+from shared.jobs.status import AttemptResult
 from shared.jobs.store import JobStore
 
 # The first look again comes this soon; later ones after half the time waited so far, up to
@@ -51,7 +53,8 @@ class WaitPlan:
 def plan_wait(store: JobStore, job_id: str, stage: str, attempt: int, now: float) -> WaitPlan:
     """How long this job has waited, and when it looks again; the wait spans consecutive attempts
     that each found no backend, and starts afresh after an attempt that ran."""
-    since_raw, waited_attempt = store.redis.hmget(store.keys.job(job_id), (f"t:{stage}:waiting", f"wait:{stage}"))
+    fields = (time_field(stage, "waiting"), wait_field(stage))
+    since_raw, waited_attempt = store.redis.hmget(store.keys.job(job_id), fields)
     since = now
     if since_raw is not None and waited_attempt is not None and int(waited_attempt) == attempt - 1:
         since = float(since_raw)
@@ -72,18 +75,18 @@ def park(store: JobStore, job_id: str, stage: str, attempt: int, plan: WaitPlan)
     so a stale entry can never start an attempt that supersedes a live one.
     """
     key = store.keys.job(job_id)
-    fields = {f"t:{stage}:waiting": plan.since, f"wait:{stage}": attempt}
+    fields = {time_field(stage, "waiting"): plan.since, wait_field(stage): attempt}
     with store.redis.pipeline(transaction=True) as pipe:
         while True:
             try:
                 pipe.watch(key)
-                status, current = (_text(v) for v in pipe.hmget(key, ("status", f"attempts:{stage}")))
+                status, current = (_text(v) for v in pipe.hmget(key, ("status", attempts_field(stage))))
                 if status != stage:
                     return status
                 if current != str(attempt):
-                    return "superseded"
+                    return AttemptResult.SUPERSEDED
                 pipe.multi()
-                store.queue_transition(pipe, job_id, (stage,), stage, fields, guard=(f"attempts:{stage}", attempt))
+                store.queue_transition(pipe, job_id, (stage,), stage, fields, guard=(attempts_field(stage), attempt))
                 pipe.zadd(store.keys.llm_waiting, {rq_job_id(job_id, stage): plan.due})
                 pipe.execute()
                 return None
@@ -129,7 +132,7 @@ def release_due(store: JobStore, settings: Settings, now: float | None = None, l
             entries = [parse_rq_job_id(member) for member in due]
             with redis.pipeline(transaction=False) as read:
                 for job_id, stage in entries:
-                    read.hmget(store.keys.job(job_id), ("spec", f"attempts:{stage}"))
+                    read.hmget(store.keys.job(job_id), ("spec", attempts_field(stage)))
                 rows = read.execute()
             pipe.multi()
             pipe.zrem(key, *due)

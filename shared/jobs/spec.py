@@ -24,7 +24,7 @@ _RENDER_ARGUMENTS = frozenset({
 })
 _TEMPLATE_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
-# A published data set's format -> the kind that runs its rows (workers/kinds/formats.py reads their fields).
+# A published data set's format -> the kind that runs its rows (shared/kinds/formats.py reads their fields).
 FORMAT_KINDS: dict[str, str] = {
     "gsm8k": "math",
     "math": "math",

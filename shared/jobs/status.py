@@ -22,6 +22,33 @@ class JobStatus(str, Enum):
         return self.value
 
 
+class AttemptResult(str, Enum):
+    """What one stage attempt did: the stage runner's answer, in logs, metrics and tests.
+
+    QUEUED, LOST_RACE and SKIPPED are prefixes: `.at(where)` adds the next stage or the status found
+    ("queued:eval", "lost-race:cancelled", "skipped:done").
+    """
+
+    DONE = "done"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    SUPERSEDED = "superseded"  # a newer attempt owns the job (fencing); also what transition.lua answers
+    REQUEUED = "requeued"  # handed back to its queue (a draining worker, a Redis outage)
+    WAITING_FOR_BACKEND = "waiting_for_backend"  # handed back to wait for an LLM backend
+    MISSING = "missing"  # the record is gone
+    QUEUED = "queued"
+    LOST_RACE = "lost-race"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def at(self, where: str) -> str:
+        """The result with what it refers to: the next stage, or the status the attempt found."""
+        return f"{self.value}:{where}"
+
+
 TERMINAL: frozenset[str] = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.TIMED_OUT})
 ALL_STATUSES: tuple[str, ...] = tuple(s.value for s in JobStatus)
 

@@ -13,24 +13,23 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from redis import Redis
 from redis.client import Pipeline
 
 from shared.codec import pack, unpack
-from shared.config import STAGES, Settings
+from shared.config import Settings
 from shared.errors import ValidationError
 from shared.jobs.queues import enqueue_stage
+from shared.jobs.record_fields import OUTPUT_FIELDS, attempts_field, output_field, ref_field, time_field
 from shared.jobs.spec import Limits
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
 from shared.keys import Keys
+from shared.lua_scripts import register_lua
 from shared.results import ResultStore
 
-_TRANSITION_LUA = resources.files("shared.jobs").joinpath("transition.lua").read_text()
-_TAKE_LUA = resources.files("shared.jobs").joinpath("take.lua").read_text()
-_BLOB_FIELDS = ("spec", "result", "error", "partial", "reward") + tuple(f"out:{s}" for s in STAGES)
+_BLOB_FIELDS = ("spec", "result", "error", "partial", "reward") + OUTPUT_FIELDS
 # The large parts of a job, kept in the results store; the record holds `ref:<part>` to each.
 STORED_PARTS = ("rollout", "eval", "partial")
 
@@ -100,8 +99,8 @@ class JobStore:
         )
         if settings.results_root is None:
             self.results.ensure_root()  # the embedded default; a configured (shared) path must exist
-        self._transition = redis.register_script(_TRANSITION_LUA)
-        self._take = redis.register_script(_TAKE_LUA)
+        self._transition = register_lua(redis, __package__, "transition.lua")
+        self._take = register_lua(redis, __package__, "take.lua")
 
     # --- create -----------------------------------------------------------
     def submit(self, specs: list[dict[str, Any]]) -> list[Submitted]:
@@ -174,7 +173,7 @@ class JobStore:
             "kind": spec["task"]["kind"],
             "created_at": now,
             "updated_at": now,
-            "t:init:queued": now,
+            time_field("init", "queued"): now,
             "spec": pack(spec),
         }
         if spec.get("group_id"):
@@ -273,7 +272,7 @@ class JobStore:
         """(status, attempt count of the stage) for each (job id, stage); what a supervisor checks."""
         with self.redis.pipeline(transaction=False) as pipe:
             for job_id, stage in running:
-                pipe.hmget(self.keys.job(job_id), ("status", f"attempts:{stage}"))
+                pipe.hmget(self.keys.job(job_id), ("status", attempts_field(stage)))
             rows = pipe.execute()
         return [(_text(s) or None, int(a) if a is not None else None) for s, a in rows]
 
@@ -297,7 +296,7 @@ class JobStore:
                 pipe.execute()
         except Exception:  # the usage gauge is advisory; the result itself is safe on disk
             pass
-        return {f"ref:{part}": ref}
+        return {ref_field(part): ref}
 
     def with_outputs(self, record: dict[str, Any]) -> dict[str, Any]:
         """The record with each stored part read back in place (`out:<stage>`, `partial`).
@@ -305,7 +304,7 @@ class JobStore:
         Raises StoredResultGone or StoredResultCorrupt naming the job and the file.
         """
         for part, ref in record.get("refs", {}).items():
-            field = "partial" if part == "partial" else f"out:{part}"
+            field = "partial" if part == "partial" else output_field(part)
             record[field] = self.results.get(record["id"], part, ref)
         return record
 

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,24 @@ from shared.config import Settings
 from shared.jobs.spec import JobRequest
 
 
+class InterruptReason(str, Enum):
+    """Why a stage must stop before its handler returns."""
+
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"  # the stage's (or the job's) time limit
+    REQUEUE = "requeue"  # hand the job back to its queue (the worker drains, Redis went away)
+    SUPERSEDED = "superseded"  # a newer attempt owns the job
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class StageInterrupted(Exception):
     """Raised inside a handler by `check()`/`sleep()` once the job is cancelled, over time or handed back."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
-        self.reason = reason  # "cancelled", "timed_out", "requeue" or "superseded"
+        self.reason = reason  # an InterruptReason
 
 
 @dataclass
@@ -53,7 +66,7 @@ class StageContext:
     def interrupted(self) -> str | None:
         """The reason the stage must stop, or None while it may go on."""
         if self._reason is None and time.time() >= self.deadline:
-            self.interrupt("timed_out")
+            self.interrupt(InterruptReason.TIMED_OUT)
         return self._reason
 
     def interrupt(self, reason: str) -> None:

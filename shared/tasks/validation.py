@@ -14,7 +14,7 @@ import pydantic
 
 from shared.errors import Loc, NotPermitted, ValidationError
 from shared.jobs.spec import JobRequest
-from shared.tasks.registry import get_kind
+from shared.tasks.registry import get_spec
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def validate_job(item: Any, loc: Loc = ("body",), access: Access = ADMIN) -> Job
     except pydantic.ValidationError as exc:
         raise ValidationError.from_pydantic(exc, loc) from None
     try:
-        kind = get_kind(job.task["kind"])
+        kind = get_spec(job.task["kind"])
         if not access.admin:
             refused = [NotPermitted("an execution setting: only an admin sets it, or name a task profile", where)
                        for where in kind.execution_settings(job.task)]  # fmt: skip
@@ -63,7 +63,7 @@ def _check_external(job: JobRequest, kind: Any) -> None:
     """An external agent drives an agentic kind's model and tools; a given output needs no agent at all."""
     if job.given is not None:
         raise ValidationError("an external agent samples the rollout; a given output skips it: choose one", ("agent",))
-    if not getattr(kind, "uses_llm", False) or not hasattr(kind, "tool_schemas"):
+    if not kind.uses_llm or not hasattr(kind, "tool_schemas"):
         raise ValidationError(f"kind {kind.name!r} has no agent rollout for an external agent to drive", ("agent",))
 
 

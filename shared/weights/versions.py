@@ -15,10 +15,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import httpx
 from redis import Redis
 
-from shared.backend_pool import STALE_WEIGHTS, backend_auth
+from shared.backend_pool import STALE_WEIGHTS, served_weight_version
 from shared.keys import Keys
 
 
@@ -94,11 +93,7 @@ def stale_reason(versions: WeightVersions, model: str, url: str, timeout_s: floa
     current = versions.current(model).version
     if current is None:
         return ""
-    try:
-        response = httpx.get(url.rstrip("/") + "/weight_info", timeout=timeout_s, headers=backend_auth(key))
-        served = response.json().get("weight_version") if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return ""
+    served = served_weight_version(url, timeout_s, key)
     if served is None or served == current:
         return ""
     return f"{STALE_WEIGHTS}: it serves version {served!r}, the model's current one is {current!r}"

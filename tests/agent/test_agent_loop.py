@@ -12,6 +12,7 @@ from shared.codec import pack, unpack
 from shared.config import Settings
 from shared.jobs.spec import JobRequest
 from shared.tasks import StageContext, StageInterrupted
+from shared.tool_schemas import TOOL_SCHEMAS
 from shared.trajectory import OBSERVATION, Trajectory
 from tests.agent.conftest import Unlimited
 from tests.support.scripted_llm import ScriptedLLM
@@ -22,7 +23,6 @@ from workers.rollout.llm_client import LLMClient, Sampling
 from workers.rollout.tool_parsers import get_parser
 from workers.sandbox import Sandbox
 from workers.toolserver.result import ToolResult
-from workers.toolserver.schemas import TOOL_SCHEMAS
 
 TOOL_NAMES = ("bash", "finish")
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from shared.tool_schemas import TOOL_SCHEMAS
 from workers.rollout.chat_delta import ChatRenderer, ChatTemplateError, tool_instructions_json
 from workers.rollout.tool_parsers import get_parser
-from workers.toolserver.schemas import TOOL_SCHEMAS
 
 TOOLS = [s for s in TOOL_SCHEMAS if s["function"]["name"] in ("bash", "finish")]
 TASK = [{"role": "system", "content": "You are careful."}, {"role": "user", "content": "List the files."}]

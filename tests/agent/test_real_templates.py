@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from cli.tiny_model import build_tokenizer
+from shared.tool_schemas import TOOL_SCHEMAS
 from shared.trajectory import ASSISTANT, OBSERVATION, Trajectory
 from tests.agent.conftest import Unlimited
 from tests.support.trajectory_checks import Served, assert_decodes_to_conversation, assert_exact_against_backend
@@ -28,7 +29,6 @@ from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.llm_client import Completion, Sampling
 from workers.rollout.tool_parsers import get_parser
 from workers.toolserver.result import ToolResult
-from workers.toolserver.schemas import TOOL_SCHEMAS
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
 TOOL_NAMES = ("bash", "finish")

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from shared.agent_keys import job_key
+from shared.kinds.agentic import DEFAULT_TOOLS
+from shared.tool_schemas import TOOL_SCHEMAS
 from tests.support.sandboxes import running_sandbox
 from tests.support.trajectory_checks import Served
-from workers.kinds.agentic import DEFAULT_TOOLS
 from workers.rollout.agent_loop import LoopConfig
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.llm_client import Completion, LLMClient, Sampling
@@ -20,7 +21,6 @@ from workers.rollout.proxy.server import ThreadServer, build_app
 from workers.rollout.proxy.session import ProxySession
 from workers.rollout.tool_parsers import get_parser
 from workers.sandbox import Sandbox
-from workers.toolserver.schemas import TOOL_SCHEMAS
 
 SECRET = b"test-secret-0123456789abcdef"
 JOB = "job-under-test"

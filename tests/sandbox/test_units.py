@@ -7,9 +7,9 @@ import struct
 
 import pytest
 
+from shared.tool_schemas import TOOL_NAMES, TOOL_SCHEMAS, validate_call
 from workers.toolserver.output import CappedBuffer, cap_text
 from workers.toolserver.protocol import MAX_FRAME_BYTES, ProtocolError, recv_frame, send_frame
-from workers.toolserver.schemas import TOOL_NAMES, TOOL_SCHEMAS, validate_call
 
 
 def test_frames_round_trip_and_eof() -> None:

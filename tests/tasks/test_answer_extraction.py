@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from shared.kinds.formats import row_to_task
+from shared.kinds.numbers import plain_final_answer
 from shared.tasks import get_kind, load_task_modules
-from workers.eval.answers import is_sentence, math_answer, plain_final_answer
-from workers.kinds.formats import row_to_task
+from workers.eval.answers import is_sentence, math_answer
 
 from .conftest import MakeCtx
 

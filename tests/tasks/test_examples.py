@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from shared.kinds.stem import choices_of
 from shared.tasks import get_kind, load_task_modules
-from workers.kinds.stem import choices_of
 
 from .conftest import MakeCtx, example_rows, rollout
 

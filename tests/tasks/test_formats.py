@@ -10,6 +10,14 @@ import pytest
 
 from cli.loaders import load_rows
 from cli.tracking import read_row_jobs
+from shared.kinds.formats import (
+    FormatError,
+    code_fields,
+    detect,
+    gsm8k_final,
+    math_reference,
+    row_to_task,
+)
 from shared.tasks import TaskValidationError, get_kind, load_task_modules
 from tests.support.published_rows import (
     DEEPSCALER,
@@ -21,14 +29,6 @@ from tests.support.published_rows import (
 )
 from workers.eval.answer_grading import grade_math
 from workers.eval.answers import math_answer
-from workers.kinds.formats import (
-    FormatError,
-    code_fields,
-    detect,
-    gsm8k_final,
-    math_reference,
-    row_to_task,
-)
 
 load_task_modules()
 SWE = {"instance_id": "a__b-1", "repo": "a/b", "base_commit": "0" * 40, "FAIL_TO_PASS": "[]", "patch": ""}

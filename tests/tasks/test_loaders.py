@@ -68,7 +68,7 @@ def test_hf_save_to_disk_swe_rows(tmp_path: Path) -> None:
     task = jobs[1]["task"]
     assert task["kind"] == "swe" and task["repo_path"] == "mirrors/owner__repo-1"
     assert task["FAIL_TO_PASS"] == ["tests/test_a.py::test_1"] and isinstance(task["FAIL_TO_PASS"], list)
-    from workers.init.swe_repo import SweInstance
+    from shared.kinds.swe_instance import SweInstance
 
     assert SweInstance.from_task(task).instance_id == "owner__repo-1"
 

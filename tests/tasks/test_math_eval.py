@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from shared.kinds.latex import last_boxed
 from shared.tasks import get_kind, load_task_modules
 from workers.eval.answer_grading import grade_math
-from workers.eval.latex import last_boxed
 from workers.eval.math_equiv import EquivalenceUndecided, compare, equivalent
 
 from .conftest import MakeCtx, rollout

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from shared.kinds.formats import code_fields, row_to_task
 from shared.tasks import TaskValidationError, get_kind, load_task_modules
 from tests.support.published_rows import HUMANEVAL
-from workers.kinds.formats import code_fields, row_to_task
 
 from .conftest import MakeCtx
 

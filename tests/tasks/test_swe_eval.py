@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from shared.kinds.swe_instance import SweInstance
 from shared.tasks import TaskValidationError, get_kind, load_task_modules
-from workers.init.swe_repo import SweInstance, materialize
+from workers.init.swe_repo import materialize
 from workers.sandbox import create_sandbox
 
 from .conftest import EXAMPLES, MakeCtx, example_rows, rollout

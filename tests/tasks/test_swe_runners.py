@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from shared.config import Settings, get_settings
+from shared.kinds.swe_instance import SweInstance
+from shared.kinds.swe_tests import django_label, patch_test_files, plan_tests
 from shared.tasks import TaskValidationError, get_kind, load_task_modules
 from tests.support.swe_repos import django_row, pytest_row, sympy_row
 from workers.eval.swe_logs import parse_django_log, parse_sympy_log
-from workers.init.swe_repo import SweInstance
-from workers.init.swe_tests import django_label, patch_test_files, plan_tests
 from workers.sandbox.singularity import SingularitySandbox
 
 from .conftest import MakeCtx, rollout

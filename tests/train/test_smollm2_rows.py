@@ -7,9 +7,10 @@ import random
 import pytest
 
 from examples.smollm2.arith_rows import arith_task, choice_task
+from shared.kinds.stem import choices_of
 from workers.eval.answer_grading import grade_choice, grade_math
 from workers.kinds.math import MathKind, reference_answer
-from workers.kinds.stem import StemKind, choices_of
+from workers.kinds.stem import StemKind
 
 
 def test_a_choice_row_has_four_distinct_choices_and_its_letter_is_the_result() -> None:

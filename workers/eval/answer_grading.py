@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.eval.answers import choice_letter, math_answer, plain_final_answer
+from shared.kinds.numbers import plain_final_answer
+from workers.eval.answers import choice_letter, math_answer
 from workers.eval.math_equiv import CHECK_TIMEOUT_S, equivalent
 from workers.eval.quantities import UnitError, parse_quantity, same_quantity
 

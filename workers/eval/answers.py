@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from workers.eval.latex import last_boxed, unwrap_text
+from shared.kinds.latex import last_boxed, unwrap_text
+from shared.kinds.numbers import CURRENCY, plain_final_answer
 
 
 @dataclass
@@ -29,12 +30,8 @@ class Extracted:
     note: str = ""  # why nothing was found, when text is None
 
 
-_CURRENCY = r"(?:\\\$|\$|€|£|¥)"
-_PLAIN_NUMBER = re.compile(
-    r"(?P<sign>[-−]?)\s*" + _CURRENCY + r"?\s*(?P<sign2>[-−]?)(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?"
-)
 # A number inside prose: "17,500", "$6", "-3", "2.5", "3/4" (not the "1" of "x1", nor "3" of "3rd").
-_NUMBER_IN_TEXT = re.compile(r"(?<![\w.])[-−]?" + _CURRENCY + r"?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?(?![\w])")
+_NUMBER_IN_TEXT = re.compile(r"(?<![\w.])[-−]?" + CURRENCY + r"?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?(?![\w])")
 # A number and then words ("15 apples", "$6 per hour"), not a number times a function or constant ("3 pi").
 _LEADING_NUMBER = re.compile(
     r"\s*(" + _NUMBER_IN_TEXT.pattern + r")\s+(?!(?:pi|sqrt|log|ln|exp|sin|cos|tan|cot|sec|csc|i)\b)[A-Za-z]{2,}"
@@ -43,21 +40,6 @@ _MARKER = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
 # "The answer is 15", "Answer: 15", "**Final answer:** 15", "the answer = 15" (not "the answer isn't").
 _PHRASE = re.compile(r"\banswer\b\s*(?:is\b|:|=)[\s:*]*", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\.\s|\.$")
-
-
-def plain_final_answer(text: str) -> str:
-    """A final answer as GSM8K writes its numbers: '$1,000.00.' -> '1000', '2.50' -> '2.5', ' 7. ' -> '7'.
-
-    Only a text that is one number (an optional currency sign before it) loses its separators, currency sign
-    and trailing zeros after the point; any text loses surrounding space and a sentence's final period."""
-    stripped = text.strip().rstrip(".").strip()
-    match = _PLAIN_NUMBER.fullmatch(stripped)
-    if not match:
-        return stripped
-    negative = bool(match.group("sign") or match.group("sign2"))
-    digits = match.group("int").replace(",", "")
-    fraction = (match.group("frac") or "").rstrip("0").rstrip(".")
-    return ("-" if negative else "") + digits + fraction
 
 
 def trajectory_texts(trajectory: dict[str, Any]) -> tuple[str, str | None]:

@@ -27,15 +27,14 @@ solution can neither read the token nor make the judge's comparisons lie
 
 from __future__ import annotations
 
-import ast
 import secrets
 import shlex
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shared.kinds.code_tests import CodeTests, TestCase
 from workers.eval.fresh_sandbox import EvalBox
 from workers.sandbox.workspace import place_files
 
@@ -47,55 +46,6 @@ DETAIL_CHARS = 400
 
 # The judge that runs an assert test with the solution in another process (standard library only).
 _HARNESS_SOURCE = (Path(__file__).parent / "split_harness.py").read_text()
-
-
-@dataclass
-class TestCase:
-    name: str
-    stdin: str | None = None  # stdio case
-    stdout: str | None = None
-    snippet: str | None = None  # assert snippet
-    function: str | None = None  # test_* function of test_code
-
-
-@dataclass
-class CodeTests:
-    cases: list[TestCase]
-    test_code: str | None = None
-    files: dict[str, str] = field(default_factory=dict)  # the init state's files (starter code, data)
-
-
-def parse_tests(task: dict[str, Any]) -> CodeTests:
-    """The task's tests as TestCases; raises ValueError naming the bad field."""
-    cases: list[TestCase] = []
-    for i, raw in enumerate(task.get("tests") or []):
-        if not isinstance(raw, dict):
-            raise ValueError(f"task.tests[{i}]: an object with stdin/stdout or code")
-        name = str(raw.get("name") or f"test_{i}")
-        if "code" in raw:
-            if not isinstance(raw["code"], str):
-                raise ValueError(f"task.tests[{i}].code: a string of Python")
-            cases.append(TestCase(name, snippet=raw["code"]))
-        elif "stdout" in raw:
-            if not isinstance(raw.get("stdin", ""), str) or not isinstance(raw["stdout"], str):
-                raise ValueError(f"task.tests[{i}]: stdin and stdout must be strings")
-            cases.append(TestCase(name, stdin=raw.get("stdin", ""), stdout=raw["stdout"]))
-        else:
-            raise ValueError(f"task.tests[{i}]: needs 'stdout' (with 'stdin') or 'code'")
-    test_code = task.get("test_code")
-    if test_code is not None:
-        if not isinstance(test_code, str):
-            raise ValueError("task.test_code: a string (a pytest-style module)")
-        try:
-            tree = ast.parse(test_code)
-        except SyntaxError as exc:
-            raise ValueError(f"task.test_code: not valid Python: {exc}") from None
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
-                cases.append(TestCase(node.name, function=node.name))
-    if not cases:
-        raise ValueError("task.tests / task.test_code: at least one test")
-    return CodeTests(cases, test_code)
 
 
 def populate(

@@ -38,7 +38,7 @@ from typing import Any
 from math_verify import LatexExtractionConfig, parse, verify
 
 from shared.errors import RolloutsError
-from workers.eval.latex import braced
+from shared.kinds.latex import braced
 
 MAX_ANSWER_CHARS = 400
 MAX_EXPONENT = 10_000

@@ -9,7 +9,7 @@ changes nothing. Everything after the fresh checkout runs inside the eval
 sandbox (the agent's patch is untrusted: symlinks, hooks, odd paths).
 
 The test runner is the repository's own, as SWE-bench's harness runs it
-(workers/init/swe_tests.py): Django's runtests.py with module labels, sympy's
+(shared/kinds/swe_tests.py): Django's runtests.py with module labels, sympy's
 bin/test, pytest for the rest. Per-test outcomes of pytest come from its JUnit
 XML report (xunit1, which keeps file paths), not from the text output that the
 code under test can print into; Django's and sympy's runners write no report,
@@ -39,10 +39,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from shared.kinds.swe_instance import SweInstance, patch_paths
+from shared.kinds.swe_tests import TestPlan, django_command, sympy_command
 from workers.eval.fresh_sandbox import EvalBox
 from workers.eval.swe_logs import parse_django_log, parse_sympy_log
-from workers.init.swe_repo import SweInstance, patch_paths
-from workers.init.swe_tests import TestPlan, django_command, sympy_command
 
 GIT_TIMEOUT_S = 120.0
 MAX_REPORT_BYTES = 20 * 1024 * 1024

@@ -1,10 +1,7 @@
-"""The built-in task kinds, one module each; importing this package registers them all.
+"""The built-in task kinds' stage code, one module each, over their specs in shared/kinds/.
 
-A kind sits above the stage libraries it calls (workers/init, rollout, eval) and is found by
-name through the registry in shared/tasks. Adding a kind: write one module here (or anywhere,
-named in ROLLOUTS_TASK_MODULES), decorate its class with @register, and import it below.
+A spec names its stage class here ("workers.kinds.math:MathKind"); workers import it on first
+use (shared/tasks/registry.py `get_kind`), the API never does. Adding a kind: its spec (a
+TaskSpec, decorated with @register) in a module the API may import, its stage class (the spec
+and TaskKind, or AgentTask) in workers; docs/PIPELINE.md, "Adding a task kind".
 """
-
-from workers.kinds import code, demo, math, stem, swe
-
-__all__ = ["code", "demo", "math", "stem", "swe"]

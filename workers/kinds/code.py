@@ -1,27 +1,20 @@
-"""The `code` kind: the agent writes a solution file; hidden tests judge it in a fresh sandbox.
-
-Task fields: `prompt` (the problem), `tests` (stdin/stdout cases and/or assert
-snippets) and/or `test_code` (a pytest-style module), `entry_file` (default
-solution.py), `starter_code`, `files` (more init files), `scoring` ("fraction"
-or "all"), `timeout_s` per test, `memory_mb` per test process, `setup_code` (run at
-the top of the solution's module before it). MBPP and HumanEval rows are read as they
-are with `format` (workers/kinds/formats.py `code_fields`).
+"""The `code` kind's stages (its spec: shared/kinds/code.py): the agent writes a solution file; hidden
+tests judge it in a fresh sandbox, one sandbox per test (workers/eval/code_tests.py).
 """
 
 from __future__ import annotations
 
 import ast
 import math
-from typing import Any, ClassVar
+from typing import Any
 
-from shared.tasks.base import TaskValidationError
+from shared.kinds.code import CodeSpec
+from shared.kinds.code_tests import parse_tests
+from shared.kinds.formats import code_fields
 from shared.tasks.context import StageContext
-from shared.tasks.registry import register
-from workers.eval.code_tests import parse_tests, run_isolated, summary
+from workers.eval.code_tests import run_isolated, summary
 from workers.eval.fresh_sandbox import fresh_sandbox, sandbox_python
 from workers.kinds.agentic import AgentTask
-from workers.kinds.formats import code_fields, task_format
-from workers.kinds.task_fields import optional_number, relative_path, require_str
 from workers.sandbox.spec import SandboxLimits, SandboxSpec
 from workers.sandbox.workspace import place_files, read_agent_file
 
@@ -37,32 +30,7 @@ SYSTEM_PROMPT = (
 )
 
 
-@register
-class CodeKind(AgentTask):
-    name = "code"
-    tools: ClassVar[tuple[str, ...]] = ("bash", "python", "view", "create", "str_replace", "finish")
-
-    def validate(self, task: dict[str, Any]) -> None:
-        super().validate(task)
-        task_format(task, self.name)
-        task = code_fields(task)
-        require_str(task, "prompt")
-        relative_path(task, "entry_file", "solution.py")
-        try:
-            parse_tests(task)
-        except ValueError as exc:
-            raise TaskValidationError(str(exc)) from None
-        if task.get("scoring", "fraction") not in ("fraction", "all"):
-            raise TaskValidationError('task.scoring: "fraction" (share of tests passed) or "all" (all or nothing)')
-        optional_number(task, "timeout_s", 0.1, 600)
-        optional_number(task, "memory_mb", 32, 64 * 1024)
-        files = task.get("files", {})
-        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
-            raise TaskValidationError("task.files: a map of relative path -> text")
-        for field in ("starter_code", "setup_code"):
-            if field in task and not isinstance(task[field], str):
-                raise TaskValidationError(f"task.{field}: a string")
-
+class CodeKind(CodeSpec, AgentTask):
     # --- the agent's side ---------------------------------------------------
     def messages(self, task: dict[str, Any]) -> list[dict[str, Any]]:
         task = code_fields(task)
@@ -129,15 +97,6 @@ class CodeKind(AgentTask):
             f"; not passed: {', '.join(failed[:5])}" if failed else ""
         )
         return scored
-
-    def given_rollout(self, task: dict[str, Any], output: str | None) -> dict[str, Any]:
-        """A solution file given instead of written by an agent; None: the row's own reference solution."""
-        if output is None:
-            output = code_fields(task).get("reference_solution")
-            if not isinstance(output, str) or not output.strip():
-                raise TaskValidationError("task.reference_solution: the row has no reference solution to evaluate")
-        return {"final_text": "", "answer": None, "extra": {"solution": output}}
-
 
 def with_setup(task: dict[str, Any], solution: str) -> str:
     """The solution as judged: the task's `setup_code` (MBPP's test_setup_code) first, in the solution's own

@@ -1,4 +1,4 @@
-"""The built-in `demo` kind: a visible, dependency-free job for a fresh install.
+"""The built-in `demo` kind's stages (its spec: shared/kinds/demo.py): a visible, dependency-free job.
 
 The "agent" reverses a string; the evaluator checks it. Each stage really
 touches the job's workspace, so the whole pipeline (state handed from init to
@@ -10,24 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.tasks.base import TaskKind, TaskValidationError
+from shared.kinds.demo import DemoSpec
+from shared.tasks.base import TaskKind
 from shared.tasks.context import StageContext
-from shared.tasks.registry import register
-
-MAX_WORK_S = 600.0
 
 
-@register
-class DemoKind(TaskKind):
-    name = "demo"
-
-    def validate(self, task: dict[str, Any]) -> None:
-        if not isinstance(task.get("text"), str):
-            raise TaskValidationError("task.text: required, a string")
-        work = task.get("work_s", 0)
-        if not isinstance(work, (int, float)) or isinstance(work, bool) or not 0 <= work <= MAX_WORK_S:
-            raise TaskValidationError(f"task.work_s: a number of seconds between 0 and {MAX_WORK_S:g}")
-
+class DemoKind(DemoSpec, TaskKind):
     def init(self, ctx: StageContext) -> dict[str, Any]:
         ctx.workspace.mkdir(parents=True, exist_ok=True)
         (ctx.workspace / "input.txt").write_text(ctx.task["text"])

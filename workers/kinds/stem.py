@@ -1,24 +1,15 @@
-"""The `stem` kind: science questions, multiple choice or short answer (values with units).
-
-Task fields: `question`; `choices` (optional: a list, lettered A, B, ... in
-order, or a map letter -> text) with `answer` the right letter; or, without
-choices, `answer` the reference value ("9.8 m/s^2", "42", "\\frac{1}{2}",
-a word), with optional `unit` (appended to a bare reference) and `rel_tol`
-(relative tolerance for numbers, default 0.01). The agent has python and finish.
-"""
+"""The `stem` kind's stages (its spec: shared/kinds/stem.py): the prompt, and the grading of a letter or
+a value with its unit."""
 
 from __future__ import annotations
 
-import string
-from typing import Any, ClassVar
+from typing import Any
 
-from shared.tasks.base import TaskValidationError
+from shared.kinds.stem import StemSpec, choices_of, reference_value
 from shared.tasks.context import StageContext
-from shared.tasks.registry import register
 from workers.eval.answer_grading import DEFAULT_REL_TOL, grade_choice, grade_value
 from workers.eval.answers import trajectory_texts
 from workers.kinds.agentic import AgentTask
-from workers.kinds.task_fields import optional_number, require_str
 
 CHOICE_PROMPT = (
     "Answer the multiple-choice question. You can run Python to compute. "
@@ -30,53 +21,7 @@ VALUE_PROMPT = (
 )
 
 
-def choices_of(task: dict[str, Any]) -> dict[str, str]:
-    """The choices as letter -> text ({} for a short-answer question)."""
-    raw = task.get("choices")
-    if raw is None:
-        return {}
-    if isinstance(raw, list):
-        return dict(zip(string.ascii_uppercase, (str(c) for c in raw), strict=False))
-    return {str(k).strip().upper(): str(v) for k, v in raw.items()}
-
-
-def reference_value(task: dict[str, Any]) -> str:
-    value = task["answer"] if isinstance(task["answer"], str) else repr(task["answer"])
-    unit = task.get("unit")
-    return f"{value} {unit}" if unit else value
-
-
-@register
-class StemKind(AgentTask):
-    name = "stem"
-    tools: ClassVar[tuple[str, ...]] = ("python", "finish")
-
-    def validate(self, task: dict[str, Any]) -> None:
-        super().validate(task)
-        require_str(task, "question")
-        raw = task.get("choices")
-        if raw is not None:
-            if isinstance(raw, list):
-                ok = 2 <= len(raw) <= 26
-            else:
-                ok = (
-                    isinstance(raw, dict)
-                    and 2 <= len(raw)
-                    and all(isinstance(k, str) and len(k.strip()) == 1 and k.strip().isalpha() for k in raw)
-                )
-            if not ok:
-                raise TaskValidationError("task.choices: 2 to 26 options, a list or a map letter -> text")
-            letter = task.get("answer")
-            if not isinstance(letter, str) or letter.strip().upper() not in choices_of(task):
-                raise TaskValidationError("task.answer: the letter of the right choice")
-        else:
-            value = task.get("answer")
-            if isinstance(value, bool) or not isinstance(value, (str, int, float)) or not str(value).strip():
-                raise TaskValidationError("task.answer: required, the reference value (a string or a number)")
-        if "unit" in task and not isinstance(task["unit"], str):
-            raise TaskValidationError('task.unit: a string such as "m/s^2"')
-        optional_number(task, "rel_tol", 0, 1)
-
+class StemKind(StemSpec, AgentTask):
     def messages(self, task: dict[str, Any]) -> list[dict[str, Any]]:
         choices = choices_of(task)
         question = task["question"].strip()
@@ -93,9 +38,3 @@ class StemKind(AgentTask):
             return grade_choice(final_text, answer, choices, task["answer"].strip().upper())
         rel_tol = float(task.get("rel_tol", DEFAULT_REL_TOL))
         return grade_value(final_text, answer, reference_value(task), rel_tol)
-
-    def given_rollout(self, task: dict[str, Any], output: str | None) -> dict[str, Any]:
-        """An answer given instead of sampled (the finish argument); None: the reference letter or value."""
-        if output is None:
-            output = task["answer"].strip().upper() if choices_of(task) else reference_value(task)
-        return {"final_text": "", "answer": output}

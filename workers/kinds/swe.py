@@ -1,4 +1,5 @@
-"""The `swe` kind: fix a repository so its failing tests pass, judged like SWE-bench.
+"""The `swe` kind's stages (its spec: shared/kinds/swe.py): fix a repository so its failing tests pass,
+judged like SWE-bench.
 
 init makes the repository at base_commit in the workspace; the agent edits it
 with bash and the file tools; `collect` takes the agent's diff against a fresh
@@ -20,25 +21,16 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from shared.config import Settings
-from shared.errors import Loc
-from shared.tasks.base import TaskValidationError
+from shared.kinds.swe import SweSpec
+from shared.kinds.swe_instance import SweInstance
 from shared.tasks.context import StageContext
-from shared.tasks.registry import register
 from workers.eval.fresh_sandbox import fresh_sandbox, sandbox_python
 from workers.eval.swe_resolve import resolve
-from workers.init.swe_repo import (
-    SweInstance,
-    check_test_patch,
-    from_image,
-    materialize,
-    mirror_repository,
-)
+from workers.init.swe_repo import check_test_patch, materialize
 from workers.kinds.agentic import AgentTask, agent_env
-from workers.kinds.formats import task_format
-from workers.kinds.task_fields import optional_number
 from workers.sandbox.spec import SandboxLimits, SandboxSpec
 from workers.sandbox.workspace import WorkspaceError, workspace_diff
 
@@ -55,7 +47,7 @@ SYSTEM_PROMPT = (
     "bash and file tools; run the tests with {test_command} to check your work. Do not edit "
     "the tests: they are restored before your change is judged. Call finish when you are done."
 )
-# How the agent is told to run the tests, per runner (workers/init/swe_tests.py).
+# How the agent is told to run the tests, per runner (shared/kinds/swe_tests.py).
 TEST_HINTS = {
     "pytest": "`python -m pytest`",
     "django": "`python tests/runtests.py --verbosity 2 <test labels, e.g. module.Class>`",
@@ -63,21 +55,7 @@ TEST_HINTS = {
 }
 
 
-@register
-class SweKind(AgentTask):
-    name = "swe"
-    tools: ClassVar[tuple[str, ...]] = ("bash", "view", "create", "str_replace", "finish")
-
-    def validate(self, task: dict[str, Any]) -> None:
-        super().validate(task)
-        task_format(task, self.name)
-        instance = SweInstance.from_task(task)
-        instance.test_plan()
-        if not instance.repo_path and not from_image(instance) and mirror_repository(instance.repo) is None:
-            instance.source()  # raises, naming task.repo_path and the mirror setting
-        optional_number(task, "test_timeout_s", 1, 3600)
-        optional_number(task, "memory_mb", 64, 256 * 1024)
-
+class SweKind(SweSpec, AgentTask):
     # --- the agent's side ---------------------------------------------------
     def messages(self, task: dict[str, Any]) -> list[dict[str, Any]]:
         instance = SweInstance.from_task(task)
@@ -88,10 +66,6 @@ class SweKind(AgentTask):
     def sandbox_spec(self, task: dict[str, Any], settings: Settings) -> SandboxSpec:
         image, workdir, env = image_setup(SweInstance.from_task(task), settings)
         return SandboxSpec(image=image, workdir=workdir, env={**agent_env(settings), **env})
-
-    def execution_settings(self, task: dict[str, Any]) -> list[Loc]:
-        server_path = [("task", "repo_path")] if task.get("repo_path") else []  # a directory on the workers
-        return [*super().execution_settings(task), *server_path]
 
     def prepare_workspace(self, ctx: StageContext) -> dict[str, Any]:
         instance = SweInstance.from_task(ctx.task)
@@ -155,15 +129,6 @@ class SweKind(AgentTask):
             needs=needs,
         ) as box:
             return resolve(box, instance, diff, python, timeout)
-
-    def given_rollout(self, task: dict[str, Any], output: str | None) -> dict[str, Any]:
-        """A patch given instead of an agent's diff; None: the row's gold `patch`."""
-        if output is None:
-            output = SweInstance.from_task(task).gold_patch
-            if not output or not output.strip():
-                raise TaskValidationError("task.patch: the row has no gold patch to evaluate")
-        return {"final_text": "", "answer": None, "extra": {"diff": output}}
-
 
 def image_setup(instance: SweInstance, settings: Settings) -> tuple[str | None, str | None, dict[str, str]]:
     """(image, workdir, env) of the instance's sandboxes. With Singularity: the row's image, else SWE-bench's

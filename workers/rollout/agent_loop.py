@@ -24,12 +24,12 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from shared.errors import RolloutsError
+from shared.tool_schemas import validate_call
 from shared.trajectory import ASSISTANT, OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
 from workers.rollout.chat_delta import ChatRenderer
 from workers.rollout.llm_client import BackendRequestError, Completion, Sampling
 from workers.rollout.tool_parsers import ParsedCall, ParseResult, ToolParser
 from workers.toolserver.result import ToolResult
-from workers.toolserver.schemas import validate_call
 
 FINISH_TOOL = "finish"
 # vLLM's (and the CPU backend's) 400 for a request past the model's context.

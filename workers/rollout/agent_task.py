@@ -13,15 +13,15 @@ from typing import Any, Protocol
 
 from shared.config import Settings
 from shared.jobs.spec import SamplingParams
-from shared.tasks.context import StageContext, StageInterrupted
+from shared.tasks.context import InterruptReason, StageContext, StageInterrupted
 from workers.rollout.agent_loop import FINISH_TOOL, AgentLoop, Generate, LoopConfig, RunTool
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.interruptible import call_interruptibly
+from workers.rollout.job_sandbox import JobSandbox, lifetime_for, open_job_sandbox, sandbox_pool
 from workers.rollout.llm_client import Completion, Sampling
 from workers.rollout.llm_routing import complete_routed
 from workers.rollout.llm_services import llm_services, load_tokenizer
 from workers.rollout.tool_parsers import get_parser
-from workers.rollout.job_sandbox import JobSandbox, lifetime_for, open_job_sandbox, sandbox_pool
 from workers.sandbox import Sandbox, SandboxError, SandboxSpec
 from workers.toolserver.result import ToolResult
 
@@ -96,7 +96,7 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
     def release_pin() -> None:
         # Pins are per job: once a newer attempt has superseded this one, the pin and its charge are
         # that attempt's, and releasing them would send its next turn to another backend.
-        if ctx.interrupted != "superseded":
+        if ctx.interrupted != InterruptReason.SUPERSEDED:
             llm.pool.release(ctx.job_id)
 
     try:

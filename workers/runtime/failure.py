@@ -27,6 +27,7 @@ from rq.exceptions import AbandonedJobError
 from rq.job import Job
 
 from shared.jobs.queues import is_stage_rq_job_id, parse_rq_job_id
+from shared.jobs.record_fields import lost_field
 from shared.jobs.status import TERMINAL, JobStatus
 from shared.jobs.store import JobStore
 from shared.metrics import MetricsRecorder
@@ -67,7 +68,7 @@ def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: Bas
         return
     if job.retries_left:
         log.warning("job %s: %s worker lost (%s); re-queued, %d retries left", job_id, stage, exc_type.__name__, job.retries_left)
-        connection.hincrby(store.keys.job(job_id), f"lost:{stage}", 1)
+        connection.hincrby(store.keys.job(job_id), lost_field(stage), 1)
         metrics.error(stage, "worker_lost")
         return
     error = {

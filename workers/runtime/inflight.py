@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from shared.jobs.status import JobStatus
-from shared.tasks.context import StageContext
+from shared.tasks.context import InterruptReason, StageContext
 
 
 class InflightJobs:
@@ -50,9 +50,9 @@ class InflightJobs:
             if ctx.job_id in observed:
                 status, attempt = observed[ctx.job_id]
                 if status is None or status == JobStatus.CANCELLED:
-                    ctx.interrupt("cancelled")
+                    ctx.interrupt(InterruptReason.CANCELLED)
                     continue
                 if attempt is not None and attempt != ctx.attempt:
-                    ctx.interrupt("superseded")
+                    ctx.interrupt(InterruptReason.SUPERSEDED)
                     continue
             ctx.interrupted  # noqa: B018 - reading it interrupts a stage past its deadline

@@ -29,24 +29,18 @@ from rq.worker_registration import clean_worker_registry
 
 from shared.backend_pool import BackendPool
 from shared.batches.sweep import sweep_batches
-from shared.results.sweep import sweep_results
 from shared.config import STAGES, Settings
 from shared.jobs.backend_wait import release_due
 from shared.jobs.queues import queue_name, stage_queue
 from shared.jobs.status import JobStatus
+from shared.lua_scripts import register_lua
+from shared.results.sweep import sweep_results
+from shared.tasks.context import InterruptReason
 from workers.runtime.registry_hygiene import prune_failed_registry, requeue_stranded
 from workers.runtime.slots import SlotWorker
 from workers.runtime.state import WorkerState, init_state
 
 log = logging.getLogger("rollouts.worker")
-
-_RELEASE_IF_OURS = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
 
 class WorkerProcess:
     def __init__(
@@ -71,7 +65,7 @@ class WorkerProcess:
         self.slots = [self._new_slot(index) for index in range(self.concurrency)]
         self._all_queues = [stage_queue(s, self.state.redis) for s in STAGES]
         self._pool = BackendPool(self.state.redis, self.state.store.keys, settings)
-        self._release_lock = self.state.redis.register_script(_RELEASE_IF_OURS)
+        self._release_lock = register_lua(self.state.redis, __package__, "release_if_ours.lua")
         self._threads: list[threading.Thread] = []
         self._pubsub: PubSub | None = None
         self._pubsub_thread: PubSubWorkerThread | None = None
@@ -185,7 +179,7 @@ class WorkerProcess:
             time.sleep(min(0.2, self.settings.heartbeat_interval_s))
         if len(self.state.inflight):
             log.info("%s: handing %d running jobs back to the queue", self.state.process_name, len(self.state.inflight))
-            self.state.inflight.interrupt_all("requeue")
+            self.state.inflight.interrupt_all(InterruptReason.REQUEUE)
         for thread in self._threads:
             thread.join(timeout=max(1.0, self.settings.heartbeat_interval_s * 2))
         self.state.metrics.flush()
@@ -308,7 +302,7 @@ class WorkerProcess:
         if status == JobStatus.CANCELLED:
             ctx = self.state.inflight.get(job_id)
             if ctx is not None:
-                ctx.interrupt("cancelled")
+                ctx.interrupt(InterruptReason.CANCELLED)
 
     def _on_pubsub_error(self, exc: BaseException, pubsub: PubSub, thread: threading.Thread) -> None:
         # Redis went away: keep the thread alive; the status sweep covers the gap.

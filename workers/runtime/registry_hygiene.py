@@ -20,21 +20,11 @@ from shared.codec import unpack
 from shared.jobs.queues import is_stage_rq_job_id, parse_rq_job_id
 from shared.jobs.status import JobStatus
 from shared.jobs.store import JobStore
+from shared.lua_scripts import register_lua
 
 log = logging.getLogger("rollouts.worker")
 
 BATCH = 500  # entries looked at per queue per maintenance pass, so a long registry never stalls it
-
-# Back on the queue's head only if it is still in the intermediate list: a worker that took it
-# meanwhile removed it there (in the same transaction that started it), and then nothing moves.
-_REQUEUE_IF_STRANDED = """
-if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
-    redis.call('LPUSH', KEYS[2], ARGV[1])
-    return 1
-end
-return 0
-"""
-
 
 def prune_failed_registry(queue: Queue, store: JobStore, batch: int = BATCH) -> int:
     """Remove the failed-registry entries of `queue` that no job record backs; returns how many."""
@@ -79,6 +69,7 @@ def requeue_stranded(queue: Queue, grace_s: float, batch: int = BATCH) -> int:
     """
     intermediate = queue.intermediate_queue
     redis = queue.connection
+    requeue = register_lua(redis, __package__, "requeue_if_stranded.lua")
     stranded = 0
     for job_id in intermediate.get_job_ids()[:batch]:
         if job_id in queue.started_job_registry:
@@ -93,7 +84,9 @@ def requeue_stranded(queue: Queue, grace_s: float, batch: int = BATCH) -> int:
             continue
         if queue.fetch_job(job_id) is None:
             intermediate.remove(job_id)  # its rq job expired or was deleted: nothing to run
-        elif redis.eval(_REQUEUE_IF_STRANDED, 2, intermediate.key, queue.key, job_id):
+        # Back on the queue's head only if it is still in the intermediate list: a worker that took it
+        # meanwhile removed it there (in the same transaction that started it), and then nothing moves.
+        elif requeue(keys=[intermediate.key, queue.key], args=[job_id]):
             stranded += 1
         redis.delete(seen_key)
     if stranded:

@@ -37,12 +37,13 @@ from shared.config import STAGES
 from shared.errors import ResultsUnavailable, StoredResultError
 from shared.jobs.backend_wait import park, plan_wait
 from shared.jobs.queues import enqueue_stage, is_job_id, stage_timeout, total_timeout
+from shared.jobs.record_fields import attempts_field, output_field, time_field
 from shared.jobs.rq_payloads import ForbiddenJobFunction
 from shared.jobs.spec import JobRequest
-from shared.jobs.status import NEXT_STAGE, STAGE_ENTRY_FROM, TERMINAL, JobStatus
+from shared.jobs.status import NEXT_STAGE, STAGE_ENTRY_FROM, TERMINAL, AttemptResult, JobStatus
 from shared.jobs.store import STORED_PARTS
 from shared.metrics import MetricsRecorder
-from shared.tasks import StageContext, StageInterrupted, TaskKind, get_kind
+from shared.tasks import InterruptReason, StageContext, StageInterrupted, TaskKind, get_kind
 from workers.runtime.state import WorkerState, log, state
 from workers.runtime.terminal import Ended, on_terminal
 
@@ -71,7 +72,7 @@ NO_BACKEND = "no_backend"
 class Outcome:
     """What one attempt did: `result` for logs, metrics and tests; `ended` when the job is over."""
 
-    result: str
+    result: str  # an AttemptResult, or one with what it refers to ("queued:eval")
     ended: Ended | None = None
 
 
@@ -113,7 +114,7 @@ def _attempt(st: WorkerState, stage: Stage, job_id: str) -> Outcome:
         return _not_taken(job_id, name, taken.previous)
     record = taken.record
     assert record is not None
-    guard = (f"attempts:{name}", taken.attempt)
+    guard = (attempts_field(name), taken.attempt)
     try:
         request = JobRequest.from_stored(record["spec"])
     except pydantic.ValidationError as exc:  # stored by a version of the API whose schema this worker lacks
@@ -135,7 +136,7 @@ def _attempt(st: WorkerState, stage: Stage, job_id: str) -> Outcome:
         job_id=job_id,
         stage=name,
         request=request,
-        outputs={s: record[f"out:{s}"] for s in STAGES if f"out:{s}" in record},
+        outputs={s: record[output_field(s)] for s in STAGES if output_field(s) in record},
         workspace=st.workspace(job_id),
         settings=st.settings,
         deadline=min(stage_deadline, job_deadline),
@@ -155,11 +156,11 @@ def _attempt(st: WorkerState, stage: Stage, job_id: str) -> Outcome:
             # The process is being stopped (a plain scancel signals every process of the task,
             # sandboxes included): the error is likely the stop's, so another worker retries it.
             log.warning("job %s: %s raised while this worker drains; handing it back", job_id, name)
-            return _interrupted(st, ctx, "requeue", limit)
+            return _interrupted(st, ctx, InterruptReason.REQUEUE, limit)
         if error["type"] == NO_BACKEND:
             return _wait_for_backend(st, ctx, error)
         return _finish(st, job_id, name, JobStatus.FAILED, error, ctx.partial, guard, request.group_id)
-    if interrupted is None and ctx.interrupted in ("cancelled", "superseded"):
+    if interrupted is None and ctx.interrupted in (InterruptReason.CANCELLED, InterruptReason.SUPERSEDED):
         interrupted = ctx.interrupted  # arrived just as the handler returned: it wins
     if interrupted is not None:
         return _interrupted(st, ctx, interrupted, limit)
@@ -184,12 +185,12 @@ def _perform(stage: Stage, ctx: StageContext, workspaces: Path) -> Performed:
     except StageInterrupted as stop:
         return {}, stop.reason, None
     except JobTimeoutException:
-        return {}, "timed_out", None  # rq's backstop fired: the handler ignored its deadline
+        return {}, InterruptReason.TIMED_OUT, None  # rq's backstop fired: the handler ignored its deadline
     except (RedisConnectionError, RedisTimeoutError) as exc:
         # Redis was away past the client's retries: not the task's fault, so the job goes back to
         # its queue for another attempt (or, if Redis is still away, rq's failure path retries it).
         log.warning("job %s: Redis unreachable in %s (%s); handing the job back", ctx.job_id, stage.name, exc)
-        return {}, "requeue", None
+        return {}, InterruptReason.REQUEUE, None
     except NoBackendAvailable as exc:  # infrastructure, not the job's fault: it waits (_wait_for_backend)
         return {}, None, {"stage": stage.name, "type": NO_BACKEND, "message": str(exc)}
     except Exception as exc:
@@ -221,22 +222,22 @@ def _not_taken(job_id: str, stage: str, current: str) -> Outcome:
     """The job is not this stage's to run: gone, over (cancelled while queued: its state goes), or past it."""
     if not current:
         log.warning("job %s: no record (expired or deleted); skipping %s", job_id, stage)
-        return Outcome("missing", Ended("", moved=False))
+        return Outcome(AttemptResult.MISSING, Ended("", moved=False))
     if current in TERMINAL:
-        return Outcome(f"skipped:{current}", Ended(current, moved=False))
+        return Outcome(AttemptResult.SKIPPED.at(current), Ended(current, moved=False))
     # Past this stage, or still in the one before (a superseded attempt queued this one): the
     # attempt that owns the job queues this stage again when it hands the job on.
     log.info("job %s: status %s is not %s's to take; nothing to do", job_id, current, stage)
-    return Outcome(f"skipped:{current}")
+    return Outcome(AttemptResult.SKIPPED.at(current))
 
 
 def _hand_on(st: WorkerState, stage: Stage, ctx: StageContext, output: dict[str, Any]) -> Outcome:
     """Record the stage's output and queue the next stage, in one transaction; after the last, done."""
     job_id, name = ctx.job_id, stage.name
-    guard = (f"attempts:{name}", ctx.attempt)
+    guard = (attempts_field(name), ctx.attempt)
     now = time.time()
     next_stage = NEXT_STAGE[name]
-    fields: dict[str, Any] = {f"t:{name}:ended": now}
+    fields: dict[str, Any] = {time_field(name, "ended"): now}
     try:
         fields.update(_output_fields(st, job_id, name, output))
     except ResultsUnavailable as exc:
@@ -248,9 +249,9 @@ def _hand_on(st: WorkerState, stage: Stage, ctx: StageContext, output: dict[str,
     if next_stage is None:
         moved = st.store.transition(job_id, (name,), JobStatus.DONE, fields, guard)
         if moved.applied:
-            return Outcome(JobStatus.DONE, Ended(JobStatus.DONE, moved=True, group_id=ctx.request.group_id))
+            return Outcome(AttemptResult.DONE, Ended(JobStatus.DONE, moved=True, group_id=ctx.request.group_id))
         return _lost_race(moved.previous)
-    fields[f"t:{next_stage}:queued"] = now
+    fields[time_field(next_stage, "queued")] = now
     with st.redis.pipeline(transaction=True) as pipe:
         # Queued even if the move is refused: the next stage's worker then finds the job
         # cancelled or already taken and skips it. One transaction, so never the reverse.
@@ -258,7 +259,7 @@ def _hand_on(st: WorkerState, stage: Stage, ctx: StageContext, output: dict[str,
         st.store.queue_transition(pipe, job_id, (name,), next_stage, fields, guard)
         applied, previous = pipe.execute()[-1][:2]
     if applied:
-        return Outcome(f"queued:{next_stage}")
+        return Outcome(AttemptResult.QUEUED.at(next_stage))
     return _lost_race(previous.decode() if isinstance(previous, bytes) else previous)
 
 
@@ -266,7 +267,7 @@ def _output_fields(st: WorkerState, job_id: str, stage: str, output: dict[str, A
     """The record fields of a stage's output: a large one (the trajectory, the evaluation) goes to the
     results store and the record keeps its reference (and the reward); a small one stays inline."""
     if stage not in STORED_PARTS:
-        return {f"out:{stage}": output}
+        return {output_field(stage): output}
     fields = st.store.store_part(job_id, stage, output)
     if stage == "eval":
         fields["reward"] = output.get("reward")
@@ -284,35 +285,36 @@ def _lost_race(current: str) -> Outcome:
     """The move was refused: the job was cancelled or deleted meanwhile (its state goes now), or a
     newer attempt owns it (and its workspace: left alone)."""
     if current in TERMINAL or not current:
-        return Outcome(f"lost-race:{current or 'missing'}", Ended(current, moved=False))
-    return Outcome(f"lost-race:{current}")
+        return Outcome(AttemptResult.LOST_RACE.at(current or AttemptResult.MISSING.value), Ended(current, moved=False))
+    return Outcome(AttemptResult.LOST_RACE.at(current))
 
 
 def _interrupted(st: WorkerState, ctx: StageContext, reason: str, limit: str) -> Outcome:
     job_id, stage = ctx.job_id, ctx.stage
-    guard = (f"attempts:{stage}", ctx.attempt)
-    if reason == "superseded":
+    guard = (attempts_field(stage), ctx.attempt)
+    if reason == InterruptReason.SUPERSEDED:
         # A newer attempt at this stage owns the job (and its workspace): leave both alone.
         log.warning("job %s: %s attempt %d superseded by a newer one; dropping it", job_id, stage, ctx.attempt)
-        return Outcome("superseded")
-    if reason == "requeue":
+        return Outcome(AttemptResult.SUPERSEDED)
+    if reason == InterruptReason.REQUEUE:
         # The worker is shutting down: hand the job back to its stage's queue for another worker.
         with st.redis.pipeline(transaction=True) as pipe:
             enqueue_stage(pipe, stage, [(job_id, ctx.request.limits)], st.settings, st.redis, handback=ctx.attempt)
-            st.store.queue_transition(pipe, job_id, (stage,), stage, {f"t:{stage}:requeued": time.time()}, guard)
+            requeued = {time_field(stage, "requeued"): time.time()}
+            st.store.queue_transition(pipe, job_id, (stage,), stage, requeued, guard)
             pipe.execute()
-        return Outcome("requeued")
-    if reason == "timed_out":
+        return Outcome(AttemptResult.REQUEUED)
+    if reason == InterruptReason.TIMED_OUT:
         error = _timeout_error(stage, limit)
         return _finish(st, job_id, stage, JobStatus.TIMED_OUT, error, ctx.partial, guard, ctx.request.group_id)
     # cancelled: the API already set the status (and told the batch); record where it stopped.
-    fields: dict[str, Any] = {f"t:{stage}:ended": time.time()}
+    fields: dict[str, Any] = {time_field(stage, "ended"): time.time()}
     try:
         fields.update(_partial_fields(st, job_id, ctx.partial))
     except ResultsUnavailable as exc:
         log.error("job %s: partial output of the cancelled %s not stored: %s", job_id, stage, exc)
     st.store.set_fields(job_id, fields)
-    return Outcome(JobStatus.CANCELLED, Ended(JobStatus.CANCELLED, moved=False))
+    return Outcome(AttemptResult.CANCELLED, Ended(JobStatus.CANCELLED, moved=False))
 
 
 def _wait_for_backend(st: WorkerState, ctx: StageContext, error: dict[str, Any]) -> Outcome:
@@ -323,14 +325,14 @@ def _wait_for_backend(st: WorkerState, ctx: StageContext, error: dict[str, Any])
     if plan.expired:
         message = (f"no LLM backend was open to this job for {plan.waited_s:.0f} s "
                    f"(backend_wait_s = {st.settings.backend_wait_s:g}); last: {error['message']}")  # fmt: skip
-        guard = (f"attempts:{stage}", ctx.attempt)
+        guard = (attempts_field(stage), ctx.attempt)
         return _finish(st, job_id, stage, JobStatus.FAILED, {**error, "message": message}, ctx.partial, guard,
                        ctx.request.group_id)  # fmt: skip
     refused = park(st.store, job_id, stage, ctx.attempt, plan)
     if refused is not None:
         return _lost_race(refused)  # cancelled or deleted meanwhile, or a newer attempt owns it
     log.info("job %s: no LLM backend open to it; waiting (%.0f s so far)", job_id, plan.waited_s)
-    return Outcome("waiting_for_backend")
+    return Outcome(AttemptResult.WAITING_FOR_BACKEND)
 
 
 def _finish(
@@ -343,7 +345,7 @@ def _finish(
     guard: tuple[str, int] | None,
     group_id: str | None | Unknown,
 ) -> Outcome:
-    fields: dict[str, Any] = {f"t:{stage}:ended": time.time()}
+    fields: dict[str, Any] = {time_field(stage, "ended"): time.time()}
     try:
         fields.update(_partial_fields(st, job_id, partial))
     except ResultsUnavailable as exc:
@@ -352,8 +354,8 @@ def _finish(
     moved = st.store.transition(job_id, "*", status, fields, guard)
     if moved.applied:
         return Outcome(status, Ended(status, moved=True, error=error, group_id=group_id))
-    if moved.previous == "superseded":
-        return Outcome("superseded")
+    if moved.previous == AttemptResult.SUPERSEDED:
+        return Outcome(AttemptResult.SUPERSEDED)
     return Outcome(status, Ended(moved.previous, moved=False))  # cancelled or deleted meanwhile
 
 

@@ -16,7 +16,7 @@ from shared.jobs.store import JobStore
 from shared.keys import Keys
 from shared.metrics import MetricsRecorder
 from shared.redis_conn import connect
-from shared.tasks import load_task_modules
+from shared.tasks import load_stage_code, load_task_modules
 from workers.runtime.inflight import InflightJobs
 
 log = logging.getLogger("rollouts.worker")
@@ -48,6 +48,7 @@ def init_state(settings: Settings | None = None, stage: str = "worker") -> Worke
         settings = settings or get_settings()
         redis = connect(settings)
         load_task_modules(settings.task_modules)
+        load_stage_code()  # a broken kind module fails the start, not the first job
         keys = Keys(settings.redis_prefix)
         _state = WorkerState(
             settings=settings,

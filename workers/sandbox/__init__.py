@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from shared.config import Settings
+from shared.tool_schemas import TOOL_NAMES, TOOL_SCHEMAS
 from workers.sandbox.base import Sandbox, SandboxError
 from workers.sandbox.spec import ExecResult, SandboxLimits, SandboxSpec
 from workers.toolserver.result import ToolResult
-from workers.toolserver.schemas import TOOL_NAMES, TOOL_SCHEMAS
 
 
 def create_sandbox(spec: SandboxSpec, workspace: Path, runtime_dir: Path, settings: Settings) -> Sandbox:

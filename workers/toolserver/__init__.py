@@ -1,7 +1,7 @@
 """The in-sandbox tool server (bash, python, files, finish) and its worker-side client."""
 
+from shared.tool_schemas import TOOL_NAMES, TOOL_SCHEMAS
 from workers.toolserver.client import ToolClient, ToolServerError
 from workers.toolserver.result import ToolResult
-from workers.toolserver.schemas import TOOL_NAMES, TOOL_SCHEMAS
 
 __all__ = ["TOOL_NAMES", "TOOL_SCHEMAS", "ToolClient", "ToolResult", "ToolServerError"]

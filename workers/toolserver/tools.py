@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared.tool_schemas import validate_call
 from workers.toolserver.bash import PersistentBash
 from workers.toolserver.files import ToolError, Workspace
 from workers.toolserver.output import cap_text
 from workers.toolserver.python import PythonKernel
 from workers.toolserver.result import ToolResult
-from workers.toolserver.schemas import validate_call
 
 
 @dataclass

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from shared.tasks.context import StageInterrupted
+from shared.tool_schemas import validate_call
 from shared.trajectory import ASSISTANT, OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
 from workers.rollout.agent_loop import FINISH_TOOL, Generate, LoopConfig, RunTool
 from workers.rollout.chat_delta import ChatRenderer, ChatTemplateError, tool_instructions_json
@@ -26,7 +27,6 @@ from workers.rollout.llm_client import BackendRequestError, Completion, Sampling
 from workers.rollout.proxy import wire
 from workers.rollout.proxy.messages import canonical, wire_tool_call
 from workers.rollout.tool_parsers import ParsedCall, ParseResult, ToolParser
-from workers.toolserver.schemas import validate_call
 
 
 @dataclass

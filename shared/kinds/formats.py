@@ -14,9 +14,9 @@ from typing import Any
 
 from shared.errors import RolloutsError
 from shared.jobs.spec import FORMAT_KINDS, FORMATS
+from shared.kinds.latex import last_boxed
+from shared.kinds.numbers import plain_final_answer
 from shared.tasks.base import TaskValidationError
-from workers.eval.answers import plain_final_answer
-from workers.eval.latex import last_boxed
 
 # What each format needs, for the message when a row matches none.
 _NEEDS = {

@@ -1,0 +1,17 @@
+"""A batch's statuses: running until its target is met (completed), its prompt pool cannot meet it
+(exhausted), or it is cancelled. The batch Lua scripts write and compare the same words; a test
+holds them to these."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class BatchStatus(str, Enum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    EXHAUSTED = "exhausted"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
