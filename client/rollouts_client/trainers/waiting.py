@@ -1,0 +1,137 @@
+"""Submitting jobs and waiting for them, shared by every row a trainer process runs at once.
+
+The service has no per-job push, so one waiter per event loop asks for the summaries of *all* the
+jobs its callers wait on in one request (`GET /v1/jobs?ids=`), at an interval that starts at
+`poll_min_s` and doubles to `poll_max_s` while nothing ends: a trainer with 512 rows in flight
+sends one request per interval, not 512, and none spin. A job that ends resolves its caller's
+future; its full record is then read once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from rollouts_client.aio import AsyncRolloutClient
+from rollouts_client.errors import ApiError, WaitTimeout
+from rollouts_client.models import Job
+from rollouts_client.trainers.records import FAILED, JobFailed
+from rollouts_client.trainers.rows import RowError
+from rollouts_client.trainers.settings import BridgeSettings
+
+
+class JobWaiter:
+    """Futures for job ids, resolved by one polling task that serves them all."""
+
+    def __init__(self, client: AsyncRolloutClient, poll_min_s: float, poll_max_s: float) -> None:
+        self.client = client
+        self.poll_min_s, self.poll_max_s = poll_min_s, poll_max_s
+        self.pending: dict[str, list[asyncio.Future[Job]]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        """The job's full record once it is terminal; WaitTimeout past `timeout` (the job goes on)."""
+        future: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
+        self.pending.setdefault(job_id, []).append(future)
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._poll())
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except asyncio.TimeoutError:
+            raise WaitTimeout(f"job {job_id} still running after {timeout}s") from None
+        finally:
+            waiters = self.pending.get(job_id)
+            if waiters and future in waiters:
+                waiters.remove(future)
+                if not waiters:
+                    del self.pending[job_id]
+
+    async def _poll(self) -> None:
+        interval = self.poll_min_s
+        while self.pending:
+            try:
+                summaries = await self.client.job_summaries(list(self.pending))
+            except Exception as exc:  # the client already retried with backoff: every waiter gets the error
+                for futures in self.pending.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(exc)
+                self.pending.clear()
+                return
+            finished = [s.id for s in summaries if s.finished]
+            missing = set(self.pending) - {s.id for s in summaries}
+            for job_id in [*finished, *missing]:
+                futures = self.pending.pop(job_id, [])
+                try:
+                    job = await self.client.get_job(job_id)
+                except Exception as exc:
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for future in futures:
+                    if not future.done():
+                        future.set_result(job)
+            interval = self.poll_min_s if finished else min(interval * 2, self.poll_max_s)
+            if self.pending:
+                await asyncio.sleep(interval)
+
+
+class ServiceSession:
+    """A client and its waiter for one event loop (a trainer builds a new bridge object per row)."""
+
+    _by_loop: dict[tuple[int, str | None, str | None], ServiceSession] = {}
+
+    def __init__(self, settings: BridgeSettings) -> None:
+        self.settings = settings
+        self.client = AsyncRolloutClient(settings.api_url, settings.token, retry=settings.retry)
+        self.waiter = JobWaiter(self.client, settings.poll_min_s, settings.poll_max_s)
+
+    @classmethod
+    def shared(cls, settings: BridgeSettings) -> ServiceSession:
+        key = (id(asyncio.get_running_loop()), settings.api_url, settings.token)
+        session = cls._by_loop.get(key)
+        if session is None or session.settings != settings:
+            session = cls._by_loop[key] = cls(settings)
+        return session
+
+    async def run_jobs(self, bodies: list[dict[str, Any]], keys: list[str], rows: list[str]) -> list[tuple[Job, int]]:
+        """Submit every job in one request (each under its key, so a repeat finds it), wait for each as it ends,
+        and resubmit or raise the failed ones; the done jobs and the attempts each took, in the order given.
+
+        A 422 is a row's fault: RowError names the row and the service's field. Attempt k > 1 of a row
+        is keyed `<key>.r<k>`: a new job, since the failed one keeps its key.
+        """
+        ids = await self._submit(bodies, keys, rows)
+        return list(await asyncio.gather(*(self._settle(b, k, r, i) for b, k, r, i in zip(bodies, keys, rows, ids))))
+
+    async def run_job(self, body: dict[str, Any], key: str, row: str) -> tuple[Job, int]:
+        """One job, as run_jobs."""
+        [result] = await self.run_jobs([body], [key], [row])
+        return result
+
+    async def _submit(self, bodies: list[dict[str, Any]], keys: list[str], rows: list[str]) -> list[str]:
+        jobs = [{**body, "idempotency_key": key} for body, key in zip(bodies, keys)]
+        try:
+            return await self.client.submit_jobs(jobs if len(jobs) > 1 else jobs[0])
+        except ApiError as exc:
+            if exc.status_code != 422:
+                raise
+            problems = exc.errors or [{"field": "body", "message": str(exc.detail)}]
+            first = problems[0]
+            field = str(first.get("field", "body"))
+            parts = field.split(".")
+            index = int(parts[1]) if len(jobs) > 1 and len(parts) > 1 and parts[1].isdigit() else 0
+            if len(jobs) > 1 and index < len(rows):  # body.3.task.kind -> row 3's body.task.kind
+                field = ".".join([parts[0], *parts[2:]])
+            raise RowError(rows[index], field, str(first.get("message", exc.detail))) from exc
+
+    async def _settle(self, body: dict[str, Any], key: str, row: str, job_id: str) -> tuple[Job, int]:
+        attempts = self.settings.max_attempts if self.settings.on_failure == "retry" else 1
+        for attempt in range(1, attempts + 1):
+            if attempt > 1:
+                [job_id] = await self._submit([body], [f"{key}.r{attempt}"], [row])
+            job = await self.waiter.wait(job_id, self.settings.wait_timeout_s)
+            if job.status not in FAILED:
+                return job, attempt
+        raise JobFailed(job, attempts)

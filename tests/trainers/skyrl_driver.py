@@ -1,0 +1,91 @@
+"""Run in the trainers' virtualenv: the service's SkyRL generator generates a batch, and SkyRL's own code
+takes it: `validate_generator_output`, the trainer's `postprocess_generator_output` and
+`convert_to_training_input`, and its GRPO `compute_advantages_and_returns`. Results are written as JSON.
+
+    python skyrl_driver.py MODEL_DIR INPUT_JSON OUT_JSON
+
+INPUT_JSON: {"rows": [{"instance_id", "repetition_id", "env_extras"}], "global_step": int, "settings": {...}}.
+Exit 3 with the error's type and message in OUT_JSON when generate raises (the fault tests read it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import typing
+from pathlib import Path
+from types import SimpleNamespace
+
+import typing_extensions
+
+# skyrl 0.3.0 imports only on Python >= 3.12 (skyrl.tinker.types puts typing.TypedDict under pydantic);
+# the project's machines have 3.11, so the test gives pydantic the TypedDict it asks for on 3.11.
+if sys.version_info < (3, 12):
+    typing.TypedDict = typing_extensions.TypedDict  # type: ignore[misc]
+
+import numpy as np  # noqa: E402
+from skyrl.backends.skyrl_train.utils import ppo_utils  # noqa: E402
+from skyrl.train.config import SkyRLTrainConfig  # noqa: E402
+from skyrl.train.generators.base import BatchMetadata, GeneratorInput, TrajectoryID  # noqa: E402
+from skyrl.train.trainer import RayPPOTrainer  # noqa: E402
+from skyrl.train.utils.trainer_utils import validate_generator_output  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+from rollouts_client.trainers.skyrl_generator import RolloutsGenerator  # noqa: E402
+
+
+def main() -> int:
+    model, input_path, out_path = sys.argv[1:4]
+    given = json.loads(Path(input_path).read_text())
+    rows = given["rows"]
+    generator_input = GeneratorInput(
+        prompts=[[{"role": "user", "content": "unused"}] for _ in rows],
+        env_classes=["rollouts"] * len(rows),
+        env_extras=[row["env_extras"] for row in rows],
+        sampling_params={"temperature": 1.0, "top_p": 1.0, "max_generate_length": 64},
+        trajectory_ids=[TrajectoryID(row["instance_id"], row["repetition_id"]) for row in rows],
+        batch_metadata=BatchMetadata(global_step=given["global_step"], training_phase="train"),
+    )
+    generator = RolloutsGenerator(**given.get("settings", {}))
+    started = time.perf_counter()
+    try:
+        output = asyncio.run(generator.generate(generator_input))
+    except Exception as exc:
+        Path(out_path).write_text(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+        return 3
+    seconds = time.perf_counter() - started
+    generated = {k: output[k] for k in ("prompt_token_ids", "response_ids", "rewards", "loss_masks", "stop_reasons",
+                                        "rollout_logprobs")}  # fmt: skip
+    generated["trajectory_ids"] = [[t.instance_id, t.repetition_id] for t in output["trajectory_ids"]]
+    generated["job_ids"] = output["rollout_metrics"]["rollouts/job_ids"]
+    validate_generator_output(len(rows), output)  # SkyRL's own check: raises on a malformed output
+
+    cfg = SkyRLTrainConfig()
+    cfg.generator.n_samples_per_prompt = max(r["repetition_id"] for r in rows) + 1
+    trainer = SimpleNamespace(cfg=cfg, tokenizer=AutoTokenizer.from_pretrained(model), all_metrics={})
+    uids = [t.instance_id for t in output["trajectory_ids"]]
+    output, uids = RayPPOTrainer.postprocess_generator_output(trainer, output, uids)
+    batch = RayPPOTrainer.convert_to_training_input(trainer, output, uids)
+    advantages, _ = ppo_utils.compute_advantages_and_returns(
+        token_level_rewards=batch["rewards"], response_mask=batch["response_mask"], index=np.array(uids),
+        adv_estimator=cfg.trainer.algorithm.advantage_estimator, config=cfg.trainer.algorithm, values=None,
+        gamma=cfg.trainer.algorithm.gamma, lambd=cfg.trainer.algorithm.lambd,
+        grpo_norm_by_std=cfg.trainer.algorithm.grpo_norm_by_std,
+    )  # fmt: skip
+    result = {
+        "seconds": seconds,
+        "generated": generated,
+        "estimator": str(cfg.trainer.algorithm.advantage_estimator),
+        "training": {k: batch[k].tolist() for k in ("sequences", "attention_mask", "response_mask", "rewards",
+                                                    "loss_mask", "rollout_logprobs")},  # fmt: skip
+        "advantages": advantages.tolist(),
+        "pad_token_id": trainer.tokenizer.pad_token_id,
+    }
+    Path(out_path).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
