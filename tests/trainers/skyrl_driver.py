@@ -48,10 +48,17 @@ def main() -> int:
         trajectory_ids=[TrajectoryID(row["instance_id"], row["repetition_id"]) for row in rows],
         batch_metadata=BatchMetadata(global_step=given["global_step"], training_phase="train"),
     )
-    generator = RolloutsGenerator(**given.get("settings", {}))
+    cfg = SkyRLTrainConfig()
+    cfg.generator.n_samples_per_prompt = max(r["repetition_id"] for r in rows) + 1
+    cfg.trainer.train_batch_size = cfg.trainer.policy_mini_batch_size = len({r["instance_id"] for r in rows})
+    # The trainer's own methods, on the attributes they read; `dispatch` (its GPU worker groups) is a
+    # one-rank test double: the batch is padded to a multiple of the data-parallel size, here 1.
+    trainer = SimpleNamespace(cfg=cfg, tokenizer=AutoTokenizer.from_pretrained(model), all_metrics={},
+                              generator=RolloutsGenerator(**given.get("settings", {})),
+                              dispatch=SimpleNamespace(get_lcm_dp_size=lambda: 1))  # fmt: skip
     started = time.perf_counter()
-    try:
-        output = asyncio.run(generator.generate(generator_input))
+    try:  # the trainer's generate: our generator, then SkyRL's validate_generator_output
+        output = asyncio.run(RayPPOTrainer.generate(trainer, generator_input))
     except Exception as exc:
         Path(out_path).write_text(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
         return 3
@@ -59,12 +66,9 @@ def main() -> int:
     generated = {k: output[k] for k in ("prompt_token_ids", "response_ids", "rewards", "loss_masks", "stop_reasons",
                                         "rollout_logprobs")}  # fmt: skip
     generated["trajectory_ids"] = [[t.instance_id, t.repetition_id] for t in output["trajectory_ids"]]
-    generated["job_ids"] = output["rollout_metrics"]["rollouts/job_ids"]
-    validate_generator_output(len(rows), output)  # SkyRL's own check: raises on a malformed output
+    generated["job_ids"] = [m["job_id"] for m in output["env_metrics"]]
+    validate_generator_output(len(rows), output)  # once more, explicitly: raises on a malformed output
 
-    cfg = SkyRLTrainConfig()
-    cfg.generator.n_samples_per_prompt = max(r["repetition_id"] for r in rows) + 1
-    trainer = SimpleNamespace(cfg=cfg, tokenizer=AutoTokenizer.from_pretrained(model), all_metrics={})
     uids = [t.instance_id for t in output["trajectory_ids"]]
     output, uids = RayPPOTrainer.postprocess_generator_output(trainer, output, uids)
     batch = RayPPOTrainer.convert_to_training_input(trainer, output, uids)
@@ -82,6 +86,7 @@ def main() -> int:
                                                     "loss_mask", "rollout_logprobs")},  # fmt: skip
         "advantages": advantages.tolist(),
         "pad_token_id": trainer.tokenizer.pad_token_id,
+        "metrics": {k: v for k, v in trainer.all_metrics.items() if k.startswith("rollouts/")},
     }
     Path(out_path).write_text(json.dumps(result))
     return 0

@@ -33,9 +33,9 @@ def generate(service: Service, tmp_path: Path, rows: list[dict[str, Any]], step:
 
 
 def test_skyrl_validation_and_grpo_run_on_the_generated_batch(service: Service, tmp_path: Path):
-    # interleaved instances: the output must keep this order, the groups must follow instance_id
-    rows = [{"instance_id": inst, "repetition_id": rep, "env_extras": parity(f"{inst}?")}
-            for rep in range(3) for inst in ("a", "b")]  # fmt: skip
+    # SkyRL's batches hold a prompt's samples together; within a group, the order is the input's to keep
+    order = [("a", 2), ("a", 0), ("a", 1), ("b", 1), ("b", 0), ("b", 2)]
+    rows = [{"instance_id": inst, "repetition_id": rep, "env_extras": parity(f"{inst}?")} for inst, rep in order]
     code, out = generate(service, tmp_path, rows, step=7, run_id="skyrl-test")
     assert code == 0, out
     generated = out["generated"]
@@ -56,21 +56,25 @@ def test_skyrl_validation_and_grpo_run_on_the_generated_batch(service: Service, 
         groups.setdefault(row["instance_id"], set()).add(job.group_id)
     assert all(len(ids) == 1 for ids in groups.values()) and groups["a"] != groups["b"]
 
-    # SkyRL's own tensors and GRPO advantages, against the records
-    training, advantages = out["training"], out["advantages"]
+    # SkyRL's own tensors (left-padded sequences, right-aligned response tensors) and GRPO advantages
+    training, advantages, pad = out["training"], out["advantages"], out["pad_token_id"]
     assert out["estimator"].lower().endswith("grpo")
+    width, response_width = len(training["sequences"][0]), len(training["response_mask"][0])
     for i, job in enumerate(jobs):
         record = job.trajectory
         p, tokens = record["prompt_length"], record["token_ids"]
         n = len(tokens) - p
-        sequence = training["sequences"][i]
-        assert sequence[len(sequence) - (p + n):] == tokens or sequence[: p + n] == tokens, i
-        rewards = training["rewards"][i]
-        assert sum(rewards) == pytest.approx(job.reward) and max(range(len(rewards)), key=lambda t: abs(rewards[t])) >= 0
+        assert training["sequences"][i] == [pad] * (width - p - n) + tokens
+        assert training["attention_mask"][i] == [0] * (width - p - n) + [1] * (p + n)
+        lead = [0] * (response_width - n)
+        assert training["response_mask"][i] == lead + [1] * n
+        assert training["loss_mask"][i] == lead + record["loss_mask"][p:]
+        assert training["rollout_logprobs"][i] == pytest.approx(lead + [lp or 0.0 for lp in record["logprobs"][p:]])
+        assert training["rewards"][i] == [0.0] * (response_width - 1) + [job.reward]
         mates = [j.reward for j, r in zip(jobs, rows) if r["instance_id"] == rows[i]["instance_id"]]
         expected = (job.reward - statistics.mean(mates)) / (statistics.stdev(mates) + 1e-6)
-        masked = [a for a, m in zip(advantages[i], training["response_mask"][i]) if m]
-        assert len(masked) == n and all(a == pytest.approx(expected, abs=1e-4) for a in masked), (i, expected)
+        assert advantages[i] == pytest.approx(lead + [expected] * n, abs=1e-4), (i, expected)
+    assert "rollouts/bridge_s" in out["metrics"]
 
 
 def test_per_token_rewards_reach_skyrl_as_lists(service: Service, tmp_path: Path):

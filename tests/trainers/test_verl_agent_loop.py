@@ -40,10 +40,20 @@ def write_rows(tmp_path: Path, rows: list[dict[str, Any]]) -> str:
     return str(path)
 
 
+def agent_loops(tmp_path: Path, **settings: Any) -> str:
+    """An agent-loop YAML like examples/verl/agent_loops.yaml with other settings."""
+    path = tmp_path / "agent_loops.yaml"
+    lines = ["- name: rollouts", "  _target_: rollouts_client.trainers.verl_agent_loop.RolloutsAgentLoop"]
+    path.write_text("\n".join(lines + [f"  {k}: {v}" for k, v in settings.items()]) + "\n")
+    return str(path)
+
+
 def test_verl_post_processing_gives_the_records_tensors_token_by_token(service: Service, tmp_path: Path):
     rows = [row(0, "p0", parity("2+2?")), row(0, "p0", parity("2+2?")), row(1, "p1", parity("3*3?")),
             row(1, "p1", parity("3*3?"))]  # fmt: skip
-    code, out = run_driver("verl_driver.py", [str(service.model_dir), write_rows(tmp_path, rows)], service.api_url, tmp_path)
+    loops = agent_loops(tmp_path, max_tokens_per_turn=300)  # 3 turns may pass response_length: cut as verl cuts
+    code, out = run_driver("verl_driver.py", [str(service.model_dir), write_rows(tmp_path, rows)], service.api_url,
+                           tmp_path, VERL_AGENT_LOOPS=loops)  # fmt: skip
     assert code == 0, out
     tensors, extra = out["tensors"], out["extra"]
     pad = out["pad_token_id"]
@@ -56,13 +66,14 @@ def test_verl_post_processing_gives_the_records_tensors_token_by_token(service: 
         record = job.trajectory
         tokens, mask, logprobs = record["token_ids"], record["loss_mask"], record["logprobs"]
         p = record["prompt_length"]
-        n = len(tokens) - p
+        n = min(len(tokens) - p, WIDTH)  # verl's own loops cut the response at response_length
+        assert extra["rollouts_response_truncated"][b] == (len(tokens) - p > WIDTH)
         multi_turn += sum(t["role"] == "assistant" for t in record["turns"]) > 1
         assert tensors["prompts"][b] == [pad] * (WIDTH - p) + tokens[:p]
-        assert tensors["responses"][b] == tokens[p:] + [pad] * (WIDTH - n)
+        assert tensors["responses"][b] == tokens[p : p + n] + [pad] * (WIDTH - n)
         assert tensors["input_ids"][b] == tensors["prompts"][b] + tensors["responses"][b]
         assert tensors["attention_mask"][b] == [0] * (WIDTH - p) + [1] * (p + n) + [0] * (WIDTH - n)
-        assert tensors["response_mask"][b] == mask[p:] + [0] * (WIDTH - n)
+        assert tensors["response_mask"][b] == mask[p : p + n] + [0] * (WIDTH - n)
         assert tensors["position_ids"][b][WIDTH - p : WIDTH + n] == list(range(p + n))
         for t in range(WIDTH):
             expected = logprobs[p + t] if t < n and mask[p + t] else 0.0
@@ -95,14 +106,6 @@ def test_a_row_without_a_task_fails_naming_the_row_and_field_before_any_job(serv
     code, out = run_driver("verl_driver.py", [str(service.model_dir), write_rows(tmp_path, rows)], service.api_url,
                            tmp_path)  # fmt: skip
     assert code == 3 and out["error"] == "RowError" and "row 10 (test): body.task.kind" in out["message"], out
-
-
-def agent_loops(tmp_path: Path, **settings: Any) -> str:
-    """An agent-loop YAML like examples/verl/agent_loops.yaml with other settings."""
-    path = tmp_path / "agent_loops.yaml"
-    lines = ["- name: rollouts", "  _target_: rollouts_client.trainers.verl_agent_loop.RolloutsAgentLoop"]
-    path.write_text("\n".join(lines + [f"  {k}: {v}" for k, v in settings.items()]) + "\n")
-    return str(path)
 
 
 @pytest.mark.parametrize(("on_failure", "attempts"), [("retry", 2), ("raise", 1)])

@@ -84,8 +84,9 @@ def split_record(job: Job, on_segments: str = "last") -> Split:
     )
 
 
-def job_seconds(job: Job) -> float:
-    """The job's own duration on the service (created to finished): what a bridge's overhead leaves out."""
+def job_seconds(job: Job, since: float = 0.0) -> float:
+    """The job's own duration on the service (created, or `since` (a Unix time) if later, to finished): what a
+    bridge's overhead leaves out. A job found again by its key ran partly before the call that found it."""
     if job.finished_at is None or not job.created_at:
         return 0.0
-    return float(job.finished_at) - float(job.created_at)
+    return max(0.0, float(job.finished_at) - max(float(job.created_at), since))

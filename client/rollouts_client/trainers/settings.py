@@ -32,9 +32,10 @@ class BridgeSettings:
     on_failure: str = "retry"
     max_attempts: int = 3
     on_segments: str = "last"
+    max_tokens_per_turn: int | None = None  # unset: the trainer's own (verl: rollout.response_length)
     wait_timeout_s: float | None = None  # per job; unset: the job's own time limits end it
     poll_min_s: float = 0.05
-    poll_max_s: float = 1.0
+    poll_max_s: float = 0.25
     retry: RetryPolicy = field(default_factory=RetryPolicy)  # transport errors and 503s, with backoff
 
     def __post_init__(self) -> None:

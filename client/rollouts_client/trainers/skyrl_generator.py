@@ -29,30 +29,27 @@ from rollouts_client.trainers.waiting import ServiceSession
 class RolloutsGenerator(GeneratorInterface):
     """Generates a SkyRL batch through the service; `settings` as BridgeSettings' names."""
 
-    def __init__(self, max_tokens_per_turn: int | None = None, **settings: Any) -> None:
+    def __init__(self, **settings: Any) -> None:
         self.settings = BridgeSettings.from_mapping(settings)
-        self.max_tokens_per_turn = max_tokens_per_turn
 
     async def generate(self, input_batch: GeneratorInput) -> GeneratorOutput:
-        started = time.perf_counter()
+        started, started_at = time.perf_counter(), time.time()
         bodies, keys = self.job_bodies(input_batch)
         session = ServiceSession.shared(self.settings)
         results = await session.run_jobs(bodies, keys, [self._row_name(i) for i in range(len(bodies))])
         splits = [split_record(job, self.settings.on_segments) for job, _ in results]
         per_token = any(s.token_rewards is not None for s in splits)
         rewards = [self._reward(split, job, per_token) for split, (job, _) in zip(splits, results)]
-        job_seconds = sum(job_seconds(job) for job, _ in results)
+        longest_job = max(job_seconds(job, started_at) for job, _ in results)
         return GeneratorOutput(
             prompt_token_ids=[s.prompt_ids for s in splits],
             response_ids=[s.response_ids for s in splits],
             rewards=rewards,
             loss_masks=[s.response_mask for s in splits],
             stop_reasons=[s.stop_reason for s in splits],
-            rollout_metrics={
-                "rollouts/job_ids": [job.id for job, _ in results],
-                "rollouts/attempts": [attempts for _, attempts in results],
-                                "rollouts/bridge_s": time.perf_counter() - started,
-                "rollouts/jobs_s": job_seconds,
+            rollout_metrics={  # scalars: SkyRL's trainer logs them with its tracker
+                "rollouts/retried_jobs": sum(attempts > 1 for _, attempts in results),
+                "rollouts/bridge_s": time.perf_counter() - started - longest_job,
             },
             rollout_logprobs=[s.response_logprobs for s in splits],
             trajectory_ids=self._trajectory_ids(input_batch),
@@ -70,7 +67,7 @@ class RolloutsGenerator(GeneratorInterface):
         metadata = input_batch.get("batch_metadata")
         step = metadata.global_step if metadata is not None else None
         phase = metadata.training_phase if metadata is not None else "train"
-        sampling = sampling_from(input_batch.get("sampling_params") or {}, self.max_tokens_per_turn)
+        sampling = sampling_from(input_batch.get("sampling_params") or {}, self.settings.max_tokens_per_turn)
         ids = self._trajectory_ids(input_batch)
         bodies, keys = [], []
         for i, extra in enumerate(extras):

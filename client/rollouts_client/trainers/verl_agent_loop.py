@@ -43,7 +43,7 @@ class RolloutsAgentLoop(AgentLoopBase):
         self.settings = BridgeSettings.from_mapping(own)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        started = time.perf_counter()
+        started, started_at = time.perf_counter(), time.time()
         row = self._row_name(kwargs)
         body = self.job_body(sampling_params, kwargs, row)
         session = ServiceSession.shared(self.settings)
@@ -75,7 +75,7 @@ class RolloutsAgentLoop(AgentLoopBase):
                 "rollouts_stop_reason": split.stop_reason,
                 "rollouts_earlier_segments": split.earlier_segments,
                 "rollouts_response_truncated": truncated,
-                "rollouts_bridge_s": time.perf_counter() - started - job_seconds(job),
+                "rollouts_bridge_s": time.perf_counter() - started - job_seconds(job, started_at),
             },
         )
 
@@ -95,7 +95,7 @@ class RolloutsAgentLoop(AgentLoopBase):
             limits["max_turns"] = int(max_turns)
         body: dict[str, Any] = {
             "task": task,
-            "sampling": sampling_from(sampling_params, int(rollout.response_length)),
+            "sampling": sampling_from(sampling_params, self.settings.max_tokens_per_turn or int(rollout.response_length)),
             "limits": limits,
             "metadata": {"trainer": "verl", "row": row, "run_id": self.settings.run_id},
         }

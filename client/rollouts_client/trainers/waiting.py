@@ -52,29 +52,35 @@ class JobWaiter:
             try:
                 summaries = await self.client.job_summaries(list(self.pending))
             except Exception as exc:  # the client already retried with backoff: every waiter gets the error
-                for futures in self.pending.values():
-                    for future in futures:
-                        if not future.done():
-                            future.set_exception(exc)
-                self.pending.clear()
+                for job_id in list(self.pending):
+                    self._settle(job_id, error=exc)
                 return
-            finished = [s.id for s in summaries if s.finished]
-            missing = set(self.pending) - {s.id for s in summaries}
-            for job_id in [*finished, *missing]:
-                futures = self.pending.pop(job_id, [])
-                try:
+            listed = {s.id: s for s in summaries}
+            ended = 0
+            for job_id in list(self.pending):
+                summary = listed.get(job_id)
+                if summary is not None and not summary.finished:
+                    continue
+                try:  # ended, or not listed (yet): the full record says which
                     job = await self.client.get_job(job_id)
                 except Exception as exc:
-                    for future in futures:
-                        if not future.done():
-                            future.set_exception(exc)
+                    self._settle(job_id, error=exc)
                     continue
-                for future in futures:
-                    if not future.done():
-                        future.set_result(job)
-            interval = self.poll_min_s if finished else min(interval * 2, self.poll_max_s)
+                if job.finished:
+                    ended += 1
+                    self._settle(job_id, job=job)
+            interval = self.poll_min_s if ended else min(interval * 2, self.poll_max_s)
             if self.pending:
                 await asyncio.sleep(interval)
+
+    def _settle(self, job_id: str, job: Job | None = None, error: Exception | None = None) -> None:
+        for future in self.pending.pop(job_id, []):
+            if future.done():
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(job)
 
 
 class ServiceSession:
