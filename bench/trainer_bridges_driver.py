@@ -20,12 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
 import verl.trainer.config
+from hydra import compose, initialize_config_dir
+from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput, AgentLoopWorker
+
 from rollouts_client.aio import AsyncRolloutClient
 from rollouts_client.trainers.records import job_seconds, split_record
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker, AgentLoopMetrics
 
 LOOPS = Path(__file__).resolve().parents[1] / "examples" / "verl" / "agent_loops.yaml"
 TASK = {"kind": "agent-parity", "problem": "[standin:turns=2 answer=4] bench", "stop_on_no_tool_call": False,

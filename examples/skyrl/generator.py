@@ -27,7 +27,7 @@ from rollouts_client.trainers.skyrl_generator import RolloutsGenerator
 class RolloutsExp(BasePPOExp):
     """SkyRL's PPO experiment whose generator is the service."""
 
-    def get_generator(self, cfg, tokenizer, inference_engine_client):  # noqa: ANN001 - SkyRL's signature
+    def get_generator(self, cfg, tokenizer, inference_engine_client):
         return RolloutsGenerator(
             run_id=os.environ.get("ROLLOUTS_RUN_ID", "default"), on_failure="retry", max_attempts=3,
             max_tokens_per_turn=cfg.generator.sampling_params.max_generate_length,

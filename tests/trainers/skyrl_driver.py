@@ -2,10 +2,11 @@
 takes it: `validate_generator_output`, the trainer's `postprocess_generator_output` and
 `convert_to_training_input`, and its GRPO `compute_advantages_and_returns`. Results are written as JSON.
 
-    python skyrl_driver.py MODEL_DIR INPUT_JSON OUT_JSON
+    python skyrl_driver.py MODEL_DIR BATCHES_JSON OUT_JSON
 
-INPUT_JSON: {"rows": [{"instance_id", "repetition_id", "env_extras"}], "global_step": int, "settings": {...}}.
-Exit 3 with the error's type and message in OUT_JSON when generate raises (the fault tests read it).
+BATCHES_JSON: {name: {"rows": [{"instance_id", "repetition_id", "env_extras"}], "global_step": int,
+"settings": {...}}}, run in order in one process. OUT_JSON: {name: what SkyRL built, or {"error", "message"}
+when generate raised}.
 """
 
 from __future__ import annotations
@@ -25,20 +26,26 @@ import typing_extensions
 if sys.version_info < (3, 12):
     typing.TypedDict = typing_extensions.TypedDict  # type: ignore[misc]
 
-import numpy as np  # noqa: E402
-from skyrl.backends.skyrl_train.utils import ppo_utils  # noqa: E402
-from skyrl.train.config import SkyRLTrainConfig  # noqa: E402
-from skyrl.train.generators.base import BatchMetadata, GeneratorInput, TrajectoryID  # noqa: E402
-from skyrl.train.trainer import RayPPOTrainer  # noqa: E402
-from skyrl.train.utils.trainer_utils import validate_generator_output  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+import numpy as np
+from skyrl.backends.skyrl_train.utils import ppo_utils
+from skyrl.train.config import SkyRLTrainConfig
+from skyrl.train.generators.base import BatchMetadata, GeneratorInput, TrajectoryID
+from skyrl.train.trainer import RayPPOTrainer
+from skyrl.train.utils.trainer_utils import validate_generator_output
+from transformers import AutoTokenizer
 
-from rollouts_client.trainers.skyrl_generator import RolloutsGenerator  # noqa: E402
+from rollouts_client.trainers.skyrl_generator import RolloutsGenerator
 
 
 def main() -> int:
-    model, input_path, out_path = sys.argv[1:4]
-    given = json.loads(Path(input_path).read_text())
+    model, batches_path, out_path = sys.argv[1:4]
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    batches = json.loads(Path(batches_path).read_text())
+    Path(out_path).write_text(json.dumps({name: run_batch(tokenizer, batch) for name, batch in batches.items()}))
+    return 0
+
+
+def run_batch(tokenizer: AutoTokenizer, given: dict) -> dict:
     rows = given["rows"]
     generator_input = GeneratorInput(
         prompts=[[{"role": "user", "content": "unused"}] for _ in rows],
@@ -53,15 +60,14 @@ def main() -> int:
     cfg.trainer.train_batch_size = cfg.trainer.policy_mini_batch_size = len({r["instance_id"] for r in rows})
     # The trainer's own methods, on the attributes they read; `dispatch` (its GPU worker groups) is a
     # one-rank test double: the batch is padded to a multiple of the data-parallel size, here 1.
-    trainer = SimpleNamespace(cfg=cfg, tokenizer=AutoTokenizer.from_pretrained(model), all_metrics={},
+    trainer = SimpleNamespace(cfg=cfg, tokenizer=tokenizer, all_metrics={},
                               generator=RolloutsGenerator(**given.get("settings", {})),
                               dispatch=SimpleNamespace(get_lcm_dp_size=lambda: 1))  # fmt: skip
     started = time.perf_counter()
     try:  # the trainer's generate: our generator, then SkyRL's validate_generator_output
         output = asyncio.run(RayPPOTrainer.generate(trainer, generator_input))
-    except Exception as exc:
-        Path(out_path).write_text(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
-        return 3
+    except Exception as exc:  # noqa: BLE001 - the test reads what the trainer raised
+        return {"error": type(exc).__name__, "message": str(exc)}
     seconds = time.perf_counter() - started
     generated = {k: output[k] for k in ("prompt_token_ids", "response_ids", "rewards", "loss_masks", "stop_reasons",
                                         "rollout_logprobs")}  # fmt: skip
@@ -78,18 +84,18 @@ def main() -> int:
         gamma=cfg.trainer.algorithm.gamma, lambd=cfg.trainer.algorithm.lambd,
         grpo_norm_by_std=cfg.trainer.algorithm.grpo_norm_by_std,
     )  # fmt: skip
-    result = {
+    return {
         "seconds": seconds,
         "generated": generated,
         "estimator": str(cfg.trainer.algorithm.advantage_estimator),
-        "training": {k: batch[k].tolist() for k in ("sequences", "attention_mask", "response_mask", "rewards",
-                                                    "loss_mask", "rollout_logprobs")},  # fmt: skip
+        "training": {
+            k: batch[k].tolist()
+            for k in ("sequences", "attention_mask", "response_mask", "rewards", "loss_mask", "rollout_logprobs")
+        },
         "advantages": advantages.tolist(),
-        "pad_token_id": trainer.tokenizer.pad_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
         "metrics": {k: v for k, v in trainer.all_metrics.items() if k.startswith("rollouts/")},
     }
-    Path(out_path).write_text(json.dumps(result))
-    return 0
 
 
 if __name__ == "__main__":

@@ -50,7 +50,10 @@ def test_earlier_segments_train_on_the_last_or_are_refused():
 
 
 def test_a_task_needs_a_kind_and_the_error_names_row_and_field():
-    assert task_from(np.array({"kind": "math", "problem": "1+1"}, dtype=object), "3", "f") == {"kind": "math", "problem": "1+1"}
+    assert task_from(np.array({"kind": "math", "problem": "1+1"}, dtype=object), "3", "f") == {
+        "kind": "math",
+        "problem": "1+1",
+    }
     assert task_from('{"kind": "code"}', "3", "f") == {"kind": "code"}
     with pytest.raises(RowError, match=r"row 3: extra_info.rollouts_task.kind: required"):
         task_from({"problem": "x"}, "3", "extra_info.rollouts_task")

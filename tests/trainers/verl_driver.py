@@ -1,11 +1,12 @@
-"""Run in the trainers' virtualenv (not the project's): verl's own AgentLoopWorker runs a batch of rows through
-the service's agent loop and post-processes them; the tensors it builds are written as JSON for the test.
+"""Run in the trainers' virtualenv (not the project's): verl's own AgentLoopWorker runs batches of rows through
+the service's agent loop and post-processes them; what it builds is written as JSON for the tests.
 
-    python verl_driver.py MODEL_DIR ROWS_JSON OUT_JSON [hydra overrides...]
+    python verl_driver.py MODEL_DIR BATCHES_JSON OUT_JSON
 
-The API is ROLLOUTS_API_URL; the agent loop is registered from examples/verl/agent_loops.yaml (or VERL_AGENT_LOOPS),
-as a user does.
-Exit 3 with the error's type and message in OUT_JSON when the batch raises (the fault tests read it).
+BATCHES_JSON: {name: {"rows": [...], "loops": agent-loop YAML (default examples/verl/agent_loops.yaml, as a
+user registers it), "env": {...} (set before the batch: ROLLOUTS_API_URL, ROLLOUTS_RUN_ID)}}, run in order in
+one process (verl's import and config take most of a run). OUT_JSON: {name: tensors and extra fields, or
+{"error", "message"} when the batch raised}.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from hydra import compose, initialize_config_dir
-
 import verl.trainer.config
+from hydra import compose, initialize_config_dir
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.protocol import DataProto
 
@@ -31,8 +31,16 @@ TENSORS = ("prompts", "responses", "response_mask", "input_ids", "attention_mask
 
 
 def main() -> int:
-    model, rows_path, out_path, *overrides = sys.argv[1:]
-    rows = json.loads(Path(rows_path).read_text())
+    model, batches_path, out_path = sys.argv[1:4]
+    results = {name: run_batch(model, batch) for name, batch in json.loads(Path(batches_path).read_text()).items()}
+    Path(out_path).write_text(json.dumps(results))
+    return 0
+
+
+def run_batch(model: str, batch: dict) -> dict:
+    """One batch through a fresh AgentLoopWorker: its tensors, or the error it raised."""
+    os.environ.update(batch.get("env") or {})
+    loops = batch.get("loops") or str(LOOPS)
     with initialize_config_dir(config_dir=os.path.dirname(verl.trainer.config.__file__), version_base=None):
         config = compose(config_name="ppo_trainer", overrides=[
             f"actor_rollout_ref.model.path={model}",
@@ -40,22 +48,21 @@ def main() -> int:
             "actor_rollout_ref.rollout.prompt_length=1024",
             "actor_rollout_ref.rollout.response_length=1024",
             "actor_rollout_ref.rollout.calculate_log_probs=true",
-            f"actor_rollout_ref.rollout.agent.agent_loop_config_path={os.environ.get('VERL_AGENT_LOOPS', LOOPS)}",
-            *overrides,
+            f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
         ])  # fmt: skip
     worker = AgentLoopWorker(config, llm_client=None)
-    batch = DataProto.from_single_dict(
+    rows = batch["rows"]
+    data = DataProto.from_single_dict(
         {key: np.array([row[key] for row in rows], dtype=object) for key in rows[0]}, meta_info={"global_steps": 1}
     )
     started = time.perf_counter()
     try:
-        output = asyncio.run(worker.generate_sequences(batch))
-    except Exception as exc:
-        Path(out_path).write_text(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
-        return 3
-    result = {
+        output = asyncio.run(worker.generate_sequences(data))
+    except Exception as exc:  # noqa: BLE001 - the test reads what the trainer raised
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {
         "seconds": time.perf_counter() - started,
-        "tensors": {k: output.batch[k].tolist() for k in TENSORS if k in output.batch.keys()},
+        "tensors": {k: output.batch[k].tolist() for k in TENSORS if k in output.batch.keys()},  # noqa: SIM118 - a TensorDict
         "extra": {
             key: [json_safe(v) for v in output.non_tensor_batch[key]]
             for key in output.non_tensor_batch
@@ -63,8 +70,6 @@ def main() -> int:
         },
         "pad_token_id": worker.tokenizer.pad_token_id,
     }
-    Path(out_path).write_text(json.dumps(result))
-    return 0
 
 
 def json_safe(value: object) -> object:

@@ -21,7 +21,14 @@ from skyrl.train.generators.base import GeneratorInput, GeneratorInterface, Gene
 
 from rollouts_client.models import Job
 from rollouts_client.trainers.records import Split, job_seconds, split_record
-from rollouts_client.trainers.rows import TASK_FIELD, RowError, group_id, idempotency_key, plain, sampling_from, task_from
+from rollouts_client.trainers.rows import (
+    TASK_FIELD,
+    RowError,
+    group_id,
+    idempotency_key,
+    sampling_from,
+    task_from,
+)
 from rollouts_client.trainers.settings import BridgeSettings
 from rollouts_client.trainers.waiting import ServiceSession
 
@@ -56,7 +63,9 @@ class RolloutsGenerator(GeneratorInterface):
             trajectory_generation_times=[job_seconds(job) for job, _ in results],
             rollout_expert_indices=None,
             is_last_step=None,
-            env_metrics=[{"job_id": job.id, "weight_versions": s.weight_versions} for s, (job, _) in zip(splits, results)],
+            env_metrics=[
+                {"job_id": job.id, "weight_versions": s.weight_versions} for s, (job, _) in zip(splits, results)
+            ],
             pixel_values=None,
             image_grid_thw=None,
         )
@@ -81,14 +90,21 @@ class RolloutsGenerator(GeneratorInterface):
                 "sampling": sampling,
                 "group_id": group_id(self.settings.run_id, phase, step, trajectory.instance_id),
                 "sample_index": int(trajectory.repetition_id),
-                "metadata": {"trainer": "skyrl", "global_step": step, "training_phase": phase,
-                             "instance_id": trajectory.instance_id, "repetition_id": trajectory.repetition_id,
-                             "run_id": self.settings.run_id},  # fmt: skip
+                "metadata": {
+                    "trainer": "skyrl",
+                    "global_step": step,
+                    "training_phase": phase,
+                    "instance_id": trajectory.instance_id,
+                    "repetition_id": trajectory.repetition_id,
+                    "run_id": self.settings.run_id,
+                },
             }
             if self.settings.model:
                 body["model"] = self.settings.model
             bodies.append(body)
-            keys.append(idempotency_key(self.settings.run_id, phase, step, trajectory.instance_id, trajectory.repetition_id))
+            keys.append(
+                idempotency_key(self.settings.run_id, phase, step, trajectory.instance_id, trajectory.repetition_id)
+            )
         return bodies, keys
 
     @staticmethod

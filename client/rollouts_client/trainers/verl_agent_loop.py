@@ -1,9 +1,11 @@
 """verl's agent loop backed by the service: one dataset row -> one job -> one AgentLoopOutput (verl==0.9.1).
 
 Register it through verl's agent-loop YAML (`actor_rollout_ref.rollout.agent.agent_loop_config_path`,
-examples/verl/agent_loops.yaml) or by importing this module (`@register("rollouts")`), and select it
-with the rows' `agent_name` (or `rollout.agent.default_agent_loop=rollouts`). Settings come from
-the YAML entry's keys (BridgeSettings' names) and ROLLOUTS_API_URL / ROLLOUTS_API_TOKEN.
+examples/verl/agent_loops.yaml), whose entry's keys are its settings (BridgeSettings' names), or with
+`register_agent_loop()`; select it with the rows' `agent_name` (or `rollout.agent.default_agent_loop`).
+The service is ROLLOUTS_API_URL / ROLLOUTS_API_TOKEN unless the settings name it. Importing this module
+registers nothing: verl imports it when it first builds a loop, after reading the YAML, and a
+registration then would replace the YAML's entry and drop its settings.
 
 verl's contract (0.9.1): `AgentLoopWorker._run_agent_loop` awaits exactly one AgentLoopOutput per
 row and pads it as one (prompt, response) pair, so a record with earlier segments is trained on
@@ -16,24 +18,31 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from typing import Any
+from typing import Any, ClassVar
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from rollouts_client.trainers.records import job_seconds, split_record
-from rollouts_client.trainers.rows import KEY_FIELD, TASK_FIELD, RowError, idempotency_key, plain, sampling_from, task_from
+from rollouts_client.trainers.rows import (
+    KEY_FIELD,
+    TASK_FIELD,
+    RowError,
+    idempotency_key,
+    plain,
+    sampling_from,
+    task_from,
+)
 from rollouts_client.trainers.settings import BridgeSettings
 from rollouts_client.trainers.waiting import ServiceSession
 
 AGENT_NAME = "rollouts"
 
 
-@register(AGENT_NAME)
 class RolloutsAgentLoop(AgentLoopBase):
     """Runs the row's task as a service job and returns its token-exact record."""
 
     # Occurrences of a row identity in this process: the n samples of one prompt get distinct keys.
-    _seen: Counter[tuple[str, str]] = Counter()
+    _seen: ClassVar[Counter[tuple[str, str]]] = Counter()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         names = set(BridgeSettings.__dataclass_fields__) - {"retry"}
@@ -95,7 +104,9 @@ class RolloutsAgentLoop(AgentLoopBase):
             limits["max_turns"] = int(max_turns)
         body: dict[str, Any] = {
             "task": task,
-            "sampling": sampling_from(sampling_params, self.settings.max_tokens_per_turn or int(rollout.response_length)),
+            "sampling": sampling_from(
+                sampling_params, self.settings.max_tokens_per_turn or int(rollout.response_length)
+            ),
             "limits": limits,
             "metadata": {"trainer": "verl", "row": row, "run_id": self.settings.run_id},
         }
@@ -123,3 +134,8 @@ class RolloutsAgentLoop(AgentLoopBase):
         index = plain(row_fields.get("index"))
         source = plain(row_fields.get("data_source"))
         return f"{index}" + (f" ({source})" if source else "")
+
+
+def register_agent_loop(name: str = AGENT_NAME) -> None:
+    """Register the loop under `name` with its default settings (the YAML is the way to give it settings)."""
+    register(name)(RolloutsAgentLoop)

@@ -10,7 +10,7 @@ future; its full record is then read once.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, ClassVar
 
 from rollouts_client.aio import AsyncRolloutClient
 from rollouts_client.errors import ApiError, WaitTimeout
@@ -51,7 +51,7 @@ class JobWaiter:
         while self.pending:
             try:
                 summaries = await self.client.job_summaries(list(self.pending))
-            except Exception as exc:  # the client already retried with backoff: every waiter gets the error
+            except Exception as exc:  # noqa: BLE001 - the client retried with backoff: every waiter gets the error
                 for job_id in list(self.pending):
                     self._settle(job_id, error=exc)
                 return
@@ -63,7 +63,7 @@ class JobWaiter:
                     continue
                 try:  # ended, or not listed (yet): the full record says which
                     job = await self.client.get_job(job_id)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - handed to the job's waiters, which raise it
                     self._settle(job_id, error=exc)
                     continue
                 if job.finished:
@@ -86,7 +86,7 @@ class JobWaiter:
 class ServiceSession:
     """A client and its waiter for one event loop (a trainer builds a new bridge object per row)."""
 
-    _by_loop: dict[tuple[int, str | None, str | None], ServiceSession] = {}
+    _by_loop: ClassVar[dict[tuple[int, str | None, str | None], ServiceSession]] = {}
 
     def __init__(self, settings: BridgeSettings) -> None:
         self.settings = settings
