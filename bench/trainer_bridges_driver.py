@@ -3,8 +3,9 @@
     python bench/trainer_bridges_driver.py MODEL_DIR OUT_JSON N CONCURRENCY
 
 Per trajectory, side by side in one process (alternating, `CONCURRENCY` at a time), with ROLLOUTS_API_URL:
-- **bridge**: verl's `AgentLoopWorker._run_agent_loop` on one row: our loop's `run()` (submit, wait,
-  split the record, build the AgentLoopOutput), then verl's own padding (`_agent_loop_postprocess`);
+- **bridge**: verl's `AgentLoopWorker._run_agent_loop` on one row: verl builds our loop (hydra), its
+  `run()` (submit, wait, split the record, build the AgentLoopOutput; also reported alone as **run()**,
+  measured inside it), then verl's own padding (`_agent_loop_postprocess`);
 - **client**: the same job through the plain AsyncRolloutClient (`submit_jobs`, `wait_jobs` at its
   50 ms poll), the baseline a trainer writing its own glue would have.
 Each sample is the call's wall time minus the job's own time on the service (created -> finished).
@@ -27,6 +28,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopO
 from rollouts_client.aio import AsyncRolloutClient
 from rollouts_client.trainers.records import job_seconds, split_record
 
+RUN_OVERHEADS: list[float] = []
 LOOPS = Path(__file__).resolve().parents[1] / "examples" / "verl" / "agent_loops.yaml"
 TASK = {"kind": "agent-parity", "problem": "[standin:turns=2 answer=4] bench", "stop_on_no_tool_call": False,
         "max_turns": 3}  # fmt: skip
@@ -43,6 +45,7 @@ async def bridge_once(worker: AgentLoopWorker, i: int) -> tuple[float, str, floa
                                         "validate": False}, **row(i))  # fmt: skip
     wall = time.perf_counter() - started
     job_id = out.extra_fields["rollouts_job_id"]
+    RUN_OVERHEADS.append(out.extra_fields["rollouts_bridge_s"])  # run() alone, measured inside it
     return wall, job_id, started_at
 
 
@@ -92,6 +95,7 @@ async def main_async(model: str, n: int, concurrency: int) -> dict:
                             reward_score=job.reward, num_turns=split.num_turns, metrics=AgentLoopMetrics())  # fmt: skip
     per_1k = (time.perf_counter() - started) / 20 / tokens * 1000
     await client.close()
+    overheads["run()"] = RUN_OVERHEADS
     return {"overheads": overheads, "split_s_per_1k_tokens": per_1k, "mean_tokens": tokens / len(records)}
 
 

@@ -43,6 +43,8 @@ def runs(service: Service, counted: int, tmp_path_factory: pytest.TempPathFactor
     good = [one("x", parity("x?"))]
     batches = {
         "bad": {"rows": [*good, one("y", {"other": 1})], "global_step": 2, "settings": {"run_id": "skyrl-bad"}},
+        "unknown_kind": {"rows": [*good, one("z", {"rollouts_task": {"kind": "no-such-kind"}})], "global_step": 2,
+                         "settings": {"run_id": "skyrl-bad"}},
         "groups": {"rows": [one(inst, parity(f"{inst}?"), rep) for inst, rep in ORDER], "global_step": 7,
                    "settings": {"run_id": "skyrl-test"}},
         "tokens": {"rows": [one("t", parity("t?", token_rewards=True), rep) for rep in range(2)], "global_step": 1,
@@ -107,11 +109,14 @@ def test_per_token_rewards_reach_skyrl_as_lists(runs):
 def test_a_bad_row_fails_naming_it_before_any_job_and_a_restart_finds_the_jobs(service: Service, runs, counted):
     assert runs["bad"].get("error") == "RowError", runs["bad"]
     assert runs["bad"]["message"].startswith("row 1: env_extras[1].rollouts_task: missing")
+    # the service's 422 on the one submission names the row's job by its place in the list
+    assert runs["unknown_kind"].get("error") == "RowError", runs["unknown_kind"]
+    assert runs["unknown_kind"]["message"].startswith("row 1: body.task.kind"), runs["unknown_kind"]
     first, again = runs["restart_1"], runs["restart_2"]
     assert "error" not in first and "error" not in again
     assert again["generated"]["job_ids"] == first["generated"]["job_ids"]
     with RolloutClient(service.api_url) as client:
-        # the bad batch submitted nothing; the restart added no job: 6 + 2 + 1 + 1 (failed) jobs in all
+        # the bad batches submitted nothing; the restart added no job: 6 + 2 + 1 + 1 (failed) jobs in all
         assert len(client.list_jobs(limit=1000)) == counted + 10
 
 

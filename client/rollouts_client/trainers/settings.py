@@ -35,7 +35,7 @@ class BridgeSettings:
     max_tokens_per_turn: int | None = None  # unset: the trainer's own (verl: rollout.response_length)
     wait_timeout_s: float | None = None  # per job; unset: the job's own time limits end it
     poll_min_s: float = 0.05
-    poll_max_s: float = 0.25
+    poll_max_s: float = 0.1
     retry: RetryPolicy = field(default_factory=RetryPolicy)  # transport errors and 503s, with backoff
 
     def __post_init__(self) -> None:

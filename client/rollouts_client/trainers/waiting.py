@@ -10,6 +10,8 @@ future; its full record is then read once.
 from __future__ import annotations
 
 import asyncio
+import re
+import weakref
 from typing import Any, ClassVar
 
 from rollouts_client.aio import AsyncRolloutClient
@@ -18,6 +20,9 @@ from rollouts_client.models import Job
 from rollouts_client.trainers.records import FAILED, JobFailed
 from rollouts_client.trainers.rows import RowError
 from rollouts_client.trainers.settings import BridgeSettings
+
+# How the API names a field of the n-th job of a list: body[3].task.kind
+_LISTED_FIELD = re.compile(r"^body\[(\d+)\](.*)$")
 
 
 class JobWaiter:
@@ -56,24 +61,21 @@ class JobWaiter:
                     self._settle(job_id, error=exc)
                 return
             listed = {s.id: s for s in summaries}
+            # ended, or not listed (yet: it joined after the request went out): the full record says which
+            candidates = [j for j in self.pending if j not in listed or listed[j].finished]
+            fetched = await asyncio.gather(*(self.client.get_job(j) for j in candidates), return_exceptions=True)
             ended = 0
-            for job_id in list(self.pending):
-                summary = listed.get(job_id)
-                if summary is not None and not summary.finished:
-                    continue
-                try:  # ended, or not listed (yet): the full record says which
-                    job = await self.client.get_job(job_id)
-                except Exception as exc:  # noqa: BLE001 - handed to the job's waiters, which raise it
-                    self._settle(job_id, error=exc)
-                    continue
-                if job.finished:
+            for job_id, job in zip(candidates, fetched):
+                if isinstance(job, BaseException):
+                    self._settle(job_id, error=job)
+                elif job.finished:
                     ended += 1
                     self._settle(job_id, job=job)
             interval = self.poll_min_s if ended else min(interval * 2, self.poll_max_s)
             if self.pending:
                 await asyncio.sleep(interval)
 
-    def _settle(self, job_id: str, job: Job | None = None, error: Exception | None = None) -> None:
+    def _settle(self, job_id: str, job: Job | None = None, error: BaseException | None = None) -> None:
         for future in self.pending.pop(job_id, []):
             if future.done():
                 continue
@@ -86,7 +88,10 @@ class JobWaiter:
 class ServiceSession:
     """A client and its waiter for one event loop (a trainer builds a new bridge object per row)."""
 
-    _by_loop: ClassVar[dict[tuple[int, str | None, str | None], ServiceSession]] = {}
+    # Per event loop (an httpx client belongs to the loop it ran on), per settings; gone with the loop.
+    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[BridgeSettings, ServiceSession]]] = (
+        weakref.WeakKeyDictionary()
+    )
 
     def __init__(self, settings: BridgeSettings) -> None:
         self.settings = settings
@@ -95,11 +100,10 @@ class ServiceSession:
 
     @classmethod
     def shared(cls, settings: BridgeSettings) -> ServiceSession:
-        key = (id(asyncio.get_running_loop()), settings.api_url, settings.token)
-        session = cls._by_loop.get(key)
-        if session is None or session.settings != settings:
-            session = cls._by_loop[key] = cls(settings)
-        return session
+        sessions = cls._by_loop.setdefault(asyncio.get_running_loop(), {})
+        if settings not in sessions:
+            sessions[settings] = cls(settings)
+        return sessions[settings]
 
     async def run_jobs(self, bodies: list[dict[str, Any]], keys: list[str], rows: list[str]) -> list[tuple[Job, int]]:
         """Submit every job in one request (each under its key, so a repeat finds it), wait for each as it ends,
@@ -123,13 +127,11 @@ class ServiceSession:
         except ApiError as exc:
             if exc.status_code != 422:
                 raise
-            problems = exc.errors or [{"field": "body", "message": str(exc.detail)}]
-            first = problems[0]
-            field = str(first.get("field", "body"))
-            parts = field.split(".")
-            index = int(parts[1]) if len(jobs) > 1 and len(parts) > 1 and parts[1].isdigit() else 0
-            if len(jobs) > 1 and index < len(rows):  # body.3.task.kind -> row 3's body.task.kind
-                field = ".".join([parts[0], *parts[2:]])
+            first = (exc.errors or [{"field": "body", "message": str(exc.detail)}])[0]
+            field, index = str(first.get("field", "body")), 0
+            listed = _LISTED_FIELD.match(field)
+            if listed and int(listed[1]) < len(rows):  # body[3].task.kind -> row 3's body.task.kind
+                field, index = f"body{listed[2]}", int(listed[1])
             raise RowError(rows[index], field, str(first.get("message", exc.detail))) from exc
 
     async def _settle(self, body: dict[str, Any], key: str, row: str, job_id: str) -> tuple[Job, int]:
