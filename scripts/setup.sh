@@ -81,3 +81,20 @@ if [ ! -f "$agents_stamp" ]; then
     || { echo "setup: openai-agents does not import in $AGENTS_ENV" >&2; exit 1; }
   touch "$agents_stamp"
 fi
+
+# The trainers the client's bridges are tested with (verl, SkyRL), in an environment of their own:
+# their torch/transformers pins are not the project's. Exact versions, --no-deps (the list is what
+# their imported code paths need), cached per user and per requirements file like the vLLM env.
+TRAINERS_ENV=${ROLLOUTS_TRAINERS_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/rollouts/trainers}
+trainers_stamp="$TRAINERS_ENV/.installed-$(sha1sum scripts/trainers-requirements.txt | cut -c1-12)"
+if [ ! -f "$trainers_stamp" ]; then
+  echo "setup: installing verl and SkyRL into $TRAINERS_ENV (once)"
+  rm -rf "$TRAINERS_ENV"
+  "$PY" -m venv "$TRAINERS_ENV"
+  quietly "$TRAINERS_ENV/pip-install.log" "$TRAINERS_ENV/bin/pip" install --no-deps -r scripts/trainers-requirements.txt
+  # skyrl 0.3.0 imports on Python 3.11 only with typing_extensions' TypedDict (docs/TRAINERS.md)
+  quietly "$TRAINERS_ENV/import-check.log" "$TRAINERS_ENV/bin/python" -c "import typing, typing_extensions; \
+typing.TypedDict = typing_extensions.TypedDict; import verl.experimental.agent_loop.agent_loop, skyrl.train.trainer" \
+    || { echo "setup: the trainers do not import in $TRAINERS_ENV" >&2; exit 1; }
+  touch "$trainers_stamp"
+fi

@@ -66,3 +66,32 @@ class AnswerAgentKind(AgentTask):
         final_text, answer = trajectory_texts(ctx.outputs["rollout"])
         found = math_answer(final_text, answer)
         return {"reward": float(found.text == ctx.task["answer"]), "extracted": found.text, "source": found.source}
+
+
+@register
+class ParityAgentKind(AgentTask):
+    """`agent-answer`'s episode with a reward the tiny model's random text still varies: 1 when the trajectory
+    generated an even number of tokens. With `task.token_rewards`, the evaluation also gives per-token rewards
+    (aligned with `token_ids`: 0.01 on each generated token), as a kind with shaped rewards would; with
+    `task.fail_eval` its evaluation raises (the job fails, for the bridges' failure tests)."""
+
+    name = "agent-parity"
+    tools = ("finish",)
+
+    def validate(self, task: dict[str, Any]) -> None:
+        super().validate(task)
+        if not isinstance(task.get("problem"), str):
+            raise TaskValidationError("task.problem: required, a string")
+
+    def messages(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": "Answer, then call finish."}, {"role": "user", "content": task["problem"]}]
+
+    def evaluate(self, ctx: StageContext) -> dict[str, Any]:
+        if ctx.task.get("fail_eval"):  # a test double's evaluation failure: the job fails, it gets no reward
+            raise RuntimeError("evaluation fails by request")
+        trajectory = ctx.outputs["rollout"]
+        generated = sum(trajectory["loss_mask"])
+        out: dict[str, Any] = {"reward": float(generated % 2 == 0), "generated": generated}
+        if ctx.task.get("token_rewards"):
+            out["token_rewards"] = [0.01 * m for m in trajectory["loss_mask"]]
+        return out

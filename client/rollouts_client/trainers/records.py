@@ -1,0 +1,92 @@
+"""A finished job's token-exact record as the trainer's split: prompt = the first turn's span, response = the rest.
+
+Nothing is re-tokenized: the response is `token_ids[prompt_length:]`, its mask the record's
+`loss_mask` (1 exactly on generated tokens) and its logprobs the backend's (0.0 where the
+mask is 0, as both trainers pad them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollouts_client.models import Job
+
+FAILED = frozenset({"failed", "timed_out", "cancelled"})
+
+
+class JobFailed(RuntimeError):
+    """A job that ended without a result (infrastructure, time limit, cancel or evaluation error): never a reward."""
+
+    def __init__(self, job: Job, attempts: int) -> None:
+        error = job.error or {}
+        detail = error.get("message") or error.get("type") or job.status
+        super().__init__(f"job {job.id} ended {job.status} after {attempts} attempt(s): {detail}")
+        self.job = job
+        self.attempts = attempts
+
+
+class SegmentedRecord(ValueError):
+    """A record with earlier segments (an external agent rewrote its history), refused by `on_segments: raise`."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """One record in the trainer's shape, with what the trainer keeps beside the tensors."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    token_rewards: list[float] | None  # over the response: the record's or the evaluation's `token_rewards`
+    num_turns: int
+    stop_reason: str
+    weight_versions: list[dict[str, Any]] = field(default_factory=list)  # one per assistant turn
+    earlier_segments: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def split_record(job: Job, on_segments: str = "last") -> Split:
+    """The done job's record, split at its prompt; SegmentedRecord if it has earlier segments and they are refused."""
+    record = job.trajectory
+    if not record or "token_ids" not in record:
+        raise ValueError(f"job {job.id}: no trajectory in its result")
+    segments = record.get("segments") or []
+    if segments and on_segments == "raise":
+        raise SegmentedRecord(
+            f"job {job.id}: the record has {len(segments)} earlier segment(s) (the agent rewrote its history); "
+            "a trainer row holds one sequence, so it is refused (on_segments: raise)"
+        )
+    tokens, mask, logprobs = record["token_ids"], record["loss_mask"], record["logprobs"]
+    turns = record.get("turns") or []
+    start = int(record.get("prompt_length") or (turns[0]["end"] if turns else 0))
+    if not 0 < start <= len(tokens) or not (len(mask) == len(logprobs) == len(tokens)):
+        raise ValueError(f"job {job.id}: malformed record ({len(tokens)} tokens, prompt {start})")
+    evaluation = (job.result or {}).get("evaluation") or {}
+    own_rewards = record.get("token_rewards", evaluation.get("token_rewards"))
+    if own_rewards is not None and len(own_rewards) != len(tokens):
+        raise ValueError(f"job {job.id}: {len(own_rewards)} token_rewards for {len(tokens)} tokens")
+    return Split(
+        prompt_ids=list(tokens[:start]),
+        response_ids=list(tokens[start:]),
+        response_mask=[int(m) for m in mask[start:]],
+        response_logprobs=[0.0 if lp is None else float(lp) for lp in logprobs[start:]],
+        token_rewards=None if own_rewards is None else [float(r or 0.0) for r in own_rewards[start:]],
+        num_turns=len(turns),
+        stop_reason=str(record.get("stop_reason") or ""),
+        weight_versions=[
+            {"turn": i, "policy_version": t.get("policy_version"), "weight_versions": t.get("weight_versions") or []}
+            for i, t in enumerate(turns)
+            if t.get("role") == "assistant"
+        ],
+        earlier_segments=len(segments),
+        timings={k: float(v) for k, v in (record.get("timings") or {}).items() if isinstance(v, (int, float))},
+    )
+
+
+def job_seconds(job: Job, since: float = 0.0) -> float:
+    """The job's own duration on the service (created, or `since` (a Unix time) if later, to finished): what a
+    bridge's overhead leaves out. A job found again by its key ran partly before the call that found it."""
+    if job.finished_at is None or not job.created_at:
+        return 0.0
+    return max(0.0, float(job.finished_at) - max(float(job.created_at), since))

@@ -1,0 +1,145 @@
+"""Submitting jobs and waiting for them, shared by every row a trainer process runs at once.
+
+The service has no per-job push, so one waiter per event loop asks for the summaries of *all* the
+jobs its callers wait on in one request (`GET /v1/jobs?ids=`), at an interval that starts at
+`poll_min_s` and doubles to `poll_max_s` while nothing ends: a trainer with 512 rows in flight
+sends one request per interval, not 512, and none spin. A job that ends resolves its caller's
+future; its full record is then read once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import weakref
+from typing import Any, ClassVar
+
+from rollouts_client.aio import AsyncRolloutClient
+from rollouts_client.errors import ApiError, WaitTimeout
+from rollouts_client.models import Job
+from rollouts_client.trainers.records import FAILED, JobFailed
+from rollouts_client.trainers.rows import RowError
+from rollouts_client.trainers.settings import BridgeSettings
+
+# How the API names a field of the n-th job of a list: body[3].task.kind
+_LISTED_FIELD = re.compile(r"^body\[(\d+)\](.*)$")
+
+
+class JobWaiter:
+    """Futures for job ids, resolved by one polling task that serves them all."""
+
+    def __init__(self, client: AsyncRolloutClient, poll_min_s: float, poll_max_s: float) -> None:
+        self.client = client
+        self.poll_min_s, self.poll_max_s = poll_min_s, poll_max_s
+        self.pending: dict[str, list[asyncio.Future[Job]]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        """The job's full record once it is terminal; WaitTimeout past `timeout` (the job goes on)."""
+        future: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
+        self.pending.setdefault(job_id, []).append(future)
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._poll())
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except asyncio.TimeoutError:
+            raise WaitTimeout(f"job {job_id} still running after {timeout}s") from None
+        finally:
+            waiters = self.pending.get(job_id)
+            if waiters and future in waiters:
+                waiters.remove(future)
+                if not waiters:
+                    del self.pending[job_id]
+
+    async def _poll(self) -> None:
+        interval = self.poll_min_s
+        while self.pending:
+            try:
+                summaries = await self.client.job_summaries(list(self.pending))
+            except Exception as exc:  # noqa: BLE001 - the client retried with backoff: every waiter gets the error
+                for job_id in list(self.pending):
+                    self._settle(job_id, error=exc)
+                return
+            listed = {s.id: s for s in summaries}
+            # ended, or not listed (yet: it joined after the request went out): the full record says which
+            candidates = [j for j in self.pending if j not in listed or listed[j].finished]
+            fetched = await asyncio.gather(*(self.client.get_job(j) for j in candidates), return_exceptions=True)
+            ended = 0
+            for job_id, job in zip(candidates, fetched):
+                if isinstance(job, BaseException):
+                    self._settle(job_id, error=job)
+                elif job.finished:
+                    ended += 1
+                    self._settle(job_id, job=job)
+            interval = self.poll_min_s if ended else min(interval * 2, self.poll_max_s)
+            if self.pending:
+                await asyncio.sleep(interval)
+
+    def _settle(self, job_id: str, job: Job | None = None, error: BaseException | None = None) -> None:
+        for future in self.pending.pop(job_id, []):
+            if future.done():
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(job)
+
+
+class ServiceSession:
+    """A client and its waiter for one event loop (a trainer builds a new bridge object per row)."""
+
+    # Per event loop (an httpx client belongs to the loop it ran on), per settings; gone with the loop.
+    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[BridgeSettings, ServiceSession]]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self, settings: BridgeSettings) -> None:
+        self.settings = settings
+        self.client = AsyncRolloutClient(settings.api_url, settings.token, retry=settings.retry)
+        self.waiter = JobWaiter(self.client, settings.poll_min_s, settings.poll_max_s)
+
+    @classmethod
+    def shared(cls, settings: BridgeSettings) -> ServiceSession:
+        sessions = cls._by_loop.setdefault(asyncio.get_running_loop(), {})
+        if settings not in sessions:
+            sessions[settings] = cls(settings)
+        return sessions[settings]
+
+    async def run_jobs(self, bodies: list[dict[str, Any]], keys: list[str], rows: list[str]) -> list[tuple[Job, int]]:
+        """Submit every job in one request (each under its key, so a repeat finds it), wait for each as it ends,
+        and resubmit or raise the failed ones; the done jobs and the attempts each took, in the order given.
+
+        A 422 is a row's fault: RowError names the row and the service's field. Attempt k > 1 of a row
+        is keyed `<key>.r<k>`: a new job, since the failed one keeps its key.
+        """
+        ids = await self._submit(bodies, keys, rows)
+        return list(await asyncio.gather(*(self._settle(b, k, r, i) for b, k, r, i in zip(bodies, keys, rows, ids))))
+
+    async def run_job(self, body: dict[str, Any], key: str, row: str) -> tuple[Job, int]:
+        """One job, as run_jobs."""
+        [result] = await self.run_jobs([body], [key], [row])
+        return result
+
+    async def _submit(self, bodies: list[dict[str, Any]], keys: list[str], rows: list[str]) -> list[str]:
+        jobs = [{**body, "idempotency_key": key} for body, key in zip(bodies, keys)]
+        try:
+            return await self.client.submit_jobs(jobs if len(jobs) > 1 else jobs[0])
+        except ApiError as exc:
+            if exc.status_code != 422:
+                raise
+            first = (exc.errors or [{"field": "body", "message": str(exc.detail)}])[0]
+            field, index = str(first.get("field", "body")), 0
+            listed = _LISTED_FIELD.match(field)
+            if listed and int(listed[1]) < len(rows):  # body[3].task.kind -> row 3's body.task.kind
+                field, index = f"body{listed[2]}", int(listed[1])
+            raise RowError(rows[index], field, str(first.get("message", exc.detail))) from exc
+
+    async def _settle(self, body: dict[str, Any], key: str, row: str, job_id: str) -> tuple[Job, int]:
+        attempts = self.settings.max_attempts if self.settings.on_failure == "retry" else 1
+        for attempt in range(1, attempts + 1):
+            if attempt > 1:
+                [job_id] = await self._submit([body], [f"{key}.r{attempt}"], [row])
+            job = await self.waiter.wait(job_id, self.settings.wait_timeout_s)
+            if job.status not in FAILED:
+                return job, attempt
+        raise JobFailed(job, attempts)

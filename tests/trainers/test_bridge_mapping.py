@@ -1,0 +1,80 @@
+"""The bridges' shared mapping, without a trainer: rows to tasks and sampling, records to the trainer's split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rollouts_client.models import Job
+from rollouts_client.trainers.records import SegmentedRecord, split_record
+from rollouts_client.trainers.rows import RowError, group_id, idempotency_key, sampling_from, task_from
+from rollouts_client.trainers.settings import BridgeSettings
+
+
+def record(**more):
+    # prompt [1,2,3] | assistant [4,5] | observation [6] | assistant [7]
+    return {"token_ids": [1, 2, 3, 4, 5, 6, 7], "loss_mask": [0, 0, 0, 1, 1, 0, 1],
+            "logprobs": [None, None, None, -0.5, -0.25, None, -1.0], "prompt_length": 3, "stop_reason": "max_turns",
+            "turns": [{"role": "prompt", "start": 0, "end": 3},
+                      {"role": "assistant", "start": 3, "end": 5, "policy_version": "v1", "weight_versions": []},
+                      {"role": "observation", "start": 5, "end": 6},
+                      {"role": "assistant", "start": 6, "end": 7, "policy_version": "v2", "weight_versions": []}],
+            **more}  # fmt: skip
+
+
+def job(trajectory, evaluation=None) -> Job:
+    return Job(id="j1", status="done", reward=1.0,
+               result={"trajectory": trajectory, "reward": 1.0, "evaluation": evaluation or {"reward": 1.0}})  # fmt: skip
+
+
+def test_the_prompt_is_the_first_span_and_the_response_every_later_one():
+    split = split_record(job(record()))
+    assert split.prompt_ids == [1, 2, 3] and split.response_ids == [4, 5, 6, 7]
+    assert split.response_mask == [1, 1, 0, 1] and split.response_logprobs == [-0.5, -0.25, 0.0, -1.0]
+    assert [v["policy_version"] for v in split.weight_versions] == ["v1", "v2"]
+    assert split.num_turns == 4 and split.token_rewards is None and split.earlier_segments == 0
+
+
+def test_per_token_rewards_from_the_evaluation_are_cut_to_the_response():
+    split = split_record(job(record(), {"reward": 1.0, "token_rewards": [0, 0, 0, 0.1, 0.1, 0, 0.2]}))
+    assert split.token_rewards == [0.1, 0.1, 0.0, 0.2]
+    with pytest.raises(ValueError, match="3 token_rewards for 7 tokens"):
+        split_record(job(record(), {"reward": 1.0, "token_rewards": [0, 0, 0]}))
+
+
+def test_earlier_segments_train_on_the_last_or_are_refused():
+    segmented = record(segments=[record()])
+    assert split_record(job(segmented)).earlier_segments == 1
+    with pytest.raises(SegmentedRecord, match="1 earlier segment"):
+        split_record(job(segmented), on_segments="raise")
+
+
+def test_a_task_needs_a_kind_and_the_error_names_row_and_field():
+    assert task_from(np.array({"kind": "math", "problem": "1+1"}, dtype=object), "3", "f") == {
+        "kind": "math",
+        "problem": "1+1",
+    }
+    assert task_from('{"kind": "code"}', "3", "f") == {"kind": "code"}
+    with pytest.raises(RowError, match=r"row 3: extra_info.rollouts_task.kind: required"):
+        task_from({"problem": "x"}, "3", "extra_info.rollouts_task")
+    with pytest.raises(RowError, match=r"row 4: f: a dict"):
+        task_from(7, "4", "f")
+
+
+def test_sampling_maps_to_the_services_names():
+    assert sampling_from({"temperature": 0.7, "top_k": 0, "logprobs": True, "max_generate_length": 32}) == {
+        "temperature": 0.7, "top_k": -1, "max_tokens": 32}  # fmt: skip
+    assert sampling_from({"top_p": 1.0}, max_tokens=64) == {"top_p": 1.0, "max_tokens": 64}
+
+
+def test_keys_and_group_ids_are_stable_and_fit_the_service():
+    assert idempotency_key("run", 1, "a", 0) == idempotency_key("run", 1, "a", 0) != idempotency_key("run", 1, "a", 1)
+    gid = group_id("run", "train", 1, "an instance / with spaces")
+    assert len(gid) <= 128 and gid.replace("-", "").isalnum()
+
+
+def test_settings_refuse_unknown_names_and_values():
+    with pytest.raises(ValueError, match="unknown rollouts bridge settings"):
+        BridgeSettings.from_mapping({"on_fail": "retry"})
+    with pytest.raises(ValueError, match="on_failure"):
+        BridgeSettings(on_failure="ignore")
