@@ -35,7 +35,6 @@ from typing import Any
 
 import httpx
 
-
 from cli.embedded_redis import free_port
 from cli.tiny_model import tiny_model_dir
 from cli.vllm_server import VLLMServer

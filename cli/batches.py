@@ -11,9 +11,9 @@ import click
 
 from cli.connect import connect
 from cli.progress import Progress
-from shared.config import get_settings
 from cli.tracking import read_jobs
 from rollouts_client import Batch, BatchExhausted, Group, RolloutClient, WaitTimeout
+from shared.config import get_settings
 
 POLL_WAIT_S = 2.0
 _url_option = click.option("--url", default=None, help="API URL (default: ROLLOUTS_API_URL or host:port settings).")

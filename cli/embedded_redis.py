@@ -19,7 +19,6 @@ from redis import Redis
 
 from cli.procs import die_with_parent, stop_process
 
-
 HASH_MAX_LISTPACK_VALUE = 2048
 
 

@@ -9,7 +9,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-
 from cli.loaders import load_rows, row_job
 from cli.progress import Progress
 from rollouts_client import ApiError, Job, RolloutClient

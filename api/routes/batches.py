@@ -29,8 +29,8 @@ from shared.batches.spec import BatchRequest
 from shared.batches.store import BatchStore, group_views
 from shared.batches.views import batch_view
 from shared.errors import NotPermitted, ValidationError
-from shared.tasks import Access
 from shared.redis_conn import MAX_CONNECTIONS
+from shared.tasks import Access
 
 # Groups per page when each embeds its samples' trajectories and evaluations.
 MAX_RESULTS_PAGE = 16

@@ -17,10 +17,10 @@ from api.routes import agent
 from api.schemas import Cancelled, JobList, JobSummary, JobView, Submitted
 from shared.config import STAGES
 from shared.errors import ValidationError
+from shared.job_end import job_ended
 from shared.jobs.backend_wait import WAITING_DETAIL, is_waiting
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
 from shared.jobs.store import IdempotencyConflict, JobStore, reward_of
-from shared.job_end import job_ended
 from shared.tasks import Access, validate_job
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_auth)])

@@ -142,7 +142,7 @@ class FlakyProxy:
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 proxy.seen += 1
                 proxy.paths.append(self.path)

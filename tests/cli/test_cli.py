@@ -319,7 +319,7 @@ class _NeverReadyBackend(BaseHTTPRequestHandler):
     """Test double of an LLM backend that lists a model and is never healthy (fault injection: `up`
     waits for it in the pool, so its start-up is held until the test interrupts it)."""
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         if self.path == "/v1/models":
             body = json.dumps({"object": "list", "data": [{"id": "never-ready", "object": "model"}]}).encode()
             self.send_response(200)

@@ -19,8 +19,14 @@ from cli.stack import Stack
 from shared.trajectory import Trajectory
 from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
-    agent_stack, assert_worker_serves_next_job, assistant_backends, deregister_all, register, rollout_worker,
-    submit, use_only,
+    agent_stack,
+    assert_worker_serves_next_job,
+    assistant_backends,
+    deregister_all,
+    register,
+    rollout_worker,
+    submit,
+    use_only,
 )  # fmt: skip
 from tests.reliability.backend_fixtures import SCRIPTS, api, healthy  # noqa: F401
 from tests.reliability.fault_backends import HangingBackend, ScriptedProcess

@@ -31,7 +31,12 @@ import pytest
 from cli.stack import Stack
 from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
-    agent_stack, assert_worker_serves_next_job, call, observations, submit, use_only,
+    agent_stack,
+    assert_worker_serves_next_job,
+    call,
+    observations,
+    submit,
+    use_only,
 )  # fmt: skip
 from tests.support.scripted_llm import ScriptedLLM
 from tests.support.waiting import TERMINAL, client_for, job, wait_for, wait_status

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 # Real bubblewrap sandboxes, set up exactly as tests/sandbox does.
-from tests.sandbox.conftest import (  # noqa: E402,F401
+from tests.sandbox.conftest import (  # noqa: F401
     net_sandbox,
     require_bwrap,
     require_slirp,

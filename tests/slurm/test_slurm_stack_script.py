@@ -27,7 +27,6 @@ from tests.support.waiting import trace, wait_for, wait_status
 from tests.weights.test_weight_update_on_vllm import PROMPT, checkpoint, gap_to
 
 
-
 def _stack(slurm, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return slurm.run([str(REPO / "slurm" / "stack.sh"), *args], env=job_env(config), timeout=300)
 

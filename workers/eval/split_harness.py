@@ -184,10 +184,7 @@ def _update_in_place(original, new):
     """A list, dict or set the test passed and the solution changed: the test sees the change."""
     if isinstance(original, list) and isinstance(new, list):
         original[:] = new
-    elif isinstance(original, dict) and isinstance(new, dict):
-        original.clear()
-        original.update(new)
-    elif isinstance(original, set) and isinstance(new, set):
+    elif (isinstance(original, dict) and isinstance(new, dict)) or (isinstance(original, set) and isinstance(new, set)):
         original.clear()
         original.update(new)
 

@@ -246,7 +246,7 @@ def materialize(instance: SweInstance, dest: Path) -> str:
         return snapshot_commit(dest)
     source = instance.source()
     dest.mkdir(parents=True, exist_ok=True)
-    if (source / ".git").exists() or (source / "HEAD").is_file() and (source / "objects").is_dir():
+    if (source / ".git").exists() or ((source / "HEAD").is_file() and (source / "objects").is_dir()):
         archive = git(source, "archive", "--format=tar", instance.base_commit)
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(dest, filter="data")

@@ -17,11 +17,11 @@ from shared.tasks.context import StageContext, StageInterrupted
 from workers.rollout.agent_loop import FINISH_TOOL, AgentLoop, Generate, LoopConfig, RunTool
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.interruptible import call_interruptibly
+from workers.rollout.job_sandbox import JobSandbox, lifetime_for, open_job_sandbox, sandbox_pool
 from workers.rollout.llm_client import Completion, Sampling
 from workers.rollout.llm_routing import complete_routed
 from workers.rollout.llm_services import llm_services, load_tokenizer
 from workers.rollout.tool_parsers import get_parser
-from workers.rollout.job_sandbox import JobSandbox, lifetime_for, open_job_sandbox, sandbox_pool
 from workers.sandbox import Sandbox, SandboxError, SandboxSpec
 from workers.toolserver.result import ToolResult
 

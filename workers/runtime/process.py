@@ -29,11 +29,11 @@ from rq.worker_registration import clean_worker_registry
 
 from shared.backend_pool import BackendPool
 from shared.batches.sweep import sweep_batches
-from shared.results.sweep import sweep_results
 from shared.config import STAGES, Settings
 from shared.jobs.backend_wait import release_due
 from shared.jobs.queues import queue_name, stage_queue
 from shared.jobs.status import JobStatus
+from shared.results.sweep import sweep_results
 from workers.runtime.registry_hygiene import prune_failed_registry, requeue_stranded
 from workers.runtime.slots import SlotWorker
 from workers.runtime.state import WorkerState, init_state

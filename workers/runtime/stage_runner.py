@@ -341,7 +341,7 @@ def _finish(
     error: dict[str, Any],
     partial: dict[str, Any] | None,
     guard: tuple[str, int] | None,
-    group_id: str | None | Unknown,
+    group_id: str | Unknown | None,
 ) -> Outcome:
     fields: dict[str, Any] = {f"t:{stage}:ended": time.time()}
     try:

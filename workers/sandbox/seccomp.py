@@ -15,8 +15,8 @@ sandbox's first process, which cannot remove it.
 
 from __future__ import annotations
 
-import errno
 import atexit
+import errno
 import functools
 import shutil
 import tempfile

@@ -144,5 +144,5 @@ class OrphanReaper:
         while not self._stop.wait(self.interval_s):
             try:
                 reap_orphans(self.managed())
-            except Exception:  # noqa: BLE001 - the reaper must not take the server down
+            except Exception:  # the reaper must not take the server down
                 log.exception("reaping orphans failed")
