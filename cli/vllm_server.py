@@ -60,7 +60,7 @@ def has_gpu() -> bool:
     if shutil.which("nvidia-smi") is None:
         return False
     try:
-        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=10).returncode == 0
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=10, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 

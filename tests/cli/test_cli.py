@@ -57,7 +57,7 @@ def test_run_takes_a_batch_through_a_fresh_stack_and_summarises_it(tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
-        cwd=ROOT,
+        cwd=ROOT, check=False,
     )
     assert result.returncode == 0, result.stderr
     row = next(line for line in result.stdout.splitlines() if line.startswith("demo"))
@@ -88,13 +88,13 @@ def test_up_serves_submit_and_status_and_stops_everything_on_ctrl_c(tmp_path):
 
         submitted = subprocess.run(
             [*ROLLOUTS, "submit", str(ROOT / "examples" / "demo.jsonl"), "--url", url],
-            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT,
+            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
         )
         assert submitted.returncode == 0, submitted.stderr
         assert any(line.split()[:3] == ["demo", "24", "24"] for line in submitted.stdout.splitlines())
 
         status = subprocess.run(
-            [*ROLLOUTS, "status", "--url", url], env=cli_env(tmp_path), capture_output=True, text=True, timeout=60
+            [*ROLLOUTS, "status", "--url", url], env=cli_env(tmp_path), capture_output=True, text=True, timeout=60, check=False
         )
         assert status.returncode == 0, status.stderr
         assert "rollout" in status.stdout and "done 24" in status.stdout
@@ -117,7 +117,7 @@ def test_submit_reports_a_bad_file_clearly(tmp_path):
     bad.write_text('{"task": {"kind": "demo", "text": "ok"}}\n{not json\n')
     result = subprocess.run(
         [*ROLLOUTS, "submit", str(bad), "--url", "http://127.0.0.1:9"],
-        env=cli_env(tmp_path), capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env=cli_env(tmp_path), capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
     )
     assert result.returncode == 1
     assert f"{bad}:2: not valid JSON" in result.stderr
@@ -216,7 +216,7 @@ def test_up_serves_a_real_vllm_registers_it_and_stops_it_on_ctrl_c(tmp_path):
 def test_up_with_a_backend_url_that_does_not_answer_exits_naming_it(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
     result = subprocess.run([*ROLLOUTS, "up", "--port", str(free_port()), "--backend-url", dead],
-                            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT)
+                            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
     assert result.returncode != 0
     assert dead in result.stderr and "/v1/models" in result.stderr
 
@@ -225,7 +225,7 @@ def test_up_with_a_model_dir_that_is_not_a_model_exits_with_the_reason(tmp_path)
     not_a_model = tmp_path / "empty-dir"
     not_a_model.mkdir()
     result = subprocess.run([*ROLLOUTS, "up", "--port", str(free_port()), "--model", str(not_a_model)],
-                            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT)
+                            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
     assert result.returncode != 0
     assert str(not_a_model) in result.stderr and "config.json" in result.stderr
 

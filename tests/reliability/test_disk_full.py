@@ -64,8 +64,8 @@ SCRIPTS = {
 
 
 def _unmount(path: Path) -> None:
-    if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+    if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode != 0:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]
     workspaces.mkdir(parents=True)
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES},mode=0755", "tmpfs", str(workspaces)],
-        capture_output=True, text=True,
+        capture_output=True, text=True, check=False,
     )  # fmt: skip
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")

@@ -158,7 +158,7 @@ class SlurmCluster:
     def run(self, argv: list[str], env: dict[str, str] | None = None, check: bool = True,
             cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(argv, env={**self.env, **(env or {})}, capture_output=True, text=True,
-                                cwd=cwd, timeout=timeout)
+                                cwd=cwd, timeout=timeout, check=False)
         if check and result.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr or result.stdout}")
         return result

@@ -186,7 +186,7 @@ def patch_paths(patch: str) -> list[str]:
 def git(cwd: Path, *args: str, stdin: bytes | None = None) -> bytes:
     """Host git on a repository this process made (never on one an agent touched)."""
     cmd = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.autocrlf=false", "-c", "init.defaultBranch=main"]
-    done = subprocess.run([*cmd, *args], cwd=cwd, input=stdin, capture_output=True, env={**os.environ, **_SNAPSHOT_ENV})
+    done = subprocess.run([*cmd, *args], cwd=cwd, input=stdin, capture_output=True, env={**os.environ, **_SNAPSHOT_ENV}, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"git {args[0]} failed in {cwd}: {done.stderr.decode(errors='replace').strip()}")
     return done.stdout
