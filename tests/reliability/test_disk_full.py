@@ -29,7 +29,6 @@ import httpx
 import pytest
 
 from cli.stack import Stack
-from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
     agent_stack,
     assert_worker_serves_next_job,
@@ -89,14 +88,14 @@ def disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]
 
 
 @pytest.fixture(scope="module")
-def llm(tokenizer: Any) -> Iterator[ScriptedLLM]:  # noqa: F811
+def llm(tokenizer: Any) -> Iterator[ScriptedLLM]:
     server = ScriptedLLM(tokenizer, scripts=dict(SCRIPTS)).start()
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def stack(disk: tuple[Path, Path], model_dir: Path, llm: ScriptedLLM) -> Iterator[Stack]:  # noqa: F811
+def stack(disk: tuple[Path, Path], model_dir: Path, llm: ScriptedLLM) -> Iterator[Stack]:
     base, workspaces = disk
     with agent_stack(base, model_dir, ENV) as started:
         assert started.settings.workspaces == workspaces
