@@ -123,7 +123,9 @@ def cap_sweep(settings: Settings, caps: list[int], burst: int) -> None:
         lock = threading.Lock()
         began = time.perf_counter()
 
-        def one(index: int, capped: Settings = capped) -> None:
+        def one(
+            index: int, capped: Settings = capped, cap: int = cap, lock: threading.Lock = lock, took: list[float] = took
+        ) -> None:
             ws = capped.workspaces / f"cap{cap}-{index}"
             ws.mkdir(parents=True)
             t0 = time.perf_counter()

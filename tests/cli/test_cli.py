@@ -254,7 +254,7 @@ def test_up_restarts_workers_that_die_and_every_job_ends_done(tmp_path):
             victim = wait_for(lambda: _worker_pids(up.pid), timeout=60, what="a worker process")[0]
             os.kill(victim, signal.SIGKILL)
             killed.append(victim)
-            wait_for(lambda: victim not in _worker_pids(up.pid) and len(_worker_pids(up.pid)) == 3, timeout=120,
+            wait_for(lambda victim=victim: victim not in _worker_pids(up.pid) and len(_worker_pids(up.pid)) == 3, timeout=120,
                      interval=0.5, what="the killed worker to be replaced")  # fmt: skip
 
         def all_done() -> bool:

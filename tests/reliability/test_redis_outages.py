@@ -162,8 +162,8 @@ def test_workers_take_jobs_again_after_a_redis_outage_and_no_job_is_lost(
     second = _submit_until_accepted(api, second_jobs)
     try:
         for stage in STAGES:  # in stage order: a stage's gate lets the wave on to the next stage
-            wait_for(lambda: len(_held_in(trace_dir, second, stage)) >= SLOTS[stage], timeout=120,
-                     what=lambda: f"every {stage} slot to hold a second-wave job (held: "
+            wait_for(lambda stage=stage: len(_held_in(trace_dir, second, stage)) >= SLOTS[stage], timeout=120,
+                     what=lambda stage=stage: f"every {stage} slot to hold a second-wave job (held: "
                                   f"{len(_held_in(trace_dir, second, stage))} of {SLOTS[stage]})")  # fmt: skip
             gates[stage].release()
     finally:
