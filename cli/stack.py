@@ -301,7 +301,7 @@ class Stack:
             stdout=output,
             stderr=subprocess.STDOUT if output else None,
             start_new_session=True,
-            preexec_fn=die_with_parent(),
+            preexec_fn=die_with_parent(),  # noqa: PLW1509 - it only calls prctl
         )
 
     def _wait_for_api(self, timeout: float, healthy: bool = True) -> None:

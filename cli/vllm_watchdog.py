@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     lifeline = int(argv[0])
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)  # the group's signal reaches vLLM itself; we wait for it
-    child = subprocess.Popen(argv[2:], preexec_fn=_die_with_watchdog, pass_fds=())
+    child = subprocess.Popen(argv[2:], preexec_fn=_die_with_watchdog, pass_fds=())  # noqa: PLW1509 - prctl only
     child_fd = os.pidfd_open(child.pid)
     while True:
         try:

@@ -18,6 +18,7 @@ from typing import Any
 
 from redis import Redis
 from redis.client import Pipeline
+from redis.exceptions import RedisError
 
 from shared.codec import pack, unpack
 from shared.config import STAGES, Settings
@@ -295,7 +296,7 @@ class JobStore:
                 pipe.hincrby(self.keys.results_usage, "bytes", size)
                 pipe.hincrby(self.keys.results_usage, "files", 1)
                 pipe.execute()
-        except Exception:  # the usage gauge is advisory; the result itself is safe on disk
+        except RedisError:  # the usage gauge is advisory; the result itself is safe on disk
             pass
         return {f"ref:{part}": ref}
 

@@ -68,7 +68,7 @@ def check_checkpoint(path: str, reference: str | None, lora: bool = False, roots
             raise _refuse(f"{path} has no adapter_config.json: not a LoRA adapter")
     try:
         shapes = tensor_shapes(directory)
-    except Exception as exc:  # OSError, or safetensors' own SafetensorError on a malformed header
+    except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own SafetensorError on a malformed header
         raise _refuse(f"{path}: a safetensors file could not be read ({type(exc).__name__}: {exc})") from None
     if not shapes:
         raise _refuse(f"{path} holds no *.safetensors file (save with save_pretrained(safe_serialization=True))")
@@ -87,7 +87,7 @@ def check_payload(data: bytes, reference: str | None) -> None:
         (Path(spool) / "model.safetensors").write_bytes(data)
         try:
             shapes = tensor_shapes(Path(spool))
-        except Exception as exc:  # safetensors' SafetensorError: not a safetensors file, or cut short
+        except Exception as exc:  # noqa: BLE001 - safetensors' SafetensorError: not a safetensors file, or cut short
             message = f"the body is not a safetensors file ({type(exc).__name__}: {exc})"
             raise ValidationError(message, ("body",)) from None
     if not shapes:
@@ -103,7 +103,7 @@ def _reference_shapes(reference: str | None) -> dict[str, tuple[int, ...]]:
         return {}
     try:
         return tensor_shapes(Path(reference))
-    except Exception:  # the served model's own files are not the caller's fault: skip the comparison
+    except Exception:  # noqa: BLE001 - the served model's own files are not the caller's fault: skip the comparison
         return {}
 
 

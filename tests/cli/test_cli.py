@@ -130,7 +130,7 @@ def start_up_without_backend(
     log = open(tmp_path / "up.log", "w")
     up = subprocess.Popen(
         [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", *args],
-        env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
+        env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,  # noqa: PLW1509 - sets SIGINT's disposition only
     )
     wait_for(lambda: len(children_of(up.pid)) >= 5, timeout=60, what="redis, the API and three workers")
     return up, log

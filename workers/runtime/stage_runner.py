@@ -192,7 +192,7 @@ def _perform(stage: Stage, ctx: StageContext, workspaces: Path) -> Performed:
         return {}, "requeue", None
     except NoBackendAvailable as exc:  # infrastructure, not the job's fault: it waits (_wait_for_backend)
         return {}, None, {"stage": stage.name, "type": NO_BACKEND, "message": str(exc)}
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever a stage raises fails the job with its type and message
         log.warning("job %s: %s failed: %s: %s", ctx.job_id, stage.name, type(exc).__name__, exc)
         message = str(exc) + _disk_full_note(exc, workspaces)
         return {}, None, {"stage": stage.name, "type": type(exc).__name__, "message": message,

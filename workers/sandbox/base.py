@@ -438,7 +438,7 @@ class Sandbox(ABC):
         if getattr(self, "_proc", None) is not None:
             try:
                 self.stop()
-            except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            except Exception:  # noqa: BLE001, S110 - best effort at interpreter exit
                 pass
 
 

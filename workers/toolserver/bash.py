@@ -118,7 +118,7 @@ class PersistentBash:
             if not proc.isalive():
                 proc.delayafterclose = 0
             proc.close(force=True)
-        except Exception:  # noqa: BLE001 - already dead is fine
+        except Exception:  # noqa: BLE001, S110 - already dead is fine
             pass
 
     def restart(self) -> None:

@@ -119,7 +119,7 @@ class PythonKernel:
         if manager is not None:
             try:
                 manager.shutdown_kernel(now=True)
-            except Exception:  # noqa: BLE001 - a dead kernel is what we want
+            except Exception:  # noqa: BLE001, S110 - a dead kernel is what we want
                 pass
             manager.cleanup_resources()
 
