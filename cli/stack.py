@@ -9,6 +9,7 @@ a `rollouts register` process beside it that heartbeats and deregisters on SIGTE
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -583,10 +584,8 @@ def _terminate(processes: list[subprocess.Popen[bytes]], timeout: float) -> None
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     """Signal a child's process group (each child leads one: start_new_session)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _the_one_served_model(url: str, timeout_s: float) -> str:

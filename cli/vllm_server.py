@@ -24,6 +24,7 @@ of the CPU build reads the metadata of a distribution named `vllm` and fails) wi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -265,10 +266,8 @@ class VLLMServer:
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _healthy(url: str) -> bool:

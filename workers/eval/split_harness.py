@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import builtins
 import collections
+import contextlib
 import ctypes
 import datetime
 import decimal
@@ -280,10 +281,8 @@ def _trusted_twin(value):
 
 
 def judge(mode, target, module_name, sock, child):
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # no libc, or no prctl in it (as cli/procs.py says)
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the child cannot read this process
-    except (OSError, AttributeError):  # no libc, or no prctl in it (as cli/procs.py says)
-        pass
     token = os.read(TOKEN_FD, 256).decode().strip()
     os.close(TOKEN_FD)
     with os.fdopen(SOURCE_FD, "r") as handle:
@@ -345,14 +344,10 @@ def _install(name, module):
 
 
 def _end(child):
-    try:
+    with contextlib.suppress(OSError):
         os.kill(child, signal.SIGKILL)
-    except OSError:
-        pass
-    try:
+    with contextlib.suppress(OSError):
         os.waitpid(child, 0)
-    except OSError:
-        pass
 
 
 # --- the solution's side ----------------------------------------------------------------------
