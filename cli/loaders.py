@@ -24,6 +24,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from shared.errors import RolloutsError
+from workers.kinds.formats import row_to_task
+
 _FILE_BUILDERS = {
     ".parquet": "parquet",
     ".arrow": "arrow",
@@ -31,10 +34,6 @@ _FILE_BUILDERS = {
     ".jsonl": "json",
     ".csv": "csv",
 }
-
-
-from shared.errors import RolloutsError
-from workers.kinds.formats import row_to_task
 
 
 class LoaderError(RolloutsError, ValueError):

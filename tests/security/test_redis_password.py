@@ -83,7 +83,7 @@ def test_rollouts_up_prints_the_redis_address_with_the_password_redacted(protect
         )
         try:
             banner = wait_for(
-                lambda: next((l for l in log_path.read_text().splitlines() if l.startswith("  redis ")), None),
+                lambda: next((line for line in log_path.read_text().splitlines() if line.startswith("  redis ")), None),
                 timeout=90, what="the `rollouts up` banner's Redis line",
             )
         finally:

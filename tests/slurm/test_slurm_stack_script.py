@@ -146,13 +146,13 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
 
         status = _stack(slurm, config, "status").stdout
         assert f"ROLLOUTS_API_URL={api_url}" in status and not [v for v in secrets.values() if v in status]
-        assert all(any(l.startswith(role) and "_" in l for l in status.splitlines()) for role in ("init", "vllm"))
+        assert all(any(line.startswith(role) and "_" in line for line in status.splitlines()) for role in ("init", "vllm"))
 
         jobs = [{"task": {"kind": "scripted", "trace": str(trace_dir), "sleep": {"rollout": 0.5}}}] * 6
         ids = api.post("/v1/jobs", json=jobs).json()["job_ids"]
         for job_id in ids:
             assert wait_status(api, job_id, timeout=90)["status"] == "done"
-            assert sum(l.startswith("eval end") for l in trace(trace_dir, job_id)) == 1
+            assert sum(line.startswith("eval end") for line in trace(trace_dir, job_id)) == 1
 
         # The backend job's batch shell gets SIGTERM (time limit, `stack.sh down`): it deregisters
         # before stopping its server, so the pool forgets it at once instead of marking it unhealthy.
