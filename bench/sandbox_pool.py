@@ -45,7 +45,7 @@ FIRST_CALL = "exec(open('solution.py').read()); solve(10)"
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def run_wave(

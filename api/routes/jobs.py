@@ -176,8 +176,8 @@ def _with_finished_rollout(partial: dict[str, Any] | None, rollout: dict[str, An
 MAX_OFFSET = 10**9
 
 _SUMMARY_FIELDS = (
-    ("id", "status", "kind", "group_id", "sample_index", "created_at", "updated_at", "finished_at", "reward", "out:eval")
-    + tuple(f"{field}:{stage}" for stage in STAGES for field in ("wait", "attempts"))  # for status_detail
+    "id", "status", "kind", "group_id", "sample_index", "created_at", "updated_at", "finished_at", "reward", "out:eval",
+    *(f"{field}:{stage}" for stage in STAGES for field in ("wait", "attempts")),  # for status_detail
 )
 
 

@@ -31,7 +31,7 @@ from shared.results import ResultStore
 
 _TRANSITION_LUA = resources.files("shared.jobs").joinpath("transition.lua").read_text()
 _TAKE_LUA = resources.files("shared.jobs").joinpath("take.lua").read_text()
-_BLOB_FIELDS = ("spec", "result", "error", "partial", "reward") + tuple(f"out:{s}" for s in STAGES)
+_BLOB_FIELDS = ("spec", "result", "error", "partial", "reward", *(f"out:{s}" for s in STAGES))
 # The large parts of a job, kept in the results store; the record holds `ref:<part>` to each.
 STORED_PARTS = ("rollout", "eval", "partial")
 

@@ -29,7 +29,7 @@ def tensor_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     for file in sorted(directory.glob("*.safetensors")):
         with safe_open(str(file), framework="numpy") as handle:
-            for name in handle.keys():
+            for name in handle.keys():  # noqa: SIM118 - safe_open's handle has keys() but is not iterable
                 shapes[name] = tuple(handle.get_slice(name).get_shape())
     return shapes
 
@@ -63,9 +63,8 @@ def check_checkpoint(path: str, reference: str | None, lora: bool = False, roots
                       else f"{path} is a file; give the checkpoint's directory")  # fmt: skip
     if not os.access(directory, os.R_OK | os.X_OK):
         raise _refuse(f"{path} is not readable")
-    if lora:
-        if not (directory / "adapter_config.json").is_file():
-            raise _refuse(f"{path} has no adapter_config.json: not a LoRA adapter")
+    if lora and not (directory / "adapter_config.json").is_file():
+        raise _refuse(f"{path} has no adapter_config.json: not a LoRA adapter")
     try:
         shapes = tensor_shapes(directory)
     except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own SafetensorError on a malformed header

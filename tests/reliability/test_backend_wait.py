@@ -50,9 +50,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
 def waiting(api: httpx.Client, job_id: str, looks: int = 1) -> dict[str, Any] | None:
     """The job's record once it waits for a backend, after at least `looks` attempts at the rollout."""
     record = job(api, job_id)
-    if record["status"] == "rollout" and record["status_detail"] == WAITING_DETAIL:
-        if record["attempts"].get("rollout", 0) >= looks:
-            return record
+    waits = record["status"] == "rollout" and record["status_detail"] == WAITING_DETAIL
+    if waits and record["attempts"].get("rollout", 0) >= looks:
+        return record
     assert record["status"] not in ("done", "failed", "timed_out", "cancelled"), record
     return None
 

@@ -188,7 +188,7 @@ class SlurmCluster:
             deadline = time.monotonic() + self.kill_wait_s + 10
             while time.monotonic() < deadline and self.run(["squeue", "-h"], check=False).stdout.strip():
                 time.sleep(0.5)
-        for name, process in reversed(self._daemons):
+        for _name, process in reversed(self._daemons):
             if process.poll() is None:
                 process.terminate()
                 try:

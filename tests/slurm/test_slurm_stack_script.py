@@ -49,9 +49,9 @@ def _vllm_pid(port: int) -> int:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"vllm.entrypoints.openai.api_server" in argv and b"--port" in argv:
-            if argv[argv.index(b"--port") + 1] == str(port).encode():
-                return int(proc.name)
+        serves = b"vllm.entrypoints.openai.api_server" in argv and b"--port" in argv
+        if serves and argv[argv.index(b"--port") + 1] == str(port).encode():
+            return int(proc.name)
     raise AssertionError(f"no vLLM server on port {port}")
 
 

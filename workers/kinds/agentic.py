@@ -96,9 +96,8 @@ class AgentTask(TaskKind):
         if unknown:  # a kind's own bug, but better said at submit time than mid-rollout
             raise TaskValidationError(f"kind {self.name!r} names unknown tools: {', '.join(unknown)}")
         parser = task.get("tool_parser")
-        if parser is not None:
-            if parser not in known_parsers():
-                raise TaskValidationError(f"task.tool_parser: one of {', '.join(known_parsers())}")
+        if parser is not None and parser not in known_parsers():
+            raise TaskValidationError(f"task.tool_parser: one of {', '.join(known_parsers())}")
         if not isinstance(task.get("stop_on_no_tool_call", False), bool):
             raise TaskValidationError("task.stop_on_no_tool_call: true or false")
         for field in ("max_turns", "max_context_tokens"):
