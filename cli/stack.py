@@ -292,7 +292,7 @@ class Stack:
         output: IO[bytes] | None = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            output = open(self.log_dir / f"{name}.log", "ab")
+            output = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - stop() closes it
             self._logs.append(output)
         # Each child gets its own process group, so a terminal's Ctrl-C reaches only us and
         # we stop the children in order (workers drain first, then the API).

@@ -67,10 +67,10 @@ def test_run_takes_a_batch_through_a_fresh_stack_and_summarises_it(tmp_path):
 
 def test_up_serves_submit_and_status_and_stops_everything_on_ctrl_c(tmp_path):
     port = free_port()
-    log = open(tmp_path / "up.log", "w")  # a file, not a pipe: the children log into it too
-    up = subprocess.Popen(
-        [*ROLLOUTS, "up", "--port", str(port)], env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
-    )
+    with open(tmp_path / "up.log", "w") as log:  # a file, not a pipe: the children log into it too
+        up = subprocess.Popen(
+            [*ROLLOUTS, "up", "--port", str(port)], env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         url = f"http://127.0.0.1:{port}"
 
@@ -109,7 +109,6 @@ def test_up_serves_submit_and_status_and_stops_everything_on_ctrl_c(tmp_path):
         if up.poll() is None:
             up.kill()
             up.wait()
-        log.close()
 
 
 def test_submit_reports_a_bad_file_clearly(tmp_path):
@@ -127,7 +126,7 @@ def start_up_without_backend(
     tmp_path: Path, port: int, *args: str, preexec_fn=None
 ) -> tuple[subprocess.Popen, IO[str]]:
     """`rollouts up` with its output in a file; returns once Redis, the API and three workers run."""
-    log = open(tmp_path / "up.log", "w")
+    log = open(tmp_path / "up.log", "w")  # noqa: SIM115 - returned: the caller closes it
     up = subprocess.Popen(
         [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", *args],
         env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,  # noqa: PLW1509 - sets SIGINT's disposition only
@@ -182,9 +181,9 @@ def descendants_of(pid: int) -> list[int]:
 def test_up_serves_a_real_vllm_registers_it_and_stops_it_on_ctrl_c(tmp_path):
     """The embedded default: vLLM on the tiny model (built offline), registered as an operator would."""
     port = free_port()
-    log = open(tmp_path / "up.log", "w")
-    up = subprocess.Popen([*ROLLOUTS, "up", "--port", str(port)], env=cli_env(tmp_path), cwd=ROOT,
-                          stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp_path / "up.log", "w") as log:
+        up = subprocess.Popen([*ROLLOUTS, "up", "--port", str(port)], env=cli_env(tmp_path), cwd=ROOT,
+                              stdout=log, stderr=subprocess.STDOUT)
     try:
         def registered() -> list[dict]:
             try:
@@ -208,7 +207,6 @@ def test_up_serves_a_real_vllm_registers_it_and_stops_it_on_ctrl_c(tmp_path):
         if up.poll() is None:
             up.kill()
             up.wait()
-        log.close()
     output = (tmp_path / "up.log").read_text()
     assert "vLLM ready at" in output, output[-2000:]
 
@@ -340,11 +338,11 @@ def test_ctrl_c_while_up_starts_stops_what_started_and_exits_cleanly(tmp_path):
     backend = ThreadingHTTPServer(("127.0.0.1", 0), _NeverReadyBackend)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
     port = free_port()
-    log = open(tmp_path / "up.log", "w")
-    up = subprocess.Popen(
-        [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", "--backend-url", f"http://127.0.0.1:{backend.server_port}"],
-        env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    with open(tmp_path / "up.log", "w") as log:
+        up = subprocess.Popen(
+            [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", "--backend-url", f"http://127.0.0.1:{backend.server_port}"],
+            env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     try:
         def registrar() -> list[int]:
             return [pid for pid in children_of(up.pid) if b"register" in Path(f"/proc/{pid}/cmdline").read_bytes()]
@@ -360,5 +358,4 @@ def test_ctrl_c_while_up_starts_stops_what_started_and_exits_cleanly(tmp_path):
         if up.poll() is None:
             up.kill()
             up.wait()
-        log.close()
         backend.shutdown()

@@ -128,12 +128,11 @@ class SlurmCluster:
         )
 
     def _spawn(self, name: str, argv: list[str], user: str | None = None) -> None:
-        log = open(self.root / f"{name}.out", "ab")
-        process = subprocess.Popen(
-            argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, user=user, group=user,
-            extra_groups=[] if user else None, start_new_session=True,
-        )
-        log.close()
+        with open(self.root / f"{name}.out", "ab") as log:
+            process = subprocess.Popen(
+                argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, user=user, group=user,
+                extra_groups=[] if user else None, start_new_session=True,
+            )
         self._daemons.append((name, process))
 
     def _wait_node_idle(self, timeout: float) -> None:
