@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import Request
 import orjson
+from fastapi import Request
 from fastapi.responses import Response
 
 from shared.codec import MSGPACK_MEDIA_TYPE, pack

@@ -122,7 +122,7 @@ def _sets() -> Iterator[Case]:
     for values in [(1, 2, 3), (-2, 0, 5), (4, 9), (-1, 1), (2, 3, 5, 7)]:
         ref = "\\{" + ", ".join(map(str, values)) + "\\}"
         backwards = list(reversed(values))
-        rotated = list(values[1:]) + [values[0]]
+        rotated = [*values[1:], values[0]]
         yield from _same("set", ref, [
             "\\{" + ", ".join(map(str, backwards)) + "\\}",
             "\\{" + ",".join(map(str, rotated)) + "\\}",

@@ -35,7 +35,6 @@ from typing import Any
 
 import httpx
 
-
 from cli.embedded_redis import free_port
 from cli.tiny_model import tiny_model_dir
 from cli.vllm_server import VLLMServer
@@ -95,7 +94,7 @@ def cpu_seconds(pid: int) -> float:
 
 def rollout(client: LLMClient, url: str, sampling: Sampling, turns: int, seed: int) -> int:
     """One multi-turn rollout's model calls: each prompt is the last one plus what came back."""
-    prompt = PROMPT + [40 + seed % 150]
+    prompt = [*PROMPT, 40 + seed % 150]
     for _ in range(turns):
         prompt = prompt + client.complete(url, prompt, sampling, "tiny").token_ids
     return turns

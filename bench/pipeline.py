@@ -14,6 +14,7 @@ latency is measured on single-job POSTs over a keep-alive connection (stdlib cli
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -49,15 +50,16 @@ def run_bare(redis_url: str, jobs: int, log_dir: Path) -> float:
     redis = Redis.from_url(redis_url)
     redis.flushall()
     env = {**os.environ, **NOOP_ENV}
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "rq.cli", "worker", "-w", "rq.worker.SimpleWorker", "-u", redis_url, "-q", queue],
-            env=env,
-            stdout=open(log_dir / f"bare-{queue}.log", "ab"),
-            stderr=subprocess.STDOUT,
-        )
-        for queue in ("bare-init", "bare-rollout", "bare-eval")
-    ]
+    with contextlib.ExitStack() as logs:  # each worker holds its own copy of its log's descriptor
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "-m", "rq.cli", "worker", "-w", "rq.worker.SimpleWorker", "-u", redis_url, "-q", queue],
+                env=env,
+                stdout=logs.enter_context(open(log_dir / f"bare-{queue}.log", "ab")),
+                stderr=subprocess.STDOUT,
+            )
+            for queue in ("bare-init", "bare-rollout", "bare-eval")
+        ]
     try:
         time.sleep(2.0)  # let the three workers register
         queue = Queue("bare-init", connection=redis)

@@ -45,7 +45,7 @@ FIRST_CALL = "exec(open('solution.py').read()); solve(10)"
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def run_wave(
@@ -123,7 +123,9 @@ def cap_sweep(settings: Settings, caps: list[int], burst: int) -> None:
         lock = threading.Lock()
         began = time.perf_counter()
 
-        def one(index: int, capped: Settings = capped) -> None:
+        def one(
+            index: int, capped: Settings = capped, cap: int = cap, lock: threading.Lock = lock, took: list[float] = took
+        ) -> None:
             ws = capped.workspaces / f"cap{cap}-{index}"
             ws.mkdir(parents=True)
             t0 = time.perf_counter()

@@ -65,7 +65,7 @@ async def direct_episode(http: httpx.AsyncClient, url: str, renderer: ChatRender
         if turn + 1 == job["limits"]["max_turns"]:
             break
         ends_on_eos = choice["finish_reason"] == "stop" and choice["stop_reason"] is None
-        content, stop_text = renderer.split_generation(ids, ends_on_eos)
+        _content, stop_text = renderer.split_generation(ids, ends_on_eos)
         nudge = [{"role": "user", "content": NUDGE}]
         tokens += renderer.observation(stop_text, nudge).token_ids
     return generated

@@ -62,7 +62,7 @@ def interleaved(variants: dict[str, Callable[[], object]], rounds: int, warmup: 
 
 def spawn(argv: list[str]) -> None:
     """The unsandboxed "new process per call" path, the same for bash and python."""
-    subprocess.run(argv, check=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    subprocess.run(argv, check=True, capture_output=True)
 
 
 class TmuxShell:

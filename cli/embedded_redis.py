@@ -16,9 +16,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 from redis import Redis
+from redis.exceptions import RedisError
 
 from cli.procs import die_with_parent, stop_process
-
 
 HASH_MAX_LISTPACK_VALUE = 2048
 
@@ -90,7 +90,7 @@ class EmbeddedRedis:
             # Redis must outlive the workers that hand their jobs back through it; whoever started
             # it stops it, last.
             start_new_session=True,
-            preexec_fn=die_with_parent(),
+            preexec_fn=die_with_parent(),  # noqa: PLW1509 - it only calls prctl
         )
         assert self.process.stdin is not None
         if self.password:
@@ -104,10 +104,10 @@ class EmbeddedRedis:
                 try:
                     client.ping()
                     return self
-                except Exception:
+                except RedisError as exc:  # not up yet: connection refused, or still loading
                     if self.process.poll() is not None or time.monotonic() > deadline:
                         self.stop()
-                        raise RuntimeError(f"redis-server did not start; see {self.data_dir / 'redis.log'}")
+                        raise RuntimeError(f"redis-server did not start; see {self.data_dir / 'redis.log'}") from exc
                     time.sleep(0.05)
         finally:
             client.close()

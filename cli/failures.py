@@ -66,7 +66,7 @@ def _api_failure(exc: ApiError) -> Failure:
 
 def _has_request(exc: httpx.RequestError) -> bool:
     try:
-        exc.request
+        _ = exc.request  # httpx raises RuntimeError when the error was built without one
     except RuntimeError:
         return False
     return True

@@ -24,6 +24,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from shared.errors import RolloutsError
+from shared.kinds.formats import row_to_task
+
 _FILE_BUILDERS = {
     ".parquet": "parquet",
     ".arrow": "arrow",
@@ -32,9 +35,6 @@ _FILE_BUILDERS = {
     ".csv": "csv",
 }
 
-
-from shared.errors import RolloutsError
-from shared.kinds.formats import row_to_task
 
 
 class LoaderError(RolloutsError, ValueError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import signal
 import subprocess
@@ -25,10 +26,8 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
         return None
 
     def arm() -> None:
-        try:
+        with contextlib.suppress(OSError, AttributeError):  # not Linux: the parent's own shutdown is all there is
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        except (OSError, AttributeError):
-            pass  # not Linux: the parent's own shutdown is all there is
 
     return arm
 

@@ -9,6 +9,7 @@ a `rollouts register` process beside it that heartbeats and deregisters on SIGTE
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -292,7 +293,7 @@ class Stack:
         output: IO[bytes] | None = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            output = open(self.log_dir / f"{name}.log", "ab")
+            output = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - stop() closes it
             self._logs.append(output)
         # Each child gets its own process group, so a terminal's Ctrl-C reaches only us and
         # we stop the children in order (workers drain first, then the API).
@@ -302,7 +303,7 @@ class Stack:
             stdout=output,
             stderr=subprocess.STDOUT if output else None,
             start_new_session=True,
-            preexec_fn=die_with_parent(),
+            preexec_fn=die_with_parent(),  # noqa: PLW1509 - it only calls prctl
         )
 
     def _wait_for_api(self, timeout: float, healthy: bool = True) -> None:
@@ -584,10 +585,8 @@ def _terminate(processes: list[subprocess.Popen[bytes]], timeout: float) -> None
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     """Signal a child's process group (each child leads one: start_new_session)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _the_one_served_model(url: str, timeout_s: float) -> str:

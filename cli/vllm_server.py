@@ -24,6 +24,7 @@ of the CPU build reads the metadata of a distribution named `vllm` and fails) wi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -59,7 +60,7 @@ def has_gpu() -> bool:
     if shutil.which("nvidia-smi") is None:
         return False
     try:
-        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=10).returncode == 0
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=10, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -264,10 +265,8 @@ class VLLMServer:
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _healthy(url: str) -> bool:

@@ -15,6 +15,7 @@ watchdog ignores it and waits for vLLM. Nothing is found by name: only this proc
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
@@ -27,10 +28,8 @@ _PR_SET_PDEATHSIG = 1
 
 def _die_with_watchdog() -> None:
     """vLLM's API server gets SIGKILL if the watchdog itself is killed (its engine is in our group)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _kill_group_but_me() -> None:
@@ -45,10 +44,8 @@ def _kill_group_but_me() -> None:
         except OSError:
             continue
         if int(fields[2]) == group:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(entry), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def _status(code: int) -> int:
@@ -62,7 +59,7 @@ def main(argv: list[str]) -> int:
     lifeline = int(argv[0])
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)  # the group's signal reaches vLLM itself; we wait for it
-    child = subprocess.Popen(argv[2:], preexec_fn=_die_with_watchdog, pass_fds=())
+    child = subprocess.Popen(argv[2:], preexec_fn=_die_with_watchdog, pass_fds=())  # noqa: PLW1509 - prctl only
     child_fd = os.pidfd_open(child.pid)
     while True:
         try:

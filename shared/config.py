@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-
 from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator

@@ -18,7 +18,7 @@ log = logging.getLogger("rollouts.jobs")
 _pools: weakref.WeakKeyDictionary[JobStore, BackendPool] = weakref.WeakKeyDictionary()
 
 
-def job_ended(store: JobStore, job_id: str, group_id: str | None | Unknown = UNKNOWN) -> None:
+def job_ended(store: JobStore, job_id: str, group_id: str | Unknown | None = UNKNOWN) -> None:
     """Never raises: the move already happened; the lease reaper and the batch sweep repair a miss.
 
     A caller that knows the job's group id passes it, so a job of no batch costs no batch read.

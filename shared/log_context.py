@@ -9,13 +9,15 @@ Context variables are per thread, so the slots of one worker process never mix t
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from types import MappingProxyType
 
 FIELDS = ("job_id", "stage", "backend")
 
-_context: ContextVar[dict[str, str]] = ContextVar("rollouts_log_context", default={})
+# The default is read-only: a binding always sets a new mapping, never changes the one it read.
+_context: ContextVar[Mapping[str, str]] = ContextVar("rollouts_log_context", default=MappingProxyType({}))
 
 
 @contextmanager

@@ -16,7 +16,6 @@ from redis.retry import Retry
 from shared.config import Settings
 from shared.errors import RolloutsError
 
-
 # redis-py 8 caps a client's connection pool at 100 by default (earlier versions did not cap it).
 # A worker process shares one client among all its threads: every rq slot holds a connection
 # while it blocks waiting for a job, and the rollout's LLM-call threads, the supervisor and

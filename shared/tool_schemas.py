@@ -104,6 +104,6 @@ def validate_call(tool: object, args: object) -> str | None:
         return f"{tool}: unknown argument(s): {', '.join(map(str, unknown))}"
     for name, value in args.items():
         expected = schema["properties"][name]["type"]
-        if isinstance(value, bool) and expected != "boolean" or not isinstance(value, _TYPES[expected]):
+        if (isinstance(value, bool) and expected != "boolean") or not isinstance(value, _TYPES[expected]):
             return f"{tool}: argument {name!r} must be of type {expected}"
     return None

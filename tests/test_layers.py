@@ -20,7 +20,7 @@ def test_import_contracts_hold():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "client")])}
     lint_imports = Path(sys.executable).with_name("lint-imports")
     result = subprocess.run(
-        [str(lint_imports), "--no-cache"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        [str(lint_imports), "--no-cache"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert "BROKEN" not in result.stdout

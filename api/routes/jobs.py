@@ -177,9 +177,9 @@ def _with_finished_rollout(partial: dict[str, Any] | None, rollout: dict[str, An
 MAX_OFFSET = 10**9
 
 _SUMMARY_FIELDS = (
-    ("id", "status", "kind", "group_id", "sample_index", "created_at", "updated_at", "finished_at", "reward")
-    + (output_field("eval"),)
-    + tuple(field(stage) for stage in STAGES for field in (wait_field, attempts_field))  # for status_detail
+    "id", "status", "kind", "group_id", "sample_index", "created_at", "updated_at", "finished_at", "reward",
+    output_field("eval"),
+    *(field(stage) for stage in STAGES for field in (wait_field, attempts_field)),  # for status_detail
 )
 
 

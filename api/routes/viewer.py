@@ -7,7 +7,7 @@ The page and its scripts hold no data, so they are served without auth; their re
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from fastapi import APIRouter, HTTPException, status
@@ -28,7 +28,7 @@ ASSETS = {
 _HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _read(path: Path) -> str:
     return path.read_text()
 

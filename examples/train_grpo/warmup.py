@@ -42,7 +42,7 @@ def render_episode(renderer: ChatRenderer, task: dict[str, Any], use_tool: bool 
     mask = [0] * len(ids)
     turns = reference_turns(task) if use_tool else (guess_turn(task, rng or random.Random()),)
     for i, content in enumerate(turns):
-        generated = renderer.encode(content) + [eos]
+        generated = [*renderer.encode(content), eos]
         ids += generated
         mask += [1] * len(generated)
         if i == 0 and use_tool:

@@ -62,7 +62,7 @@ def launch(batches: BatchStore, batch_id: str, prompt_indices: list[int]) -> Non
         cancel_groups(batches, batch_id, prompt_indices)
 
 
-def on_job_terminal(jobs: JobStore, job_id: str, group_id: str | None | Unknown = UNKNOWN) -> None:
+def on_job_terminal(jobs: JobStore, job_id: str, group_id: str | Unknown | None = UNKNOWN) -> None:
     """Never raises: a terminal move must not fail because of a batch; the sweep repairs a miss.
 
     A caller that knows the job's group id passes it, so the common case (no batch) costs no read.

@@ -31,7 +31,7 @@ def sweep(batches: BatchStore, launch_grace_s: float = LAUNCH_GRACE_S) -> dict[s
         batch_id = raw.decode()
         try:
             _sweep_batch(batches, batch_id, launch_grace_s, repaired)
-        except Exception:  # noqa: BLE001 - one broken batch must not stop the repair of the others
+        except Exception:  # one broken batch must not stop the repair of the others
             log.exception("batch sweep failed for batch %s", batch_id)
     return repaired
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from redis import Redis
 from redis.client import Pipeline
+from redis.exceptions import RedisError
 
 from shared.codec import pack, unpack
 from shared.config import Settings
@@ -29,7 +30,7 @@ from shared.keys import Keys
 from shared.lua_scripts import register_lua
 from shared.results import ResultStore
 
-_BLOB_FIELDS = ("spec", "result", "error", "partial", "reward") + OUTPUT_FIELDS
+_BLOB_FIELDS = ("spec", "result", "error", "partial", "reward", *OUTPUT_FIELDS)
 # The large parts of a job, kept in the results store; the record holds `ref:<part>` to each.
 STORED_PARTS = ("rollout", "eval", "partial")
 
@@ -294,7 +295,7 @@ class JobStore:
                 pipe.hincrby(self.keys.results_usage, "bytes", size)
                 pipe.hincrby(self.keys.results_usage, "files", 1)
                 pipe.execute()
-        except Exception:  # the usage gauge is advisory; the result itself is safe on disk
+        except RedisError:  # the usage gauge is advisory; the result itself is safe on disk
             pass
         return {ref_field(part): ref}
 

@@ -31,9 +31,8 @@ class AgentSpec(TaskSpec):
         if unknown:  # a kind's own bug, but better said at submit time than mid-rollout
             raise TaskValidationError(f"kind {self.name!r} names unknown tools: {', '.join(unknown)}")
         parser = task.get("tool_parser")
-        if parser is not None:
-            if parser not in TOOL_PARSERS:
-                raise TaskValidationError(f"task.tool_parser: one of {', '.join(TOOL_PARSERS)}")
+        if parser is not None and parser not in TOOL_PARSERS:
+            raise TaskValidationError(f"task.tool_parser: one of {', '.join(TOOL_PARSERS)}")
         if not isinstance(task.get("stop_on_no_tool_call", False), bool):
             raise TaskValidationError("task.stop_on_no_tool_call: true or false")
         for field in ("max_turns", "max_context_tokens"):

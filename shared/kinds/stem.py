@@ -51,7 +51,7 @@ class StemSpec(AgentSpec):
             else:
                 ok = (
                     isinstance(raw, dict)
-                    and 2 <= len(raw)
+                    and len(raw) >= 2
                     and all(isinstance(k, str) and len(k.strip()) == 1 and k.strip().isalpha() for k in raw)
                 )
             if not ok:

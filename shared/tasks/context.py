@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -105,11 +106,8 @@ class StageContext:
 
     def remove_on_interrupt(self, callback: Callable[[str], None]) -> None:
         """Forget a callback given to `on_interrupt` (its call settled); absent is fine."""
-        with self._lock:
-            try:
-                self._on_interrupt.remove(callback)
-            except ValueError:
-                pass
+        with self._lock, contextlib.suppress(ValueError):
+            self._on_interrupt.remove(callback)
 
     def on_cleanup(self, callback: Callable[[], None]) -> None:
         """Run `callback()` when the stage ends, however it ends (sandbox teardown)."""

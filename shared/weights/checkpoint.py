@@ -29,7 +29,7 @@ def tensor_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     for file in sorted(directory.glob("*.safetensors")):
         with safe_open(str(file), framework="numpy") as handle:
-            for name in handle.keys():
+            for name in handle.keys():  # noqa: SIM118 - safe_open's handle has keys() but is not iterable
                 shapes[name] = tuple(handle.get_slice(name).get_shape())
     return shapes
 
@@ -63,12 +63,11 @@ def check_checkpoint(path: str, reference: str | None, lora: bool = False, roots
                       else f"{path} is a file; give the checkpoint's directory")  # fmt: skip
     if not os.access(directory, os.R_OK | os.X_OK):
         raise _refuse(f"{path} is not readable")
-    if lora:
-        if not (directory / "adapter_config.json").is_file():
-            raise _refuse(f"{path} has no adapter_config.json: not a LoRA adapter")
+    if lora and not (directory / "adapter_config.json").is_file():
+        raise _refuse(f"{path} has no adapter_config.json: not a LoRA adapter")
     try:
         shapes = tensor_shapes(directory)
-    except Exception as exc:  # OSError, or safetensors' own SafetensorError on a malformed header
+    except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own SafetensorError on a malformed header
         raise _refuse(f"{path}: a safetensors file could not be read ({type(exc).__name__}: {exc})") from None
     if not shapes:
         raise _refuse(f"{path} holds no *.safetensors file (save with save_pretrained(safe_serialization=True))")
@@ -87,7 +86,7 @@ def check_payload(data: bytes, reference: str | None) -> None:
         (Path(spool) / "model.safetensors").write_bytes(data)
         try:
             shapes = tensor_shapes(Path(spool))
-        except Exception as exc:  # safetensors' SafetensorError: not a safetensors file, or cut short
+        except Exception as exc:  # noqa: BLE001 - safetensors' SafetensorError: not a safetensors file, or cut short
             message = f"the body is not a safetensors file ({type(exc).__name__}: {exc})"
             raise ValidationError(message, ("body",)) from None
     if not shapes:
@@ -103,7 +102,7 @@ def _reference_shapes(reference: str | None) -> dict[str, tuple[int, ...]]:
         return {}
     try:
         return tensor_shapes(Path(reference))
-    except Exception:  # the served model's own files are not the caller's fault: skip the comparison
+    except Exception:  # noqa: BLE001 - the served model's own files are not the caller's fault: skip the comparison
         return {}
 
 

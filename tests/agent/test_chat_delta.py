@@ -130,7 +130,7 @@ def test_a_template_that_rewrites_past_turns_still_gives_what_the_model_saw(toke
 
 def test_a_template_that_trims_the_generation_does_not_fail_the_turn(tokenizer: Any) -> None:
     renderer = ChatRenderer(with_template(tokenizer, TRIMMING_TEMPLATE))
-    ids, content, stop = generate(renderer, "  ls  ")
+    ids, _content, stop = generate(renderer, "  ls  ")
     delta = renderer.observation(stop, [{"role": "user", "content": "go on"}])
     assert renderer.decode(ids + delta.token_ids).startswith("  ls  <|im_end|>")
 

@@ -78,13 +78,13 @@ FAMILIES = {
         ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
          "<|eom_id|>", "<|python_tag|>"],
         "<|eot_id|>", bos="<|begin_of_text|>", parser="llama3_json", reply=_llama,
-    ),  # fmt: skip
+    ),
     "mistral": Family(
         "mistral.jinja",
         ["<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
          "[/TOOL_RESULTS]", "[TOOL_CALLS]"],
         "</s>", bos="<s>",
-    ),  # fmt: skip
+    ),
     "smollm2": Family("smollm2.jinja", CHATML, "<|im_end|>", rewrites_history=False),
 }
 
@@ -192,7 +192,7 @@ def test_qwen3_without_thinking_opens_every_turn_with_an_empty_think_block() -> 
 
 def test_llama_keeps_the_whitespace_the_model_generated() -> None:
     """Llama 3.1's template trims replies; the record keeps the model's own tokens and the job goes on."""
-    record, renderer, _ = run_loop(FAMILIES["llama3.1"])
+    record, _renderer, _ = run_loop(FAMILIES["llama3.1"])
     first = next(t for t in record.turns if t.role == ASSISTANT)
     assert first.text.startswith("  {") and first.text.endswith("\n<|eot_id|>")
     observation = next(t for t in record.turns if t.role == OBSERVATION)

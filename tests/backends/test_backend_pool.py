@@ -86,7 +86,7 @@ def test_concurrent_acquire_and_release_never_double_count(redis_url: str, setti
                     seen[job] = {pool.acquire(job).backend_id for _ in range(3)}
                 else:
                     assert pool.release(job)
-        except BaseException as exc:  # surfaced below
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
             errors.append(exc)
 
     for phase in ("acquire", "release"):

@@ -12,9 +12,9 @@ from cli.vllm_server import VLLMServer
 from shared.backend_pool import BackendPool
 from shared.config import Settings
 from shared.keys import Keys
-from workers.rollout.llm_client import LLMClient, Sampling
 from tests.support.vllm_server import LOG_REQUESTS, freeze, kill_server, requests_taken
 from tests.support.waiting import wait_for
+from workers.rollout.llm_client import LLMClient, Sampling
 from workers.rollout.llm_routing import complete_routed
 
 

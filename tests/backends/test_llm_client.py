@@ -142,7 +142,7 @@ class FlakyProxy:
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 proxy.seen += 1
                 proxy.paths.append(self.path)
@@ -210,9 +210,11 @@ def response_with(token_ids: list[int] | None, tokens: list[object]) -> dict:
 
 
 def test_a_2xx_that_is_not_json_is_a_bad_backend_response() -> None:
-    with scripted(b"<html>502 from a proxy, sent as 200</html>") as client:
-        with pytest.raises(BadBackendResponse, match="not JSON") as err:
-            client.complete("http://b", [1], Sampling(max_tokens=1), backend_id="b-1")
+    with (
+        scripted(b"<html>502 from a proxy, sent as 200</html>") as client,
+        pytest.raises(BadBackendResponse, match="not JSON") as err,
+    ):
+        client.complete("http://b", [1], Sampling(max_tokens=1), backend_id="b-1")
     assert err.value.backend_id == "b-1"
 
 
@@ -230,9 +232,11 @@ def test_non_string_tokens_next_to_token_ids_are_tolerated() -> None:
 def test_token_ids_are_cross_checked_against_token_id_strings() -> None:
     with scripted(response_with([5, 6], ["token_id:5", "token_id:6"])) as client:
         assert client.complete("http://b", [1], Sampling(max_tokens=2)).token_ids == [5, 6]
-    with scripted(response_with([5, 6], ["token_id:5", "token_id:9"])) as client:
-        with pytest.raises(BadBackendResponse, match="disagree"):
-            client.complete("http://b", [1], Sampling(max_tokens=2))
+    with (
+        scripted(response_with([5, 6], ["token_id:5", "token_id:9"])) as client,
+        pytest.raises(BadBackendResponse, match="disagree"),
+    ):
+        client.complete("http://b", [1], Sampling(max_tokens=2))
 
 
 def generate_response(token_ids: list[int], content: list[dict], spans: list[dict] | None = None) -> dict:

@@ -149,9 +149,11 @@ def test_garbage_from_a_backend_fails_over(pool: BackendPool) -> None:
 
 def test_garbage_everywhere_raises_bad_backend_response(pool: BackendPool) -> None:
     pool.register("http://a:8000", "policy-v1")
-    with scripted_client(lambda request: httpx.Response(200, text="not json")) as client:
-        with pytest.raises(BadBackendResponse, match="not JSON"):
-            complete_routed(pool, client, "job-1", [1, 2], Sampling(max_tokens=2))
+    with (
+        scripted_client(lambda request: httpx.Response(200, text="not json")) as client,
+        pytest.raises(BadBackendResponse, match="not JSON"),
+    ):
+        complete_routed(pool, client, "job-1", [1, 2], Sampling(max_tokens=2))
 
 
 def test_a_backend_that_no_longer_serves_the_model_is_failed_over_and_marked(pool: BackendPool) -> None:

@@ -195,7 +195,7 @@ def test_cancel_stops_launching_cancels_running_jobs_and_ends_streams(client, ba
 
 def test_cancelling_one_job_through_the_jobs_api_fails_its_group_and_replenishes(client, batches):
     batch = create(client, prompts=[INFORMATIVE] * 3, min_informative_groups=1, max_groups_in_flight=1)
-    first, second = batches.group_job_ids(batch["id"], 0)
+    first, _second = batches.group_job_ids(batch["id"], 0)
     assert client.delete(f"/v1/jobs/{first}").status_code == 200
     finish_group(batches, batch["id"], 0)
     group = client.get(f"/v1/batches/{batch['id']}/groups", params={"wait": 0}).json()["groups"][0]

@@ -57,7 +57,7 @@ def test_run_takes_a_batch_through_a_fresh_stack_and_summarises_it(tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
-        cwd=ROOT,
+        cwd=ROOT, check=False,
     )
     assert result.returncode == 0, result.stderr
     row = next(line for line in result.stdout.splitlines() if line.startswith("demo"))
@@ -67,10 +67,10 @@ def test_run_takes_a_batch_through_a_fresh_stack_and_summarises_it(tmp_path):
 
 def test_up_serves_submit_and_status_and_stops_everything_on_ctrl_c(tmp_path):
     port = free_port()
-    log = open(tmp_path / "up.log", "w")  # a file, not a pipe: the children log into it too
-    up = subprocess.Popen(
-        [*ROLLOUTS, "up", "--port", str(port)], env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
-    )
+    with open(tmp_path / "up.log", "w") as log:  # a file, not a pipe: the children log into it too
+        up = subprocess.Popen(
+            [*ROLLOUTS, "up", "--port", str(port)], env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         url = f"http://127.0.0.1:{port}"
 
@@ -88,13 +88,13 @@ def test_up_serves_submit_and_status_and_stops_everything_on_ctrl_c(tmp_path):
 
         submitted = subprocess.run(
             [*ROLLOUTS, "submit", str(ROOT / "examples" / "demo.jsonl"), "--url", url],
-            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT,
+            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
         )
         assert submitted.returncode == 0, submitted.stderr
         assert any(line.split()[:3] == ["demo", "24", "24"] for line in submitted.stdout.splitlines())
 
         status = subprocess.run(
-            [*ROLLOUTS, "status", "--url", url], env=cli_env(tmp_path), capture_output=True, text=True, timeout=60
+            [*ROLLOUTS, "status", "--url", url], env=cli_env(tmp_path), capture_output=True, text=True, timeout=60, check=False
         )
         assert status.returncode == 0, status.stderr
         assert "rollout" in status.stdout and "done 24" in status.stdout
@@ -109,7 +109,6 @@ def test_up_serves_submit_and_status_and_stops_everything_on_ctrl_c(tmp_path):
         if up.poll() is None:
             up.kill()
             up.wait()
-        log.close()
 
 
 def test_submit_reports_a_bad_file_clearly(tmp_path):
@@ -117,7 +116,7 @@ def test_submit_reports_a_bad_file_clearly(tmp_path):
     bad.write_text('{"task": {"kind": "demo", "text": "ok"}}\n{not json\n')
     result = subprocess.run(
         [*ROLLOUTS, "submit", str(bad), "--url", "http://127.0.0.1:9"],
-        env=cli_env(tmp_path), capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env=cli_env(tmp_path), capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
     )
     assert result.returncode == 1
     assert f"{bad}:2: not valid JSON" in result.stderr
@@ -127,10 +126,10 @@ def start_up_without_backend(
     tmp_path: Path, port: int, *args: str, preexec_fn=None
 ) -> tuple[subprocess.Popen, IO[str]]:
     """`rollouts up` with its output in a file; returns once Redis, the API and three workers run."""
-    log = open(tmp_path / "up.log", "w")
+    log = open(tmp_path / "up.log", "w")  # noqa: SIM115 - returned: the caller closes it
     up = subprocess.Popen(
         [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", *args],
-        env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
+        env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,  # noqa: PLW1509 - sets SIGINT's disposition only
     )
     wait_for(lambda: len(children_of(up.pid)) >= 5, timeout=60, what="redis, the API and three workers")
     return up, log
@@ -182,9 +181,9 @@ def descendants_of(pid: int) -> list[int]:
 def test_up_serves_a_real_vllm_registers_it_and_stops_it_on_ctrl_c(tmp_path):
     """The embedded default: vLLM on the tiny model (built offline), registered as an operator would."""
     port = free_port()
-    log = open(tmp_path / "up.log", "w")
-    up = subprocess.Popen([*ROLLOUTS, "up", "--port", str(port)], env=cli_env(tmp_path), cwd=ROOT,
-                          stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp_path / "up.log", "w") as log:
+        up = subprocess.Popen([*ROLLOUTS, "up", "--port", str(port)], env=cli_env(tmp_path), cwd=ROOT,
+                              stdout=log, stderr=subprocess.STDOUT)
     try:
         def registered() -> list[dict]:
             try:
@@ -208,7 +207,6 @@ def test_up_serves_a_real_vllm_registers_it_and_stops_it_on_ctrl_c(tmp_path):
         if up.poll() is None:
             up.kill()
             up.wait()
-        log.close()
     output = (tmp_path / "up.log").read_text()
     assert "vLLM ready at" in output, output[-2000:]
 
@@ -216,7 +214,7 @@ def test_up_serves_a_real_vllm_registers_it_and_stops_it_on_ctrl_c(tmp_path):
 def test_up_with_a_backend_url_that_does_not_answer_exits_naming_it(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
     result = subprocess.run([*ROLLOUTS, "up", "--port", str(free_port()), "--backend-url", dead],
-                            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT)
+                            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
     assert result.returncode != 0
     assert dead in result.stderr and "/v1/models" in result.stderr
 
@@ -225,7 +223,7 @@ def test_up_with_a_model_dir_that_is_not_a_model_exits_with_the_reason(tmp_path)
     not_a_model = tmp_path / "empty-dir"
     not_a_model.mkdir()
     result = subprocess.run([*ROLLOUTS, "up", "--port", str(free_port()), "--model", str(not_a_model)],
-                            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT)
+                            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
     assert result.returncode != 0
     assert str(not_a_model) in result.stderr and "config.json" in result.stderr
 
@@ -254,7 +252,7 @@ def test_up_restarts_workers_that_die_and_every_job_ends_done(tmp_path):
             victim = wait_for(lambda: _worker_pids(up.pid), timeout=60, what="a worker process")[0]
             os.kill(victim, signal.SIGKILL)
             killed.append(victim)
-            wait_for(lambda: victim not in _worker_pids(up.pid) and len(_worker_pids(up.pid)) == 3, timeout=120,
+            wait_for(lambda victim=victim: victim not in _worker_pids(up.pid) and len(_worker_pids(up.pid)) == 3, timeout=120,
                      interval=0.5, what="the killed worker to be replaced")  # fmt: skip
 
         def all_done() -> bool:
@@ -319,7 +317,7 @@ class _NeverReadyBackend(BaseHTTPRequestHandler):
     """Test double of an LLM backend that lists a model and is never healthy (fault injection: `up`
     waits for it in the pool, so its start-up is held until the test interrupts it)."""
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         if self.path == "/v1/models":
             body = json.dumps({"object": "list", "data": [{"id": "never-ready", "object": "model"}]}).encode()
             self.send_response(200)
@@ -340,11 +338,11 @@ def test_ctrl_c_while_up_starts_stops_what_started_and_exits_cleanly(tmp_path):
     backend = ThreadingHTTPServer(("127.0.0.1", 0), _NeverReadyBackend)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
     port = free_port()
-    log = open(tmp_path / "up.log", "w")
-    up = subprocess.Popen(
-        [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", "--backend-url", f"http://127.0.0.1:{backend.server_port}"],
-        env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    with open(tmp_path / "up.log", "w") as log:
+        up = subprocess.Popen(
+            [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", "--backend-url", f"http://127.0.0.1:{backend.server_port}"],
+            env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     try:
         def registrar() -> list[int]:
             return [pid for pid in children_of(up.pid) if b"register" in Path(f"/proc/{pid}/cmdline").read_bytes()]
@@ -360,5 +358,4 @@ def test_ctrl_c_while_up_starts_stops_what_started_and_exits_cleanly(tmp_path):
         if up.poll() is None:
             up.kill()
             up.wait()
-        log.close()
         backend.shutdown()

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def rollouts(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUTS_")}
     return subprocess.run([*ROLLOUTS, *args], env={**clean, **env}, capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)  # fmt: skip
+                          cwd=ROOT, check=False)  # fmt: skip
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:

@@ -36,7 +36,7 @@ def start_up(
     tmp_path: Path, port: int, log_name: str = "up.log", drain_timeout: float = 1.0
 ) -> tuple[subprocess.Popen, IO[str]]:
     """`rollouts up` leading a process group of its own, as a shell runs a foreground job."""
-    log = open(tmp_path / log_name, "w")
+    log = open(tmp_path / log_name, "w")  # noqa: SIM115 - returned: the caller closes it
     env = cli_env(tmp_path, ROLLOUTS_TASK_MODULES="tests.support.kinds", ROLLOUTS_HEARTBEAT_INTERVAL_S="1")
     up = subprocess.Popen(
         [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", "--drain-timeout", str(drain_timeout)],

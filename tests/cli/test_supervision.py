@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 import cli.jobs
-from cli.stack import Stack
 from cli.hang_watch import HangWatch
+from cli.stack import Stack
 from cli.supervision import RestartPolicy, StayDown, Supervised
 from cli.vllm_server import VLLMServer
 from shared.keys import Keys
@@ -198,7 +198,7 @@ class HealthDouble(ThreadingHTTPServer):
         double = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 if double.hang.is_set():
                     double.released.wait()
                     return

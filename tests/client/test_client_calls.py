@@ -50,9 +50,8 @@ def test_backend_calls_send_what_the_api_takes_and_read_what_it_answers() -> Non
 
 def test_a_forgotten_backend_is_an_api_error_404() -> None:
     api = Recorder({("POST", "/v1/backends/b/heartbeat"): [httpx.Response(404, json={"detail": "no backend 'b'"})]})
-    with RolloutClient("http://api", transport=httpx.MockTransport(api)) as client:
-        with pytest.raises(ApiError) as caught:
-            client.backend_heartbeat("b")
+    with RolloutClient("http://api", transport=httpx.MockTransport(api)) as client, pytest.raises(ApiError) as caught:
+        client.backend_heartbeat("b")
     assert caught.value.status_code == 404 and caught.value.detail == "no backend 'b'"
 
 
@@ -79,9 +78,8 @@ def test_health_is_false_while_nothing_listens() -> None:
 def test_a_422_names_each_refused_job() -> None:
     problems = [{"field": "body[1].task.kind", "message": "unknown kind"}]
     api = Recorder({("POST", "/v1/jobs"): [httpx.Response(422, json={"detail": "...", "errors": problems})]})
-    with RolloutClient("http://api", transport=httpx.MockTransport(api)) as client:
-        with pytest.raises(ApiError) as caught:
-            client.submit_jobs([{"task": {"kind": "demo"}}, {"task": {"kind": "nope"}}])
+    with RolloutClient("http://api", transport=httpx.MockTransport(api)) as client, pytest.raises(ApiError) as caught:
+        client.submit_jobs([{"task": {"kind": "demo"}}, {"task": {"kind": "nope"}}])
     assert caught.value.status_code == 422 and caught.value.errors == problems
 
 

@@ -103,6 +103,8 @@ def test_async_iter_events_retries_a_503_and_restarts_its_backoff() -> None:
 def test_iter_events_gives_up_with_the_api_error_when_503s_persist() -> None:
     script: list[object] = [httpx.Response(503, json={"detail": "unavailable"}) for _ in range(3)]
     transport = httpx.MockTransport(scripted(script, []))
-    with RolloutClient("http://api", msgpack=False, retry=NO_WAIT, transport=transport) as client:
-        with pytest.raises(ApiError):
-            list(client.iter_events("b"))
+    with (
+        RolloutClient("http://api", msgpack=False, retry=NO_WAIT, transport=transport) as client,
+        pytest.raises(ApiError),
+    ):
+        list(client.iter_events("b"))

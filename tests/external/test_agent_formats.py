@@ -247,7 +247,7 @@ def run_openai_agents_at(base_url: str, key: str, model: str, prompt: str, strea
     """The OpenAI Agents SDK harness, run to its end by the SDK's own environment (scripts/setup.sh)."""
     assert AGENTS_PYTHON.exists(), f"no OpenAI Agents SDK environment at {AGENTS_ENV}: run scripts/setup.sh"
     command = [str(AGENTS_PYTHON), str(HARNESS), base_url, key, model, prompt, *(["--stream"] * stream)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -24,10 +24,10 @@ def test_the_dashboard_shows_the_services_queue_depths_and_keeps_the_password_ou
             assert api.post("/v1/jobs", json=[{"task": {"kind": "demo", "text": "x"}}] * 3).status_code == 202
         port = free_port()
         env = {**os.environ, "ROLLOUTS_REDIS_URL": redis.url}
-        log = open(tmp_path / "dashboard.log", "wb")
-        dashboard = subprocess.Popen(
-            [sys.executable, "-m", "cli", "dashboard", "--port", str(port)], env=env, stdout=log, stderr=log
-        )
+        with open(tmp_path / "dashboard.log", "wb") as log:
+            dashboard = subprocess.Popen(
+                [sys.executable, "-m", "cli", "dashboard", "--port", str(port)], env=env, stdout=log, stderr=log
+            )
         try:
 
             def queues() -> dict[str, int] | None:
@@ -45,7 +45,6 @@ def test_the_dashboard_shows_the_services_queue_depths_and_keeps_the_password_ou
         finally:
             dashboard.terminate()
             dashboard.wait(timeout=10)
-            log.close()
 
     assert depths.get("init") == 3
     assert page.status_code == 200 and "init" in page.text

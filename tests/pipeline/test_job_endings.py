@@ -25,8 +25,8 @@ from tests.support.waiting import wait_for
 from workers.eval import stage as eval_stage
 from workers.init import stage as init_stage
 from workers.rollout import stage as rollout_stage
-from workers.runtime import state as worker_state
 from workers.runtime import stage_runner
+from workers.runtime import state as worker_state
 from workers.runtime.failure import on_stage_failure
 from workers.runtime.state import WorkerState, init_state
 

@@ -113,7 +113,7 @@ def test_a_running_job_is_stopped_by_cancel_and_its_state_cleaned_up(make_stack,
     stack = make_stack()
     api = client_for(stack)
     job_id = api.post("/v1/jobs", json=scripted(trace_dir, sleep={"rollout": 120})).json()["job_ids"][0]
-    wait_for(lambda: any(l.startswith("rollout start") for l in trace(trace_dir, job_id)), what="rollout to start")
+    wait_for(lambda: any(line.startswith("rollout start") for line in trace(trace_dir, job_id)), what="rollout to start")
     assert (stack.settings.workspaces / job_id).exists()
 
     assert api.delete(f"/v1/jobs/{job_id}").json()["previous"] == "rollout"
@@ -124,8 +124,8 @@ def test_a_running_job_is_stopped_by_cancel_and_its_state_cleaned_up(make_stack,
     )
     assert record["status"] == "cancelled"
     assert record["partial"] == {"progress": "rollout started"}
-    assert any(l.startswith("rollout cleanup") for l in trace(trace_dir, job_id)), "per-stage cleanup did not run"
-    assert not any(l.startswith("rollout end") for l in trace(trace_dir, job_id))
+    assert any(line.startswith("rollout cleanup") for line in trace(trace_dir, job_id)), "per-stage cleanup did not run"
+    assert not any(line.startswith("rollout end") for line in trace(trace_dir, job_id))
     wait_for(lambda: not (stack.settings.workspaces / job_id).exists(), what="the cancelled job's workspace to go")
     assert api.get("/v1/status").json()["stages"]["eval"]["queued"] == 0
 

@@ -12,7 +12,7 @@ from tests.support.waiting import client_for, trace, wait_for, wait_status
 
 def _running_pid(trace_dir, job_id: str, stage: str) -> int:
     line = wait_for(
-        lambda: next((l for l in trace(trace_dir, job_id) if l.startswith(f"{stage} start attempt=1")), None),
+        lambda: next((line for line in trace(trace_dir, job_id) if line.startswith(f"{stage} start attempt=1")), None),
         what=f"{stage} to start",
     )
     return int(line.rsplit("pid=", 1)[1])
@@ -35,9 +35,9 @@ def test_a_job_whose_worker_is_killed_is_picked_up_again_and_finishes(make_stack
     assert record["attempts"][stage] == 2
     assert record["lost"] == {stage: 1}
     lines = trace(trace_dir, job_id)
-    second = [l for l in lines if l.startswith(f"{stage} start attempt=2")]
+    second = [line for line in lines if line.startswith(f"{stage} start attempt=2")]
     assert len(second) == 1 and f"pid={pid}" not in second[0]
-    assert sum(l.startswith("eval end") for l in lines) == 1, "the job completed more than once"
+    assert sum(line.startswith("eval end") for line in lines) == 1, "the job completed more than once"
 
 
 def test_a_job_whose_worker_dies_with_no_retries_left_fails_with_a_reason(make_stack, trace_dir):
@@ -73,4 +73,4 @@ def test_sigterm_hands_running_jobs_back_to_the_queue(make_stack, trace_dir, cra
     assert record["status"] == "done"
     assert record["attempts"]["rollout"] == 2
     assert "requeued" in record["timings"]["rollout"]
-    assert any(l.startswith("rollout cleanup attempt=1") for l in trace(trace_dir, job_id))
+    assert any(line.startswith("rollout cleanup attempt=1") for line in trace(trace_dir, job_id))

@@ -1,6 +1,6 @@
 """Fixtures of the LLM-backend fault tests: a pool emptied around each test, and a healthy scripted backend.
 
-Imported by the modules that use them (with the module's own `stack`), as the other shared fixtures are.
+Imported by tests/reliability/conftest.py; each module that uses them has its own `stack`.
 """
 
 from __future__ import annotations

@@ -17,12 +17,17 @@ import pytest
 
 from cli.stack import Stack
 from shared.trajectory import Trajectory
-from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
-    agent_stack, assert_worker_serves_next_job, assistant_backends, deregister_all, register, rollout_worker,
-    submit, use_only,
+    agent_stack,
+    assert_worker_serves_next_job,
+    assistant_backends,
+    deregister_all,
+    register,
+    rollout_worker,
+    submit,
+    use_only,
 )  # fmt: skip
-from tests.reliability.backend_fixtures import SCRIPTS, api, healthy  # noqa: F401
+from tests.reliability.backend_fixtures import SCRIPTS
 from tests.reliability.fault_backends import HangingBackend, ScriptedProcess
 from tests.support.scripted_llm import ScriptedLLM
 from tests.support.waiting import client_for, wait_for, wait_status
@@ -47,13 +52,13 @@ PATIENT_REQUEST_TIMEOUT_S = 600.0
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:  # noqa: F811
+def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
     with agent_stack(tmp_path_factory.mktemp("backend-faults"), model_dir, ENV) as started:
         yield started
 
 
 @pytest.fixture()
-def patient_stack(tmp_path: Path, model_dir: Path) -> Iterator[Stack]:  # noqa: F811
+def patient_stack(tmp_path: Path, model_dir: Path) -> Iterator[Stack]:
     """A stack of its own whose LLM requests wait far longer than any step of the test (registering
     the other backend on a busy machine included): a request ends by the backend's death, not a timeout."""
     env = {**ENV, "ROLLOUTS_LLM_REQUEST_TIMEOUT_S": str(PATIENT_REQUEST_TIMEOUT_S)}
@@ -62,14 +67,14 @@ def patient_stack(tmp_path: Path, model_dir: Path) -> Iterator[Stack]:  # noqa: 
 
 
 @pytest.fixture()
-def hanging(model_dir: Path) -> Iterator[HangingBackend]:  # noqa: F811
+def hanging(model_dir: Path) -> Iterator[HangingBackend]:
     backend = HangingBackend(model_dir)
     yield backend
     backend.stop()
 
 
 def test_a_backend_killed_mid_request_fails_over_and_the_job_is_done(
-    patient_stack: Stack, healthy: ScriptedLLM, model_dir: Path, figure  # noqa: F811
+    patient_stack: Stack, healthy: ScriptedLLM, model_dir: Path, figure
 ) -> None:
     """Turn 1 is served by A; A is SIGKILLed while it holds turn 2; B serves turn 2 from the same tokens."""
     stack = patient_stack

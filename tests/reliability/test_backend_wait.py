@@ -17,11 +17,16 @@ import pytest
 
 from cli.stack import Stack
 from shared.jobs.backend_wait import WAITING_DETAIL
-from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
-    agent_stack, assistant_backends, deregister_all, register, rollout_worker, submit, use_only,
+    agent_stack,
+    assistant_backends,
+    deregister_all,
+    register,
+    rollout_worker,
+    submit,
+    use_only,
 )  # fmt: skip
-from tests.reliability.backend_fixtures import SCRIPTS, api, healthy  # noqa: F401
+from tests.reliability.backend_fixtures import SCRIPTS
 from tests.reliability.fault_backends import ScriptedProcess
 from tests.support.scripted_llm import ScriptedLLM
 from tests.support.waiting import client_for, job, wait_for, wait_status
@@ -37,7 +42,7 @@ ENV = {
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:  # noqa: F811
+def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
     with agent_stack(tmp_path_factory.mktemp("backend-wait"), model_dir, ENV) as started:
         yield started
 
@@ -45,9 +50,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
 def waiting(api: httpx.Client, job_id: str, looks: int = 1) -> dict[str, Any] | None:
     """The job's record once it waits for a backend, after at least `looks` attempts at the rollout."""
     record = job(api, job_id)
-    if record["status"] == "rollout" and record["status_detail"] == WAITING_DETAIL:
-        if record["attempts"].get("rollout", 0) >= looks:
-            return record
+    waits = record["status"] == "rollout" and record["status_detail"] == WAITING_DETAIL
+    if waits and record["attempts"].get("rollout", 0) >= looks:
+        return record
     assert record["status"] not in ("done", "failed", "timed_out", "cancelled"), record
     return None
 
@@ -76,7 +81,7 @@ def test_a_job_waits_while_every_backend_drains_and_goes_on_when_one_reopens(
 
 
 def test_a_job_whose_backend_goes_away_mid_rollout_waits_and_runs_again_on_the_next(
-    stack: Stack, api: httpx.Client, healthy: ScriptedLLM, model_dir: Path  # noqa: F811
+    stack: Stack, api: httpx.Client, healthy: ScriptedLLM, model_dir: Path
 ) -> None:
     """Turn 1 on A; A is killed holding turn 2 and no other backend is open: the job waits, then
     its rollout runs again from the start on B, which registers later."""
@@ -97,7 +102,7 @@ def test_a_job_whose_backend_goes_away_mid_rollout_waits_and_runs_again_on_the_n
 
 
 def test_a_job_that_finds_no_backend_for_backend_wait_s_fails_saying_so(
-    tmp_path: Path, model_dir: Path  # noqa: F811
+    tmp_path: Path, model_dir: Path
 ) -> None:
     with agent_stack(tmp_path, model_dir, {**ENV, "ROLLOUTS_BACKEND_WAIT_S": "4"}) as stack:
         api = client_for(stack)
@@ -113,7 +118,7 @@ def test_a_job_that_finds_no_backend_for_backend_wait_s_fails_saying_so(
 
 
 def test_a_stopping_worker_hands_back_a_rollout_held_in_an_llm_call_and_exits_without_waiting_for_the_call(
-    tmp_path: Path, model_dir: Path  # noqa: F811
+    tmp_path: Path, model_dir: Path
 ) -> None:
     """The backend holds the generation and never answers it; the drain interrupts the rollout,
     which abandons the call, and the worker exits (code 0) with the job handed back while that call

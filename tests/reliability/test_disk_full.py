@@ -29,9 +29,13 @@ import httpx
 import pytest
 
 from cli.stack import Stack
-from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
-    agent_stack, assert_worker_serves_next_job, call, observations, submit, use_only,
+    agent_stack,
+    assert_worker_serves_next_job,
+    call,
+    observations,
+    submit,
+    use_only,
 )  # fmt: skip
 from tests.support.scripted_llm import ScriptedLLM
 from tests.support.waiting import TERMINAL, client_for, job, wait_for, wait_status
@@ -59,8 +63,8 @@ SCRIPTS = {
 
 
 def _unmount(path: Path) -> None:
-    if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+    if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode != 0:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +77,7 @@ def disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]
     workspaces.mkdir(parents=True)
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES},mode=0755", "tmpfs", str(workspaces)],
-        capture_output=True, text=True,
+        capture_output=True, text=True, check=False,
     )  # fmt: skip
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
@@ -84,14 +88,14 @@ def disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]
 
 
 @pytest.fixture(scope="module")
-def llm(tokenizer: Any) -> Iterator[ScriptedLLM]:  # noqa: F811
+def llm(tokenizer: Any) -> Iterator[ScriptedLLM]:
     server = ScriptedLLM(tokenizer, scripts=dict(SCRIPTS)).start()
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def stack(disk: tuple[Path, Path], model_dir: Path, llm: ScriptedLLM) -> Iterator[Stack]:  # noqa: F811
+def stack(disk: tuple[Path, Path], model_dir: Path, llm: ScriptedLLM) -> Iterator[Stack]:
     base, workspaces = disk
     with agent_stack(base, model_dir, ENV) as started:
         assert started.settings.workspaces == workspaces

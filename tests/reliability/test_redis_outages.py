@@ -134,8 +134,8 @@ def test_workers_take_jobs_again_after_a_redis_outage_and_no_job_is_lost(
     pids = {stage: [p.pid for p in stack.workers[stage]] for stage in STAGES}
     first = _submit_until_accepted(api, scripted_jobs(FIRST_WAVE, trace_dir, SLEEP))
     wait_for(lambda: sum(s == "done" for s in statuses(api, first).values()) >= 1, what="a first job done")
-    running = [i for i in first if any(l.startswith("rollout start") for l in trace(trace_dir, i))
-               and not any(l.startswith("rollout end") for l in trace(trace_dir, i))]  # fmt: skip
+    running = [i for i in first if any(line.startswith("rollout start") for line in trace(trace_dir, i))
+               and not any(line.startswith("rollout end") for line in trace(trace_dir, i))]  # fmt: skip
 
     answers: list[tuple[int, float]] = []
 
@@ -162,8 +162,8 @@ def test_workers_take_jobs_again_after_a_redis_outage_and_no_job_is_lost(
     second = _submit_until_accepted(api, second_jobs)
     try:
         for stage in STAGES:  # in stage order: a stage's gate lets the wave on to the next stage
-            wait_for(lambda: len(_held_in(trace_dir, second, stage)) >= SLOTS[stage], timeout=120,
-                     what=lambda: f"every {stage} slot to hold a second-wave job (held: "
+            wait_for(lambda stage=stage: len(_held_in(trace_dir, second, stage)) >= SLOTS[stage], timeout=120,
+                     what=lambda stage=stage: f"every {stage} slot to hold a second-wave job (held: "
                                   f"{len(_held_in(trace_dir, second, stage))} of {SLOTS[stage]})")  # fmt: skip
             gates[stage].release()
     finally:
@@ -179,7 +179,7 @@ def test_workers_take_jobs_again_after_a_redis_outage_and_no_job_is_lost(
     assert all(status == "done" for status in final.values()), final
     records = {i: api.get(f"/v1/jobs/{i}").json() for i in first + second}
     for stage in STAGES:
-        ran_twice = [i for i in records if sum(l.startswith(f"{stage} end") for l in trace(trace_dir, i)) > 1]
+        ran_twice = [i for i in records if sum(line.startswith(f"{stage} end") for line in trace(trace_dir, i)) > 1]
         unfenced = [i for i in ran_twice if records[i]["attempts"][stage] < 2]
         assert not unfenced, f"{stage} ran to its end twice in one attempt: {unfenced}"
     assert all(r["result"]["reward"] == 1.0 for r in records.values())
@@ -191,7 +191,7 @@ def test_workers_take_jobs_again_after_a_redis_outage_and_no_job_is_lost(
         assert len(resumed[stage]) == SLOTS[stage], (stage, resumed[stage])  # every slot took a job
 
     reruns = sum(
-        max(0, sum(l.startswith(f"{stage} start") for l in trace(trace_dir, i)) - 1) for i in first for stage in STAGES
+        max(0, sum(line.startswith(f"{stage} start") for line in trace(trace_dir, i)) - 1) for i in first for stage in STAGES
     )
     waits = sorted(seconds for _, seconds in answers)
     figure(

@@ -60,9 +60,9 @@ def test_a_clean_redis_restart_mid_run_loses_nothing(persistent_stack: Stack, tr
     assert len(final) == JOBS, "jobs missing after the restart"
     not_done = {i: api.get(f"/v1/jobs/{i}").json() for i, status in final.items() if status != "done"}
     assert not not_done, f"jobs not done after the restart: {not_done}"
-    twice = [i for i in ids if sum(l.startswith("eval end") for l in trace(trace_dir, i)) > 1]
+    twice = [i for i in ids if sum(line.startswith("eval end") for line in trace(trace_dir, i)) > 1]
     reruns = sum(
-        sum(l.startswith(f"{stage} start") for l in trace(trace_dir, i)) - 1 for i in ids for stage in SLEEP
+        sum(line.startswith(f"{stage} start") for line in trace(trace_dir, i)) - 1 for i in ids for stage in SLEEP
     )
     assert not twice, f"jobs finished twice: {twice}"
     figure(f"{JOBS} jobs, Redis restarted (SIGTERM, AOF everysec) mid-run, {outage:.1f} s down: "
@@ -85,6 +85,6 @@ def test_a_redis_crash_mid_run_loses_nothing_acknowledged(persistent_stack: Stac
     final = wait_all_terminal(api, ids, timeout=180)
 
     assert len(final) == JOBS and all(status == "done" for status in final.values()), final
-    twice = [i for i in ids if sum(l.startswith("eval end") for l in trace(trace_dir, i)) > 1]
+    twice = [i for i in ids if sum(line.startswith("eval end") for line in trace(trace_dir, i)) > 1]
     assert not twice, f"jobs finished twice: {twice}"
     figure(f"{JOBS} jobs, Redis SIGKILLed mid-run and restarted from its AOF: all done, none lost, none twice")

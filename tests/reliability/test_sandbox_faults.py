@@ -20,7 +20,6 @@ from cli.stack import Stack
 from shared.config import Settings
 from shared.jobs.spec import JobRequest
 from shared.tasks.context import StageContext, StageInterrupted
-from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.reliability.agent_stack import (
     agent_stack,
     assert_worker_serves_next_job,
@@ -76,14 +75,14 @@ SCRIPTS = {
 
 
 @pytest.fixture(scope="module")
-def llm(tokenizer: Any) -> Iterator[ScriptedLLM]:  # noqa: F811
+def llm(tokenizer: Any) -> Iterator[ScriptedLLM]:
     server = ScriptedLLM(tokenizer, scripts=dict(SCRIPTS)).start()
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, llm: ScriptedLLM) -> Iterator[Stack]:  # noqa: F811
+def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, llm: ScriptedLLM) -> Iterator[Stack]:
     with agent_stack(tmp_path_factory.mktemp("sandbox-faults"), model_dir, ENV) as started:
         api = client_for(started)
         use_only(api, llm.url)

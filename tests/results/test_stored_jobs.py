@@ -162,13 +162,13 @@ def full_disk(settings: Settings) -> Iterator[None]:
         pytest.skip("mounting a size-capped tmpfs needs root")
     settings.results.mkdir(parents=True, exist_ok=True)
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(settings.results)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(settings.results)], capture_output=True, check=False
     )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     yield
-    if subprocess.run(["umount", str(settings.results)], capture_output=True).returncode != 0:
-        subprocess.run(["umount", "-l", str(settings.results)], capture_output=True)
+    if subprocess.run(["umount", str(settings.results)], capture_output=True, check=False).returncode != 0:
+        subprocess.run(["umount", "-l", str(settings.results)], capture_output=True, check=False)
 
 
 def test_a_full_results_disk_fails_the_job_as_infrastructure_and_the_api_refuses_new_jobs(

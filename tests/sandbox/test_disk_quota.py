@@ -112,7 +112,7 @@ def test_a_writer_past_the_quota_ends_the_sandbox(
     box.start()
     try:
         ns = _pid_ns(box)
-        with pytest.raises(SandboxDiskQuotaExceeded, match="disk quota of 16777216 .sandbox_disk_bytes."):
+        with pytest.raises(SandboxDiskQuotaExceeded, match=r"disk quota of 16777216 \(sandbox_disk_bytes\)"):
             box.call("bash", {"command": command}, timeout=30)
         assert pid_namespace_members(ns) == []  # nothing of the sandbox is left writing
         held = disk_usage([workspace, box.runtime_dir]).bytes

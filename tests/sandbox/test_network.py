@@ -70,7 +70,7 @@ def host_addresses() -> list[str]:
     """The host's global IPv4 addresses (not loopback)."""
     try:
         command = ["ip", "-4", "-o", "addr", "show", "scope", "global"]
-        out = subprocess.run(command, capture_output=True, text=True).stdout
+        out = subprocess.run(command, capture_output=True, text=True, check=False).stdout
     except FileNotFoundError:
         return []
     return [line.split()[3].split("/")[0] for line in out.splitlines() if len(line.split()) > 3]

@@ -7,6 +7,7 @@ job A gave back, so a job that gets a pooled sandbox gets A's.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,10 +144,8 @@ while True:
 def _hostile_then_clean(pool: SandboxPool, settings: Settings, spec: SandboxSpec, hostile: str) -> JobSandbox:
     """Job A does ``hostile``; job B still runs clean, in a fresh sandbox or a proven-clean one."""
     a = _job(settings, pool, "job-a", {"hop.py": HOP}, spec)
-    try:
+    with contextlib.suppress(SandboxError):  # the hostile act ended the sandbox (the disk quota)
         a.sandbox.call("bash", {"command": hostile})
-    except SandboxError:
-        pass  # the hostile act ended the sandbox (the disk quota)
     reused = _give_back_and_wait(pool, a)
     b = _job(settings, pool, "job-b", {"b-file": "b"}, spec)
     try:

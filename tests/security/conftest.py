@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from tests.pipeline.conftest import make_stack, trace_dir  # noqa: F401 - a stack and its trace
+
 # Real bubblewrap sandboxes, set up exactly as tests/sandbox does.
-from tests.sandbox.conftest import (  # noqa: E402,F401
+from tests.sandbox.conftest import (  # noqa: F401
     net_sandbox,
     require_bwrap,
     require_slirp,

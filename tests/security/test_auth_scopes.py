@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 DEMO = {"task": {"kind": "demo", "text": "abc"}}
@@ -64,7 +66,7 @@ def test_job_ids_are_random_not_sequential(make_client):
     ids = client.post("/v1/jobs", json=[DEMO] * 50).json()["job_ids"]
     numbers = [int(job_id, 16) for job_id in ids]
     assert len(set(ids)) == 50 and all(len(job_id) == 32 for job_id in ids)
-    steps = {b - a for a, b in zip(numbers, numbers[1:])}
+    steps = {b - a for a, b in itertools.pairwise(numbers)}
     assert len(steps) == 49, "ids advance by a fixed step: guessable"
     # 128 random bits: the high halves of 50 ids are spread over the whole range, not clustered.
     assert max(numbers) - min(numbers) > 2**120

@@ -20,7 +20,6 @@ from redis import Redis
 
 from shared.config import STAGES
 from shared.jobs.rq_payloads import ForbiddenJobFunction, StageJob
-from tests.pipeline.conftest import make_stack, trace_dir  # noqa: F401 - fixtures
 from tests.support.waiting import client_for, wait_for, wait_status
 
 

@@ -128,12 +128,11 @@ class SlurmCluster:
         )
 
     def _spawn(self, name: str, argv: list[str], user: str | None = None) -> None:
-        log = open(self.root / f"{name}.out", "ab")
-        process = subprocess.Popen(
-            argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, user=user, group=user,
-            extra_groups=[] if user else None, start_new_session=True,
-        )
-        log.close()
+        with open(self.root / f"{name}.out", "ab") as log:
+            process = subprocess.Popen(
+                argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, user=user, group=user,
+                extra_groups=[] if user else None, start_new_session=True,
+            )
         self._daemons.append((name, process))
 
     def _wait_node_idle(self, timeout: float) -> None:
@@ -158,7 +157,7 @@ class SlurmCluster:
     def run(self, argv: list[str], env: dict[str, str] | None = None, check: bool = True,
             cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(argv, env={**self.env, **(env or {})}, capture_output=True, text=True,
-                                cwd=cwd, timeout=timeout)
+                                cwd=cwd, timeout=timeout, check=False)
         if check and result.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr or result.stdout}")
         return result
@@ -188,7 +187,7 @@ class SlurmCluster:
             deadline = time.monotonic() + self.kill_wait_s + 10
             while time.monotonic() < deadline and self.run(["squeue", "-h"], check=False).stdout.strip():
                 time.sleep(0.5)
-        for name, process in reversed(self._daemons):
+        for _name, process in reversed(self._daemons):
             if process.poll() is None:
                 process.terminate()
                 try:

@@ -5,6 +5,7 @@ docs/OPERATIONS.md)."""
 from __future__ import annotations
 
 import re
+
 import tomllib
 
 from tests.slurm.conftest import REPO

@@ -12,7 +12,7 @@ from tests.slurm.conftest import REPO
 def _bash(script: str, env: dict[str, str]) -> str:
     result = subprocess.run(
         ["bash", "-c", f"set -euo pipefail; source {REPO}/slurm/lib.sh; {script}"],
-        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", **env}, capture_output=True, text=True, timeout=30,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", **env}, capture_output=True, text=True, timeout=30, check=False,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -70,14 +70,14 @@ def test_a_job_waits_for_an_address_and_ignores_one_whose_job_is_gone(tmp_path: 
            "PATH": f"{bin_dir}:/usr/bin:/bin"}
     script = f"source {REPO}/slurm/lib.sh; rollouts_wait_for redis ROLLOUTS_REDIS_URL; echo $ROLLOUTS_REDIS_URL"
 
-    stale = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    stale = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=False)
     assert stale.returncode == 3 and "gave up waiting" in stale.stderr
 
     (tmp_path / "redis.env").write_text("ROLLOUTS_REDIS_URL=redis://new:2/0\nROLLOUTS_SLURM_REDIS_JOB=12\n")
-    live = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    live = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=False)
     assert live.returncode == 0 and live.stdout.strip() == "redis://new:2/0"
     configured = subprocess.run(["bash", "-c", script], env={**env, "ROLLOUTS_REDIS_URL": "redis://site:3/0"},
-                                capture_output=True, text=True, timeout=30)
+                                capture_output=True, text=True, timeout=30, check=False)
     assert configured.stdout.strip() == "redis://site:3/0"
 
 

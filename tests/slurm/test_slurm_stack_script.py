@@ -27,7 +27,6 @@ from tests.support.waiting import trace, wait_for, wait_status
 from tests.weights.test_weight_update_on_vllm import PROMPT, checkpoint, gap_to
 
 
-
 def _stack(slurm, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return slurm.run([str(REPO / "slurm" / "stack.sh"), *args], env=job_env(config), timeout=300)
 
@@ -50,9 +49,9 @@ def _vllm_pid(port: int) -> int:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"vllm.entrypoints.openai.api_server" in argv and b"--port" in argv:
-            if argv[argv.index(b"--port") + 1] == str(port).encode():
-                return int(proc.name)
+        serves = b"vllm.entrypoints.openai.api_server" in argv and b"--port" in argv
+        if serves and argv[argv.index(b"--port") + 1] == str(port).encode():
+            return int(proc.name)
     raise AssertionError(f"no vLLM server on port {port}")
 
 
@@ -147,13 +146,13 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
 
         status = _stack(slurm, config, "status").stdout
         assert f"ROLLOUTS_API_URL={api_url}" in status and not [v for v in secrets.values() if v in status]
-        assert all(any(l.startswith(role) and "_" in l for l in status.splitlines()) for role in ("init", "vllm"))
+        assert all(any(line.startswith(role) and "_" in line for line in status.splitlines()) for role in ("init", "vllm"))
 
         jobs = [{"task": {"kind": "scripted", "trace": str(trace_dir), "sleep": {"rollout": 0.5}}}] * 6
         ids = api.post("/v1/jobs", json=jobs).json()["job_ids"]
         for job_id in ids:
             assert wait_status(api, job_id, timeout=90)["status"] == "done"
-            assert sum(l.startswith("eval end") for l in trace(trace_dir, job_id)) == 1
+            assert sum(line.startswith("eval end") for line in trace(trace_dir, job_id)) == 1
 
         # The backend job's batch shell gets SIGTERM (time limit, `stack.sh down`): it deregisters
         # before stopping its server, so the pool forgets it at once instead of marking it unhealthy.

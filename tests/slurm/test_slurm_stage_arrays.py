@@ -65,7 +65,7 @@ def _submit(api: httpx.Client, trace_dir: Path, tasks: list[dict]) -> list[str]:
 def _started(trace_dir: Path, job_id: str, stage: str, attempt: int = 1) -> int:
     """The pid of the worker that started `stage` of the job (from the scripted kind's trace)."""
     prefix = f"{stage} start attempt={attempt}"
-    line = wait_for(lambda: next((l for l in trace(trace_dir, job_id) if l.startswith(prefix)), None),
+    line = wait_for(lambda: next((line for line in trace(trace_dir, job_id) if line.startswith(prefix)), None),
                     timeout=60, what=f"{job_id} to start {stage}")
     return int(line.rsplit("pid=", 1)[1])
 
@@ -83,7 +83,7 @@ def _assert_all_done_once(api: httpx.Client, trace_dir: Path, ids: list[str]) ->
     for job_id in ids:
         record = wait_status(api, job_id, timeout=90)
         assert record["status"] == "done", record
-        ends = [l for l in trace(trace_dir, job_id) if l.startswith("eval end")]
+        ends = [line for line in trace(trace_dir, job_id) if line.startswith("eval end")]
         assert len(ends) == 1, f"{job_id} completed {len(ends)} times"
 
 

@@ -21,9 +21,9 @@ def running_api(state: Path, **env: str) -> Iterator[str]:
     redis = EmbeddedRedis(data_dir=state / "redis").start()
     port = free_port()
     full_env = {**os.environ, "ROLLOUTS_REDIS_URL": redis.url, "ROLLOUTS_STATE_DIR": str(state), **env}
-    log = open(state / "api.log", "ab")
-    api = subprocess.Popen([sys.executable, "-m", "cli", "api", "--port", str(port)], env=full_env, stdout=log,
-                           stderr=subprocess.STDOUT)  # fmt: skip
+    with open(state / "api.log", "ab") as log:
+        api = subprocess.Popen([sys.executable, "-m", "cli", "api", "--port", str(port)], env=full_env, stdout=log,
+                               stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:
@@ -38,5 +38,4 @@ def running_api(state: Path, **env: str) -> Iterator[str]:
     finally:
         api.terminate()
         api.wait(timeout=10)
-        log.close()
         redis.stop()

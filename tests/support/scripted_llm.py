@@ -75,7 +75,7 @@ class ScriptedLLM:
             gate.wait()
         turn = text.count(ASSISTANT_HEADER) - 1
         reply = script[min(turn, len(script) - 1)]
-        ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        ids = [*self.tokenizer.encode(reply, add_special_tokens=False), self.tokenizer.eos_token_id]
         max_tokens = int(body["sampling_params"].get("max_tokens") or 16)
         finish = "stop"
         if len(ids) > max_tokens:

@@ -118,7 +118,7 @@ class StandinLLM:
         """Token IDs of a reply plus EOS, tokenized once per distinct text."""
         ids = self._replies.get(text)
         if ids is None:
-            ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+            ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
             self._replies[text] = ids
         return ids
 

@@ -113,7 +113,7 @@ KILL_THE_JUDGE = (
 @pytest.mark.parametrize(
     "solution",
     [FORGE_REPORT_PIPE, READ_HIDDEN_TESTS, EQUAL_TO_EVERYTHING, MONKEYPATCH_THE_MACHINERY,
-     EXIT_ZERO_FROM_ATEXIT, CONFTEST_HOOK, KILL_THE_JUDGE],  # fmt: skip
+     EXIT_ZERO_FROM_ATEXIT, CONFTEST_HOOK, KILL_THE_JUDGE],
     ids=["report_pipe", "read_hidden_tests", "equal_to_everything", "monkeypatch", "atexit", "conftest", "kill_judge"],
 )
 def test_a_reward_hack_scores_nothing(make_ctx: MakeCtx, solution: str) -> None:

@@ -90,7 +90,7 @@ def test_a_named_format_missing_a_field_is_refused(row: dict, fmt: str, field: s
 
 
 def test_format_and_kind_must_agree() -> None:
-    with pytest.raises(TaskValidationError, match="task.format"):
+    with pytest.raises(TaskValidationError, match=r"task\.format"):
         get_kind("code").validate({"kind": "code", "format": "gsm8k", **GSM8K})
 
 
@@ -130,9 +130,9 @@ def test_rows_from_jsonl_and_parquet_with_row_numbers(tmp_path: Path) -> None:
     assert read_row_jobs(jsonl, None)[3] == {"task": {"kind": "math", "problem": "1", "answer": 1}}
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(GSM8K) + "\n" + json.dumps({"question": "q"}) + "\n")
-    with pytest.raises(ValueError, match="bad.jsonl: row 2: matches no known format"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl: row 2: matches no known format"):
         read_row_jobs(bad, None)
-    with pytest.raises(ValueError, match="row 1: task.solution"):
+    with pytest.raises(ValueError, match=r"row 1: task\.solution"):
         read_row_jobs(jsonl, "math")
 
 

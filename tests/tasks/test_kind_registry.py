@@ -46,7 +46,7 @@ def test_a_split_kind_validates_by_its_spec_and_runs_its_stage_code() -> None:
     load_task_modules([SPLIT])
     spec = get_spec("split_echo")
     assert type(spec).__name__ == "EchoSpec" and not isinstance(spec, TaskKind)
-    with pytest.raises(TaskValidationError, match="task.text"):
+    with pytest.raises(TaskValidationError, match=r"task\.text"):
         validate_job({"task": {"kind": "split_echo"}})
     kind = get_kind("split_echo")
     assert type(kind).__name__ == "EchoKind" and isinstance(kind, type(spec))

@@ -85,9 +85,9 @@ def test_humaneval_is_pass_fail_and_its_reference_passes(make_ctx: MakeCtx) -> N
 
 
 def test_the_options_name_their_field() -> None:
-    with pytest.raises(TaskValidationError, match="task.challenge_tests"):
+    with pytest.raises(TaskValidationError, match=r"task\.challenge_tests"):
         code_fields({**MBPP_SETUP, "format": "mbpp", "challenge_tests": "yes"})
-    with pytest.raises(TaskValidationError, match="task.scoring"):
+    with pytest.raises(TaskValidationError, match=r"task\.scoring"):
         get_kind("code").validate({**row_to_task(MBPP_SETUP), "scoring": "some"})
-    with pytest.raises(TaskValidationError, match="task.challenge_test_list"):
+    with pytest.raises(TaskValidationError, match=r"task\.challenge_test_list"):
         code_fields({**MBPP_SETUP, "format": "mbpp", "challenge_tests": True, "challenge_test_list": [1]})

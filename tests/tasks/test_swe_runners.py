@@ -136,7 +136,7 @@ def test_rows_without_repo_path_come_from_the_mirror(
 ) -> None:
     row = django_row(tmp_path / "mirror" / "django__django")  # as published: no repo_path
     task = _task(row)
-    with pytest.raises(TaskValidationError, match="task.repo_path.*swe_repo_mirror"):
+    with pytest.raises(TaskValidationError, match=r"task\.repo_path.*swe_repo_mirror"):
         get_kind("swe").validate(task)
     monkeypatch.setenv("ROLLOUTS_SWE_REPO_MIRROR", str(tmp_path / "mirror"))
     get_settings.cache_clear()
@@ -167,7 +167,7 @@ def test_singularity_uses_the_official_image_at_testbed(tmp_path: Path) -> None:
 
 def test_given_patch_without_gold_is_refused(tmp_path: Path) -> None:
     row = {k: v for k, v in _row(tmp_path, "pytest").items() if k != "patch"}
-    with pytest.raises(TaskValidationError, match="task.patch"):
+    with pytest.raises(TaskValidationError, match=r"task\.patch"):
         get_kind("swe").given_rollout(_task(row), None)
     assert get_kind("swe").given_rollout(_task(row), "diff")["extra"] == {"diff": "diff"}
 

@@ -8,7 +8,6 @@ version (vLLM's /weight_info), and that the next step's trajectories recorded th
 
 from __future__ import annotations
 
-
 import httpx
 import pytest
 from safetensors.torch import load_file

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from rollouts_client import ApiError, AsyncRolloutClient, RolloutClient
 
+from rollouts_client import ApiError, AsyncRolloutClient, RolloutClient
 from tests.support.vllm_server import SERVED_NAME
 from tests.weights.test_weight_update_on_vllm import checkpoint, gap_to, sample, served  # noqa: F401 - the fixture
 

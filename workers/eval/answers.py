@@ -160,10 +160,9 @@ def _letter_in(text: str, letters: str, choices: dict[str, str], whole_text_ok: 
 def _as_letter(candidate: str, letters: str, choices: dict[str, str]) -> str | None:
     plain = unwrap_text(candidate).strip().strip("$*").strip()
     match = re.fullmatch(r"(?:option\s*|choice\s*)?\(?([A-Z])\)?[.:)]?(?:\s.*)?", plain, re.IGNORECASE | re.DOTALL)
-    if match and match.group(1).upper() in letters:
-        # "B" or "(B) the text of B"; a lowercase word like "a plant" is not a letter
-        if match.group(1).isupper() or len(plain) <= 3:
-            return match.group(1).upper()
+    # "B" or "(B) the text of B"; a lowercase word like "a plant" is not a letter
+    if match and match.group(1).upper() in letters and (match.group(1).isupper() or len(plain) <= 3):
+        return match.group(1).upper()
     key = _norm(plain)
     for letter, text in choices.items():
         if key and key == _norm(text):

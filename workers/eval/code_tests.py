@@ -156,8 +156,5 @@ def summary(results: list[dict[str, Any]], scoring: str) -> dict[str, Any]:
     """The reward (fraction passed, or all-or-nothing) and the per-test record."""
     passed = sum(1 for r in results if r["passed"])
     total = len(results)
-    if scoring == "all":
-        reward = 1.0 if passed == total else 0.0
-    else:
-        reward = passed / total
+    reward = float(passed == total) if scoring == "all" else passed / total
     return {"reward": reward, "passed": passed, "total": total, "scoring": scoring, "tests": results}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import builtins
 import collections
+import contextlib
 import ctypes
 import datetime
 import decimal
@@ -175,7 +176,7 @@ def _exception(name, message):
     if isinstance(cls, type) and issubclass(cls, Exception):
         try:
             return cls(message)
-        except Exception:
+        except TypeError:  # one that takes more than a message (UnicodeDecodeError, ExceptionGroup)
             pass
     return RemoteError(f"{name}: {message}")
 
@@ -184,10 +185,7 @@ def _update_in_place(original, new):
     """A list, dict or set the test passed and the solution changed: the test sees the change."""
     if isinstance(original, list) and isinstance(new, list):
         original[:] = new
-    elif isinstance(original, dict) and isinstance(new, dict):
-        original.clear()
-        original.update(new)
-    elif isinstance(original, set) and isinstance(new, set):
+    elif (isinstance(original, dict) and isinstance(new, dict)) or (isinstance(original, set) and isinstance(new, set)):
         original.clear()
         original.update(new)
 
@@ -264,7 +262,7 @@ def _trusted_twin(value):
         return None
     try:
         origin = value._ask("origin")
-    except Exception:
+    except Exception:  # noqa: BLE001 - the solution's side may fail any way: then there is no twin
         return None
     if not origin:
         return None
@@ -278,15 +276,13 @@ def _trusted_twin(value):
         for part in qualname.split(".") if qualname else ():
             found = getattr(found, part)
         return found
-    except Exception:
+    except Exception:  # noqa: BLE001 - importing the named module may raise anything: then no twin
         return None
 
 
 def judge(mode, target, module_name, sock, child):
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # no libc, or no prctl in it (as cli/procs.py says)
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the child cannot read this process
-    except Exception:
-        pass
     token = os.read(TOKEN_FD, 256).decode().strip()
     os.close(TOKEN_FD)
     with os.fdopen(SOURCE_FD, "r") as handle:
@@ -311,16 +307,16 @@ def judge(mode, target, module_name, sock, child):
         _install(module_name, module)
         if mode == "snippet":
             namespace = {"__name__": "__hidden_test__"}
-            exec(f"from {module_name} import *", namespace)
-            exec(compile(source, "<hidden test>", "exec"), namespace)
+            exec(f"from {module_name} import *", namespace)  # noqa: S102 - running the tests is the job
+            exec(compile(source, "<hidden test>", "exec"), namespace)  # noqa: S102 - running the tests is the job
         else:
             tests = types.ModuleType("_hidden_tests")
             tests.__file__ = "_hidden_tests.py"
             sys.modules["_hidden_tests"] = tests
-            exec(compile(source, "_hidden_tests.py", "exec"), tests.__dict__)
+            exec(compile(source, "_hidden_tests.py", "exec"), tests.__dict__)  # noqa: S102 - running the tests is the job
             getattr(tests, target)()
         passed = True
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - anything the test raises, SystemExit included, fails it
         traceback.print_exc()
     finally:
         _end(child)
@@ -348,14 +344,10 @@ def _install(name, module):
 
 
 def _end(child):
-    try:
+    with contextlib.suppress(OSError):
         os.kill(child, signal.SIGKILL)
-    except OSError:
-        pass
-    try:
+    with contextlib.suppress(OSError):
         os.waitpid(child, 0)
-    except OSError:
-        pass
 
 
 # --- the solution's side ----------------------------------------------------------------------
@@ -377,13 +369,13 @@ def serve(module_name, sock):
         public = getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")]
         names = {name: encode(getattr(module, name), handle_of) for name in public if hasattr(module, name)}
         send(sock, {"names": names})
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - whatever importing the solution raises goes back to the judge
         _send_error(sock, exc)
         os._exit(0)
     while True:
         try:
             request = receive(sock)
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - the judge is gone or spoke garbage: this process ends
             os._exit(0)
         if request is None:
             os._exit(0)
@@ -395,7 +387,7 @@ def serve(module_name, sock):
             if request["op"] == "call":
                 reply["m"] = [_mutable_state(a, handle_of) for a in args if isinstance(a, (list, dict, set))]
             send(sock, reply)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - whatever the solution's code raises goes back to the judge
             _send_error(sock, exc)
 
 
@@ -445,7 +437,7 @@ def _origin(value):
 def _mutable_state(value, handle_of):
     try:
         return encode(value, handle_of)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a solution's object may fail to encode any way: no state then
         return None
 
 
@@ -453,7 +445,7 @@ def _send_error(sock, exc):
     message = str(exc)[:2000]
     try:
         send(sock, {"x": [type(exc).__name__, message]})
-    except Exception:
+    except Exception:  # noqa: BLE001 - the error cannot be sent: this process ends
         os._exit(1)
 
 

@@ -42,7 +42,7 @@ IMAGE_EXPORT_DIR = "/export"  # where the export binds its destination (not over
 def git(cwd: Path, *args: str, stdin: bytes | None = None) -> bytes:
     """Host git on a repository this process made (never on one an agent touched)."""
     cmd = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.autocrlf=false", "-c", "init.defaultBranch=main"]
-    done = subprocess.run([*cmd, *args], cwd=cwd, input=stdin, capture_output=True, env={**os.environ, **_SNAPSHOT_ENV})
+    done = subprocess.run([*cmd, *args], cwd=cwd, input=stdin, capture_output=True, env={**os.environ, **_SNAPSHOT_ENV}, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"git {args[0]} failed in {cwd}: {done.stderr.decode(errors='replace').strip()}")
     return done.stdout
@@ -91,7 +91,7 @@ def materialize(instance: SweInstance, dest: Path) -> str:
         return snapshot_commit(dest)
     source = instance.source()
     dest.mkdir(parents=True, exist_ok=True)
-    if (source / ".git").exists() or (source / "HEAD").is_file() and (source / "objects").is_dir():
+    if (source / ".git").exists() or ((source / "HEAD").is_file() and (source / "objects").is_dir()):
         archive = git(source, "archive", "--format=tar", instance.base_commit)
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(dest, filter="data")

@@ -42,7 +42,6 @@ from typing import Any
 
 from shared.errors import RolloutsError
 
-
 ESCAPE = "\u200b"
 # The stand-in exchange the observation deltas are cut from: plain words no template trims,
 # splits (Qwen3 splits on </think>) or mistakes for markup.

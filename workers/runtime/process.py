@@ -129,7 +129,7 @@ class WorkerProcess:
         if not self._renew or not command:
             return
         try:
-            done = subprocess.run(["bash", "-c", command], timeout=120, capture_output=True, text=True)
+            done = subprocess.run(["bash", "-c", command], timeout=120, capture_output=True, text=True, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             log.error("renewal failed to run: %s", exc)
             return

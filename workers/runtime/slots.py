@@ -20,6 +20,7 @@ threads change is handled here:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -126,7 +127,5 @@ class SlotWorker(SimpleWorker):
             job = self._busy_job
         if job is None or self.execution is None:
             return
-        try:
+        with contextlib.suppress(AttributeError):  # the job finished after the check: nothing to extend
             self.maintain_heartbeats(job)
-        except AttributeError:
-            pass  # the job finished between the check and the heartbeat; nothing to extend

@@ -193,7 +193,7 @@ def _perform(stage: Stage, ctx: StageContext, workspaces: Path) -> Performed:
         return {}, InterruptReason.REQUEUE, None
     except NoBackendAvailable as exc:  # infrastructure, not the job's fault: it waits (_wait_for_backend)
         return {}, None, {"stage": stage.name, "type": NO_BACKEND, "message": str(exc)}
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever a stage raises fails the job with its type and message
         log.warning("job %s: %s failed: %s: %s", ctx.job_id, stage.name, type(exc).__name__, exc)
         message = str(exc) + _disk_full_note(exc, workspaces)
         return {}, None, {"stage": stage.name, "type": type(exc).__name__, "message": message,
@@ -343,7 +343,7 @@ def _finish(
     error: dict[str, Any],
     partial: dict[str, Any] | None,
     guard: tuple[str, int] | None,
-    group_id: str | None | Unknown,
+    group_id: str | Unknown | None,
 ) -> Outcome:
     fields: dict[str, Any] = {time_field(stage, "ended"): time.time()}
     try:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from shared.batches.hook import UNKNOWN, Unknown
-from shared.jobs.store import JobStore
 from shared.job_end import job_ended, release_pin
+from shared.jobs.store import JobStore
 from shared.metrics import MetricsRecorder
 
 log = logging.getLogger("rollouts.worker")
@@ -30,7 +30,7 @@ class Ended:
     # (cancelled by the API, or a race lost to a cancel): the mover told the batch already.
     moved: bool
     error: dict[str, Any] | None = None  # what ended it, counted in the metrics when `moved`
-    group_id: str | None | Unknown = UNKNOWN
+    group_id: str | Unknown | None = UNKNOWN
 
 
 def on_terminal(store: JobStore, job_id: str, ended: Ended, metrics: MetricsRecorder | None = None) -> None:

@@ -7,6 +7,7 @@ server start-up, tool calls, one-shot commands, teardown) is here, once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -436,10 +437,8 @@ class Sandbox(ABC):
 
     def __del__(self) -> None:
         if getattr(self, "_proc", None) is not None:
-            try:
+            with contextlib.suppress(Exception):  # best effort at interpreter exit
                 self.stop()
-            except Exception:  # noqa: BLE001 - best effort at interpreter exit
-                pass
 
 
 def _kill_group(proc: subprocess.Popen[bytes], launcher_reaps: bool = True) -> None:
@@ -456,18 +455,12 @@ def _kill_group(proc: subprocess.Popen[bytes], launcher_reaps: bool = True) -> N
     namespaces = _foreign_pid_namespaces(descendants(proc.pid))
     kill_descendants(proc.pid)
     if launcher_reaps:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(5.0)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
+    with contextlib.suppress(ProcessLookupError):
         proc.kill()
-    except ProcessLookupError:
-        pass
     proc.wait()
     _wait_namespaces_empty(namespaces, timeout=5.0)
 

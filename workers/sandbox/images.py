@@ -41,10 +41,7 @@ class ImageCache:
 
     def cached_name(self, source: str) -> str:
         """A stable file name: readable stem plus a hash of the URI (or the .def's content)."""
-        if _URI.match(source):
-            key = source.encode()
-        else:
-            key = Path(source).read_bytes()
+        key = source.encode() if _URI.match(source) else Path(source).read_bytes()
         stem = re.sub(r"[^A-Za-z0-9._-]+", "_", source.split("://")[-1].rsplit("/", 1)[-1])[:60]
         return f"{stem}-{hashlib.sha256(key).hexdigest()[:16]}.sif"
 

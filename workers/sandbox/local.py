@@ -48,7 +48,7 @@ def bwrap_usable() -> tuple[bool, str]:
     except (OSError, RuntimeError, ValueError) as exc:  # libseccomp missing or refusing the rules
         return False, f"cannot build the seccomp filter: {exc}"
     try:
-        done = subprocess.run(probe, capture_output=True, text=True, timeout=20)
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=20, check=False)
     except FileNotFoundError:
         return False, "bwrap is not installed (Debian package bubblewrap)"
     except subprocess.TimeoutExpired:

@@ -15,8 +15,9 @@ sandbox's first process, which cannot remove it.
 
 from __future__ import annotations
 
-import errno
 import atexit
+import contextlib
+import errno
 import functools
 import shutil
 import tempfile
@@ -54,10 +55,8 @@ def _build(path: Path) -> None:
     rules = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
     refuse = seccomp.ERRNO(errno.EPERM)
     for name in REFUSED:
-        try:
+        with contextlib.suppress(ValueError, RuntimeError, OSError):  # not a syscall on this architecture
             rules.add_rule(refuse, name)
-        except (ValueError, RuntimeError, OSError):
-            pass  # not a syscall on this architecture
     for flag in NAMESPACE_FLAGS:
         rules.add_rule(refuse, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     rules.add_rule(refuse, "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, TIOCSTI))

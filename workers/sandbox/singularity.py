@@ -84,7 +84,7 @@ class SingularitySandbox(Sandbox):
         if self._image is None:
             try:
                 self._image = self.images.resolve(self.source)
-            except Exception as exc:  # noqa: BLE001 - any fetch failure is the same failure to start
+            except Exception as exc:  # any fetch failure is the same failure to start
                 raise SandboxError(f"cannot get image {self.source}: {exc}") from exc
 
     def _env_file(self, env: dict[str, str]) -> Path:

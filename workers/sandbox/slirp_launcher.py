@@ -26,6 +26,7 @@ so starting it costs an interpreter, not the project's imports.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import json
@@ -180,10 +181,8 @@ def main(argv: list[str]) -> int:
                 detail = log.read().decode(errors="replace").strip()
                 print(f"sandbox network: slirp4netns failed (exit {slirp.wait()}): {detail}", file=sys.stderr)
                 return 1
-            try:
+            with contextlib.suppress(BrokenPipeError):  # the child is already gone: bwrap's status says why
                 os.write(block_w, b"1")
-            except BrokenPipeError:
-                pass  # the child is already gone: bwrap's status says why
             return _status(bwrap.wait())
         finally:
             os.close(block_w)

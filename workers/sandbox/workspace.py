@@ -54,7 +54,7 @@ def _git(git_dir: Path, work_tree: Path, *args: str, stdin: bytes | None = None)
         "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "core.autocrlf=false",
         *args,
     ]  # fmt: skip
-    done = subprocess.run(cmd, input=stdin, capture_output=True, cwd=work_tree, env={**os.environ, **_GIT_ENV})
+    done = subprocess.run(cmd, input=stdin, capture_output=True, cwd=work_tree, env={**os.environ, **_GIT_ENV}, check=False)
     if done.returncode != 0:
         raise WorkspaceError(f"git {args[0]} failed: {done.stderr.decode(errors='replace').strip()}")
     return done.stdout

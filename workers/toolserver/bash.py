@@ -13,6 +13,7 @@ only if the shell itself is wedged, start a new one: the shell stays usable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -105,10 +106,8 @@ class PersistentBash:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         try:
             # Reaped first, ptyprocess's close has nothing to wait for: without this it sleeps a fixed
             # 0.1 s (delayafterclose), on the ending job's slot when a reused sandbox is reset.
@@ -118,7 +117,7 @@ class PersistentBash:
             if not proc.isalive():
                 proc.delayafterclose = 0
             proc.close(force=True)
-        except Exception:  # noqa: BLE001 - already dead is fine
+        except Exception:  # noqa: BLE001, S110 - already dead is fine
             pass
 
     def restart(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -91,18 +92,14 @@ class ToolClient:
         raise ToolServerError(f"tool server not ready after {timeout:g}s")
 
     def shutdown(self) -> None:
-        try:
+        with contextlib.suppress(ToolServerError):
             self.request({"op": "shutdown"}, 5.0)
-        except ToolServerError:
-            pass
         self.close()
 
     def close(self) -> None:
         """Close the connection; a call blocked on it in another thread fails at once."""
         sock, self._sock = self._sock, None
         if sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             sock.close()

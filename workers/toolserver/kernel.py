@@ -31,8 +31,8 @@ from typing import Any
 if __name__ == "__main__" and sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     del sys.path[0]  # the script's own directory: its modules (bash, files, python...) must not shadow the user's
 
-from ipykernel.iostream import OutStream  # noqa: E402
-from ipykernel.ipkernel import IPythonKernel  # noqa: E402
+from ipykernel.iostream import OutStream
+from ipykernel.ipkernel import IPythonKernel
 
 _PIPE_READ = 65536
 # An importable name for the classes: IPython replaces __main__ with the user's namespace.

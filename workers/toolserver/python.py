@@ -13,6 +13,7 @@ the hot path reads the client's ZeroMQ sockets directly: jupyter_client's blocki
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import re
 import sys
@@ -117,10 +118,8 @@ class PythonKernel:
         if client is not None:
             client.stop_channels()
         if manager is not None:
-            try:
+            with contextlib.suppress(Exception):  # a dead kernel is what we want
                 manager.shutdown_kernel(now=True)
-            except Exception:  # noqa: BLE001 - a dead kernel is what we want
-                pass
             manager.cleanup_resources()
 
     def run(self, code: str, timeout: float) -> PythonOutcome:

@@ -15,6 +15,7 @@ owners (ptyprocess, jupyter_client) wait for those themselves.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -99,10 +100,8 @@ def kill_descendants(root: int, exclude: Iterable[int] = (), rounds: int = 3) ->
         if not tree:
             break
         for pid in tree:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
     if root == os.getpid():
         reap_orphans(skip)
 
@@ -144,5 +143,5 @@ class OrphanReaper:
         while not self._stop.wait(self.interval_s):
             try:
                 reap_orphans(self.managed())
-            except Exception:  # noqa: BLE001 - the reaper must not take the server down
+            except Exception:  # the reaper must not take the server down
                 log.exception("reaping orphans failed")

@@ -16,7 +16,7 @@ import os
 import shutil
 import signal
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +30,8 @@ _DEATH_WAIT_S = 10.0
 def _kill_once(pids: list[int]) -> list[int]:
     """SIGKILL each pid once and wait until it is dead; the pids still alive at the bound."""
     for pid in pids:
-        try:
+        with suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     deadline = time.monotonic() + _DEATH_WAIT_S
     left = [pid for pid in pids if alive(pid)]
     while left and time.monotonic() < deadline:

@@ -7,6 +7,7 @@ kernel), calls to different tools may overlap.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -106,7 +107,5 @@ class ToolServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             if reaper is not None:
                 kill_descendants(os.getpid(), exclude=self.toolbox.child_pids())
             self.server_close()
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
-            except FileNotFoundError:
-                pass

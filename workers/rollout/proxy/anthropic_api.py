@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.agent_errors import anthropic_error
 from workers.rollout.proxy import wire
 
+
 class MessagesRequest(BaseModel):
     """POST /v1/messages: the fields honoured; the rest are accepted and ignored (docs/TRAJECTORY.md)."""
 

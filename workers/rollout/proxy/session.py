@@ -114,7 +114,7 @@ class ProxySession:
                 result = self._run_tool(name, arguments, self.config.tool_timeout_s)
             except StageInterrupted as exc:
                 raise wire.ProxyError(409, f"this job's rollout has ended ({exc.reason})", None, "conflict") from exc
-            except Exception as exc:  # noqa: BLE001 - the sandbox failed: said so, the job goes on
+            except Exception as exc:  # the sandbox failed: said so, the job goes on
                 raise wire.ProxyError(502, f"the tool could not run: {type(exc).__name__}: {exc}", None,
                                       "server_error") from exc  # fmt: skip
             self.tool_runs.append({"name": name, "arguments": arguments, **result.to_dict()})
@@ -258,7 +258,7 @@ class ProxySession:
             raise wire.ProxyError(400, f"the model refused the request: {exc.message}", None) from exc
         except StageInterrupted as exc:  # cancelled or out of time mid-generation: the rollout is over
             raise wire.ProxyError(409, f"this job's rollout has ended ({exc.reason})", None, "conflict") from exc
-        except Exception as exc:  # noqa: BLE001 - no backend, or it failed: the agent's call fails, not the job
+        except Exception as exc:  # no backend, or it failed: the agent's call fails, not the job
             raise wire.ProxyError(502, f"the model could not answer: {type(exc).__name__}: {exc}", None,
                                   "server_error") from exc  # fmt: skip
         finally:
