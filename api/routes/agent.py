@@ -2,8 +2,9 @@
 
 The agent authenticates with its job's key (shared/agent_keys.py), not an API token: the key opens
 this one job and nothing else (as `Authorization: Bearer` or, for Anthropic clients, `x-api-key`).
-The API checks it, reads where the job's rollout worker serves it (Keys.agent_proxy) and forwards
-the call there unchanged, streaming the answer back. Refusals are OpenAI's error body (Anthropic's
+The API checks it, finds where the job's rollout worker serves it (Keys.agent_proxy, remembered by
+this process while it holds: api/agent_routes.py) and forwards the call there unchanged, streaming
+the answer back; only an answer that names the job (`x-rollouts-job`) is relayed. Refusals are OpenAI's error body (Anthropic's
 on `v1/messages`), so the agent's client shows the message:
 
 - no key 401, another job's key 403, no such job 404;
@@ -19,11 +20,13 @@ from typing import Any
 import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from redis.asyncio import Redis as AsyncRedis
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
+from api.agent_routes import RouteCache
 from shared.agent_errors import anthropic_error, openai_error
-from shared.agent_keys import deployment_secret, job_key, key_opens, presented_key
+from shared.agent_keys import JOB_HEADER, deployment_secret, job_key, key_opens, presented_key
 from shared.jobs.status import JobStatus
 from shared.jobs.store import JobStore
 from shared.redis_conn import connect_for_requests_async
@@ -32,11 +35,11 @@ router = APIRouter(prefix="/v1/jobs/{job_id}/agent", tags=["agent"])
 
 _NOT_STARTED = (JobStatus.QUEUED, JobStatus.INIT, JobStatus.ROLLOUT)
 _FORWARDED_HEADERS = ("authorization", "x-api-key", "content-type", "accept")
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)  # the call never left: safe to send again elsewhere
 
 
 @dataclass(frozen=True)
 class _Lookup:
-    secret: bytes
     status: str | None
     proxy_url: str | None
 
@@ -81,15 +84,35 @@ async def get(job_id: str, path: str, request: Request) -> Response:
 
 
 async def forward(job_id: str, path: str, request: Request) -> Response:
-    """Check the key and the job's state, then forward the call to the worker serving the job."""
+    """Check the key and the job's state, then forward the call to the worker serving the job.
+
+    A route this process remembers (api/agent_routes.py) skips the Redis lookup; any doubt about it
+    (the worker gone, not naming the job, or saying the rollout ended) drops it and looks again."""
     anthropic = path.rstrip("/") == "v1/messages"
     key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
     if key is None:
         return _refusal(401, "the job's key is required: Authorization: Bearer <agent.api_key> (or x-api-key)",
                         "authentication_error", anthropic=anthropic)  # fmt: skip
-    found = await _lookup(request, job_id)
-    if not key_opens(found.secret, job_id, key):
+    state = request.app.state
+    secret = getattr(state, "agent_secret", None) or await run_in_threadpool(secret_of, request)
+    if not key_opens(secret, job_id, key):
         return _refusal(403, "this key does not open this job", "permission_error", anthropic=anthropic)
+    call = _Call(request, path, job_id, await request.body())
+    routes = _routes(request)
+    cached = routes.get(job_id)
+    answer: httpx.Response | httpx.HTTPError | None = await _send(call, cached) if cached is not None else None
+    if answer is not None:
+        if isinstance(answer, httpx.Response) and _names_job(answer, job_id):
+            if answer.status_code == 409:  # the worker's own word that the rollout ended: relayed, not resent
+                routes.drop(job_id)
+            return await _relay(answer)
+        routes.drop(job_id)  # moved, restarted, ended or gone
+        if isinstance(answer, httpx.Response):
+            await answer.aclose()
+        elif not isinstance(answer, _NOT_SENT):  # it may have reached the worker: never sent twice
+            return await _unreachable(request, job_id, answer, anthropic)
+    epoch = routes.epoch
+    found = await _lookup(request, job_id)  # no route, or nothing was delivered on it: Redis says where
     if found.status is None:
         return _refusal(404, f"no job with id {job_id!r}", "not_found_error", anthropic=anthropic)
     if found.status not in _NOT_STARTED:
@@ -97,40 +120,84 @@ async def forward(job_id: str, path: str, request: Request) -> Response:
     if found.proxy_url is None:
         return _refusal(503, f"this job's rollout is not serving yet (status {found.status}); retry shortly",
                         "service_unavailable", retry_after=1, anthropic=anthropic)  # fmt: skip
-    return await _send(request, f"{found.proxy_url}/{path}", job_id, anthropic)
+    answer = await _send(call, found.proxy_url)
+    if isinstance(answer, httpx.HTTPError):
+        return await _unreachable(request, job_id, answer, anthropic)
+    if not _names_job(answer, job_id):  # the address is held by a server that is not this job's endpoint
+        await answer.aclose()
+        return _refusal(503, "the worker serving this job cannot be reached: its address answers for another",
+                        "service_unavailable", retry_after=1, anthropic=anthropic)  # fmt: skip
+    if answer.status_code != 409:
+        routes.put(job_id, found.proxy_url, epoch)
+    return await _relay(answer)
+
+
+async def _unreachable(request: Request, job_id: str, error: httpx.HTTPError, anthropic: bool) -> JSONResponse:
+    """409 if the rollout ended meanwhile, else 503: the worker could not be reached."""
+    found = await _lookup(request, job_id)
+    if found.status not in _NOT_STARTED:
+        return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict", anthropic=anthropic)
+    return _refusal(503, f"the worker serving this job cannot be reached: {type(error).__name__}",
+                    "service_unavailable", retry_after=1, anthropic=anthropic)  # fmt: skip
 
 
 async def _lookup(request: Request, job_id: str) -> _Lookup:
-    """The key secret, the job's status and where it is served: one Redis round trip, on the loop."""
+    """The job's status and where it is served: one Redis round trip, on the loop."""
     state = request.app.state
-    secret = getattr(state, "agent_secret", None) or await run_in_threadpool(secret_of, request)
-    if getattr(state, "agent_redis", None) is None:
-        state.agent_redis = connect_for_requests_async(state.settings)
-    async with state.agent_redis.pipeline(transaction=False) as pipe:
+    async with _redis(request).pipeline(transaction=False) as pipe:
         pipe.hget(state.keys.job(job_id), "status")
         pipe.get(state.keys.agent_proxy(job_id))
         status, url = await pipe.execute()
-    return _Lookup(secret, _text(status), _text(url))
+    return _Lookup(_text(status), _text(url))
+
+
+def _redis(request: Request) -> AsyncRedis:
+    state = request.app.state
+    if getattr(state, "agent_redis", None) is None:
+        state.agent_redis = connect_for_requests_async(state.settings)
+    redis: AsyncRedis = state.agent_redis
+    return redis
+
+
+def _routes(request: Request) -> RouteCache:
+    """This process's route cache, subscribed to the jobs' events on first use."""
+    state = request.app.state
+    routes: RouteCache | None = getattr(state, "agent_routes", None)
+    if routes is None:
+        routes = state.agent_routes = RouteCache(_redis(request), state.keys.job_events)
+        routes.start()
+    return routes
 
 
 def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-async def _send(request: Request, url: str, job_id: str, anthropic: bool) -> Response:
-    client = _client(request)
-    headers = {name: value for name, value in request.headers.items() if name in _FORWARDED_HEADERS}
-    outgoing = client.build_request(request.method, url, headers=headers, content=await request.body(),
-                                    params=request.query_params)  # fmt: skip
+@dataclass(frozen=True)
+class _Call:
+    request: Request
+    path: str
+    job_id: str
+    body: bytes
+
+
+def _names_job(answer: httpx.Response, job_id: str) -> bool:
+    return answer.headers.get(JOB_HEADER) == job_id
+
+
+async def _send(call: _Call, base_url: str) -> httpx.Response | httpx.HTTPError:
+    """The worker's answer (its body not read yet), or why it could not be reached."""
+    client = _client(call.request)
+    headers = {name: value for name, value in call.request.headers.items() if name in _FORWARDED_HEADERS}
+    outgoing = client.build_request(call.request.method, f"{base_url}/{call.path}", headers=headers,
+                                    content=call.body, params=call.request.query_params)  # fmt: skip
     try:
-        answer = await client.send(outgoing, stream=True)
+        return await client.send(outgoing, stream=True)
     except httpx.HTTPError as exc:
-        found = await _lookup(request, job_id)
-        if found.status not in _NOT_STARTED:  # it ended between the lookup and the call
-            return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict",
-                            anthropic=anthropic)  # fmt: skip
-        return _refusal(503, f"the worker serving this job cannot be reached: {type(exc).__name__}",
-                        "service_unavailable", retry_after=1, anthropic=anthropic)  # fmt: skip
+        return exc
+
+
+async def _relay(answer: httpx.Response) -> Response:
     kept = {k: v for k, v in answer.headers.items() if k.lower() in ("content-type", "retry-after")}
     if not answer.headers.get("content-type", "").startswith("text/event-stream"):  # whole answers: one read
         try:
