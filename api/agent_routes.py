@@ -22,6 +22,7 @@ import logging
 import time
 
 from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import RedisError
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +102,11 @@ class RouteCache:
                         self._on_event(message["data"])
                     elif pubsub.connection is None:  # the connection went away without an error
                         raise ConnectionError("events subscription closed")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # Redis away: serve from Redis lookups until subscribed again
+            except (RedisError, OSError) as exc:  # Redis away: serve from Redis lookups until subscribed again
                 log.warning("agent route cache off, the events subscription failed (%s); retrying", exc)
                 self._disable()
                 await asyncio.sleep(RESUBSCRIBE_S)
-            finally:
+            finally:  # anything else ends the task: nothing is remembered again, every call asks Redis
                 self._disable()
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()

@@ -42,7 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await agent_routes.stop()
             agent_http = getattr(app.state, "agent_http", None)  # made on an external agent's first call
             if agent_http is not None:
-                await agent_http.aclose()
+                await agent_http.close()
             agent_redis = getattr(app.state, "agent_redis", None)  # likewise
             if agent_redis is not None:
                 await agent_redis.aclose()

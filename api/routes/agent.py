@@ -14,10 +14,11 @@ on `v1/messages`), so the agent's client shows the message:
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis.asyncio import Redis as AsyncRedis
@@ -35,7 +36,7 @@ router = APIRouter(prefix="/v1/jobs/{job_id}/agent", tags=["agent"])
 
 _NOT_STARTED = (JobStatus.QUEUED, JobStatus.INIT, JobStatus.ROLLOUT)
 _FORWARDED_HEADERS = ("authorization", "x-api-key", "content-type", "accept")
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)  # the call never left: safe to send again elsewhere
+_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)  # the call never left: safe to send again elsewhere
 
 
 @dataclass(frozen=True)
@@ -100,15 +101,15 @@ async def forward(job_id: str, path: str, request: Request) -> Response:
     call = _Call(request, path, job_id, await request.body())
     routes = _routes(request)
     cached = routes.get(job_id)
-    answer: httpx.Response | httpx.HTTPError | None = await _send(call, cached) if cached is not None else None
+    answer: aiohttp.ClientResponse | Exception | None = await _send(call, cached) if cached is not None else None
     if answer is not None:
-        if isinstance(answer, httpx.Response) and _names_job(answer, job_id):
-            if answer.status_code == 409:  # the worker's own word that the rollout ended: relayed, not resent
+        if isinstance(answer, aiohttp.ClientResponse) and _names_job(answer, job_id):
+            if answer.status == 409:  # the worker's own word that the rollout ended: relayed, not resent
                 routes.drop(job_id)
             return await _relay(answer)
         routes.drop(job_id)  # moved, restarted, ended or gone
-        if isinstance(answer, httpx.Response):
-            await answer.aclose()
+        if isinstance(answer, aiohttp.ClientResponse):
+            answer.release()
         elif not isinstance(answer, _NOT_SENT):  # it may have reached the worker: never sent twice
             return await _unreachable(request, job_id, answer, anthropic)
     epoch = routes.epoch
@@ -121,18 +122,18 @@ async def forward(job_id: str, path: str, request: Request) -> Response:
         return _refusal(503, f"this job's rollout is not serving yet (status {found.status}); retry shortly",
                         "service_unavailable", retry_after=1, anthropic=anthropic)  # fmt: skip
     answer = await _send(call, found.proxy_url)
-    if isinstance(answer, httpx.HTTPError):
+    if not isinstance(answer, aiohttp.ClientResponse):
         return await _unreachable(request, job_id, answer, anthropic)
     if not _names_job(answer, job_id):  # the address is held by a server that is not this job's endpoint
-        await answer.aclose()
+        answer.release()
         return _refusal(503, "the worker serving this job cannot be reached: its address answers for another",
                         "service_unavailable", retry_after=1, anthropic=anthropic)  # fmt: skip
-    if answer.status_code != 409:
+    if answer.status != 409:
         routes.put(job_id, found.proxy_url, epoch)
     return await _relay(answer)
 
 
-async def _unreachable(request: Request, job_id: str, error: httpx.HTTPError, anthropic: bool) -> JSONResponse:
+async def _unreachable(request: Request, job_id: str, error: Exception, anthropic: bool) -> JSONResponse:
     """409 if the rollout ended meanwhile, else 503: the worker could not be reached."""
     found = await _lookup(request, job_id)
     if found.status not in _NOT_STARTED:
@@ -181,38 +182,41 @@ class _Call:
     body: bytes
 
 
-def _names_job(answer: httpx.Response, job_id: str) -> bool:
+def _names_job(answer: aiohttp.ClientResponse, job_id: str) -> bool:
     return answer.headers.get(JOB_HEADER) == job_id
 
 
-async def _send(call: _Call, base_url: str) -> httpx.Response | httpx.HTTPError:
+async def _send(call: _Call, base_url: str) -> aiohttp.ClientResponse | Exception:
     """The worker's answer (its body not read yet), or why it could not be reached."""
-    client = _client(call.request)
     headers = {name: value for name, value in call.request.headers.items() if name in _FORWARDED_HEADERS}
-    outgoing = client.build_request(call.request.method, f"{base_url}/{call.path}", headers=headers,
-                                    content=call.body, params=call.request.query_params)  # fmt: skip
     try:
-        return await client.send(outgoing, stream=True)
-    except httpx.HTTPError as exc:
+        return await _client(call.request).request(
+            call.request.method, f"{base_url}/{call.path}", headers=headers, data=call.body,
+            params=list(call.request.query_params.multi_items()) or None,
+        )  # fmt: skip
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         return exc
 
 
-async def _relay(answer: httpx.Response) -> Response:
+async def _relay(answer: aiohttp.ClientResponse) -> Response:
     kept = {k: v for k, v in answer.headers.items() if k.lower() in ("content-type", "retry-after")}
     if not answer.headers.get("content-type", "").startswith("text/event-stream"):  # whole answers: one read
         try:
-            return Response(await answer.aread(), status_code=answer.status_code, headers=kept)
+            return Response(await answer.read(), status_code=answer.status, headers=kept)
         finally:
-            await answer.aclose()
-    return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code, headers=kept,
-                             background=BackgroundTask(answer.aclose))  # fmt: skip
+            answer.release()
+    return StreamingResponse(answer.content.iter_any(), status_code=answer.status, headers=kept,
+                             background=BackgroundTask(answer.release))  # fmt: skip
 
 
-def _client(request: Request) -> httpx.AsyncClient:
-    client = getattr(request.app.state, "agent_http", None)
+def _client(request: Request) -> aiohttp.ClientSession:
+    """One pooled client per API process (kept-alive connections to each worker). aiohttp, as the node
+    gateway's: httpx's async pool cost more per call (docs/BENCHMARKS.md)."""
+    client: aiohttp.ClientSession | None = getattr(request.app.state, "agent_http", None)
     if client is None:
         timeout = request.app.state.settings.llm_request_timeout_s + 60
-        client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=5.0), trust_env=False)
+        client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=timeout),
+                                       auto_decompress=False, trust_env=False)  # fmt: skip
         request.app.state.agent_http = client
     return client
 
