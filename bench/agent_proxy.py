@@ -12,15 +12,17 @@ generates the same tokens) goes round-robin, in one process, to:
   with ChatRenderer, token ids to `/inference/v1/generate` through LLMClient, parse tool calls,
   record the turn; each call is a fresh conversation, so each starts a new segment (a full prompt
   render, the dearer case);
-- **api**: the same through the API's forwarding route (api/routes/agent.py: key check, one Redis
-  round trip, an HTTP hop), the API a process of its own as `rollouts api` runs it. The job is a
+- **api**: the same through the API's forwarding route (api/routes/agent.py: key check, the job's
+  worker address remembered after the first call, an HTTP hop), the API a process of its own as
+  `rollouts api` runs it. The job is a
   real submitted `agent: external` job whose record is pointed at the endpoint above, as the
   rollout stage's take and registration leave it.
 
 The endpoint runs in this process (as it runs in a rollout worker's), so it shares the GIL with
 the measuring loop; vLLM and the API are processes of their own.
 
-Reports p50 and p90 latency of each and the p50 differences from vllm (goal: worker and api < 5 ms).
+Reports p50 and p90 latency of each and the p50 differences from vllm (goals: worker - vllm < 2 ms,
+api - worker < 2 ms).
 
     .venv/bin/python -m bench.agent_proxy [--calls 200] [--max-tokens 8]
 """
