@@ -103,11 +103,11 @@ async def forward(job_id: str, path: str, request: Request) -> Response:
     cached = routes.get(job_id)
     answer: aiohttp.ClientResponse | Exception | None = await _send(call, cached) if cached is not None else None
     if answer is not None:
-        if isinstance(answer, aiohttp.ClientResponse) and _names_job(answer, job_id):
-            if answer.status == 409:  # the worker's own word that the rollout ended: relayed, not resent
-                routes.drop(job_id)
+        if isinstance(answer, aiohttp.ClientResponse) and _names_job(answer, job_id) and answer.status != 409:
             return await _relay(answer)
-        routes.drop(job_id)  # moved, restarted, ended or gone
+        # Moved, restarted, ended or gone. A 409 (its session refused the call before doing anything) may
+        # come from an attempt superseded by another one: Redis says whether the job ended, as before.
+        routes.drop(job_id)
         if isinstance(answer, aiohttp.ClientResponse):
             answer.release()
         elif not isinstance(answer, _NOT_SENT):  # it may have reached the worker: never sent twice

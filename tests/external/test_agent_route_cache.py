@@ -184,3 +184,19 @@ def test_nothing_is_remembered_while_the_events_subscription_is_down(client: Tes
         wait_for(lambda: routes(client).live, "subscribed again")
         assert chat(client, job_id).status_code == 200
         assert routes(client).get(job_id) == endpoint.url
+
+
+def test_a_superseded_attempts_409_is_not_the_jobs(client: TestClient, redis: Redis, tokenizer: Any,
+                                                   scripted: ScriptedLLM) -> None:  # fmt: skip
+    job_id = serving_job(client, redis)
+    with ExitStack() as stack:
+        (old,) = endpoints(stack, tokenizer, scripted, job_id)
+        register(redis, job_id, old)
+        remembered(client, job_id, old)
+        old.session.end("superseded")  # its worker heard another attempt took the job; still up, refusing
+        redis.delete(Keys().agent_proxy(job_id))  # and unregistered; the new attempt has not registered yet
+        waiting = chat(client, job_id)
+        assert waiting.status_code == 503 and waiting.headers["retry-after"] == "1", waiting.text
+        (new,) = endpoints(stack, tokenizer, scripted, job_id)
+        redis.set(Keys().agent_proxy(job_id), new.url)
+        assert chat(client, job_id).status_code == 200 and len(new.served) == 1
