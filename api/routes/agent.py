@@ -4,8 +4,8 @@ The agent authenticates with its job's key (shared/agent_keys.py), not an API to
 this one job and nothing else (as `Authorization: Bearer` or, for Anthropic clients, `x-api-key`).
 The API checks it, finds where the job's rollout worker serves it (Keys.agent_proxy, remembered by
 this process while it holds: api/agent_routes.py) and forwards the call there unchanged, streaming
-the answer back; only an answer that names the job (`x-rollouts-job`) is relayed. Refusals are OpenAI's error body (Anthropic's
-on `v1/messages`), so the agent's client shows the message:
+the answer back; only an answer that names the job (`x-rollouts-job`) is relayed. Refusals are
+OpenAI's error body (Anthropic's on `v1/messages`), so the agent's client shows the message:
 
 - no key 401, another job's key 403, no such job 404;
 - the rollout has ended (eval, done, failed, cancelled, timed out) 409;
@@ -36,7 +36,8 @@ router = APIRouter(prefix="/v1/jobs/{job_id}/agent", tags=["agent"])
 
 _NOT_STARTED = (JobStatus.QUEUED, JobStatus.INIT, JobStatus.ROLLOUT)
 _FORWARDED_HEADERS = ("authorization", "x-api-key", "content-type", "accept")
-_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)  # the call never left: safe to send again elsewhere
+# The call never left: safe to send again elsewhere. Anything else may have reached the worker.
+_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def test_a_missed_move_fails_over_once_the_old_worker_is_gone(client: TestClient
 
 
 def test_an_address_now_answering_for_another_job_is_never_relayed(client: TestClient, redis: Redis,
-                                                                    tokenizer: Any, scripted: ScriptedLLM) -> None:  # fmt: skip
+        tokenizer: Any, scripted: ScriptedLLM) -> None:  # fmt: skip
     mine, other = serving_job(client, redis), serving_job(client, redis)
     with ExitStack() as stack:
         my_endpoint, other_endpoint = endpoints(stack, tokenizer, scripted, mine, other)
@@ -131,7 +131,7 @@ def test_an_address_now_answering_for_another_job_is_never_relayed(client: TestC
 
 
 def test_a_cancelled_job_is_refused_though_its_worker_still_serves(client: TestClient, redis: Redis,
-                                                                    tokenizer: Any, scripted: ScriptedLLM) -> None:  # fmt: skip
+        tokenizer: Any, scripted: ScriptedLLM) -> None:  # fmt: skip
     job_id = serving_job(client, redis)
     with ExitStack() as stack:
         (endpoint,) = endpoints(stack, tokenizer, scripted, job_id)
@@ -145,7 +145,7 @@ def test_a_cancelled_job_is_refused_though_its_worker_still_serves(client: TestC
 
 
 def test_a_wrong_key_is_refused_before_a_remembered_route_is_used(client: TestClient, redis: Redis,
-                                                                   tokenizer: Any, scripted: ScriptedLLM) -> None:  # fmt: skip
+        tokenizer: Any, scripted: ScriptedLLM) -> None:  # fmt: skip
     job_id, other = serving_job(client, redis), serving_job(client, redis)
     with ExitStack() as stack:
         (endpoint,) = endpoints(stack, tokenizer, scripted, job_id)
@@ -172,7 +172,7 @@ def test_a_gone_worker_is_a_503_and_an_ended_job_a_409(client: TestClient, redis
 
 
 def test_nothing_is_remembered_while_the_events_subscription_is_down(client: TestClient, redis: Redis,
-                                                                      tokenizer: Any, scripted: ScriptedLLM) -> None:  # fmt: skip
+        tokenizer: Any, scripted: ScriptedLLM) -> None:  # fmt: skip
     job_id = serving_job(client, redis)
     with ExitStack() as stack:
         (endpoint,) = endpoints(stack, tokenizer, scripted, job_id)
