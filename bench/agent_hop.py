@@ -52,6 +52,14 @@ def serve_instant(port: int, job_id: str) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
+def export_ref(ref: str, into: Path) -> Path:
+    """The tree of git ref `ref` in `into`: `python -m cli api` run there serves that version's API."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -86,11 +94,7 @@ def main() -> None:
            "ROLLOUTS_AGENT_KEY_SECRET": SECRET, "ROLLOUTS_LOG_LEVEL": "WARNING"}  # fmt: skip
     sources = {"api": ROOT}
     if args.before:
-        exported = work / "before"
-        exported.mkdir()
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.before], check=True, capture_output=True)
-        subprocess.run(["tar", "-x", "-C", str(exported)], input=archive.stdout, check=True)
-        sources[f"api@{args.before}"] = exported
+        sources[f"api@{args.before}"] = export_ref(args.before, work / "before")
     processes: list[subprocess.Popen[bytes]] = []
     try:
         apis: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
