@@ -58,7 +58,7 @@ def routes(client: TestClient) -> RouteCache:
 
 
 def wait_for(condition: Any, what: str) -> None:
-    for _ in range(500):  # the events subscription runs on the API's loop: give it turns
+    for _ in range(1500):  # the events subscription runs on the API's loop: give it turns (a hang guard)
         if condition():
             return
         time.sleep(0.02)
