@@ -14,9 +14,8 @@ generates the same tokens) goes round-robin, in one process, to:
   render, the dearer case);
 - **api**: the same through the API's forwarding route (api/routes/agent.py: key check, the job's
   worker address remembered after the first call, an HTTP hop), the API a process of its own as
-  `rollouts api` runs it. The job is a
-  real submitted `agent: external` job whose record is pointed at the endpoint above, as the
-  rollout stage's take and registration leave it.
+  `rollouts api` runs it. The job is a real submitted `agent: external` job whose record is
+  pointed at the endpoint above, as the rollout stage's take and registration leave it.
 
 The endpoint runs in this process (as it runs in a rollout worker's), so it shares the GIL with
 the measuring loop; vLLM and the API are processes of their own.

@@ -200,3 +200,22 @@ def test_a_superseded_attempts_409_is_not_the_jobs(client: TestClient, redis: Re
         (new,) = endpoints(stack, tokenizer, scripted, job_id)
         redis.set(Keys().agent_proxy(job_id), new.url)
         assert chat(client, job_id).status_code == 200 and len(new.served) == 1
+
+
+def test_an_unexpected_failure_on_the_worker_is_its_502_relayed_once(client: TestClient, redis: Redis,
+        tokenizer: Any, scripted: ScriptedLLM) -> None:  # fmt: skip
+    job_id = serving_job(client, redis)
+    with ExitStack() as stack:
+        (endpoint,) = endpoints(stack, tokenizer, scripted, job_id)
+        register(redis, job_id, endpoint)
+        remembered(client, job_id, endpoint)
+        calls: list[Any] = []
+
+        def failing_chat(call: Any) -> Any:  # a test double: the session failing in a way it never planned for
+            calls.append(call)
+            raise RuntimeError("disk full")
+
+        endpoint.session.chat = failing_chat  # type: ignore[method-assign]
+        failed = chat(client, job_id)
+        assert failed.status_code == 502 and "disk full" in failed.json()["error"]["message"]
+        assert len(calls) == 1 and routes(client).get(job_id) == endpoint.url

@@ -52,8 +52,10 @@ def build_app(session: ProxySession, job_id: str, secret: bytes, task: Callable[
 
     @app.exception_handler(Exception)
     async def _failed(request: Request, exc: Exception) -> JSONResponse:  # an infrastructure failure, said so
-        return _error(request, wire.ProxyError(502, f"the service failed this call: {type(exc).__name__}: {exc}", None,
-                                               "server_error"))  # fmt: skip
+        failed = _error(request, wire.ProxyError(502, f"the service failed this call: {type(exc).__name__}: {exc}",
+                                                 None, "server_error"))  # fmt: skip
+        failed.headers[JOB_HEADER] = job_id  # answered outside NamesJob (Starlette's outermost error middleware)
+        return failed
 
     guard = [Depends(authorized)]
 
