@@ -37,9 +37,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             streams = getattr(app.state, "batches_async_redis", None)  # made on first long-poll/SSE
             if streams is not None:
                 await streams.aclose()
+            agent_routes = getattr(app.state, "agent_routes", None)  # made on an external agent's first call
+            if agent_routes is not None:
+                await agent_routes.stop()
             agent_http = getattr(app.state, "agent_http", None)  # made on an external agent's first call
             if agent_http is not None:
-                await agent_http.aclose()
+                await agent_http.close()
             agent_redis = getattr(app.state, "agent_redis", None)  # likewise
             if agent_redis is not None:
                 await agent_redis.aclose()

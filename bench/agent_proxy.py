@@ -12,17 +12,22 @@ generates the same tokens) goes round-robin, in one process, to:
   with ChatRenderer, token ids to `/inference/v1/generate` through LLMClient, parse tool calls,
   record the turn; each call is a fresh conversation, so each starts a new segment (a full prompt
   render, the dearer case);
-- **api**: the same through the API's forwarding route (api/routes/agent.py: key check, one Redis
-  round trip, an HTTP hop), the API a process of its own as `rollouts api` runs it. The job is a
-  real submitted `agent: external` job whose record is pointed at the endpoint above, as the
-  rollout stage's take and registration leave it.
+- **api**: the same through the API's forwarding route (api/routes/agent.py: key check, the job's
+  worker address remembered after the first call, an HTTP hop), the API a process of its own as
+  `rollouts api` runs it. The job is a real submitted `agent: external` job whose record is
+  pointed at the endpoint above, as the rollout stage's take and registration leave it.
 
 The endpoint runs in this process (as it runs in a rollout worker's), so it shares the GIL with
 the measuring loop; vLLM and the API are processes of their own.
 
-Reports p50 and p90 latency of each and the p50 differences from vllm (goal: worker and api < 5 ms).
+With `--before REF`, a second API process runs the code of git ref REF (bench/agent_hop.py's
+export) beside this one, as **api@REF**, forwarding to the same worker endpoint: the route before
+and after a change, in one run.
 
-    .venv/bin/python -m bench.agent_proxy [--calls 200] [--max-tokens 8]
+Reports p50 and p90 latency of each and the p50 differences from vllm (goals: worker - vllm < 2 ms,
+api - worker < 2 ms).
+
+    .venv/bin/python -m bench.agent_proxy [--calls 200] [--max-tokens 8] [--before REF]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.agent_hop import export_ref
 from cli.embedded_redis import EmbeddedRedis, free_port
 from cli.tiny_model import tiny_model_dir
 from cli.vllm_server import VLLMServer
@@ -79,6 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--before", metavar="REF", help="also run the API of this git ref, side by side")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
@@ -89,7 +96,7 @@ def main() -> None:
     redis = EmbeddedRedis(data_dir=work / "redis").start()
     vllm.start()
     servers: list[ThreadServer] = []
-    api: subprocess.Popen[bytes] | None = None
+    apis: list[subprocess.Popen[bytes]] = []
     try:
         vllm.wait_until_ready(900, lambda message: print(message, flush=True))
         settings = settings.model_copy(update={"redis_url": redis.url})
@@ -102,10 +109,16 @@ def main() -> None:
         api_url = f"http://127.0.0.1:{free_port()}"
         env = {**os.environ, "ROLLOUTS_REDIS_URL": redis.url, "ROLLOUTS_STATE_DIR": str(work / "state"),
                "ROLLOUTS_AGENT_KEY_SECRET": SECRET, "ROLLOUTS_LOG_LEVEL": "WARNING"}  # fmt: skip
-        api = subprocess.Popen([sys.executable, "-m", "cli", "api", "--port", api_url.rsplit(":", 1)[1]], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        api_urls: dict[str, tuple[str, Path | None]] = {"api": (api_url, None)}
+        if args.before:  # the same API at another version, from a tree of its own
+            before = export_ref(args.before, work / "before")
+            api_urls[f"api@{args.before}"] = (f"http://127.0.0.1:{free_port()}", before)
+        for url, source in api_urls.values():
+            apis.append(subprocess.Popen([sys.executable, "-m", "cli", "api", "--port", url.rsplit(":", 1)[1]],
+                                         env=env, cwd=source, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         http = httpx.Client(timeout=300)
-        _wait_healthy(http, api_url)
+        for url, _ in api_urls.values():
+            _wait_healthy(http, url)
         submitted = http.post(f"{api_url}/v1/jobs", json={
             "task": {"kind": "math", "problem": "17 * 23?", "answer": "391"}, "agent": "external"}).json()
         job_id = submitted["job_ids"][0]
@@ -123,7 +136,8 @@ def main() -> None:
         prompt = renderer.prompt(renderer.prepare(MESSAGES)).token_ids
         targets = {"vllm": (f"{vllm.url}/v1/chat/completions", {}), "generate": ("", {}),
                    "worker": (f"{worker.url}/v1/chat/completions", key),
-                   "api": (f"{api_url}/v1/jobs/{job_id}/agent/v1/chat/completions", key)}  # fmt: skip
+                   **{name: (f"{url}/v1/jobs/{job_id}/agent/v1/chat/completions", key)
+                      for name, (url, _) in api_urls.items()}}  # fmt: skip
         times: dict[str, list[float]] = {name: [] for name in targets}
         names = list(targets)
         for i in range(args.calls + 10):  # the first 10 rounds warm up every path
@@ -144,12 +158,12 @@ def main() -> None:
         print(f"{args.calls} calls each, {args.max_tokens} tokens a call, round-robin")
         for name in names:
             p50 = statistics.median(times[name])
-            print(f"{name:>8}: p50 {p50 * 1e3:7.2f} ms  p90 {percentile(times[name], 90) * 1e3:7.2f} ms  "
+            print(f"{name:>10}: p50 {p50 * 1e3:7.2f} ms  p90 {percentile(times[name], 90) * 1e3:7.2f} ms  "
                   f"p50 - vllm {(p50 - base) * 1e3:+6.2f} ms")
     finally:
         for server in servers:
             server.stop()
-        if api is not None:
+        for api in apis:
             api.terminate()
             api.wait(timeout=10)
         vllm.stop()

@@ -17,6 +17,7 @@ from shared.config import Settings
 from shared.keys import Keys
 
 KEY_PREFIX = "rk-"
+JOB_HEADER = "x-rollouts-job"  # a worker's agent endpoint names its job in every answer (api/agent_routes.py)
 
 
 def deployment_secret(redis: Redis, keys: Keys, settings: Settings) -> bytes:

@@ -2,9 +2,10 @@
 
 The agent authenticates with its job's key (shared/agent_keys.py), not an API token: the key opens
 this one job and nothing else (as `Authorization: Bearer` or, for Anthropic clients, `x-api-key`).
-The API checks it, reads where the job's rollout worker serves it (Keys.agent_proxy) and forwards
-the call there unchanged, streaming the answer back. Refusals are OpenAI's error body (Anthropic's
-on `v1/messages`), so the agent's client shows the message:
+The API checks it, finds where the job's rollout worker serves it (Keys.agent_proxy, remembered by
+this process while it holds: api/agent_routes.py) and forwards the call there unchanged, streaming
+the answer back; only an answer that names the job (`x-rollouts-job`) is relayed. Refusals are
+OpenAI's error body (Anthropic's on `v1/messages`), so the agent's client shows the message:
 
 - no key 401, another job's key 403, no such job 404;
 - the rollout has ended (eval, done, failed, cancelled, timed out) 409;
@@ -13,17 +14,20 @@ on `v1/messages`), so the agent's client shows the message:
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from redis.asyncio import Redis as AsyncRedis
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
+from api.agent_routes import RouteCache
 from shared.agent_errors import anthropic_error, openai_error
-from shared.agent_keys import deployment_secret, job_key, key_opens, presented_key
+from shared.agent_keys import JOB_HEADER, deployment_secret, job_key, key_opens, presented_key
 from shared.jobs.status import JobStatus
 from shared.jobs.store import JobStore
 from shared.redis_conn import connect_for_requests_async
@@ -32,11 +36,12 @@ router = APIRouter(prefix="/v1/jobs/{job_id}/agent", tags=["agent"])
 
 _NOT_STARTED = (JobStatus.QUEUED, JobStatus.INIT, JobStatus.ROLLOUT)
 _FORWARDED_HEADERS = ("authorization", "x-api-key", "content-type", "accept")
+# The call never left: safe to send again elsewhere. Anything else may have reached the worker.
+_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 
 @dataclass(frozen=True)
 class _Lookup:
-    secret: bytes
     status: str | None
     proxy_url: str | None
 
@@ -81,15 +86,35 @@ async def get(job_id: str, path: str, request: Request) -> Response:
 
 
 async def forward(job_id: str, path: str, request: Request) -> Response:
-    """Check the key and the job's state, then forward the call to the worker serving the job."""
+    """Check the key and the job's state, then forward the call to the worker serving the job.
+
+    A route this process remembers (api/agent_routes.py) skips the Redis lookup; any doubt about it
+    (the worker gone, not naming the job, or saying the rollout ended) drops it and looks again."""
     anthropic = path.rstrip("/") == "v1/messages"
     key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
     if key is None:
         return _refusal(401, "the job's key is required: Authorization: Bearer <agent.api_key> (or x-api-key)",
                         "authentication_error", anthropic=anthropic)  # fmt: skip
-    found = await _lookup(request, job_id)
-    if not key_opens(found.secret, job_id, key):
+    state = request.app.state
+    secret = getattr(state, "agent_secret", None) or await run_in_threadpool(secret_of, request)
+    if not key_opens(secret, job_id, key):
         return _refusal(403, "this key does not open this job", "permission_error", anthropic=anthropic)
+    call = _Call(request, path, job_id, await request.body())
+    routes = _routes(request)
+    cached = routes.get(job_id)
+    answer: aiohttp.ClientResponse | Exception | None = await _send(call, cached) if cached is not None else None
+    if answer is not None:
+        if isinstance(answer, aiohttp.ClientResponse) and _names_job(answer, job_id) and answer.status != 409:
+            return await _relay(answer)
+        # Moved, restarted, ended or gone. A 409 (its session refused the call before doing anything) may
+        # come from an attempt superseded by another one: Redis says whether the job ended, as before.
+        routes.drop(job_id)
+        if isinstance(answer, aiohttp.ClientResponse):
+            answer.release()
+        elif not isinstance(answer, _NOT_SENT):  # it may have reached the worker: never sent twice
+            return await _unreachable(request, job_id, answer, anthropic)
+    epoch = routes.epoch
+    found = await _lookup(request, job_id)  # no route, or nothing was delivered on it: Redis says where
     if found.status is None:
         return _refusal(404, f"no job with id {job_id!r}", "not_found_error", anthropic=anthropic)
     if found.status not in _NOT_STARTED:
@@ -97,55 +122,102 @@ async def forward(job_id: str, path: str, request: Request) -> Response:
     if found.proxy_url is None:
         return _refusal(503, f"this job's rollout is not serving yet (status {found.status}); retry shortly",
                         "service_unavailable", retry_after=1, anthropic=anthropic)  # fmt: skip
-    return await _send(request, f"{found.proxy_url}/{path}", job_id, anthropic)
+    answer = await _send(call, found.proxy_url)
+    if not isinstance(answer, aiohttp.ClientResponse):
+        return await _unreachable(request, job_id, answer, anthropic)
+    if not _names_job(answer, job_id):  # the address is held by a server that is not this job's endpoint
+        answer.release()
+        return _refusal(503, "the worker serving this job cannot be reached: its address answers for another",
+                        "service_unavailable", retry_after=1, anthropic=anthropic)  # fmt: skip
+    if answer.status != 409:
+        routes.put(job_id, found.proxy_url, epoch)
+    return await _relay(answer)
+
+
+async def _unreachable(request: Request, job_id: str, error: Exception, anthropic: bool) -> JSONResponse:
+    """409 if the rollout ended meanwhile, else 503: the worker could not be reached."""
+    found = await _lookup(request, job_id)
+    if found.status not in _NOT_STARTED:
+        return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict", anthropic=anthropic)
+    return _refusal(503, f"the worker serving this job cannot be reached: {type(error).__name__}",
+                    "service_unavailable", retry_after=1, anthropic=anthropic)  # fmt: skip
 
 
 async def _lookup(request: Request, job_id: str) -> _Lookup:
-    """The key secret, the job's status and where it is served: one Redis round trip, on the loop."""
+    """The job's status and where it is served: one Redis round trip, on the loop."""
     state = request.app.state
-    secret = getattr(state, "agent_secret", None) or await run_in_threadpool(secret_of, request)
-    if getattr(state, "agent_redis", None) is None:
-        state.agent_redis = connect_for_requests_async(state.settings)
-    async with state.agent_redis.pipeline(transaction=False) as pipe:
+    async with _redis(request).pipeline(transaction=False) as pipe:
         pipe.hget(state.keys.job(job_id), "status")
         pipe.get(state.keys.agent_proxy(job_id))
         status, url = await pipe.execute()
-    return _Lookup(secret, _text(status), _text(url))
+    return _Lookup(_text(status), _text(url))
+
+
+def _redis(request: Request) -> AsyncRedis:
+    state = request.app.state
+    if getattr(state, "agent_redis", None) is None:
+        state.agent_redis = connect_for_requests_async(state.settings)
+    redis: AsyncRedis = state.agent_redis
+    return redis
+
+
+def _routes(request: Request) -> RouteCache:
+    """This process's route cache, subscribed to the jobs' events on first use."""
+    state = request.app.state
+    routes: RouteCache | None = getattr(state, "agent_routes", None)
+    if routes is None:
+        routes = state.agent_routes = RouteCache(_redis(request), state.keys.job_events)
+        routes.start()
+    return routes
 
 
 def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-async def _send(request: Request, url: str, job_id: str, anthropic: bool) -> Response:
-    client = _client(request)
-    headers = {name: value for name, value in request.headers.items() if name in _FORWARDED_HEADERS}
-    outgoing = client.build_request(request.method, url, headers=headers, content=await request.body(),
-                                    params=request.query_params)  # fmt: skip
+@dataclass(frozen=True)
+class _Call:
+    request: Request
+    path: str
+    job_id: str
+    body: bytes
+
+
+def _names_job(answer: aiohttp.ClientResponse, job_id: str) -> bool:
+    return answer.headers.get(JOB_HEADER) == job_id
+
+
+async def _send(call: _Call, base_url: str) -> aiohttp.ClientResponse | Exception:
+    """The worker's answer (its body not read yet), or why it could not be reached."""
+    headers = {name: value for name, value in call.request.headers.items() if name in _FORWARDED_HEADERS}
     try:
-        answer = await client.send(outgoing, stream=True)
-    except httpx.HTTPError as exc:
-        found = await _lookup(request, job_id)
-        if found.status not in _NOT_STARTED:  # it ended between the lookup and the call
-            return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict",
-                            anthropic=anthropic)  # fmt: skip
-        return _refusal(503, f"the worker serving this job cannot be reached: {type(exc).__name__}",
-                        "service_unavailable", retry_after=1, anthropic=anthropic)  # fmt: skip
+        return await _client(call.request).request(
+            call.request.method, f"{base_url}/{call.path}", headers=headers, data=call.body,
+            params=list(call.request.query_params.multi_items()) or None,
+        )  # fmt: skip
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        return exc
+
+
+async def _relay(answer: aiohttp.ClientResponse) -> Response:
     kept = {k: v for k, v in answer.headers.items() if k.lower() in ("content-type", "retry-after")}
     if not answer.headers.get("content-type", "").startswith("text/event-stream"):  # whole answers: one read
         try:
-            return Response(await answer.aread(), status_code=answer.status_code, headers=kept)
+            return Response(await answer.read(), status_code=answer.status, headers=kept)
         finally:
-            await answer.aclose()
-    return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code, headers=kept,
-                             background=BackgroundTask(answer.aclose))  # fmt: skip
+            answer.release()
+    return StreamingResponse(answer.content.iter_any(), status_code=answer.status, headers=kept,
+                             background=BackgroundTask(answer.release))  # fmt: skip
 
 
-def _client(request: Request) -> httpx.AsyncClient:
-    client = getattr(request.app.state, "agent_http", None)
+def _client(request: Request) -> aiohttp.ClientSession:
+    """One pooled client per API process (kept-alive connections to each worker). aiohttp, as the node
+    gateway's: httpx's async pool cost more per call (docs/BENCHMARKS.md)."""
+    client: aiohttp.ClientSession | None = getattr(request.app.state, "agent_http", None)
     if client is None:
         timeout = request.app.state.settings.llm_request_timeout_s + 60
-        client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=5.0), trust_env=False)
+        client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=timeout),
+                                       auto_decompress=False, trust_env=False)  # fmt: skip
         request.app.state.agent_http = client
     return client
 

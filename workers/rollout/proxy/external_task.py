@@ -65,6 +65,7 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
         server = ThreadServer(build_app(session, ctx.job_id, secret, lambda: task), ctx.settings.agent_proxy_host)
         server.start()
         st.redis.set(proxy_key, server.url, ex=max(1, int(ctx.remaining) + 60))
+        st.redis.publish(st.store.keys.job_events, f"{ctx.job_id} serving")  # API processes drop their old route
         _hold(session, ctx, config.time_reserve_s)
         ctx.check()
         trajectory = session.record()

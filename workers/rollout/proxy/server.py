@@ -20,8 +20,9 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.agent_keys import key_opens, presented_key
+from shared.agent_keys import JOB_HEADER, key_opens, presented_key
 from workers.rollout.proxy import anthropic_api, responses_api, wire
 from workers.rollout.proxy.session import ProxySession
 
@@ -35,6 +36,7 @@ class FinishRequest(BaseModel):
 def build_app(session: ProxySession, job_id: str, secret: bytes, task: Callable[[], dict[str, Any]]) -> FastAPI:
     """The app of one job: chat/completions, completions, models, the task, tools, finish."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app.add_middleware(NamesJob, job_id=job_id)
 
     async def authorized(request: Request) -> None:
         key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
@@ -50,8 +52,10 @@ def build_app(session: ProxySession, job_id: str, secret: bytes, task: Callable[
 
     @app.exception_handler(Exception)
     async def _failed(request: Request, exc: Exception) -> JSONResponse:  # an infrastructure failure, said so
-        return _error(request, wire.ProxyError(502, f"the service failed this call: {type(exc).__name__}: {exc}", None,
-                                               "server_error"))  # fmt: skip
+        failed = _error(request, wire.ProxyError(502, f"the service failed this call: {type(exc).__name__}: {exc}",
+                                                 None, "server_error"))  # fmt: skip
+        failed.headers[JOB_HEADER] = job_id  # answered outside NamesJob (Starlette's outermost error middleware)
+        return failed
 
     guard = [Depends(authorized)]
 
@@ -106,6 +110,23 @@ def build_app(session: ProxySession, job_id: str, secret: bytes, task: Callable[
         return {"finished": True}
 
     return app
+
+
+class NamesJob:
+    """Names the job in every answer (`x-rollouts-job`): the API relays only answers from the job's own
+    endpoint, so a remembered address now held by another server fails safe (api/agent_routes.py)."""
+
+    def __init__(self, app: ASGIApp, job_id: str) -> None:
+        self.app = app
+        self.header = (JOB_HEADER.encode(), job_id.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def named(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), self.header]
+            await send(message)
+
+        await self.app(scope, receive, named if scope["type"] == "http" else send)
 
 
 def _error(request: Request, error: wire.ProxyError) -> JSONResponse:
