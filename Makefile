@@ -7,9 +7,11 @@ setup:
 demo: setup
 	.venv/bin/rollouts run examples/mixed.jsonl
 
-# Lint first (ruff, pinned in the dev extra; rules in pyproject.toml): seconds, before a ~40 minute suite.
+# Lint and the one house format first (ruff, pinned in the dev extra; rules in pyproject.toml): seconds,
+# before a ~40 minute suite.
 test: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/python -m pytest -q
 
 # GRPO on the CPU through the service, 3 seeds (examples/train_grpo, docs/TRAINING.md); writes runs/grpo/

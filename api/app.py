@@ -55,8 +55,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
     )
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
-                       larger=(("PUT", WEIGHTS_PATH, settings.max_weight_bytes),))  # fmt: skip
+    app.add_middleware(
+        BodySizeLimit, max_bytes=settings.max_body_bytes, larger=(("PUT", WEIGHTS_PATH, settings.max_weight_bytes),)
+    )
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

@@ -103,5 +103,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 # Where an error that is not about one field of the input lies, as a Problem's `field`.
-_FIELD_OF_STATUS = {401: "header.authorization", 403: "header.authorization", 404: "path", 405: "method",
-                    409: "path", 413: "body"}  # fmt: skip
+_FIELD_OF_STATUS = {
+    401: "header.authorization",
+    403: "header.authorization",
+    404: "path",
+    405: "method",
+    409: "path",
+    413: "body",
+}

@@ -70,11 +70,13 @@ class RedisCollector(Collector):
         )
         swept = self.redis.hgetall(self.keys.results_sweep)
         removed = CounterMetricFamily(
-            "rollouts_results_swept_files", "Stored results removed by the retention sweep.",
+            "rollouts_results_swept_files",
+            "Stored results removed by the retention sweep.",
             value=int(swept.get(b"files_total", 0)),
         )
         removed_bytes = CounterMetricFamily(
-            "rollouts_results_swept_bytes", "Bytes of stored results removed by the retention sweep.",
+            "rollouts_results_swept_bytes",
+            "Bytes of stored results removed by the retention sweep.",
             value=int(swept.get(b"bytes_total", 0)),
         )
         yield from (removed, removed_bytes)
@@ -82,7 +84,9 @@ class RedisCollector(Collector):
     def _stages(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily("rollouts_queue_depth", "Jobs waiting in a stage's rq queue.", labels=["stage"])
         running = GaugeMetricFamily("rollouts_stage_running", "Jobs a stage's workers are running.", labels=["stage"])
-        slots = GaugeMetricFamily("rollouts_worker_slots", "Worker slots by stage and state.", labels=["stage", "state"])
+        slots = GaugeMetricFamily(
+            "rollouts_worker_slots", "Worker slots by stage and state.", labels=["stage", "state"]
+        )
         for stage in STAGES:
             queue = stage_queue(stage, self.redis)
             depth.add_metric([stage], queue.count)

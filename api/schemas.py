@@ -11,7 +11,8 @@ class Submitted(BaseModel):
     job_ids: list[str] = Field(description="One id per submitted job, in request order.")
     created: list[bool] = Field(description="False where an idempotency key matched an existing job.")
     agent: list[dict[str, str] | None] | None = Field(
-        default=None, description="Present when a job has `agent: external`: per job, its agent's `base_url` and "
+        default=None,
+        description="Present when a job has `agent: external`: per job, its agent's `base_url` and "
         "`api_key` (null for the others).",
     )
 
@@ -54,7 +55,8 @@ class JobView(JobHeader):
         default_factory=dict, description="Times a stage's worker died (or lost Redis) mid-job and it was re-queued."
     )
     failovers: dict[str, int] = Field(
-        default_factory=dict, description="Per LLM backend, the model calls it failed (it died, restarted or answered "
+        default_factory=dict,
+        description="Per LLM backend, the model calls it failed (it died, restarted or answered "
         "unusably) that went on to another backend or waited for one.",
     )
     result: JobResult | None = Field(default=None, description="Present once the job is done.")
@@ -116,4 +118,5 @@ class ServiceStatus(BaseModel):
     restarts: dict[str, int] = Field(
         default_factory=dict,
         description="Processes `rollouts up` restarted since it started, by kind (worker, api, redis, registrar, "
-        "vllm); empty when none was, or the service runs otherwise.")
+        "vllm); empty when none was, or the service runs otherwise.",
+    )

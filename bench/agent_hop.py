@@ -30,9 +30,11 @@ from shared.agent_keys import JOB_HEADER, job_key
 from shared.keys import Keys
 
 SECRET = "bench-secret-0123456789abcdef"
-ANSWER = (b'{"id":"chatcmpl-1","object":"chat.completion","model":"tiny","choices":[{"index":0,"message":'
-          b'{"role":"assistant","content":"' + b"word " * 80 + b'"},"finish_reason":"length"}],'
-          b'"usage":{"prompt_tokens":40,"completion_tokens":8,"total_tokens":48}}')  # fmt: skip
+ANSWER = (
+    b'{"id":"chatcmpl-1","object":"chat.completion","model":"tiny","choices":[{"index":0,"message":'
+    b'{"role":"assistant","content":"' + b"word " * 80 + b'"},"finish_reason":"length"}],'
+    b'"usage":{"prompt_tokens":40,"completion_tokens":8,"total_tokens":48}}'
+)
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -90,8 +92,13 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-hop-"))
     redis = EmbeddedRedis(data_dir=work / "redis").start()
-    env = {**os.environ, "ROLLOUTS_REDIS_URL": redis.url, "ROLLOUTS_STATE_DIR": str(work / "state"),
-           "ROLLOUTS_AGENT_KEY_SECRET": SECRET, "ROLLOUTS_LOG_LEVEL": "WARNING"}  # fmt: skip
+    env = {
+        **os.environ,
+        "ROLLOUTS_REDIS_URL": redis.url,
+        "ROLLOUTS_STATE_DIR": str(work / "state"),
+        "ROLLOUTS_AGENT_KEY_SECRET": SECRET,
+        "ROLLOUTS_LOG_LEVEL": "WARNING",
+    }
     sources = {"api": ROOT}
     if args.before:
         sources[f"api@{args.before}"] = export_ref(args.before, work / "before")
@@ -100,19 +107,28 @@ def main() -> None:
         apis: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
         for name, source in sources.items():
             port = free_port()
-            process = subprocess.Popen([sys.executable, "-m", "cli", "api", "--port", str(port)], cwd=source, env=env,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            process = subprocess.Popen(
+                [sys.executable, "-m", "cli", "api", "--port", str(port)],
+                cwd=source,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             processes.append(process)
             apis[name] = (f"http://127.0.0.1:{port}", process)
         http = httpx.Client(timeout=60)
         for url, _ in apis.values():
             _wait(http, f"{url}/healthz")
         first = next(iter(apis.values()))[0]
-        job_id = http.post(f"{first}/v1/jobs", json={"task": {"kind": "math", "problem": "1 + 1?", "answer": "2"},
-                                                     "agent": "external"}).json()["job_ids"][0]  # fmt: skip
+        job_id = http.post(
+            f"{first}/v1/jobs", json={"task": {"kind": "math", "problem": "1 + 1?", "answer": "2"}, "agent": "external"}
+        ).json()["job_ids"][0]
         worker_port = free_port()
-        processes.append(subprocess.Popen([sys.executable, "-m", "bench.agent_hop", "--serve-instant",
-                                           str(worker_port), job_id], cwd=ROOT))  # fmt: skip
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "bench.agent_hop", "--serve-instant", str(worker_port), job_id], cwd=ROOT
+            )
+        )
         worker = f"http://127.0.0.1:{worker_port}"
         _wait(http, f"{worker}/healthz")  # a GET: 405, but it answers
         with Redis.from_url(redis.url) as r:  # as the rollout stage's take and registration leave the record
@@ -120,15 +136,17 @@ def main() -> None:
             r.set(Keys().agent_proxy(job_id), worker)
         headers = {"Authorization": f"Bearer {job_key(SECRET.encode(), job_id)}"}
         body = {"model": "tiny", "messages": [{"role": "user", "content": "What is 1 + 1? " * 20}], "max_tokens": 8}
-        targets = {"worker": f"{worker}/v1/chat/completions",
-                   **{name: f"{url}/v1/jobs/{job_id}/agent/v1/chat/completions" for name, (url, _) in apis.items()}}
+        targets = {
+            "worker": f"{worker}/v1/chat/completions",
+            **{name: f"{url}/v1/jobs/{job_id}/agent/v1/chat/completions" for name, (url, _) in apis.items()},
+        }
         times: dict[str, list[float]] = {name: [] for name in targets}
         names = list(targets)
         cpu_before: dict[str, float] = {}
         for i in range(args.calls + 50):  # the first 50 rounds warm up (and let the route cache subscribe)
             if i == 50:
                 cpu_before = {name: _cpu_s(process.pid) for name, (_, process) in apis.items()}
-            for name in names[i % len(names):] + names[: i % len(names)]:
+            for name in names[i % len(names) :] + names[: i % len(names)]:
                 t0 = time.perf_counter()
                 response = http.post(targets[name], json=body, headers=headers)
                 elapsed = time.perf_counter() - t0

@@ -60,8 +60,10 @@ from workers.rollout.proxy.session import ProxySession
 from workers.rollout.tool_parsers import get_parser
 
 SECRET = "bench-secret-0123456789abcdef"
-MESSAGES = [{"role": "system", "content": "You are a careful assistant."},
-            {"role": "user", "content": "What is 17 times 23? Think step by step."}]  # fmt: skip
+MESSAGES = [
+    {"role": "system", "content": "You are a careful assistant."},
+    {"role": "user", "content": "What is 17 times 23? Think step by step."},
+]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -91,8 +93,14 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
     model = tiny_model_dir(Path.home() / ".cache" / "rollouts" / "test-models", 0, 4096)
     settings = Settings(redis_url=None, state_dir=work / "state", agent_key_secret=SECRET)
-    vllm = VLLMServer.from_settings(settings, model, free_port(), served_name="tiny", log_path=work / "vllm.log",
-                                    args=["--dtype", "float32", "--max-model-len", "4096"])  # fmt: skip
+    vllm = VLLMServer.from_settings(
+        settings,
+        model,
+        free_port(),
+        served_name="tiny",
+        log_path=work / "vllm.log",
+        args=["--dtype", "float32", "--max-model-len", "4096"],
+    )
     redis = EmbeddedRedis(data_dir=work / "redis").start()
     vllm.start()
     servers: list[ThreadServer] = []
@@ -102,25 +110,47 @@ def main() -> None:
         settings = settings.model_copy(update={"redis_url": redis.url})
         client = LLMClient(request_timeout_s=300, max_retries=0)
         sampling = Sampling(max_tokens=args.max_tokens, temperature=0.0, extra={"ignore_eos": True})
-        config = LoopConfig(max_turns=10**6, max_context_tokens=4000, max_tokens_per_turn=args.max_tokens,
-                            allowed_tools=DEFAULT_TOOLS)  # fmt: skip
-        session = ProxySession(_load_tokenizer(str(model)), get_parser("hermes"),
-                               lambda ids, s: client.complete(vllm.url, ids, s, "tiny"), None, config, sampling, "tiny")
+        config = LoopConfig(
+            max_turns=10**6, max_context_tokens=4000, max_tokens_per_turn=args.max_tokens, allowed_tools=DEFAULT_TOOLS
+        )
+        session = ProxySession(
+            _load_tokenizer(str(model)),
+            get_parser("hermes"),
+            lambda ids, s: client.complete(vllm.url, ids, s, "tiny"),
+            None,
+            config,
+            sampling,
+            "tiny",
+        )
         api_url = f"http://127.0.0.1:{free_port()}"
-        env = {**os.environ, "ROLLOUTS_REDIS_URL": redis.url, "ROLLOUTS_STATE_DIR": str(work / "state"),
-               "ROLLOUTS_AGENT_KEY_SECRET": SECRET, "ROLLOUTS_LOG_LEVEL": "WARNING"}  # fmt: skip
+        env = {
+            **os.environ,
+            "ROLLOUTS_REDIS_URL": redis.url,
+            "ROLLOUTS_STATE_DIR": str(work / "state"),
+            "ROLLOUTS_AGENT_KEY_SECRET": SECRET,
+            "ROLLOUTS_LOG_LEVEL": "WARNING",
+        }
         api_urls: dict[str, tuple[str, Path | None]] = {"api": (api_url, None)}
         if args.before:  # the same API at another version, from a tree of its own
             before = export_ref(args.before, work / "before")
             api_urls[f"api@{args.before}"] = (f"http://127.0.0.1:{free_port()}", before)
         for url, source in api_urls.values():
-            apis.append(subprocess.Popen([sys.executable, "-m", "cli", "api", "--port", url.rsplit(":", 1)[1]],
-                                         env=env, cwd=source, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            apis.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "cli", "api", "--port", url.rsplit(":", 1)[1]],
+                    env=env,
+                    cwd=source,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         http = httpx.Client(timeout=300)
         for url, _ in api_urls.values():
             _wait_healthy(http, url)
-        submitted = http.post(f"{api_url}/v1/jobs", json={
-            "task": {"kind": "math", "problem": "17 * 23?", "answer": "391"}, "agent": "external"}).json()
+        submitted = http.post(
+            f"{api_url}/v1/jobs",
+            json={"task": {"kind": "math", "problem": "17 * 23?", "answer": "391"}, "agent": "external"},
+        ).json()
         job_id = submitted["job_ids"][0]
         worker = ThreadServer(build_app(session, job_id, SECRET.encode(), dict), "127.0.0.1").start()
         servers.append(worker)
@@ -130,18 +160,26 @@ def main() -> None:
             r.hset(Keys().job(job_id), "status", "rollout")
             r.set(Keys().agent_proxy(job_id), worker.url)
         key = {"Authorization": f"Bearer {job_key(SECRET.encode(), job_id)}"}
-        body = {"model": "tiny", "messages": MESSAGES, "max_tokens": args.max_tokens, "temperature": 0.0,
-                "ignore_eos": True, "logprobs": True}  # fmt: skip
+        body = {
+            "model": "tiny",
+            "messages": MESSAGES,
+            "max_tokens": args.max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "logprobs": True,
+        }
         renderer = ChatRenderer(session.tokenizer)
         prompt = renderer.prompt(renderer.prepare(MESSAGES)).token_ids
-        targets = {"vllm": (f"{vllm.url}/v1/chat/completions", {}), "generate": ("", {}),
-                   "worker": (f"{worker.url}/v1/chat/completions", key),
-                   **{name: (f"{url}/v1/jobs/{job_id}/agent/v1/chat/completions", key)
-                      for name, (url, _) in api_urls.items()}}  # fmt: skip
+        targets = {
+            "vllm": (f"{vllm.url}/v1/chat/completions", {}),
+            "generate": ("", {}),
+            "worker": (f"{worker.url}/v1/chat/completions", key),
+            **{name: (f"{url}/v1/jobs/{job_id}/agent/v1/chat/completions", key) for name, (url, _) in api_urls.items()},
+        }
         times: dict[str, list[float]] = {name: [] for name in targets}
         names = list(targets)
         for i in range(args.calls + 10):  # the first 10 rounds warm up every path
-            for name in names[i % len(names):] + names[: i % len(names)]:  # rotate: no path always goes first
+            for name in names[i % len(names) :] + names[: i % len(names)]:  # rotate: no path always goes first
                 url, headers = targets[name]
                 t0 = time.perf_counter()
                 if name == "generate":
@@ -158,8 +196,10 @@ def main() -> None:
         print(f"{args.calls} calls each, {args.max_tokens} tokens a call, round-robin")
         for name in names:
             p50 = statistics.median(times[name])
-            print(f"{name:>10}: p50 {p50 * 1e3:7.2f} ms  p90 {percentile(times[name], 90) * 1e3:7.2f} ms  "
-                  f"p50 - vllm {(p50 - base) * 1e3:+6.2f} ms")
+            print(
+                f"{name:>10}: p50 {p50 * 1e3:7.2f} ms  p90 {percentile(times[name], 90) * 1e3:7.2f} ms  "
+                f"p50 - vllm {(p50 - base) * 1e3:+6.2f} ms"
+            )
     finally:
         for server in servers:
             server.stop()

@@ -50,8 +50,14 @@ def _fractions() -> Iterator[Case]:
 
 
 def _decimals() -> Iterator[Case]:
-    for value, fraction in [("0.75", "\\frac{3}{4}"), ("2.5", "\\frac{5}{2}"), ("0.125", "\\frac{1}{8}"),
-                            ("-1.5", "-\\frac{3}{2}"), ("3.2", "\\frac{16}{5}"), ("0.05", "\\frac{1}{20}")]:  # fmt: skip
+    for value, fraction in [
+        ("0.75", "\\frac{3}{4}"),
+        ("2.5", "\\frac{5}{2}"),
+        ("0.125", "\\frac{1}{8}"),
+        ("-1.5", "-\\frac{3}{2}"),
+        ("3.2", "\\frac{16}{5}"),
+        ("0.05", "\\frac{1}{20}"),
+    ]:
         padded = value + "0"
         bare = value.replace("0.", ".", 1) if value.startswith("0.") else value
         yield from _same("decimal", value, [fraction, padded, bare])
@@ -123,30 +129,47 @@ def _sets() -> Iterator[Case]:
         ref = "\\{" + ", ".join(map(str, values)) + "\\}"
         backwards = list(reversed(values))
         rotated = [*values[1:], values[0]]
-        yield from _same("set", ref, [
-            "\\{" + ", ".join(map(str, backwards)) + "\\}",
-            "\\{" + ",".join(map(str, rotated)) + "\\}",
-            ", ".join(map(str, backwards)),
-        ])  # fmt: skip
+        yield from _same(
+            "set",
+            ref,
+            [
+                "\\{" + ", ".join(map(str, backwards)) + "\\}",
+                "\\{" + ",".join(map(str, rotated)) + "\\}",
+                ", ".join(map(str, backwards)),
+            ],
+        )
         yield from _same("set", ", ".join(map(str, values)), [", ".join(map(str, rotated))])
-        yield from _other("set", ref, [
-            "\\{" + ", ".join(map(str, values[:-1])) + "\\}",
-            "\\{" + ", ".join(map(str, (*values[:-1], values[-1] + 1))) + "\\}",
-        ])  # fmt: skip
+        yield from _other(
+            "set",
+            ref,
+            [
+                "\\{" + ", ".join(map(str, values[:-1])) + "\\}",
+                "\\{" + ", ".join(map(str, (*values[:-1], values[-1] + 1))) + "\\}",
+            ],
+        )
 
 
 def _matrices() -> Iterator[Case]:
     for a, b, c, d in [(1, 2, 3, 4), (0, -1, 1, 0), (2, 0, 0, 2), (5, 7, -3, 1)]:
         ref = f"\\begin{{pmatrix}} {a} & {b} \\\\ {c} & {d} \\end{{pmatrix}}"
-        yield from _same("matrix", ref, [
-            f"\\begin{{bmatrix}} {a} & {b} \\\\ {c} & {d} \\end{{bmatrix}}",
-            f"\\begin{{pmatrix}}{a}&{b}\\\\{c}&{d}\\end{{pmatrix}}",
-        ])  # fmt: skip
-        yield from _other("matrix", ref, [
-            f"\\begin{{pmatrix}} {a} & {c} \\\\ {b} & {d} \\end{{pmatrix}}" if b != c else
-            f"\\begin{{pmatrix}} {a} & {b} \\\\ {c} & {d + 1} \\end{{pmatrix}}",
-            f"\\begin{{pmatrix}} {a} & {b} \\\\ {c} & {d + 1} \\end{{pmatrix}}",
-        ])  # fmt: skip
+        yield from _same(
+            "matrix",
+            ref,
+            [
+                f"\\begin{{bmatrix}} {a} & {b} \\\\ {c} & {d} \\end{{bmatrix}}",
+                f"\\begin{{pmatrix}}{a}&{b}\\\\{c}&{d}\\end{{pmatrix}}",
+            ],
+        )
+        yield from _other(
+            "matrix",
+            ref,
+            [
+                f"\\begin{{pmatrix}} {a} & {c} \\\\ {b} & {d} \\end{{pmatrix}}"
+                if b != c
+                else f"\\begin{{pmatrix}} {a} & {b} \\\\ {c} & {d + 1} \\end{{pmatrix}}",
+                f"\\begin{{pmatrix}} {a} & {b} \\\\ {c} & {d + 1} \\end{{pmatrix}}",
+            ],
+        )
     for x, y in [(3, -1), (0, 2), (1, 4)]:
         ref = f"\\begin{{pmatrix}} {x} \\\\ {y} \\end{{pmatrix}}"
         yield from _same("matrix", ref, [f"\\begin{{pmatrix}}{x}\\\\{y}\\end{{pmatrix}}"])
@@ -185,25 +208,53 @@ def _separators() -> Iterator[Case]:
 
 def _expressions() -> Iterator[Case]:
     pairs = [
-        ("2\\sqrt{2}", "\\sqrt{8}"), ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"), ("3\\sqrt{3}", "\\sqrt{27}"),
-        ("\\frac{\\sqrt{3}+1}{2}", "\\frac{1}{\\sqrt{3}-1}"), ("9\\pi", "\\pi \\cdot 9"), ("\\frac{\\pi}{4}", "\\pi/4"),
-        ("2^{10}", "1024"), ("1.5 \\times 10^{3}", "1500"), ("e^{2}", "\\exp(2)"), ("(x+1)^2", "x^2 + 2x + 1"),
-        ("\\sqrt[3]{27}", "3"), ("\\binom{5}{2}", "10"), ("3 + 4i", "4i + 3"), ("\\log_2 8", "3"),
-    ]  # fmt: skip
+        ("2\\sqrt{2}", "\\sqrt{8}"),
+        ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"),
+        ("3\\sqrt{3}", "\\sqrt{27}"),
+        ("\\frac{\\sqrt{3}+1}{2}", "\\frac{1}{\\sqrt{3}-1}"),
+        ("9\\pi", "\\pi \\cdot 9"),
+        ("\\frac{\\pi}{4}", "\\pi/4"),
+        ("2^{10}", "1024"),
+        ("1.5 \\times 10^{3}", "1500"),
+        ("e^{2}", "\\exp(2)"),
+        ("(x+1)^2", "x^2 + 2x + 1"),
+        ("\\sqrt[3]{27}", "3"),
+        ("\\binom{5}{2}", "10"),
+        ("3 + 4i", "4i + 3"),
+        ("\\log_2 8", "3"),
+    ]
     for ref, same in pairs:
         yield from _same("expression", ref, [same])
     near = [
-        ("2\\sqrt{2}", "2\\sqrt{3}"), ("\\sqrt{2}", "1.41"), ("9\\pi", "3\\pi"), ("\\frac{\\pi}{4}", "\\frac{\\pi}{2}"),
-        ("2^{10}", "1000"), ("(x+1)^2", "x^2 + 1"), ("3 + 4i", "4 + 3i"), ("e^{2}", "2e"),
-    ]  # fmt: skip
+        ("2\\sqrt{2}", "2\\sqrt{3}"),
+        ("\\sqrt{2}", "1.41"),
+        ("9\\pi", "3\\pi"),
+        ("\\frac{\\pi}{4}", "\\frac{\\pi}{2}"),
+        ("2^{10}", "1000"),
+        ("(x+1)^2", "x^2 + 1"),
+        ("3 + 4i", "4 + 3i"),
+        ("e^{2}", "2e"),
+    ]
     for ref, other in near:
         yield from _other("expression", ref, [other])
 
 
 FAMILIES = (
-    _fractions, _decimals, _percentages, _units, _degrees, _named_values, _tuples, _intervals, _sets,
-    _matrices, _texts, _equations, _separators, _expressions,
-)  # fmt: skip
+    _fractions,
+    _decimals,
+    _percentages,
+    _units,
+    _degrees,
+    _named_values,
+    _tuples,
+    _intervals,
+    _sets,
+    _matrices,
+    _texts,
+    _equations,
+    _separators,
+    _expressions,
+)
 
 
 def cases() -> list[Case]:

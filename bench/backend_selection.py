@@ -100,8 +100,11 @@ def run(n_backends: int, pins: int, threads: int, url: str) -> dict[str, dict[st
         pool = BackendPool(redis, keys, settings)
         ids = [pool.register(f"http://10.1.{i // 250}.{i % 250}:8000", "m").id for i in range(n_backends)]
         selector = pool if name == "lua" else NaiveSelector(redis, keys)
-        make = (lambda: BackendPool(Redis.from_url(url), keys, settings)) if name == "lua" else (
-            lambda: NaiveSelector(Redis.from_url(url), keys))
+        make = (
+            (lambda: BackendPool(Redis.from_url(url), keys, settings))
+            if name == "lua"
+            else (lambda: NaiveSelector(Redis.from_url(url), keys))
+        )
         jobs = [f"j-{i}" for i in range(pins)]
         first = timed(selector.acquire, jobs)
         sticky = timed(selector.acquire, jobs)
@@ -123,16 +126,20 @@ def main() -> None:
     args = parser.parse_args()
     with EmbeddedRedis() as server:
         print(f"{args.pins} pins per run, {args.threads} threads in the concurrent run; latencies in microseconds")
-        print("| backends | method | first pick p50 / p99 | sticky call p50 / p99 | release p50 / p99 "
-              "| concurrent pins/s | max-min in-flight after concurrent run |")
+        print(
+            "| backends | method | first pick p50 / p99 | sticky call p50 / p99 | release p50 / p99 "
+            "| concurrent pins/s | max-min in-flight after concurrent run |"
+        )
         print("|---:|---|---:|---:|---:|---:|---:|")
         for n in args.backends:
             for name, row in run(n, args.pins, args.threads, server.url).items():
                 method = "Lua script (atomic)" if name == "lua" else "plain Python (non-atomic)"
-                print(f"| {n} | {method} | {row['first_p50']:.0f} / {row['first_p99']:.0f} "
-                      f"| {row['sticky_p50']:.0f} / {row['sticky_p99']:.0f} "
-                      f"| {row['release_p50']:.0f} / {row['release_p99']:.0f} "
-                      f"| {row['rate']:.0f} | {row['spread']} |")
+                print(
+                    f"| {n} | {method} | {row['first_p50']:.0f} / {row['first_p99']:.0f} "
+                    f"| {row['sticky_p50']:.0f} / {row['sticky_p99']:.0f} "
+                    f"| {row['release_p50']:.0f} / {row['release_p99']:.0f} "
+                    f"| {row['rate']:.0f} | {row['spread']} |"
+                )
 
 
 if __name__ == "__main__":

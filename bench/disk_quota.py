@@ -57,10 +57,13 @@ def main() -> None:
         interval = Settings().sandbox_disk_check_interval_s
         wait = max(interval, WALK_PACING * ours)
         print(f"tree: {entries} entries, {disk_usage([root]).bytes >> 20} MiB on disk")
-        print(f"disk_usage walk median {ours * 1000:.1f} ms; du -s median {base * 1000:.1f} ms; "
-              f"ratio {ours / base:.2f}")
-        print(f"watch: a walk every {wait:.2f} s (interval {interval} s, pacing {WALK_PACING:g}x): "
-              f"{100 * ours / (ours + wait):.1f}% of a core per watched sandbox")
+        print(
+            f"disk_usage walk median {ours * 1000:.1f} ms; du -s median {base * 1000:.1f} ms; ratio {ours / base:.2f}"
+        )
+        print(
+            f"watch: a walk every {wait:.2f} s (interval {interval} s, pacing {WALK_PACING:g}x): "
+            f"{100 * ours / (ours + wait):.1f}% of a core per watched sandbox"
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

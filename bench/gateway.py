@@ -45,9 +45,21 @@ from workers.rollout.llm_client import LLMClient, Sampling
 
 DATA_KEY, ADMIN_KEY = "bench-data-key", "bench-admin-key"
 PROMPT = [(11 * i) % 200 + 40 for i in range(64)]
-INSTANT = json.dumps({"request_id": "x", "choices": [{"index": 0, "token_ids": list(range(8)),
-                      "logprobs": {"content": [{"logprob": -0.5}] * 8}, "finish_reason": "length"}],
-                      "prompt_token_ids": None, "usage": {"prompt_tokens": 64, "completion_tokens": 8}}).encode()
+INSTANT = json.dumps(
+    {
+        "request_id": "x",
+        "choices": [
+            {
+                "index": 0,
+                "token_ids": list(range(8)),
+                "logprobs": {"content": [{"logprob": -0.5}] * 8},
+                "finish_reason": "length",
+            }
+        ],
+        "prompt_token_ids": None,
+        "usage": {"prompt_tokens": 64, "completion_tokens": 8},
+    }
+).encode()
 
 
 def percentile(values: list[float], q: int) -> float:
@@ -62,8 +74,13 @@ async def instant(scope: dict, receive: Any, send: Any) -> None:
         return await send({"type": "lifespan.shutdown.complete"})
     while (await receive()).get("more_body"):
         pass
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(INSTANT)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(INSTANT)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": INSTANT})
 
 
@@ -118,7 +135,7 @@ def latency(title: str, calls: dict[str, Call], n: int, gateway_pid: int) -> Non
     for i in range(n + 20):
         if i == 20:
             cpu_before = cpu_seconds(gateway_pid)
-        for name in (("direct", "gateway") if i % 2 else ("gateway", "direct")):
+        for name in ("direct", "gateway") if i % 2 else ("gateway", "direct"):
             t0 = time.perf_counter()
             calls[name]()
             if i >= 20:
@@ -128,16 +145,19 @@ def latency(title: str, calls: dict[str, Call], n: int, gateway_pid: int) -> Non
     print(title)
     for name, values in times.items():
         p50 = statistics.median(values)
-        print(f"  {name:>8}: p50 {p50 * 1e3:7.2f} ms  p99 {percentile(values, 99) * 1e3:7.2f} ms  "
-              f"p50 - direct {(p50 - base) * 1e3:+6.2f} ms")
+        print(
+            f"  {name:>8}: p50 {p50 * 1e3:7.2f} ms  p99 {percentile(values, 99) * 1e3:7.2f} ms  "
+            f"p50 - direct {(p50 - base) * 1e3:+6.2f} ms"
+        )
     print(f"  gateway process CPU per call: {cpu_per_call * 1e3:.2f} ms")
 
 
 def start_gateway(upstream: str) -> tuple[subprocess.Popen[str], str]:
     """A gateway in a process of its own in front of `upstream`, as `rollouts register --gateway` runs it."""
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "bench.gateway", "--serve", upstream, str(port)],
-                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.gateway", "--serve", upstream, str(port)], stdout=subprocess.PIPE, text=True
+    )
     assert process.stdout is not None and process.stdout.readline().strip() == "serving"
     return process, f"http://127.0.0.1:{port}"
 
@@ -145,20 +165,25 @@ def start_gateway(upstream: str) -> tuple[subprocess.Popen[str], str]:
 def proxy_alone(n: int) -> None:
     """The hop's own cost: the same calls against an instant upstream, no model sharing the CPU."""
     port = free_port()
-    upstream = subprocess.Popen([sys.executable, "-m", "bench.gateway", "--serve-instant", str(port)],
-                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "bench.gateway", "--serve-instant", str(port)], stdout=subprocess.PIPE, text=True
+    )
     assert upstream.stdout is not None and upstream.stdout.readline().strip() == "serving"
     gateway, gateway_url = start_gateway(f"http://127.0.0.1:{port}")
     body = {"token_ids": PROMPT, "sampling_params": {"max_tokens": 8}, "model": "tiny"}
     try:
         with httpx.Client() as direct, httpx.Client(headers={"Authorization": f"Bearer {DATA_KEY}"}) as through:
+
             def call(client: httpx.Client, url: str) -> Call:
                 return lambda: len(client.post(f"{url}/inference/v1/generate", json=body).content)
 
             wait_until_serving(direct, f"http://127.0.0.1:{port}")
-            latency(f"the proxy alone: {n} sequential calls each to an instant upstream, alternating",
-                    {"direct": call(direct, f"http://127.0.0.1:{port}"), "gateway": call(through, gateway_url)},
-                    n, gateway.pid)  # fmt: skip
+            latency(
+                f"the proxy alone: {n} sequential calls each to an instant upstream, alternating",
+                {"direct": call(direct, f"http://127.0.0.1:{port}"), "gateway": call(through, gateway_url)},
+                n,
+                gateway.pid,
+            )
     finally:
         for process in (gateway, upstream):
             process.terminate()
@@ -192,30 +217,44 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     model = tiny_model_dir(Path.home() / ".cache" / "rollouts" / "test-models", 0, 4096)
-    vllm = VLLMServer.from_settings(Settings(), model, free_port(), served_name="tiny", log_path=work / "vllm.log",
-                                    args=["--dtype", "float32", "--max-model-len", "4096"])  # fmt: skip
+    vllm = VLLMServer.from_settings(
+        Settings(),
+        model,
+        free_port(),
+        served_name="tiny",
+        log_path=work / "vllm.log",
+        args=["--dtype", "float32", "--max-model-len", "4096"],
+    )
     vllm.start()
     gateway: subprocess.Popen[str] | None = None
     try:
         vllm.wait_until_ready(900, lambda message: print(message, flush=True))
         gateway, gateway_url = start_gateway(vllm.url)
-        targets = {"direct": (vllm.url, LLMClient(request_timeout_s=300, max_retries=0)),
-                   "gateway": (gateway_url, LLMClient(request_timeout_s=300, max_retries=0, api_key=DATA_KEY))}
+        targets = {
+            "direct": (vllm.url, LLMClient(request_timeout_s=300, max_retries=0)),
+            "gateway": (gateway_url, LLMClient(request_timeout_s=300, max_retries=0, api_key=DATA_KEY)),
+        }
         sampling = Sampling(max_tokens=args.max_tokens, temperature=0.0, extra={"ignore_eos": True})
 
         def generate(name: str) -> Call:
             url, client = targets[name]
             return lambda: len(client.complete(url, PROMPT, sampling, "tiny").token_ids)
 
-        latency(f"latency: {args.calls} sequential generate calls each, {args.max_tokens} tokens a call, alternating",
-                {name: generate(name) for name in targets}, args.calls, gateway.pid)  # fmt: skip
+        latency(
+            f"latency: {args.calls} sequential generate calls each, {args.max_tokens} tokens a call, alternating",
+            {name: generate(name) for name in targets},
+            args.calls,
+            gateway.pid,
+        )
 
         rates: dict[str, list[float]] = {name: [] for name in targets}
         for name in ("direct", "gateway") * args.rounds:
             url, client = targets[name]
             rates[name].append(throughput(client, url, sampling, args.rollouts, args.turns))
-        print(f"throughput: {args.rollouts} concurrent rollouts x {args.turns} calls, {args.rounds} rounds each, "
-              "interleaved")
+        print(
+            f"throughput: {args.rollouts} concurrent rollouts x {args.turns} calls, {args.rounds} rounds each, "
+            "interleaved"
+        )
         for name, values in rates.items():
             runs = ", ".join(f"{rate:.1f}" for rate in values)
             print(f"  {name:>8}: {statistics.mean(values):6.1f} calls/s ({runs})")

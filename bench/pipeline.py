@@ -53,7 +53,18 @@ def run_bare(redis_url: str, jobs: int, log_dir: Path) -> float:
     with contextlib.ExitStack() as logs:  # each worker holds its own copy of its log's descriptor
         workers = [
             subprocess.Popen(
-                [sys.executable, "-m", "rq.cli", "worker", "-w", "rq.worker.SimpleWorker", "-u", redis_url, "-q", queue],
+                [
+                    sys.executable,
+                    "-m",
+                    "rq.cli",
+                    "worker",
+                    "-w",
+                    "rq.worker.SimpleWorker",
+                    "-u",
+                    redis_url,
+                    "-q",
+                    queue,
+                ],
                 env=env,
                 stdout=logs.enter_context(open(log_dir / f"bare-{queue}.log", "ab")),
                 stderr=subprocess.STDOUT,

@@ -44,11 +44,17 @@ def start_backends(n: int, work: Path) -> list[VLLMServer]:
     cores = os.cpu_count() or 1
     servers = []
     for i in range(n):
-        server = VLLMServer.from_settings(Settings(), model, free_port(), served_name="tiny",
-                                          log_path=work / f"vllm-{i}.log", args=["--dtype", "float32"])
+        server = VLLMServer.from_settings(
+            Settings(),
+            model,
+            free_port(),
+            served_name="tiny",
+            log_path=work / f"vllm-{i}.log",
+            args=["--dtype", "float32"],
+        )
         if n <= cores:
             server.env["VLLM_CPU_OMP_THREADS_BIND"] = str(i)
-        servers.append(server.start())  # fmt: skip
+        servers.append(server.start())
     for server in servers:
         server.wait_until_ready(900, lambda message: print(message, flush=True))
     return servers
@@ -65,17 +71,28 @@ def prefix_counters(urls: list[str]) -> tuple[float, float]:
     return totals[PREFIX_COUNTERS[0]], totals[PREFIX_COUNTERS[1]]
 
 
-def trajectory_turns(seed: int, system_tokens: int, turns: int, observation_tokens: int) -> tuple[list[int], list[list[int]]]:
+def trajectory_turns(
+    seed: int, system_tokens: int, turns: int, observation_tokens: int
+) -> tuple[list[int], list[list[int]]]:
     """A synthetic prompt and per-turn observations (byte tokens), different for every trajectory."""
     rng = random.Random(seed)
     prompt = [257] + [rng.randrange(32, 127) for _ in range(system_tokens)] + [258, 10, 257, 10]
-    observations = [[258, 10, 257] + [rng.randrange(32, 127) for _ in range(observation_tokens)] + [258, 10, 257, 10]
-                    for _ in range(turns)]
+    observations = [
+        [258, 10, 257] + [rng.randrange(32, 127) for _ in range(observation_tokens)] + [258, 10, 257, 10]
+        for _ in range(turns)
+    ]
     return prompt, observations
 
 
-def run(mode: str, pool: BackendPool, urls: dict[str, str], client: LLMClient, args: argparse.Namespace,
-        rng: random.Random, round_: int = 0) -> tuple[list[list[float]], float]:
+def run(
+    mode: str,
+    pool: BackendPool,
+    urls: dict[str, str],
+    client: LLMClient,
+    args: argparse.Namespace,
+    rng: random.Random,
+    round_: int = 0,
+) -> tuple[list[list[float]], float]:
     """All trajectories, turn by turn interleaved (as concurrent rollouts would); returns per-turn times."""
     per_turn: list[list[float]] = [[] for _ in range(args.turns)]
     queried_before, hit_before = prefix_counters(list(urls.values()))
@@ -122,15 +139,21 @@ def main() -> None:
             urls = {pool.register(s.url, "tiny").id: s.url for s in servers}
             rng = random.Random(0)
             with LLMClient() as client:
-                run("warmup", pool, urls, client, argparse.Namespace(**{**vars(args), "turns": 1,
-                                                                        "trajectories": 1}), rng)
+                run(
+                    "warmup",
+                    pool,
+                    urls,
+                    client,
+                    argparse.Namespace(**{**vars(args), "turns": 1, "trajectories": 1}),
+                    rng,
+                )
                 # Rounds alternate which mode goes first, so load that comes and goes on a shared
                 # machine slows both alike; each trajectory set is fresh (never cached before).
                 results: dict[str, tuple[list[list[float]], list[float]]] = {
                     mode: ([[] for _ in range(args.turns)], []) for mode in ("random", "sticky")
                 }
                 for round_ in range(args.rounds):
-                    for mode in (("random", "sticky") if round_ % 2 == 0 else ("sticky", "random")):
+                    for mode in ("random", "sticky") if round_ % 2 == 0 else ("sticky", "random"):
                         per_turn, hit = run(mode, pool, urls, client, args, rng, round_)
                         for turn, times in enumerate(per_turn):
                             results[mode][0][turn].extend(times)
@@ -138,10 +161,12 @@ def main() -> None:
         finally:
             for backend in servers:
                 backend.stop()
-    print(f"{args.backends} vLLM servers (CPU build, tiny model), {args.rounds} alternating rounds of "
-          f"{args.trajectories} trajectories x {args.turns} turns, "
-          f"{args.system_tokens}-token prompt, +{args.gen_tokens} generated +{args.observation_tokens} observed "
-          "per turn; median ms per turn")
+    print(
+        f"{args.backends} vLLM servers (CPU build, tiny model), {args.rounds} alternating rounds of "
+        f"{args.trajectories} trajectories x {args.turns} turns, "
+        f"{args.system_tokens}-token prompt, +{args.gen_tokens} generated +{args.observation_tokens} observed "
+        "per turn; median ms per turn"
+    )
     print("| turn | " + " | ".join(str(i + 1) for i in range(args.turns)) + " | all turns | prompt tokens cached |")
     print("|---|" + "---:|" * (args.turns + 2))
     for mode in ("random", "sticky"):

@@ -141,8 +141,10 @@ def cap_sweep(settings: Settings, caps: list[int], burst: int) -> None:
         for thread in threads:
             thread.join()
         wall = time.perf_counter() - began
-        print(f"| {cap} | {wall:.2f} | {burst / wall:.1f} | {statistics.median(took) * 1000:.0f} | "
-              f"{pct(took, 0.99) * 1000:.0f} |")  # fmt: skip
+        print(
+            f"| {cap} | {wall:.2f} | {burst / wall:.1f} | {statistics.median(took) * 1000:.0f} | "
+            f"{pct(took, 0.99) * 1000:.0f} |"
+        )
     reset_start_gate()
 
 
@@ -169,8 +171,10 @@ def memory_per_sandbox(settings: Settings, count: int) -> None:
         for box in pool.ready(profile):
             tree = [box.launcher_pid or 0, *descendants(box.launcher_pid or 0)]
             per_box.append(sum(_pss_kib(pid) for pid in tree) / 1024)
-        print(f"\nmemory of a ready sandbox (kernel started), PSS over its processes, {count} ready at once: "
-              f"median {statistics.median(per_box):.0f} MiB, max {max(per_box):.0f} MiB")  # fmt: skip
+        print(
+            f"\nmemory of a ready sandbox (kernel started), PSS over its processes, {count} ready at once: "
+            f"median {statistics.median(per_box):.0f} MiB, max {max(per_box):.0f} MiB"
+        )
     finally:
         pool.close()
 

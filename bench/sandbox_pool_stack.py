@@ -48,16 +48,28 @@ def run(pool: bool, lifetime: str, jobs: int, concurrency: int, llm: Any, base: 
         "ROLLOUTS_SANDBOX_REQUIRE_ISOLATION": "true",
         "ROLLOUTS_SANDBOX_LIFETIMES": json.dumps({"code": lifetime}),
     }
-    stack = Stack(settings, api_port=0, concurrency={"init": 2, "rollout": concurrency, "eval": 2},
-                  log_dir=settings.state_dir / "logs", extra_env=env)  # fmt: skip
+    stack = Stack(
+        settings,
+        api_port=0,
+        concurrency={"init": 2, "rollout": concurrency, "eval": 2},
+        log_dir=settings.state_dir / "logs",
+        extra_env=env,
+    )
     stack.start()
     try:
         stack.wait_for_workers()
         api = client_for(stack)
         assert api.post("/v1/backends", json={"url": llm.url, "model": llm.model}).status_code == 201
-        body = {"task": {"kind": "code", "prompt": "Return the sum of range(n). [script:code]",
-                         "starter_code": STARTER, "tests": [{"code": "assert solve(10) == 45"}]},
-                "limits": {"max_turns": 4, "max_tokens": 8000}, "sampling": {"max_tokens": 200}}  # fmt: skip
+        body = {
+            "task": {
+                "kind": "code",
+                "prompt": "Return the sum of range(n). [script:code]",
+                "starter_code": STARTER,
+                "tests": [{"code": "assert solve(10) == 45"}],
+            },
+            "limits": {"max_turns": 4, "max_tokens": 8000},
+            "sampling": {"max_tokens": 200},
+        }
         warm = api.post("/v1/jobs", json=body).json()["job_ids"][0]  # teaches the pool the profile
         assert wait_status(api, warm, timeout=600)["status"] == "done"
         began = time.perf_counter()
@@ -90,16 +102,21 @@ def main() -> None:
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rollouts" / "test-models"
     model = tiny_model_dir(cache, seed=0, max_model_len=4096)  # the tests' tiny model, built once per user
     llm = ScriptedLLM(AutoTokenizer.from_pretrained(model, local_files_only=True)).start()
-    llm.scripts["code"] = [_call("python", code="exec(open('solution.py').read()); solve(10)"),
-                           _call("finish", answer="done")]  # fmt: skip
+    llm.scripts["code"] = [
+        _call("python", code="exec(open('solution.py').read()); solve(10)"),
+        _call("finish", answer="done"),
+    ]
     base = Path(tempfile.mkdtemp(prefix="bstack-"))
     try:
         print("| sandbox pool | jobs | rollout slots | wall s | jobs/s | rollout stage p50 ms |")
         print("|---|---|---|---|---|---|")
         for pool, lifetime in ((False, "single-use"), (True, "single-use"), (True, "reuse")):
             wall, rollouts = run(pool, lifetime, args.jobs, args.rollout_concurrency, llm, base)
-            print(f"| {'on, ' + lifetime if pool else 'off'} | {args.jobs} | {args.rollout_concurrency} | {wall:.1f} | "
-                  f"{args.jobs / wall:.2f} | {statistics.median(rollouts) * 1000:.0f} |", flush=True)  # fmt: skip
+            print(
+                f"| {'on, ' + lifetime if pool else 'off'} | {args.jobs} | {args.rollout_concurrency} | {wall:.1f} | "
+                f"{args.jobs / wall:.2f} | {statistics.median(rollouts) * 1000:.0f} |",
+                flush=True,
+            )
     finally:
         llm.stop()
         shutil.rmtree(base, ignore_errors=True)

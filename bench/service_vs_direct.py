@@ -43,11 +43,14 @@ MAX_TOKENS = 64
 
 
 def jobs(n: int, turns: int) -> list[dict[str, Any]]:
-    return [{
-        "task": {"kind": "bench-chat", "prompt": f"What is {i} times {i + 1}?", "stop_on_no_tool_call": False},
-        "limits": {"max_turns": turns, "max_tokens": 4000},
-        "sampling": {"max_tokens": MAX_TOKENS, "temperature": 1.0, "seed": 1000 + i},
-    } for i in range(n)]  # fmt: skip
+    return [
+        {
+            "task": {"kind": "bench-chat", "prompt": f"What is {i} times {i + 1}?", "stop_on_no_tool_call": False},
+            "limits": {"max_turns": turns, "max_tokens": 4000},
+            "sampling": {"max_tokens": MAX_TOKENS, "temperature": 1.0, "seed": 1000 + i},
+        }
+        for i in range(n)
+    ]
 
 
 async def direct_episode(http: httpx.AsyncClient, url: str, renderer: ChatRenderer, job: dict[str, Any]) -> int:
@@ -71,7 +74,9 @@ async def direct_episode(http: httpx.AsyncClient, url: str, renderer: ChatRender
     return generated
 
 
-async def run_direct(url: str, renderer: ChatRenderer, batch: list[dict[str, Any]], concurrency: int) -> tuple[float, int]:
+async def run_direct(
+    url: str, renderer: ChatRenderer, batch: list[dict[str, Any]], concurrency: int
+) -> tuple[float, int]:
     limit = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=concurrency + 4)) as http:
 
@@ -111,21 +116,30 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-svd-"))
     settings = Settings(redis_url=None, state_dir=work / "state")
     model = tiny_model_dir(work / "models", 0, 4096)
-    server = VLLMServer.from_settings(settings, model, free_port(), served_name="tiny", log_path=work / "vllm.log",
-                                      args=["--dtype", "float32"])  # fmt: skip
+    server = VLLMServer.from_settings(
+        settings, model, free_port(), served_name="tiny", log_path=work / "vllm.log", args=["--dtype", "float32"]
+    )
     server.start()
     try:
         server.wait_until_ready(900, lambda message: print(message, flush=True))
         hermes = get_parser("hermes")
         schemas = BenchChatKind().tool_schemas()
-        renderer = ChatRenderer(_load_tokenizer(str(model)), schemas, tool_instructions_json(schemas, hermes.call_format))
-        print(f"{'concurrency':>11} | {'direct jobs/s':>13} | {'service jobs/s':>14} | {'direct tok/s':>12} | "
-              f"{'service tok/s':>13} | service / direct")
+        renderer = ChatRenderer(
+            _load_tokenizer(str(model)), schemas, tool_instructions_json(schemas, hermes.call_format)
+        )
+        print(
+            f"{'concurrency':>11} | {'direct jobs/s':>13} | {'service jobs/s':>14} | {'direct tok/s':>12} | "
+            f"{'service tok/s':>13} | service / direct"
+        )
         for concurrency in args.concurrency:
-            stack = Stack(settings.model_copy(update={"state_dir": work / f"state-{concurrency}"}), api_port=0,
-                          concurrency={"init": 8, "rollout": concurrency, "eval": 8}, log_dir=work / "logs",
-                          backend_urls=[server.url],
-                          extra_env={"ROLLOUTS_TASK_MODULES": "bench.chat_kind", "ROLLOUTS_LOG_LEVEL": "WARNING"})
+            stack = Stack(
+                settings.model_copy(update={"state_dir": work / f"state-{concurrency}"}),
+                api_port=0,
+                concurrency={"init": 8, "rollout": concurrency, "eval": 8},
+                log_dir=work / "logs",
+                backend_urls=[server.url],
+                extra_env={"ROLLOUTS_TASK_MODULES": "bench.chat_kind", "ROLLOUTS_LOG_LEVEL": "WARNING"},
+            )
             stack.start()
             try:
                 stack.wait_for_workers()
@@ -136,8 +150,11 @@ def main() -> None:
             finally:
                 stack.stop()
             ratio = (args.jobs / s_s) / (args.jobs / d_s)
-            print(f"{concurrency:>11} | {args.jobs / d_s:>13.2f} | {args.jobs / s_s:>14.2f} | {d_tokens / d_s:>12.0f} | "
-                  f"{s_tokens / s_s:>13.0f} | {ratio:.2f}x", flush=True)
+            print(
+                f"{concurrency:>11} | {args.jobs / d_s:>13.2f} | {args.jobs / s_s:>14.2f} | {d_tokens / d_s:>12.0f} | "
+                f"{s_tokens / s_s:>13.0f} | {ratio:.2f}x",
+                flush=True,
+            )
     finally:
         server.stop()
 

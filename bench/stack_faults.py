@@ -136,9 +136,16 @@ def one_round(run: Run, kill: str, jobs: int, version: str | None, model: Path |
     wait(lambda: len(run.records(ids, known)) == jobs or None, "every job to end", interval=2.0)
     ended = Counter(r["status"] for r in known.values())
     failed_over = sum(1 for r in known.values() if r.get("failovers"))
-    row: dict[str, Any] = {"kill": kill, "update": version or "-", "jobs": jobs, "in_flight_at_kill": in_flight,
-                           "ended": dict(ended), "failed_over": failed_over, "back_s": round(back_s, 1),
-                           "errors": sorted({str(r.get("error"))[:160] for r in known.values() if r["status"] != "done"})}  # fmt: skip
+    row: dict[str, Any] = {
+        "kill": kill,
+        "update": version or "-",
+        "jobs": jobs,
+        "in_flight_at_kill": in_flight,
+        "ended": dict(ended),
+        "failed_over": failed_over,
+        "back_s": round(back_s, 1),
+        "errors": sorted({str(r.get("error"))[:160] for r in known.values() if r["status"] != "done"}),
+    }
     if version is not None and kill in ("engine", "vllm-api") and model is not None:
         from tests.weights.test_weight_update_on_vllm import gap_to, sample
 
@@ -164,10 +171,22 @@ def main() -> None:
     from tests.weights.test_weight_update_on_vllm import checkpoint
 
     root = Path(tempfile.mkdtemp(prefix="stack-faults-"))
-    settings = Settings(redis_url=None, state_dir=root / "state", vllm_served_model_name=SERVED_NAME,
-                        vllm_args="--dtype float32 --max-model-len 4096", vllm_restart_budget=10)  # fmt: skip
-    stack = Stack(settings, api_port=0, log_dir=root / "logs", persistent_redis=True, vllm=True, model=tiny_model_path(),
-                  drain_timeout_s=5)  # fmt: skip
+    settings = Settings(
+        redis_url=None,
+        state_dir=root / "state",
+        vllm_served_model_name=SERVED_NAME,
+        vllm_args="--dtype float32 --max-model-len 4096",
+        vllm_restart_budget=10,
+    )
+    stack = Stack(
+        settings,
+        api_port=0,
+        log_dir=root / "logs",
+        persistent_redis=True,
+        vllm=True,
+        model=tiny_model_path(),
+        drain_timeout_s=5,
+    )
     run = Run(stack, httpx.Client(timeout=30))
     stack.on_progress = lambda line: (run.lines.append((time.monotonic(), line)), print(f"[stack] {line}", flush=True))
     stack.start()
@@ -183,8 +202,9 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
         if not args.no_update:
             updated = checkpoint(root, 1)
-            response = run.api.post(f"/v1/models/{SERVED_NAME}/weights", json={"version": "step-1", "path": str(updated)},
-                                    timeout=600)  # fmt: skip
+            response = run.api.post(
+                f"/v1/models/{SERVED_NAME}/weights", json={"version": "step-1", "path": str(updated)}, timeout=600
+            )
             assert response.status_code == 200, response.text
             for kill in kills:
                 rows.append(one_round(run, kill, args.jobs, "step-1", updated))
@@ -193,13 +213,17 @@ def main() -> None:
     finally:
         stack.stop(timeout=20)
         supervisor.join(timeout=30)
-    print("\n| process killed | weights | jobs in flight at the kill | ended | records with a failover | "
-          "kill to serving again (s) | version after | logprob gap |")
+    print(
+        "\n| process killed | weights | jobs in flight at the kill | ended | records with a failover | "
+        "kill to serving again (s) | version after | logprob gap |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         ended = ", ".join(f"{n} {s}" for s, n in sorted(r["ended"].items()))
-        print(f"| {r['kill']} | {r['update']} | {r['in_flight_at_kill']} | {ended} | {r['failed_over']} | "
-              f"{r['back_s']} | {r.get('served_version', '')} | {r.get('logprob_gap_to_update', '')} |")
+        print(
+            f"| {r['kill']} | {r['update']} | {r['in_flight_at_kill']} | {ended} | {r['failed_over']} | "
+            f"{r['back_s']} | {r.get('served_version', '')} | {r.get('logprob_gap_to_update', '')} |"
+        )
     print(f"logs: {root / 'logs'}")
 
 

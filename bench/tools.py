@@ -120,13 +120,13 @@ class StockKernel:
     def __init__(self, work: Path, env: dict[str, str]) -> None:
         from jupyter_client import KernelManager
 
-        self.manager = KernelManager(
-            transport="ipc", ip=str(work / "k"), connection_file=str(work / "kernel.json"))  # fmt: skip
+        self.manager = KernelManager(transport="ipc", ip=str(work / "k"), connection_file=str(work / "kernel.json"))
         self.manager.kernel_spec.argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
         self.manager.start_kernel(
-            cwd=str(work), env={**env, "IPYTHONDIR": str(work / "ipython")},
+            cwd=str(work),
+            env={**env, "IPYTHONDIR": str(work / "ipython")},
             extra_arguments=["--HistoryManager.enabled=False", "--colors=NoColor"],
-        )  # fmt: skip
+        )
         self.client = self.manager.blocking_client()
         self.client.start_channels()
         self.client.wait_for_ready(timeout=60)
@@ -135,8 +135,11 @@ class StockKernel:
         msg_id = self.client.execute(code, store_history=True, allow_stdin=False)
         while True:
             msg = self.client.get_iopub_msg(timeout=30)
-            if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status"
-                    and msg["content"]["execution_state"] == "idle"):
+            if (
+                msg["parent_header"].get("msg_id") == msg_id
+                and msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "idle"
+            ):
                 break
         self.client.get_shell_msg(timeout=30)
 
@@ -345,7 +348,10 @@ def bench_server_imports(rounds: int) -> list[str]:
     return [
         "| new interpreter + imports | median ms | up-front / this |",
         "|---|---|---|",
-        *(f"| {name} | {statistics.median(t):.0f} | {eager / statistics.median(t):.2f}x |" for name, t in times.items()),
+        *(
+            f"| {name} | {statistics.median(t):.0f} | {eager / statistics.median(t):.2f}x |"
+            for name, t in times.items()
+        ),
     ]
 
 
@@ -353,8 +359,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300, help="interleaved rounds per table")
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--only", default="bash,python,wakeups,lifecycle,imports",
-                        help="comma-separated sections to run")
+    parser.add_argument(
+        "--only", default="bash,python,wakeups,lifecycle,imports", help="comma-separated sections to run"
+    )
     args = parser.parse_args()
     only = set(args.only.split(","))
     usable, reason = bwrap_usable()

@@ -44,24 +44,45 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-trainers-") as tmp:
         root = Path(tmp)
         llm = StandinProcess(model, free_port(), (0.05, 0.1), root / "standin.log", model="tiny").wait_healthy()
-        stack = Stack(Settings(redis_url=None, state_dir=root / "state"), api_port=0, log_dir=root / "logs",
-                      concurrency={"init": 4, "rollout": 16, "eval": 4}, backend_urls=[llm.url],
-                      extra_env={"ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds"})  # fmt: skip
+        stack = Stack(
+            Settings(redis_url=None, state_dir=root / "state"),
+            api_port=0,
+            log_dir=root / "logs",
+            concurrency={"init": 4, "rollout": 16, "eval": 4},
+            backend_urls=[llm.url],
+            extra_env={"ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds"},
+        )
         try:
             stack.start()
             stack.wait_for_workers()
             out = root / "out.json"
-            env = {**os.environ, "ROLLOUTS_API_URL": stack.api_url, "PYTHONPATH": str(REPO / "client"),
-                   "ROLLOUTS_RUN_ID": f"bench-{os.getpid()}"}  # fmt: skip
-            subprocess.run([str(trainers_python()), str(REPO / "bench" / "trainer_bridges_driver.py"), str(model),
-                            str(out), str(args.trajectories), str(args.concurrency)], env=env, check=True,
-                           capture_output=True)  # fmt: skip
+            env = {
+                **os.environ,
+                "ROLLOUTS_API_URL": stack.api_url,
+                "PYTHONPATH": str(REPO / "client"),
+                "ROLLOUTS_RUN_ID": f"bench-{os.getpid()}",
+            }
+            subprocess.run(
+                [
+                    str(trainers_python()),
+                    str(REPO / "bench" / "trainer_bridges_driver.py"),
+                    str(model),
+                    str(out),
+                    str(args.trajectories),
+                    str(args.concurrency),
+                ],
+                env=env,
+                check=True,
+                capture_output=True,
+            )
             result = json.loads(out.read_text())
         finally:
             stack.stop(timeout=10)
             llm.stop()
-    print(f"{args.trajectories} trajectories per path, {args.concurrency} at a time, "
-          f"{result['mean_tokens']:.0f} tokens each on average")  # fmt: skip
+    print(
+        f"{args.trajectories} trajectories per path, {args.concurrency} at a time, "
+        f"{result['mean_tokens']:.0f} tokens each on average"
+    )
     print(f"{'path':8} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
     for path, values in result["overheads"].items():
         ms = [v * 1000 for v in values]

@@ -30,19 +30,30 @@ from rollouts_client.trainers.records import job_seconds, split_record
 
 RUN_OVERHEADS: list[float] = []
 LOOPS = Path(__file__).resolve().parents[1] / "examples" / "verl" / "agent_loops.yaml"
-TASK = {"kind": "agent-parity", "problem": "[standin:turns=2 answer=4] bench", "stop_on_no_tool_call": False,
-        "max_turns": 3}  # fmt: skip
+TASK = {
+    "kind": "agent-parity",
+    "problem": "[standin:turns=2 answer=4] bench",
+    "stop_on_no_tool_call": False,
+    "max_turns": 3,
+}
 
 
 def row(i: int) -> dict:
-    return {"raw_prompt": [{"role": "user", "content": "-"}], "extra_info": {"index": i, "rollouts_task": TASK},
-            "index": i, "data_source": "bench", "agent_name": "rollouts", "uid": f"bench-{time.time()}-{i}"}  # fmt: skip
+    return {
+        "raw_prompt": [{"role": "user", "content": "-"}],
+        "extra_info": {"index": i, "rollouts_task": TASK},
+        "index": i,
+        "data_source": "bench",
+        "agent_name": "rollouts",
+        "uid": f"bench-{time.time()}-{i}",
+    }
 
 
 async def bridge_once(worker: AgentLoopWorker, i: int) -> tuple[float, str, float]:
     started, started_at = time.perf_counter(), time.time()
-    out = await worker._run_agent_loop({"temperature": 1.0}, {"step": 0, "sample_index": i, "rollout_n": 0,
-                                        "validate": False}, **row(i))  # fmt: skip
+    out = await worker._run_agent_loop(
+        {"temperature": 1.0}, {"step": 0, "sample_index": i, "rollout_n": 0, "validate": False}, **row(i)
+    )
     wall = time.perf_counter() - started
     job_id = out.extra_fields["rollouts_job_id"]
     RUN_OVERHEADS.append(out.extra_fields["rollouts_bridge_s"])  # run() alone, measured inside it
@@ -59,10 +70,16 @@ async def client_once(client: AsyncRolloutClient, i: int) -> tuple[float, str, f
 
 async def main_async(model: str, n: int, concurrency: int) -> dict:
     with initialize_config_dir(config_dir=os.path.dirname(verl.trainer.config.__file__), version_base=None):
-        config = compose(config_name="ppo_trainer", overrides=[
-            f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=vllm",
-            "actor_rollout_ref.rollout.prompt_length=1024", "actor_rollout_ref.rollout.response_length=1024",
-            f"actor_rollout_ref.rollout.agent.agent_loop_config_path={LOOPS}"])  # fmt: skip
+        config = compose(
+            config_name="ppo_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={model}",
+                "actor_rollout_ref.rollout.name=vllm",
+                "actor_rollout_ref.rollout.prompt_length=1024",
+                "actor_rollout_ref.rollout.response_length=1024",
+                f"actor_rollout_ref.rollout.agent.agent_loop_config_path={LOOPS}",
+            ],
+        )
     worker = AgentLoopWorker(config, llm_client=None)
     client = AsyncRolloutClient()
     samples: dict[str, list[tuple[float, str, float]]] = {"bridge": [], "client": []}
@@ -90,9 +107,15 @@ async def main_async(model: str, n: int, concurrency: int) -> dict:
     for _ in range(20):
         for job in records:
             split = split_record(job)
-            AgentLoopOutput(prompt_ids=split.prompt_ids, response_ids=split.response_ids,
-                            response_mask=split.response_mask, response_logprobs=split.response_logprobs,
-                            reward_score=job.reward, num_turns=split.num_turns, metrics=AgentLoopMetrics())  # fmt: skip
+            AgentLoopOutput(
+                prompt_ids=split.prompt_ids,
+                response_ids=split.response_ids,
+                response_mask=split.response_mask,
+                response_logprobs=split.response_logprobs,
+                reward_score=job.reward,
+                num_turns=split.num_turns,
+                metrics=AgentLoopMetrics(),
+            )
     per_1k = (time.perf_counter() - started) / 20 / tokens * 1000
     await client.close()
     overheads["run()"] = RUN_OVERHEADS

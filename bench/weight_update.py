@@ -100,7 +100,9 @@ def main() -> None:
     base = statistics.median(times["save+load"])
     print(f"\n{'what':<20} {'median s':>9} {'min s':>8} {'x save+load':>12}   ({args.rounds} rounds)")
     for name, values in times.items():
-        print(f"{name:<20} {statistics.median(values):>9.4f} {min(values):>8.4f} {statistics.median(values) / base:>12.2f}")
+        print(
+            f"{name:<20} {statistics.median(values):>9.4f} {min(values):>8.4f} {statistics.median(values) / base:>12.2f}"
+        )
     print("\nper step, last update (ms):")
     for url, steps in last_steps.items():
         print(f"  {url}: " + "  ".join(f"{k} {v * 1000:.1f}" for k, v in steps.items()))

@@ -156,8 +156,13 @@ def _wait_healthy(url: str, timeout_s: float) -> None:
 _api_options = [
     click.option("--api-url", default=None, help="API URL (default: ROLLOUTS_API_URL or host:port settings)."),
     click.option("--token", default=None, help="Admin bearer token (default: ROLLOUTS_TOKEN / admin tokens)."),
-    click.option("--capacity", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
-                 help="Relative weight in the pool (e.g. GPUs or max concurrent sequences)."),
+    click.option(
+        "--capacity",
+        type=click.FloatRange(min=0, min_open=True),
+        default=1.0,
+        show_default=True,
+        help="Relative weight in the pool (e.g. GPUs or max concurrent sequences).",
+    ),
     click.option("--label", "labels", multiple=True, help="key=value, repeatable."),
 ]
 
@@ -169,23 +174,53 @@ def api_options(fn):  # type: ignore[no-untyped-def]
 
 
 @click.command("register")
-@click.option("--backend-url", required=True, help="Base URL of the vLLM server, e.g. http://$(hostname):8000; "
-              "with --gateway, its loopback address (http://127.0.0.1:8000).")
+@click.option(
+    "--backend-url",
+    required=True,
+    help="Base URL of the vLLM server, e.g. http://$(hostname):8000; "
+    "with --gateway, its loopback address (http://127.0.0.1:8000).",
+)
 @click.option("--model", required=True, help="Served model name (what vLLM reports).")
 @click.option("--id", "backend_id", default=None, help="Backend id (default: derived from the URL).")
-@click.option("--tokenizer", default=None,
-              help="Tokenizer dir the rollout workers can read (default: the model path vLLM reports).")
-@click.option("--wait-timeout", type=float, default=1800.0, show_default=True,
-              help="Seconds to wait for the server's /health before registering.")
-@click.option("--gateway", "gateway_listen", default=None, metavar="HOST:PORT",
-              help="Serve the backend through a node gateway listening here (keys: ROLLOUTS_BACKEND_KEY and "
-              "ROLLOUTS_BACKEND_ADMIN_KEY) and register the gateway, not the server (docs/SECURITY.md).")
-@click.option("--advertise-url", default=None,
-              help="With --gateway: the URL others reach the gateway by (default: http://<hostname>:<port>).")
+@click.option(
+    "--tokenizer",
+    default=None,
+    help="Tokenizer dir the rollout workers can read (default: the model path vLLM reports).",
+)
+@click.option(
+    "--wait-timeout",
+    type=float,
+    default=1800.0,
+    show_default=True,
+    help="Seconds to wait for the server's /health before registering.",
+)
+@click.option(
+    "--gateway",
+    "gateway_listen",
+    default=None,
+    metavar="HOST:PORT",
+    help="Serve the backend through a node gateway listening here (keys: ROLLOUTS_BACKEND_KEY and "
+    "ROLLOUTS_BACKEND_ADMIN_KEY) and register the gateway, not the server (docs/SECURITY.md).",
+)
+@click.option(
+    "--advertise-url",
+    default=None,
+    help="With --gateway: the URL others reach the gateway by (default: http://<hostname>:<port>).",
+)
 @api_options
-def register(backend_url: str, model: str, backend_id: str | None, tokenizer: str | None, wait_timeout: float,
-             gateway_listen: str | None, advertise_url: str | None, api_url: str | None, token: str | None,
-             capacity: float, labels: tuple[str, ...]) -> None:  # fmt: skip
+def register(
+    backend_url: str,
+    model: str,
+    backend_id: str | None,
+    tokenizer: str | None,
+    wait_timeout: float,
+    gateway_listen: str | None,
+    advertise_url: str | None,
+    api_url: str | None,
+    token: str | None,
+    capacity: float,
+    labels: tuple[str, ...],
+) -> None:
     """Register a vLLM server with the pool, heartbeat until SIGTERM/SIGINT, then deregister."""
     settings = get_settings()
     _wait_healthy(backend_url, wait_timeout)
@@ -224,4 +259,3 @@ def _start_gateway(listen: str, upstream: str, settings: Settings) -> ThreadedSe
         return ThreadedServer.gateway(config, host.strip("[]"), int(port)).start()
     except (ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None
-

@@ -99,8 +99,7 @@ def follow_batch(client: RolloutClient, created: Batch, out: IO[str] | None, tim
                     out.write(json.dumps(group_record(group)) + "\n")
             cursor, batch = page.cursor, page.batch
             c = batch.counts
-            shown.update(used, ended={"filtered": c.filtered, "failed": c.failed},
-                         running={"groups": c.in_flight})  # fmt: skip
+            shown.update(used, ended={"filtered": c.filtered, "failed": c.failed}, running={"groups": c.in_flight})
             if page.done:
                 return client.get_batch(created.id)
             if deadline is not None and time.monotonic() >= deadline:

@@ -62,20 +62,29 @@ class EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             binary,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.data_dir),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec",
-            "--protected-mode", "yes",
-            "--logfile", str(self.data_dir / "redis.log"),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--protected-mode",
+            "yes",
+            "--logfile",
+            str(self.data_dir / "redis.log"),
             # Bounded, and never evicting: a job record silently dropped would be a lost job. The API
             # refuses new submissions above its high-water mark (api/admission.py) well before this.
             *(["--maxmemory", str(self.maxmemory), "--maxmemory-policy", "noeviction"] if self.maxmemory else []),
             # A job record (about 30 fields, its request a few hundred bytes) stays one compact listpack
             # instead of a hash table with a dict entry per field: about half the memory per record.
-            "--hash-max-listpack-value", str(HASH_MAX_LISTPACK_VALUE),
+            "--hash-max-listpack-value",
+            str(HASH_MAX_LISTPACK_VALUE),
             *self.extra_args,
         ]
         if self.password:

@@ -32,8 +32,9 @@ def describe(exc: BaseException) -> Failure | None:
     """The one line for an exception the CLI can explain, or None (then it is a bug: show it all)."""
     if isinstance(exc, httpx.TimeoutException):
         where = _origin(exc.request.url) if _has_request(exc) else "the API"
-        return Failure(f"{where} did not answer in time ({type(exc).__name__}); is it overloaded or stopped?",
-                       API_UNREACHABLE)  # fmt: skip
+        return Failure(
+            f"{where} did not answer in time ({type(exc).__name__}); is it overloaded or stopped?", API_UNREACHABLE
+        )
     if isinstance(exc, httpx.TransportError):
         where = _origin(exc.request.url) if _has_request(exc) else "the API"
         return Failure(
@@ -54,13 +55,14 @@ def _api_failure(exc: ApiError) -> Failure:
     where = f" at {exc.url}" if getattr(exc, "url", None) else ""
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 401:
-        return Failure(f"the API{where} needs a valid token (401): set ROLLOUTS_TOKEN to one of its "
-                       "ROLLOUTS_API_TOKENS", NOT_ALLOWED)  # fmt: skip
+        return Failure(
+            f"the API{where} needs a valid token (401): set ROLLOUTS_TOKEN to one of its ROLLOUTS_API_TOKENS",
+            NOT_ALLOWED,
+        )
     if exc.status_code == 403:
         return Failure(f"not allowed (403){where}: {detail}", NOT_ALLOWED)
     if exc.status_code >= 500:
-        return Failure(f"the API{where} failed (HTTP {exc.status_code}): {detail}; retry, or see its log",
-                       SERVER_ERROR)  # fmt: skip
+        return Failure(f"the API{where} failed (HTTP {exc.status_code}): {detail}; retry, or see its log", SERVER_ERROR)
     return Failure(f"refused (HTTP {exc.status_code}){where}: {detail}", REFUSED)
 
 

@@ -36,7 +36,6 @@ _FILE_BUILDERS = {
 }
 
 
-
 class LoaderError(RolloutsError, ValueError):
     """A file that does not hold task rows; the message names the file (and line)."""
 

@@ -33,7 +33,9 @@ class Progress:
         self.started = time.monotonic()
         self.last_line = self.started
 
-    def update(self, n: int = 0, ended: Mapping[str, int] | None = None, running: Mapping[str, int] | None = None) -> None:
+    def update(
+        self, n: int = 0, ended: Mapping[str, int] | None = None, running: Mapping[str, int] | None = None
+    ) -> None:
         """`n` more finished; `ended` (done, failed, ...) and `running` (by stage) replace the last figures."""
         self.count += n
         self.ended = dict(ended) if ended is not None else self.ended

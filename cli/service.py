@@ -32,8 +32,11 @@ def kill_on_next_interrupt(stack: Stack) -> None:
     """From now on a Ctrl-C or SIGTERM kills every service process at once and exits."""
 
     def kill_now(signum: int, frame: FrameType | None) -> None:
-        click.echo("second interrupt: killing the service processes now; jobs that were running are "
-                   "re-queued when workers next run", err=True)  # fmt: skip
+        click.echo(
+            "second interrupt: killing the service processes now; jobs that were running are "
+            "re-queued when workers next run",
+            err=True,
+        )
         stack.kill()
         os._exit(128 + signum)
 
@@ -86,15 +89,28 @@ def concurrency_options(fn):  # type: ignore[no-untyped-def]
 @click.command()
 @click.option("--port", type=int, default=None, help="API port (default: ROLLOUTS_API_PORT or 8000).")
 @click.option("--workers-per-stage", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--model", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="Serve this local Hugging Face model directory with vLLM (default: ROLLOUTS_VLLM_MODEL, "
-                   "else a tiny model built offline).")
-@click.option("--backend-url", "backend_urls", multiple=True,
-              help="Use this already running vLLM server instead of starting one (repeatable).")
+@click.option(
+    "--model",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Serve this local Hugging Face model directory with vLLM (default: ROLLOUTS_VLLM_MODEL, "
+    "else a tiny model built offline).",
+)
+@click.option(
+    "--backend-url",
+    "backend_urls",
+    multiple=True,
+    help="Use this already running vLLM server instead of starting one (repeatable).",
+)
 @click.option("--no-vllm", is_flag=True, help="Start no vLLM server (register backends with `rollouts register`).")
-@click.option("--drain-timeout", type=click.FloatRange(min=0), default=5.0, show_default=True,
-              help="On Ctrl-C, seconds running jobs get to finish before the workers hand them back (they go on "
-                   "at the next `up`); ROLLOUTS_DRAIN_TIMEOUT_S stays the default of workers a scheduler stops.")
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="On Ctrl-C, seconds running jobs get to finish before the workers hand them back (they go on "
+    "at the next `up`); ROLLOUTS_DRAIN_TIMEOUT_S stays the default of workers a scheduler stops.",
+)
 @click.option("--verbose", is_flag=True, help="Show rq's own per-job log lines (ROLLOUTS_RQ_LOG_LEVEL=INFO).")
 @concurrency_options
 def up(
@@ -140,8 +156,11 @@ def up(
     except KeyboardInterrupt:
         # Armed before saying so: a Ctrl-C right after "Ctrl-C again" must kill, not raise in here.
         kill_on_next_interrupt(stack)
-        click.echo("stopping: workers finish or hand back their jobs, then the backend, the API, and Redis last "
-                   "(Ctrl-C again to kill them now)...", err=True)  # fmt: skip
+        click.echo(
+            "stopping: workers finish or hand back their jobs, then the backend, the API, and Redis last "
+            "(Ctrl-C again to kill them now)...",
+            err=True,
+        )
     finally:
         stop_in_order(stack)
     click.echo("stopped", err=True)
@@ -162,7 +181,8 @@ def api(host: str | None, port: int | None, workers: int) -> None:
         raise click.ClickException(
             f"refusing to serve the API on {host} with no tokens: anyone who can reach it could submit, cancel and "
             "update weights. Set ROLLOUTS_API_TOKENS and ROLLOUTS_ADMIN_TOKENS, bind 127.0.0.1 "
-            "(ROLLOUTS_API_HOST), or set ROLLOUTS_ALLOW_OPEN_API=1 for a network you trust.")
+            "(ROLLOUTS_API_HOST), or set ROLLOUTS_ALLOW_OPEN_API=1 for a network you trust."
+        )
     uvicorn.run(
         "api.app:create_app",
         factory=True,
@@ -176,7 +196,9 @@ def api(host: str | None, port: int | None, workers: int) -> None:
 
 @click.command()
 @click.argument("stage", type=click.Choice(STAGES))
-@click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Jobs in flight (default: per stage setting).")
+@click.option(
+    "--concurrency", type=click.IntRange(min=1), default=None, help="Jobs in flight (default: per stage setting)."
+)
 @click.option("--drain-timeout", type=float, default=None, help="Seconds to finish jobs on SIGTERM (default: setting).")
 def worker(stage: str, concurrency: int | None, drain_timeout: float | None) -> None:
     """Run one worker process of a stage."""

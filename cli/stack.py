@@ -81,8 +81,10 @@ class Stack:
         # made for this stack unless the settings have them.
         self.gateway_host = None if is_loopback(settings.api_host) else settings.api_host
         if self.gateway_host is not None:
-            for name, value in (("ROLLOUTS_BACKEND_KEY", settings.backend_key),
-                                ("ROLLOUTS_BACKEND_ADMIN_KEY", settings.backend_admin_key)):  # fmt: skip
+            for name, value in (
+                ("ROLLOUTS_BACKEND_KEY", settings.backend_key),
+                ("ROLLOUTS_BACKEND_ADMIN_KEY", settings.backend_admin_key),
+            ):
                 if not value:
                     self.extra_env.setdefault(name, secrets.token_urlsafe(32))
         self._registered_urls: dict[str, str] = {}  # a backend's URL -> the one the pool knows (its gateway's)
@@ -181,8 +183,9 @@ class Stack:
             args = ["--dtype", "float32"]  # tiny and trained in float32: vLLM would otherwise use bf16 on a CPU
         log_path = (self.log_dir or self.settings.state_dir / "logs") / "vllm.log"
         try:
-            self.vllm_server = VLLMServer.from_settings(self.settings, Path(model), free_port(), log_path=log_path,
-                                                        args=args)  # fmt: skip
+            self.vllm_server = VLLMServer.from_settings(
+                self.settings, Path(model), free_port(), log_path=log_path, args=args
+            )
             self.on_progress(f"starting vLLM on {model} (log: {log_path})")
             self.vllm_server.start()
             self.vllm_server.wait_until_ready(self.settings.vllm_start_timeout_s, self.on_progress)
@@ -204,14 +207,26 @@ class Stack:
         if self._vllm_slot is None:
             self._vllm_slot = len(self.registrars) - 1
 
-    def register_backend(self, url: str, model: str | None = None, tokenizer: Path | None = None,
-                         slot: int | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+    def register_backend(
+        self, url: str, model: str | None = None, tokenizer: Path | None = None, slot: int | None = None
+    ) -> subprocess.Popen[bytes]:
         """Register a running server with the pool as an operator does: `rollouts register` beside it.
         `slot`: replace that registrar (one that has exited) instead of adding one."""
         if model is None:
             model = _the_one_served_model(url, self.settings.llm_probe_timeout_s)
-        argv = [sys.executable, "-m", "cli", "register", "--backend-url", url, "--model", model, "--wait-timeout", "60",
-                *self._gateway_args(url)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "cli",
+            "register",
+            "--backend-url",
+            url,
+            "--model",
+            model,
+            "--wait-timeout",
+            "60",
+            *self._gateway_args(url),
+        ]
         if tokenizer is not None:
             argv += ["--tokenizer", str(tokenizer)]
         with self._lock:
@@ -258,8 +273,9 @@ class Stack:
                     if registrar.poll() is not None:
                         raise StackError(f"`rollouts register` exited with code {registrar.returncode} (see its log)")
                 try:
-                    open_urls = {b["url"].rstrip("/") for b in api.list_backends()
-                                 if b.get("healthy") and not b.get("draining")}  # fmt: skip
+                    open_urls = {
+                        b["url"].rstrip("/") for b in api.list_backends() if b.get("healthy") and not b.get("draining")
+                    }
                     if urls <= open_urls:
                         return
                 except (httpx.HTTPError, ApiError, ValueError, KeyError, AttributeError, TypeError):
@@ -370,37 +386,73 @@ class Stack:
 
     def _supervised(self) -> list[Supervised]:
         say, policy, counted = self.on_progress, RestartPolicy(), self._counted
-        units = [Supervised(f"worker {stage}-{index}", lambda procs=self.workers[stage], index=index: procs[index],
-                            counted("worker", lambda stage=stage, index=index: self._restart_worker(stage, index)),
-                            policy, say)
-                 for stage in STAGES for index in range(len(self.workers[stage]))]  # fmt: skip
+        units = [
+            Supervised(
+                f"worker {stage}-{index}",
+                lambda procs=self.workers[stage], index=index: procs[index],
+                counted("worker", lambda stage=stage, index=index: self._restart_worker(stage, index)),
+                policy,
+                say,
+            )
+            for stage in STAGES
+            for index in range(len(self.workers[stage]))
+        ]
         if self.api is not None:
-            units.append(Supervised(f"the API (port {self.api_port})", lambda: self.api,
-                                    counted("api", self._restart_api), policy, say))  # fmt: skip
+            units.append(
+                Supervised(
+                    f"the API (port {self.api_port})", lambda: self.api, counted("api", self._restart_api), policy, say
+                )
+            )
         if self.redis is not None:
-            units.append(Supervised(f"the embedded Redis (port {self.redis.port})",
-                                    lambda: self.redis.process if self.redis else None,
-                                    counted("redis", self._restart_redis), policy, say))  # fmt: skip
+            units.append(
+                Supervised(
+                    f"the embedded Redis (port {self.redis.port})",
+                    lambda: self.redis.process if self.redis else None,
+                    counted("redis", self._restart_redis),
+                    policy,
+                    say,
+                )
+            )
         for slot in range(len(self.registrars)):
             if slot != self._vllm_slot:
-                units.append(Supervised(f"registrar {slot}", lambda slot=slot: self.registrars[slot],
-                                        counted("registrar", lambda slot=slot: self._restart_registrar(slot)),
-                                        policy, say))  # fmt: skip
+                units.append(
+                    Supervised(
+                        f"registrar {slot}",
+                        lambda slot=slot: self.registrars[slot],
+                        counted("registrar", lambda slot=slot: self._restart_registrar(slot)),
+                        policy,
+                        say,
+                    )
+                )
         if self.vllm_server is not None:
             s = self.settings
             vllm_policy = RestartPolicy(budget=s.vllm_restart_budget, window_s=s.vllm_restart_window_s)
             watch = HangWatch(self.vllm_server.url, s.vllm_hang_timeout_s, self._stopping)
             if s.vllm_hang_timeout_s > 0:
                 watch.start()
-            units.append(Supervised(f"vLLM (port {self.vllm_server.port})",
-                                    lambda: self.vllm_server.process if self.vllm_server else None,
-                                    counted("vllm", self._restart_vllm), vllm_policy, say,
-                                    on_death=self._vllm_died, threaded=True,
-                                    on_restarted=lambda: self._vllm_rejoins(watch), hung=watch.hung,
-                                    kill=lambda process: _signal_group(process, signal.SIGKILL)))  # fmt: skip
-            units.append(Supervised("vLLM's registrar", self._vllm_registrar,
-                                    counted("registrar", lambda: self._restart_registrar(self._vllm_slot)),
-                                    policy, say))  # fmt: skip
+            units.append(
+                Supervised(
+                    f"vLLM (port {self.vllm_server.port})",
+                    lambda: self.vllm_server.process if self.vllm_server else None,
+                    counted("vllm", self._restart_vllm),
+                    vllm_policy,
+                    say,
+                    on_death=self._vllm_died,
+                    threaded=True,
+                    on_restarted=lambda: self._vllm_rejoins(watch),
+                    hung=watch.hung,
+                    kill=lambda process: _signal_group(process, signal.SIGKILL),
+                )
+            )
+            units.append(
+                Supervised(
+                    "vLLM's registrar",
+                    self._vllm_registrar,
+                    counted("registrar", lambda: self._restart_registrar(self._vllm_slot)),
+                    policy,
+                    say,
+                )
+            )
         return units
 
     def _counted(self, kind: str, restart: Callable[[], str]) -> Callable[[], str]:
@@ -506,8 +558,10 @@ class Stack:
             return None
         what = f"the model {model!r}'s current weights {current.version!r} ({current.path})"
         if current.path.startswith("upload:"):
-            raise StayDown(f"{what} were sent as bytes, which the service does not keep: it stays out of the "
-                           "pool (a new update cannot reach it either: restart `rollouts up` and send them again)")
+            raise StayDown(
+                f"{what} were sent as bytes, which the service does not keep: it stays out of the "
+                "pool (a new update cannot reach it either: restart `rollouts up` and send them again)"
+            )
         try:
             check_checkpoint(current.path, str(server.model), lora=bool(current.lora))
             checkpoint = Checkpoint(current.path, current.version, lora=current.lora or None)

@@ -113,8 +113,10 @@ class Supervised:
         self.restarts = [t for t in self.restarts if now - t < p.window_s]
         if p.budget is not None and len(self.restarts) >= p.budget:
             self.down = True
-            self.say(f"{self.name} {what_happened}; its restart budget ({p.budget} in {p.window_s:.0f} s) is spent: "
-                     "it stays down, the rest of the stack goes on")  # fmt: skip
+            self.say(
+                f"{self.name} {what_happened}; its restart budget ({p.budget} in {p.window_s:.0f} s) is spent: "
+                "it stays down, the rest of the stack goes on"
+            )
             return
         self.due = now + self.delay
         self.say(f"{self.name} {what_happened}; restarting it in {self.delay:.0f} s")

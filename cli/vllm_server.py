@@ -95,9 +95,15 @@ class VLLMServer:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, model: Path, port: int, served_name: str | None = None,
-        log_path: Path | None = None, host: str = "127.0.0.1", args: list[str] | None = None,
-    ) -> VLLMServer:  # fmt: skip
+        cls,
+        settings: Settings,
+        model: Path,
+        port: int,
+        served_name: str | None = None,
+        log_path: Path | None = None,
+        host: str = "127.0.0.1",
+        args: list[str] | None = None,
+    ) -> VLLMServer:
         return cls(
             python=vllm_python(settings),
             model=model,
@@ -117,17 +123,23 @@ class VLLMServer:
 
     def command(self) -> list[str]:
         return [
-            str(self.python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model),
-            "--served-model-name", self.served_name,
-            "--host", self.host,
-            "--port", str(self.port),
+            str(self.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model),
+            "--served-model-name",
+            self.served_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
             "--enable-scale-out",
             "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens: prefix-cache hits per turn
             *(self._cpu_build_args() if self.cpu_build else []),
             *self._extension_args(),
             *self.args,
-        ]  # fmt: skip
+        ]
 
     def _extension_args(self) -> list[str]:
         """The bytes weight loader, unless the arguments bring their own worker extension."""
@@ -200,8 +212,9 @@ class VLLMServer:
                 output.close()
         return self
 
-    def wait_until_ready(self, timeout_s: float, on_progress: Callable[[str], None] | None = None,
-                         progress_every_s: float = 10.0) -> None:  # fmt: skip
+    def wait_until_ready(
+        self, timeout_s: float, on_progress: Callable[[str], None] | None = None, progress_every_s: float = 10.0
+    ) -> None:
         """Block until GET /health answers 200; report progress; raise VLLMError if it exits or times out."""
         assert self.process is not None, "start() first"
         started = time.monotonic()
@@ -209,7 +222,9 @@ class VLLMServer:
         while True:
             code = self.process.poll()
             if code is not None:
-                raise VLLMError(f"vLLM serving {self.model} exited with code {code} before it was ready{self._log_hint()}")
+                raise VLLMError(
+                    f"vLLM serving {self.model} exited with code {code} before it was ready{self._log_hint()}"
+                )
             if _healthy(self.url):
                 return
             now = time.monotonic()

@@ -27,9 +27,12 @@ NUDGE = "No tool call found. Call a tool, or call finish when you are done."
 
 def submit(api: httpx.Client, problem: str, answer: str, max_turns: int, seed: int) -> tuple[str, dict[str, str]]:
     """One math job driven from outside; returns its id and its agent endpoint (base_url, api_key)."""
-    job = {"task": {"kind": "math", "problem": problem, "answer": answer}, "agent": "external",
-           "limits": {"max_turns": max_turns, "max_tokens": 3000, "rollout_timeout_s": 600},
-           "sampling": {"max_tokens": 64, "seed": seed}}  # fmt: skip
+    job = {
+        "task": {"kind": "math", "problem": problem, "answer": answer},
+        "agent": "external",
+        "limits": {"max_turns": max_turns, "max_tokens": 3000, "rollout_timeout_s": 600},
+        "sampling": {"max_tokens": 64, "seed": seed},
+    }
     response = api.post("/v1/jobs", json=job)
     response.raise_for_status()
     body = response.json()
@@ -53,8 +56,9 @@ def run_agent(endpoint: dict[str, str], max_turns: int) -> tuple[dict[str, Any],
     Returns the task and the conversation as the agent kept it."""
     task = wait_until_serving(endpoint)
     llm = OpenAI(base_url=f"{endpoint['base_url']}/v1", api_key=endpoint["api_key"], max_retries=0)
-    service = httpx.Client(base_url=endpoint["base_url"], headers={"Authorization": f"Bearer {endpoint['api_key']}"},
-                           timeout=120)  # fmt: skip
+    service = httpx.Client(
+        base_url=endpoint["base_url"], headers={"Authorization": f"Bearer {endpoint['api_key']}"}, timeout=120
+    )
     messages: list[dict[str, Any]] = list(task["messages"])
     answer = None
     for _ in range(max_turns):
@@ -91,12 +95,18 @@ def main() -> None:
         job_id, endpoint = submit(api, args.problem, args.answer, args.max_turns, args.seed)
         print(f"job {job_id}: agent endpoint {endpoint['base_url']}")
         run_agent(endpoint, args.max_turns)
-        while (job := api.get(f"/v1/jobs/{job_id}").json())["status"] not in ("done", "failed", "cancelled",
-                                                                                "timed_out"):  # fmt: skip
+        while (job := api.get(f"/v1/jobs/{job_id}").json())["status"] not in (
+            "done",
+            "failed",
+            "cancelled",
+            "timed_out",
+        ):
             time.sleep(1)
     trajectory = (job.get("result") or {}).get("trajectory") or {}
-    print(f"job {job_id}: {job['status']}, reward {(job.get('result') or {}).get('reward')}, "
-          f"{len(trajectory.get('token_ids', []))} tokens, stop {trajectory.get('stop_reason')}")
+    print(
+        f"job {job_id}: {job['status']}, reward {(job.get('result') or {}).get('reward')}, "
+        f"{len(trajectory.get('token_ids', []))} tokens, stop {trajectory.get('stop_reason')}"
+    )
 
 
 if __name__ == "__main__":

@@ -28,10 +28,18 @@ log = logging.getLogger(__name__)
 # Hop-by-hop headers (RFC 9110 7.6.1), never passed on either way; of a request also the ones the
 # gateway's own client sets (and the caller's key). An answer keeps its content-length: framed by it,
 # not chunked, it costs the gateway one write less.
-_HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "transfer-encoding", "upgrade",
-})  # fmt: skip
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
 _NOT_FORWARDED = _HOP_BY_HOP | {"host", "authorization", "content-length"}
 
 
@@ -49,13 +57,19 @@ class GatewayConfig:
     @classmethod
     def from_settings(cls, upstream: str, settings: Settings) -> GatewayConfig:
         if not settings.backend_key or not settings.backend_admin_key:
-            missing = [name for name, value in (("ROLLOUTS_BACKEND_KEY", settings.backend_key),
-                                                ("ROLLOUTS_BACKEND_ADMIN_KEY", settings.backend_admin_key))
-                       if not value]  # fmt: skip
+            missing = [
+                name
+                for name, value in (
+                    ("ROLLOUTS_BACKEND_KEY", settings.backend_key),
+                    ("ROLLOUTS_BACKEND_ADMIN_KEY", settings.backend_admin_key),
+                )
+                if not value
+            ]
             raise ValueError(f"a node gateway needs both of its keys; {' and '.join(missing)} not set")
         if settings.backend_key == settings.backend_admin_key:
-            raise ValueError("ROLLOUTS_BACKEND_KEY and ROLLOUTS_BACKEND_ADMIN_KEY must differ: "
-                             "every worker holds the first")  # fmt: skip
+            raise ValueError(
+                "ROLLOUTS_BACKEND_KEY and ROLLOUTS_BACKEND_ADMIN_KEY must differ: every worker holds the first"
+            )
         return cls(
             upstream=upstream.rstrip("/"),
             data_key=settings.backend_key,
@@ -167,8 +181,15 @@ async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> b
             return b"".join(chunks)
 
 
-async def _relay(upstream: aiohttp.ClientSession, method: str, target: str, headers: list[tuple[str, str]],
-                 body: bytes, receive: Receive, send: Send) -> None:  # fmt: skip
+async def _relay(
+    upstream: aiohttp.ClientSession,
+    method: str,
+    target: str,
+    headers: list[tuple[str, str]],
+    body: bytes,
+    receive: Receive,
+    send: Send,
+) -> None:
     """Send the call to vLLM and its answer back chunk by chunk; stop both as soon as the caller leaves."""
     try:
         answer = await upstream.request(method, target, data=body or None, headers=headers, allow_redirects=False)
@@ -176,8 +197,11 @@ async def _relay(upstream: aiohttp.ClientSession, method: str, target: str, head
         return await _refuse(send, 502, f"the vLLM server behind this gateway did not answer: {type(exc).__name__}")
 
     async def pump() -> None:
-        passed = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers.items()
-                  if k.lower() not in _HOP_BY_HOP]  # fmt: skip
+        passed = [
+            (k.lower().encode("latin-1"), v.encode("latin-1"))
+            for k, v in answer.headers.items()
+            if k.lower() not in _HOP_BY_HOP
+        ]
         await send({"type": "http.response.start", "status": answer.status, "headers": passed})
         async for chunk in answer.content.iter_any():  # each as it arrives
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -207,11 +231,18 @@ async def _disconnect(receive: Receive) -> None:
 
 async def _refuse(send: Send, status: int, message: str) -> None:
     """The OpenAI-style error body vLLM itself answers with, so a client reads both the same way."""
-    kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-            413: "request_too_large", 502: "upstream_error"}.get(status, "invalid_request_error")  # fmt: skip
+    kind = {
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        413: "request_too_large",
+        502: "upstream_error",
+    }.get(status, "invalid_request_error")
     payload = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
-    headers: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json"),
-                                          (b"content-length", str(len(payload)).encode())]  # fmt: skip
+    headers: list[tuple[bytes, bytes]] = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+    ]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     await send({"type": "http.response.start", "status": status, "headers": headers})

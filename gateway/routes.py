@@ -70,8 +70,11 @@ class ControlPolicy:
             if not isinstance(name, str) or not isinstance(adapter_path, str):
                 raise Refused(400, "load_lora_adapter needs lora_name and lora_path as strings")
             if fields.get("load_inplace") is not True:
-                raise Refused(403, "only load_inplace: true passes the gateway: a weight update replaces the "
-                                   "served adapter, it never adds one")  # fmt: skip
+                raise Refused(
+                    403,
+                    "only load_inplace: true passes the gateway: a weight update replaces the "
+                    "served adapter, it never adds one",
+                )
             self.check_checkpoint(adapter_path)
             return ReloadedAdapter(name)
         return None
@@ -90,14 +93,20 @@ class ControlPolicy:
             if set(kwargs) != {"data"} or not isinstance(kwargs["data"], str):
                 raise Refused(403, f"{UPLOAD_METHOD} passes the gateway with kwargs.data alone")
         else:
-            raise Refused(403, f"collective_rpc method {method!r} does not pass the gateway "
-                               f"(only {RELOAD_METHOD} and {UPLOAD_METHOD})")  # fmt: skip
+            raise Refused(
+                403,
+                f"collective_rpc method {method!r} does not pass the gateway "
+                f"(only {RELOAD_METHOD} and {UPLOAD_METHOD})",
+            )
 
     def check_checkpoint(self, path: str) -> None:
         """Refuse a checkpoint path outside every root, after resolving symlinks and `..`."""
         if not self.checkpoint_roots:
-            raise Refused(403, f"reloading {path} is refused: this gateway has no checkpoint roots "
-                               "(set ROLLOUTS_CHECKPOINT_ROOTS to the directories trainers save under)")  # fmt: skip
+            raise Refused(
+                403,
+                f"reloading {path} is refused: this gateway has no checkpoint roots "
+                "(set ROLLOUTS_CHECKPOINT_ROOTS to the directories trainers save under)",
+            )
         if reason := outside_roots(path, self.checkpoint_roots):
             raise Refused(403, reason)
 

@@ -22,15 +22,23 @@ class ThreadedServer:
 
     def __init__(self, app: ASGIApp, host: str, port: int) -> None:
         self.host, self.port = host, port
-        self._server = uvicorn.Server(uvicorn.Config(
-            app, host=host, port=port, log_level="warning", access_log=False,
-            # What a call costs the proxy: no forwarded-for rewriting, and the answer's own date and
-            # server headers pass through instead of a second pair.
-            proxy_headers=False, server_header=False, date_header=False,
-            # Longer than the callers' own keep-alive (httpx: 5 s), so an idle connection is closed by the
-            # caller: one the gateway closed just as a call went out on it would fail that call.
-            timeout_keep_alive=75,
-        ))  # fmt: skip
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_level="warning",
+                access_log=False,
+                # What a call costs the proxy: no forwarded-for rewriting, and the answer's own date and
+                # server headers pass through instead of a second pair.
+                proxy_headers=False,
+                server_header=False,
+                date_header=False,
+                # Longer than the callers' own keep-alive (httpx: 5 s), so an idle connection is closed by the
+                # caller: one the gateway closed just as a call went out on it would fail that call.
+                timeout_keep_alive=75,
+            )
+        )
         self._thread = threading.Thread(target=self._server.run, name="gateway", daemon=True)
 
     @classmethod

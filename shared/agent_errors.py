@@ -10,8 +10,11 @@ from typing import Any
 
 # Anthropic's error types, by the OpenAI-style kinds both refusers use; any other kind keeps its name
 # (authentication_error, permission_error, not_found_error, invalid_request_error are Anthropic's too).
-_ANTHROPIC_TYPES = {"server_error": "api_error", "service_unavailable": "overloaded_error",
-                    "conflict": "invalid_request_error"}  # fmt: skip
+_ANTHROPIC_TYPES = {
+    "server_error": "api_error",
+    "service_unavailable": "overloaded_error",
+    "conflict": "invalid_request_error",
+}
 
 
 def openai_error(status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:

@@ -51,12 +51,14 @@ class Settings(BaseSettings):
     )
     redis_prefix: str = Field(default="ro", description="Namespace of every key the service writes.")
     redis_request_timeout_s: float = Field(
-        default=0.5, gt=0,
+        default=0.5,
+        gt=0,
         description="The API's limit on one Redis call: while Redis is away a request gets its 503 this soon.",
     )
     state_dir: Path = Field(default_factory=_default_state_dir)
     redis_maxmemory_bytes: int | None = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="maxmemory of the embedded redis-server (noeviction), and the limit the API admits against for "
         "a Redis that sets none. Unset: redis_maxmemory_fraction of this machine's memory.",
     )
@@ -64,7 +66,9 @@ class Settings(BaseSettings):
         default=0.25, gt=0, le=1, description="The embedded Redis's share of the machine's memory when no size is set."
     )
     redis_high_water: float = Field(
-        default=0.8, gt=0, le=1,
+        default=0.8,
+        gt=0,
+        le=1,
         description="Above this fraction of Redis's maxmemory the API refuses new submissions (503, Retry-After).",
     )
     admission_retry_after_s: int = Field(
@@ -82,7 +86,8 @@ class Settings(BaseSettings):
         default=600, gt=0, description="How often one worker removes stored results older than results_ttl_s."
     )
     results_min_free_bytes: int = Field(
-        default=256 * 1024**2, ge=0,
+        default=256 * 1024**2,
+        ge=0,
         description="Below this much free space the results store is unhealthy and submissions are refused.",
     )
     results_compression_level: int = Field(default=3, ge=1, le=22, description="zstd level of stored results.")
@@ -105,11 +110,15 @@ class Settings(BaseSettings):
         description="Serve the API beyond loopback with no tokens (auth off). Off: `rollouts api` refuses to start so.",
     )
     progress_interval_s: float = Field(
-        default=30.0, gt=0, description="Without a terminal (CI, Slurm, nohup), the CLI's progress line every this often."
+        default=30.0,
+        gt=0,
+        description="Without a terminal (CI, Slurm, nohup), the CLI's progress line every this often.",
     )
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     max_weight_bytes: int = Field(
-        default=2 * 1024**3, gt=0, description="Largest weight update sent as bytes (PUT /v1/models/{model}/weights): "
+        default=2 * 1024**3,
+        gt=0,
+        description="Largest weight update sent as bytes (PUT /v1/models/{model}/weights): "
         "the API holds it in memory and sends it base64 (4/3 the size) to every backend.",
     )
     max_jobs_per_request: int = Field(default=5000, gt=0)
@@ -187,22 +196,26 @@ class Settings(BaseSettings):
     llm_max_retries: int = Field(default=3, ge=0, description="Retries of a call on connection errors and 5xx.")
     llm_retry_backoff_s: float = Field(default=0.5, gt=0, description="First retry delay; doubles each retry.")
     weights_step_timeout_s: float = Field(
-        default=300.0, gt=0,
+        default=300.0,
+        gt=0,
         description="One step of a weight update on one backend (pause, reload, ...); `pause?mode=wait` waits for "
         "running requests, so this also bounds how long a generation may hold an update up.",
     )
     backend_wait_s: float = Field(
-        default=900.0, gt=0,
+        default=900.0,
+        gt=0,
         description="How long a job may wait for an LLM backend to be open to it (none registered yet, all "
         "draining, its own gone) before it fails; meanwhile it waits in no worker slot.",
     )
     backend_wait_retry_s: float = Field(
-        default=30.0, gt=0,
+        default=30.0,
+        gt=0,
         description="The longest a waiting job sleeps between looks at the pool; a backend that registers or "
         "reopens wakes the waiting jobs at once, so this only bounds a wake that was missed.",
     )
     llm_load_ceiling: float = Field(
-        default=16.0, gt=0,
+        default=16.0,
+        gt=0,
         description="How far (in-flight trajectories per unit of capacity) a route's pinned backend may run ahead of "
         "the least-loaded one before new trajectories of that route (a GRPO group's next samples) go to the least "
         "loaded instead: past it, a shared prefix cache is worth less than the queue. Running trajectories never move.",
@@ -231,7 +244,8 @@ class Settings(BaseSettings):
         description="The virtualenv vLLM is installed in (scripts/setup.sh puts it here).",
     )
     vllm_model: Path | None = Field(
-        default=None, description="Local HF model dir `rollouts up` serves. Unset: the tiny model built under state_dir."
+        default=None,
+        description="Local HF model dir `rollouts up` serves. Unset: the tiny model built under state_dir.",
     )
     vllm_served_model_name: str | None = Field(
         default=None, description="The name vLLM serves the model under. Unset: the model dir's name."
@@ -240,12 +254,14 @@ class Settings(BaseSettings):
     vllm_start_timeout_s: float = Field(default=900.0, gt=0, description="How long `rollouts up` waits for vLLM.")
     vllm_kv_cache_gib: int = Field(default=1, gt=0, description="VLLM_CPU_KVCACHE_SPACE of a CPU-only server.")
     vllm_restart_budget: int = Field(
-        default=3, ge=0,
+        default=3,
+        ge=0,
         description="Restarts `rollouts up` gives its vLLM server within vllm_restart_window_s; past them the server "
         "stays down (said in one line) and the rest of the stack keeps serving: a crash loop is not retried forever.",
     )
     vllm_hang_timeout_s: float = Field(
-        default=120.0, ge=0,
+        default=120.0,
+        ge=0,
         description="`rollouts up` kills and restarts its vLLM server when it is running but has not answered /health "
         "for this long (a hung engine); 0 turns the check off. Counted from when the server is ready (start, restart).",
     )
@@ -278,9 +294,10 @@ class Settings(BaseSettings):
     sandbox_processes: int = Field(default=256, gt=0, description="RLIMIT_NPROC (threads count too).")
     sandbox_file_size_bytes: int = Field(default=1024**3, gt=0, description="RLIMIT_FSIZE: largest file written.")
     sandbox_disk_bytes: int = Field(
-        default=8 * 1024**3, gt=0,
+        default=8 * 1024**3,
+        gt=0,
         description="Disk quota of one sandbox: its workspace and /tmp together; over it, the sandbox is ended.",
-    )  # fmt: skip
+    )
     sandbox_disk_files: int = Field(default=500_000, gt=0, description="Entries (files, dirs) in that quota.")
     sandbox_disk_check_interval_s: float = Field(
         default=0.5, gt=0, description="How often the worker measures a running sandbox's disk use."
@@ -291,10 +308,11 @@ class Settings(BaseSettings):
     sandbox_uid_slots: int = Field(default=4096, gt=0)
     sandbox_start_timeout_s: float = Field(default=60.0, gt=0)
     sandbox_start_concurrency: int = Field(
-        default=2, gt=0,
+        default=2,
+        gt=0,
         description="Most sandboxes one worker process starts at a time (pool refills and cold starts alike); "
         "more wait their turn. Measured in docs/BENCHMARKS.md (sandbox start cap).",
-    )  # fmt: skip
+    )
     sandbox_start_concurrency_per_image: int = Field(
         default=2, gt=0, description="Most sandboxes of one image (or of the local backend) starting at a time."
     )
@@ -304,17 +322,20 @@ class Settings(BaseSettings):
         "job starts its own on its critical path.",
     )
     sandbox_pool_memory_bytes: int = Field(
-        default=2 * 1024**3, gt=0,
+        default=2 * 1024**3,
+        gt=0,
         description="Memory the ready sandboxes of one worker process may hold together; the pool never "
         "keeps more than this / sandbox_pool_sandbox_bytes of them.",
-    )  # fmt: skip
+    )
     sandbox_pool_sandbox_bytes: int = Field(
-        default=64 * 1024**2, gt=0,
+        default=64 * 1024**2,
+        gt=0,
         description="Memory of one ready sandbox (tool server, shell and IPython kernel: 63 MiB PSS measured in "
         "docs/BENCHMARKS.md, Sandbox pool), for the bound above.",
-    )  # fmt: skip
+    )
     sandbox_pool_idle_s: float = Field(
-        default=120.0, gt=0,
+        default=120.0,
+        gt=0,
         description="A sandbox profile no job asked for in this long has its ready sandboxes stopped.",
     )
     sandbox_pool_interval_s: float = Field(
@@ -351,7 +372,8 @@ class Settings(BaseSettings):
         default=10.0, ge=0, description="Stop cleanly (time_budget) when less than this is left of the stage."
     )
     agent_key_secret: str | None = Field(
-        default=None, min_length=16,
+        default=None,
+        min_length=16,
         description="Secret the per-job keys of external agents derive from; unset: one made once and kept in Redis.",
     )
     agent_proxy_host: str = Field(

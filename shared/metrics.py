@@ -168,10 +168,16 @@ class MetricsRecorder:
         self.observe_many(TOOL_SECONDS, tool_call_durations(output))
 
 
-_LABELLED_RESULTS = frozenset({
-    AttemptResult.FAILED, AttemptResult.TIMED_OUT, AttemptResult.CANCELLED, AttemptResult.REQUEUED,
-    AttemptResult.SUPERSEDED, AttemptResult.WAITING_FOR_BACKEND,
-})
+_LABELLED_RESULTS = frozenset(
+    {
+        AttemptResult.FAILED,
+        AttemptResult.TIMED_OUT,
+        AttemptResult.CANCELLED,
+        AttemptResult.REQUEUED,
+        AttemptResult.SUPERSEDED,
+        AttemptResult.WAITING_FOR_BACKEND,
+    }
+)
 
 
 def stage_outcome(outcome: str) -> str | None:

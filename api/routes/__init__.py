@@ -2,5 +2,14 @@
 
 from api.routes import agent, backends, batches, health, jobs, metrics, status, viewer, weights
 
-ROUTERS = [health.router, jobs.router, agent.router, status.router, backends.router, batches.router, metrics.router,
-           viewer.router, weights.router]
+ROUTERS = [
+    health.router,
+    jobs.router,
+    agent.router,
+    status.router,
+    backends.router,
+    batches.router,
+    metrics.router,
+    viewer.router,
+    weights.router,
+]

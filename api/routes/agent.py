@@ -71,8 +71,11 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.post("/{path:path}", summary="An external agent's call to its job (chat/completions, completions, responses, "
-             "messages, tools, finish)", responses=_RESPONSES)  # fmt: skip
+@router.post(
+    "/{path:path}",
+    summary="An external agent's call to its job (chat/completions, completions, responses, messages, tools, finish)",
+    responses=_RESPONSES,
+)
 async def post(job_id: str, path: str, request: Request) -> Response:
     """OpenAI's `v1/chat/completions`, `v1/completions` and `v1/responses`; Anthropic's `v1/messages`;
     `tools/{name}`; `finish`."""
@@ -93,8 +96,12 @@ async def forward(job_id: str, path: str, request: Request) -> Response:
     anthropic = path.rstrip("/") == "v1/messages"
     key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
     if key is None:
-        return _refusal(401, "the job's key is required: Authorization: Bearer <agent.api_key> (or x-api-key)",
-                        "authentication_error", anthropic=anthropic)  # fmt: skip
+        return _refusal(
+            401,
+            "the job's key is required: Authorization: Bearer <agent.api_key> (or x-api-key)",
+            "authentication_error",
+            anthropic=anthropic,
+        )
     state = request.app.state
     secret = getattr(state, "agent_secret", None) or await run_in_threadpool(secret_of, request)
     if not key_opens(secret, job_id, key):
@@ -120,15 +127,25 @@ async def forward(job_id: str, path: str, request: Request) -> Response:
     if found.status not in _NOT_STARTED:
         return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict", anthropic=anthropic)
     if found.proxy_url is None:
-        return _refusal(503, f"this job's rollout is not serving yet (status {found.status}); retry shortly",
-                        "service_unavailable", retry_after=1, anthropic=anthropic)  # fmt: skip
+        return _refusal(
+            503,
+            f"this job's rollout is not serving yet (status {found.status}); retry shortly",
+            "service_unavailable",
+            retry_after=1,
+            anthropic=anthropic,
+        )
     answer = await _send(call, found.proxy_url)
     if not isinstance(answer, aiohttp.ClientResponse):
         return await _unreachable(request, job_id, answer, anthropic)
     if not _names_job(answer, job_id):  # the address is held by a server that is not this job's endpoint
         answer.release()
-        return _refusal(503, "the worker serving this job cannot be reached: its address answers for another",
-                        "service_unavailable", retry_after=1, anthropic=anthropic)  # fmt: skip
+        return _refusal(
+            503,
+            "the worker serving this job cannot be reached: its address answers for another",
+            "service_unavailable",
+            retry_after=1,
+            anthropic=anthropic,
+        )
     if answer.status != 409:
         routes.put(job_id, found.proxy_url, epoch)
     return await _relay(answer)
@@ -139,8 +156,13 @@ async def _unreachable(request: Request, job_id: str, error: Exception, anthropi
     found = await _lookup(request, job_id)
     if found.status not in _NOT_STARTED:
         return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict", anthropic=anthropic)
-    return _refusal(503, f"the worker serving this job cannot be reached: {type(error).__name__}",
-                    "service_unavailable", retry_after=1, anthropic=anthropic)  # fmt: skip
+    return _refusal(
+        503,
+        f"the worker serving this job cannot be reached: {type(error).__name__}",
+        "service_unavailable",
+        retry_after=1,
+        anthropic=anthropic,
+    )
 
 
 async def _lookup(request: Request, job_id: str) -> _Lookup:
@@ -192,9 +214,12 @@ async def _send(call: _Call, base_url: str) -> aiohttp.ClientResponse | Exceptio
     headers = {name: value for name, value in call.request.headers.items() if name in _FORWARDED_HEADERS}
     try:
         return await _client(call.request).request(
-            call.request.method, f"{base_url}/{call.path}", headers=headers, data=call.body,
+            call.request.method,
+            f"{base_url}/{call.path}",
+            headers=headers,
+            data=call.body,
             params=list(call.request.query_params.multi_items()) or None,
-        )  # fmt: skip
+        )
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         return exc
 
@@ -206,8 +231,9 @@ async def _relay(answer: aiohttp.ClientResponse) -> Response:
             return Response(await answer.read(), status_code=answer.status, headers=kept)
         finally:
             answer.release()
-    return StreamingResponse(answer.content.iter_any(), status_code=answer.status, headers=kept,
-                             background=BackgroundTask(answer.release))  # fmt: skip
+    return StreamingResponse(
+        answer.content.iter_any(), status_code=answer.status, headers=kept, background=BackgroundTask(answer.release)
+    )
 
 
 def _client(request: Request) -> aiohttp.ClientSession:
@@ -216,14 +242,18 @@ def _client(request: Request) -> aiohttp.ClientSession:
     client: aiohttp.ClientSession | None = getattr(request.app.state, "agent_http", None)
     if client is None:
         timeout = request.app.state.settings.llm_request_timeout_s + 60
-        client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=timeout),
-                                       auto_decompress=False, trust_env=False)  # fmt: skip
+        client = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=timeout),
+            auto_decompress=False,
+            trust_env=False,
+        )
         request.app.state.agent_http = client
     return client
 
 
-def _refusal(status: int, message: str, kind: str, retry_after: int | None = None,
-             anthropic: bool = False) -> JSONResponse:  # fmt: skip
+def _refusal(
+    status: int, message: str, kind: str, retry_after: int | None = None, anthropic: bool = False
+) -> JSONResponse:
     """OpenAI's error body, or Anthropic's for a `v1/messages` call."""
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
     body = anthropic_error(message, kind) if anthropic else openai_error(status, message, kind)

@@ -27,17 +27,27 @@ BackendId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,64}$", description="
 class BackendRegistration(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(pattern=r"^https?://[!-.0-~]+(/[!-~]*)?$", max_length=2048,
-                     description="Base URL of a vLLM OpenAI-compatible server, e.g. http://node7:8000")
-    model: str = Field(min_length=1, max_length=256, description="Served model name, as the server lists it in GET /v1/models")
+    url: str = Field(
+        pattern=r"^https?://[!-.0-~]+(/[!-~]*)?$",
+        max_length=2048,
+        description="Base URL of a vLLM OpenAI-compatible server, e.g. http://node7:8000",
+    )
+    model: str = Field(
+        min_length=1, max_length=256, description="Served model name, as the server lists it in GET /v1/models"
+    )
     capacity: float = Field(default=1.0, gt=0, le=1_000_000, description="Relative weight: a 2 takes twice the load")
     labels: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]] = Field(
         default_factory=dict, max_length=32
     )
-    id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$",
-                           description="Default: derived from the URL, so re-registering is idempotent")
+    id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9._-]{1,64}$",
+        description="Default: derived from the URL, so re-registering is idempotent",
+    )
     tokenizer: str | None = Field(
-        default=None, min_length=1, max_length=4096,
+        default=None,
+        min_length=1,
+        max_length=4096,
         description="Directory (readable by the rollout workers) with the served model's tokenizer and chat "
         "template. Default: the model's local path that vLLM reports (`root` in GET /v1/models).",
     )
@@ -93,10 +103,16 @@ def _found(backend: Backend | None, backend_id: str) -> Backend:
     return backend
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=BackendView,
-             dependencies=[Depends(require_admin)], summary="Register (or refresh) a backend")
-def register_backend(body: BackendRegistration, background: BackgroundTasks,
-                     pool: BackendPool = Depends(get_pool)) -> BackendView:  # fmt: skip
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=BackendView,
+    dependencies=[Depends(require_admin)],
+    summary="Register (or refresh) a backend",
+)
+def register_backend(
+    body: BackendRegistration, background: BackgroundTasks, pool: BackendPool = Depends(get_pool)
+) -> BackendView:
     """Refused (422) unless the URL is an OpenAI-compatible server that serves the named model. One that reports
     a weight version other than the model's current one is registered unhealthy (`stale weights`), and the
     current weights are loaded into it after the answer; it rejoins the pool once they are in."""
@@ -105,10 +121,18 @@ def register_backend(body: BackendRegistration, background: BackgroundTasks,
         root = check_serves_model(body.url, body.model, timeout, pool.settings.backend_key)
     except NotAModelServer as exc:
         raise exc.within("body") from None
-    stale = stale_reason(WeightVersions(pool.redis, pool.keys), body.model, body.url, timeout,
-                         pool.settings.backend_key)
-    backend = pool.register(body.url, body.model, body.capacity, body.labels, body.id,
-                            tokenizer=body.tokenizer or root, unhealthy_reason=stale)  # fmt: skip
+    stale = stale_reason(
+        WeightVersions(pool.redis, pool.keys), body.model, body.url, timeout, pool.settings.backend_key
+    )
+    backend = pool.register(
+        body.url,
+        body.model,
+        body.capacity,
+        body.labels,
+        body.id,
+        tokenizer=body.tokenizer or root,
+        unhealthy_reason=stale,
+    )
     if stale:
         background.add_task(_catch_up, pool, backend.id)
     return BackendView.of(backend)
@@ -125,8 +149,12 @@ def _catch_up(pool: BackendPool, backend_id: str) -> None:
         log.info("backend %s registered behind the current weights: %s %s", backend_id, outcome.status, outcome.error)
 
 
-@router.get("", response_model=BackendList, dependencies=[Depends(require_auth)],
-            summary="Every backend with its in-flight count and health")
+@router.get(
+    "",
+    response_model=BackendList,
+    dependencies=[Depends(require_auth)],
+    summary="Every backend with its in-flight count and health",
+)
 def list_backends(pool: BackendPool = Depends(get_pool)) -> BackendList:
     backends = pool.backends()
     return BackendList(
@@ -141,8 +169,12 @@ def get_backend(backend_id: BackendId, pool: BackendPool = Depends(get_pool)) ->
     return BackendView.of(_found(pool.get(backend_id), backend_id))
 
 
-@router.delete("/{backend_id}", status_code=status.HTTP_204_NO_CONTENT, dependencies=[Depends(require_admin)],
-               summary="Remove a backend; its trajectories re-pin at their next call")
+@router.delete(
+    "/{backend_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    dependencies=[Depends(require_admin)],
+    summary="Remove a backend; its trajectories re-pin at their next call",
+)
 def delete_backend(backend_id: BackendId, pool: BackendPool = Depends(get_pool)) -> Response:
     if not pool.deregister(backend_id):
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no backend {backend_id!r}")
@@ -156,8 +188,12 @@ def heartbeat(backend_id: BackendId, pool: BackendPool = Depends(get_pool)) -> B
     return BackendView.of(_found(pool.get(backend_id), backend_id))
 
 
-@router.post("/{backend_id}/drain", response_model=BackendView, dependencies=[Depends(require_admin)],
-             summary="Stop new pins (existing trajectories finish); draining=false reopens")
+@router.post(
+    "/{backend_id}/drain",
+    response_model=BackendView,
+    dependencies=[Depends(require_admin)],
+    summary="Stop new pins (existing trajectories finish); draining=false reopens",
+)
 def drain(
     backend_id: BackendId,
     body: Annotated[DrainRequest | None, Body()] = None,

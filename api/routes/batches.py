@@ -60,8 +60,12 @@ def get_async_redis(request: Request) -> AsyncRedis:
     if client is None:
         # Reads block for up to a long-poll's wait (at most 60 s): the socket timeout must outlast that.
         # Every waiting long-poll holds a connection: redis-py 8's default cap of 100 would fail the 101st.
-        client = AsyncRedis.from_url(request.app.state.settings.redis_url, health_check_interval=30,
-                                     socket_timeout=90, max_connections=MAX_CONNECTIONS)
+        client = AsyncRedis.from_url(
+            request.app.state.settings.redis_url,
+            health_check_interval=30,
+            socket_timeout=90,
+            max_connections=MAX_CONNECTIONS,
+        )
         request.app.state.batches_async_redis = client
     return client
 
@@ -72,7 +76,10 @@ def get_async_redis(request: Request) -> AsyncRedis:
     summary="Create a batch: a prompt pool, n samples per prompt, a target (every prompt, or DAPO)",
     responses={
         400: {"description": "Malformed JSON"},
-        403: {"model": Refusal, "description": "prompts_path or execution settings from a caller without the admin scope"},
+        403: {
+            "model": Refusal,
+            "description": "prompts_path or execution settings from a caller without the admin scope",
+        },
         422: {"description": "Invalid batch or prompts: each problem naming its field (`body.prompts[3].task.kind`)"},
         503: {"description": "No room for new jobs: Redis above its high-water mark, or the results store unhealthy"},
     },
@@ -92,10 +99,10 @@ async def create_batch(
     except PydanticValidationError as exc:
         raise ValidationError.from_pydantic(exc, ("body",)) from None
     if batch.prompts_path is not None and not access.admin:
-        raise NotPermitted("a file on the server: only an admin names one; send the prompts instead", ("body", "prompts_path"))
-    pool = await run_in_threadpool(
-        load_pool, batch, settings.prompt_files_root, settings.prompt_file_max_bytes, access
-    )
+        raise NotPermitted(
+            "a file on the server: only an admin names one; send the prompts instead", ("body", "prompts_path")
+        )
+    pool = await run_in_threadpool(load_pool, batch, settings.prompt_files_root, settings.prompt_file_max_bytes, access)
     if batch.min_informative_groups is not None and batch.min_informative_groups > len(pool):
         message = f"{batch.min_informative_groups} groups asked for, but the pool has {len(pool)} prompts"
         raise ValidationError(message, ("body", "min_informative_groups"))

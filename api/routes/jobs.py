@@ -38,8 +38,11 @@ def get_store(request: Request) -> JobStore:
     summary="Submit one job or a list of jobs",
     responses={
         400: {"description": "Malformed JSON"},
-        403: {"model": Refusal, "description": "Execution settings (task.sandbox network, limits, env, image; server "
-              "paths) from a caller without the admin scope: name an operator's task profile instead"},
+        403: {
+            "model": Refusal,
+            "description": "Execution settings (task.sandbox network, limits, env, image; server "
+            "paths) from a caller without the admin scope: name an operator's task profile instead",
+        },
         409: {"model": Refusal, "description": "An idempotency key already held by a different job"},
         413: {"description": "Body or list too large"},
         422: {"description": "Invalid jobs: every problem of each, naming its field (`body[3].task.kind`)"},
@@ -52,7 +55,10 @@ async def submit_jobs(
     store: JobStore = Depends(get_store),
     access: Access = Depends(submitter_access),
     idempotency_key: str | None = Header(
-        default=None, min_length=1, max_length=200, description="A retry-safe submission: the key of a single job, "
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="A retry-safe submission: the key of a single job, "
         "or `<key>/<index>` of each job of a list, for jobs that name no `idempotency_key` of their own.",
     ),
 ) -> Any:
@@ -75,13 +81,17 @@ async def submit_jobs(
     try:
         submitted = await run_in_threadpool(store.submit, specs)
     except IdempotencyConflict as exc:
-        raise (exc.within("body") if many else IdempotencyConflict(exc.key, exc.job_id, ("body", "idempotency_key"))) from None
+        raise (
+            exc.within("body") if many else IdempotencyConflict(exc.key, exc.job_id, ("body", "idempotency_key"))
+        ) from None
     # Built by hand (the shape is `Submitted`): this is the hot path a trainer hits per job.
     payload = {"job_ids": [s.job_id for s in submitted], "created": [s.created for s in submitted]}
     if any(spec.get("agent") == "external" for spec in specs):
         secret = await run_in_threadpool(agent.secret_of, request)
-        payload["agent"] = [agent.endpoint(request, s.job_id, secret) if spec.get("agent") == "external" else None
-                            for s, spec in zip(submitted, specs, strict=True)]  # fmt: skip
+        payload["agent"] = [
+            agent.endpoint(request, s.job_id, secret) if spec.get("agent") == "external" else None
+            for s, spec in zip(submitted, specs, strict=True)
+        ]
     return respond(request, payload, status_code=status.HTTP_202_ACCEPTED)
 
 
@@ -90,7 +100,9 @@ def with_request_key(body: Any, key: str) -> Any:
     if isinstance(body, dict):
         return {"idempotency_key": key, **body}
     if isinstance(body, list):
-        return [{"idempotency_key": f"{key}/{i}", **job} if isinstance(job, dict) else job for i, job in enumerate(body)]
+        return [
+            {"idempotency_key": f"{key}/{i}", **job} if isinstance(job, dict) else job for i, job in enumerate(body)
+        ]
     return body
 
 
@@ -177,7 +189,15 @@ def _with_finished_rollout(partial: dict[str, Any] | None, rollout: dict[str, An
 MAX_OFFSET = 10**9
 
 _SUMMARY_FIELDS = (
-    "id", "status", "kind", "group_id", "sample_index", "created_at", "updated_at", "finished_at", "reward",
+    "id",
+    "status",
+    "kind",
+    "group_id",
+    "sample_index",
+    "created_at",
+    "updated_at",
+    "finished_at",
+    "reward",
     output_field("eval"),
     *(field(stage) for stage in STAGES for field in (wait_field, attempts_field)),  # for status_detail
 )
@@ -192,7 +212,9 @@ def list_jobs(
     limit: int = Query(default=100, ge=1),
     offset: int = Query(default=0, ge=0, le=MAX_OFFSET, description="Jobs to skip (at most 10**9)."),
     cursor: str | None = Query(
-        default=None, max_length=200, description="The `next_cursor` of the page before: pages that stay put while "
+        default=None,
+        max_length=200,
+        description="The `next_cursor` of the page before: pages that stay put while "
         "jobs are submitted (instead of `offset`).",
     ),
     store: JobStore = Depends(get_store),

@@ -46,10 +46,18 @@ def service_status(request: Request, redis: Redis = Depends(get_redis)) -> Servi
         stages=stages,
         jobs=jobs,
         in_flight=sum(count for status, count in jobs.items() if status not in TERMINAL),
-        redis={"used_bytes": memory.used, "limit_bytes": memory.limit, "high_water": memory.high_water,
-               "accepting": not memory.over_high_water},
-        results={"root": str(store.results.root), **store.results_usage(), "healthy": health.healthy,
-                 "reason": health.reason},
+        redis={
+            "used_bytes": memory.used,
+            "limit_bytes": memory.limit,
+            "high_water": memory.high_water,
+            "accepting": not memory.over_high_water,
+        },
+        results={
+            "root": str(store.results.root),
+            **store.results_usage(),
+            "healthy": health.healthy,
+            "reason": health.reason,
+        },
         restarts=restarts,
     )
 

@@ -34,26 +34,41 @@ ModelName = Annotated[str, Path(min_length=1, max_length=256, description="The s
 class WeightUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    version: str = Field(min_length=1, max_length=128, pattern=r"^[!-~]+$",
-                         description="The label every token sampled by these weights will carry (vLLM's "
-                         "weight_versions). New to the model, or its current one (a retry); an older one is refused.")
-    path: str = Field(min_length=1, max_length=4096,
-                      description="Absolute directory of a Hugging Face checkpoint (*.safetensors) that the "
-                      "backends and the API can read; with `lora`, the adapter's directory.")
+    version: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[!-~]+$",
+        description="The label every token sampled by these weights will carry (vLLM's "
+        "weight_versions). New to the model, or its current one (a retry); an older one is refused.",
+    )
+    path: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="Absolute directory of a Hugging Face checkpoint (*.safetensors) that the "
+        "backends and the API can read; with `lora`, the adapter's directory.",
+    )
     pause_mode: Literal["keep", "wait", "abort"] = Field(
-        default="wait", description="Running requests during the swap: wait (finish first), keep (frozen, then "
-        "continued on the new weights), abort (ended with finish_reason abort).")
-    lora: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._-]+$",
-                             description="Load `path` as this LoRA adapter (in place) instead of full weights; "
-                             "vLLM must run with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True.")
+        default="wait",
+        description="Running requests during the swap: wait (finish first), keep (frozen, then "
+        "continued on the new weights), abort (ended with finish_reason abort).",
+    )
+    lora: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="Load `path` as this LoRA adapter (in place) instead of full weights; "
+        "vLLM must run with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True.",
+    )
 
 
 class BackendUpdate(BaseModel):
     id: str
     url: str
     status: Literal["updated", "failed"]
-    seconds: dict[str, float] = Field(description="Per step, in order: pause, reload, reset_prefix_cache, "
-                                                  "set_version, resume (up to a failed one)")
+    seconds: dict[str, float] = Field(
+        description="Per step, in order: pause, reload, reset_prefix_cache, set_version, resume (up to a failed one)"
+    )
     error: str
     removed_from_pool: bool = Field(description="The backend failed and left the pool (unhealthy: stale weights)")
 
@@ -74,12 +89,19 @@ class CurrentWeights(BaseModel):
     applied_at: float
 
 
-@router.post("/{model:path}/weights", response_model=WeightUpdateResult, dependencies=[Depends(require_admin)],
-             summary="Load a checkpoint into every backend of the model under a new version",
-             responses={404: {"description": "No backend of the model is registered"},
-                        409: {"description": "Another update of the model is running"}})
-def update_weights(model: ModelName, body: WeightUpdate, redis: Redis = Depends(get_redis),
-                   pool: BackendPool = Depends(get_pool)) -> WeightUpdateResult:
+@router.post(
+    "/{model:path}/weights",
+    response_model=WeightUpdateResult,
+    dependencies=[Depends(require_admin)],
+    summary="Load a checkpoint into every backend of the model under a new version",
+    responses={
+        404: {"description": "No backend of the model is registered"},
+        409: {"description": "Another update of the model is running"},
+    },
+)
+def update_weights(
+    model: ModelName, body: WeightUpdate, redis: Redis = Depends(get_redis), pool: BackendPool = Depends(get_pool)
+) -> WeightUpdateResult:
     """Pause, reload, reset the prefix cache, label, resume, on every backend at once.
 
     Refused before any backend is touched: a version that goes backwards or a checkpoint that is
@@ -90,21 +112,37 @@ def update_weights(model: ModelName, body: WeightUpdate, redis: Redis = Depends(
     return _result(_update(redis, pool, model, checkpoint))
 
 
-@router.put("/{model:path}/weights", response_model=WeightUpdateResult, dependencies=[Depends(require_admin)],
-            summary="Load weights sent as one safetensors file into every backend of the model (no shared disk)",
-            openapi_extra={"requestBody": {"required": True, "content": {SAFETENSORS: {"schema": {
-                "type": "string", "format": "binary"}}}}},
-            responses={404: {"description": "No backend of the model is registered"},
-                       409: {"description": "Another update of the model is running"},
-                       413: {"description": "The body is larger than Settings.max_weight_bytes"},
-                       415: {"description": "The body is not application/octet-stream"}})  # fmt: skip
+@router.put(
+    "/{model:path}/weights",
+    response_model=WeightUpdateResult,
+    dependencies=[Depends(require_admin)],
+    summary="Load weights sent as one safetensors file into every backend of the model (no shared disk)",
+    openapi_extra={
+        "requestBody": {"required": True, "content": {SAFETENSORS: {"schema": {"type": "string", "format": "binary"}}}}
+    },
+    responses={
+        404: {"description": "No backend of the model is registered"},
+        409: {"description": "Another update of the model is running"},
+        413: {"description": "The body is larger than Settings.max_weight_bytes"},
+        415: {"description": "The body is not application/octet-stream"},
+    },
+)
 async def upload_weights(
-    model: ModelName, request: Request,
-    version: Annotated[str, Query(min_length=1, max_length=128, pattern=r"^[!-~]+$",
-                                  description="As in POST: the label of every token these weights sample")],
+    model: ModelName,
+    request: Request,
+    version: Annotated[
+        str,
+        Query(
+            min_length=1,
+            max_length=128,
+            pattern=r"^[!-~]+$",
+            description="As in POST: the label of every token these weights sample",
+        ),
+    ],
     pause_mode: Annotated[Literal["keep", "wait", "abort"], Query(description="As in POST")] = "wait",
-    redis: Redis = Depends(get_redis), pool: BackendPool = Depends(get_pool),
-) -> WeightUpdateResult:  # fmt: skip
+    redis: Redis = Depends(get_redis),
+    pool: BackendPool = Depends(get_pool),
+) -> WeightUpdateResult:
     """The POST update's steps, with the body (one safetensors file, every tensor of the model) as the weights.
 
     The service checks the names and shapes against the served model (422 on `body`), then sends
@@ -112,8 +150,10 @@ async def upload_weights(
     """
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != SAFETENSORS:
-        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
-                            detail=f"send the safetensors file as {SAFETENSORS}, not {content_type or 'no type'}")
+        raise HTTPException(
+            status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
+            detail=f"send the safetensors file as {SAFETENSORS}, not {content_type or 'no type'}",
+        )
     data = await request.body()
     label = f"upload:sha256:{hashlib.sha256(data).hexdigest()[:16]}"
     checkpoint = Checkpoint(path=label, version=version, pause_mode=pause_mode, data=data)
@@ -131,16 +171,34 @@ def _update(redis: Redis, pool: BackendPool, model: str, checkpoint: Checkpoint)
 
 def _result(report: UpdateReport) -> WeightUpdateResult:
     return WeightUpdateResult(
-        model=report.model, version=report.version, seq=report.seq, seconds=report.seconds,
-        backends=[BackendUpdate(id=o.id, url=o.url, status=o.status, seconds=o.seconds, error=o.error,  # type: ignore[arg-type]
-                                removed_from_pool=o.removed_from_pool) for o in report.backends],
-    )  # fmt: skip
+        model=report.model,
+        version=report.version,
+        seq=report.seq,
+        seconds=report.seconds,
+        backends=[
+            BackendUpdate(
+                id=o.id,
+                url=o.url,
+                status=o.status,
+                seconds=o.seconds,
+                error=o.error,  # type: ignore[arg-type]
+                removed_from_pool=o.removed_from_pool,
+            )
+            for o in report.backends
+        ],
+    )
 
 
-@router.get("/{model:path}/weights", response_model=CurrentWeights, dependencies=[Depends(require_auth)],
-            summary="The model's current weight version and its sequence number")
-def current_weights(model: ModelName, redis: Redis = Depends(get_redis),
-                    pool: BackendPool = Depends(get_pool)) -> CurrentWeights:
+@router.get(
+    "/{model:path}/weights",
+    response_model=CurrentWeights,
+    dependencies=[Depends(require_auth)],
+    summary="The model's current weight version and its sequence number",
+)
+def current_weights(
+    model: ModelName, redis: Redis = Depends(get_redis), pool: BackendPool = Depends(get_pool)
+) -> CurrentWeights:
     current = WeightVersions(redis, pool.keys).current(model)
-    return CurrentWeights(model=model, version=current.version, seq=current.seq, path=current.path,
-                          applied_at=current.applied_at)  # fmt: skip
+    return CurrentWeights(
+        model=model, version=current.version, seq=current.seq, path=current.path, applied_at=current.applied_at
+    )

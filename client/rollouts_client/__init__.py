@@ -1,11 +1,11 @@
 """The trainer's client of the rollout service: sync and async, typed results, training tensors.
 
-    from rollouts_client import RolloutClient, groups_to_tensors
+from rollouts_client import RolloutClient, groups_to_tensors
 
-    with RolloutClient("http://api:8000", token="...") as client:
-        batch = client.submit_batch(prompts, n_samples=8, min_informative_groups=32)
-        for group in client.iter_groups(batch.id):  # as each group completes
-            ...
+with RolloutClient("http://api:8000", token="...") as client:
+    batch = client.submit_batch(prompts, n_samples=8, min_informative_groups=32)
+    for group in client.iter_groups(batch.id):  # as each group completes
+        ...
 """
 
 from rollouts_client.aio import AsyncRolloutClient

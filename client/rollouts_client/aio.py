@@ -234,9 +234,7 @@ class AsyncRolloutClient:
             raise BatchExhausted(final)
         return final
 
-    async def collect_groups(
-        self, batch_id: str, *, results: bool = True, timeout: float | None = None
-    ) -> list[Group]:
+    async def collect_groups(self, batch_id: str, *, results: bool = True, timeout: float | None = None) -> list[Group]:
         return [group async for group in self.iter_groups(batch_id, results=results, timeout=timeout)]
 
     # --- the service ------------------------------------------------------------
@@ -274,7 +272,13 @@ class AsyncRolloutClient:
         return decode(response)
 
     async def update_weights(
-        self, model: str, version: str, *, path: str, pause_mode: str = "wait", lora: str | None = None,
+        self,
+        model: str,
+        version: str,
+        *,
+        path: str,
+        pause_mode: str = "wait",
+        lora: str | None = None,
         timeout: float = 900.0,
     ) -> dict[str, Any]:
         body = weights_body(version, path, pause_mode, lora)

@@ -290,7 +290,13 @@ class RolloutClient:
         return decode(response)
 
     def update_weights(
-        self, model: str, version: str, *, path: str, pause_mode: str = "wait", lora: str | None = None,
+        self,
+        model: str,
+        version: str,
+        *,
+        path: str,
+        pause_mode: str = "wait",
+        lora: str | None = None,
         timeout: float = 900.0,
     ) -> dict[str, Any]:
         """Load a checkpoint into every backend of `model` under `version` (admin); what each backend did.

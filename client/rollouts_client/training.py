@@ -183,7 +183,7 @@ def _numpy() -> ModuleType:
         import numpy
     except ImportError:
         raise ImportError(
-            "rollouts_client's tensor helpers need numpy: pip install \"rollouts-client[tensors]\""
+            'rollouts_client\'s tensor helpers need numpy: pip install "rollouts-client[tensors]"'
         ) from None
     return numpy
 

@@ -128,7 +128,9 @@ def list_params(
     status: str | None, group_id: str | None, limit: int, offset: int = 0, cursor: str | None = None
 ) -> dict[str, Any]:
     """GET /v1/jobs's query: the filters given, and the page (by offset, or after a cursor)."""
-    params: dict[str, Any] = {"limit": limit, "offset": offset} if cursor is None else {"limit": limit, "cursor": cursor}
+    params: dict[str, Any] = (
+        {"limit": limit, "offset": offset} if cursor is None else {"limit": limit, "cursor": cursor}
+    )
     if status is not None:
         params["status"] = status
     if group_id is not None:
@@ -164,8 +166,11 @@ def weights_upload(version: str, data: bytes, pause_mode: str) -> dict[str, Any]
     safetensors file is the body, the rest query parameters."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"data must be the bytes of a safetensors file, not {type(data).__name__}")
-    return {"params": {"version": version, "pause_mode": pause_mode}, "content": bytes(data),
-            "headers": {"Content-Type": "application/octet-stream"}}  # fmt: skip
+    return {
+        "params": {"version": version, "pause_mode": pause_mode},
+        "content": bytes(data),
+        "headers": {"Content-Type": "application/octet-stream"},
+    }
 
 
 def weights_path(model: str) -> str:

@@ -29,9 +29,11 @@ class RolloutsExp(BasePPOExp):
 
     def get_generator(self, cfg, tokenizer, inference_engine_client):
         return RolloutsGenerator(
-            run_id=os.environ.get("ROLLOUTS_RUN_ID", "default"), on_failure="retry", max_attempts=3,
+            run_id=os.environ.get("ROLLOUTS_RUN_ID", "default"),
+            on_failure="retry",
+            max_attempts=3,
             max_tokens_per_turn=cfg.generator.sampling_params.max_generate_length,
-        )  # fmt: skip
+        )
 
 
 @ray.remote(num_cpus=1)

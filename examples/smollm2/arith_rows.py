@@ -17,8 +17,11 @@ _TEMPLATES: list[tuple[str, str, Callable[[int, int], int]]] = [
     ("What is {a} + {b}?", "{a} + {b} = {r}", lambda a, b: a + b),
     ("What is {a} - {b}?", "{a} - {b} = {r}", lambda a, b: a - b),
     ("What is {a} times {b}?", "{a} * {b} = {r}", lambda a, b: a * b),
-    ("{name} has {a} apples and buys {b} more. How many apples does {name} have now?", "{a} + {b} = {r}",
-     lambda a, b: a + b),
+    (
+        "{name} has {a} apples and buys {b} more. How many apples does {name} have now?",
+        "{a} + {b} = {r}",
+        lambda a, b: a + b,
+    ),
 ]
 # The task's own system prompt (a math task field): the kind's default asks for \boxed{} *and* a finish
 # call, a format SmolLM2-135M did not produce once in the reward table; this one shows the format.
@@ -53,5 +56,10 @@ def choice_task(rng: random.Random) -> dict[str, Any]:
     wrong = [v for v in (right + 1, right - 1, right + 2, right - 2, right + 3) if v >= 0]  # 0 - 2 dropped at 0
     choices = [right, *rng.sample(wrong, 3)]
     rng.shuffle(choices)
-    return {"kind": "stem", "system_prompt": CHOICE_PROMPT, "question": row["question"],
-            "choices": [str(c) for c in choices], "answer": "ABCD"[choices.index(right)]}
+    return {
+        "kind": "stem",
+        "system_prompt": CHOICE_PROMPT,
+        "question": row["question"],
+        "choices": [str(c) for c in choices],
+        "answer": "ABCD"[choices.index(right)],
+    }

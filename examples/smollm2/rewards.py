@@ -42,13 +42,25 @@ def kind_jobs(kind: str, per_kind: int, max_tokens: int, max_turns: int) -> list
     jobs = []
     for row in lines[:per_kind]:
         limits = {**row.get("limits", {}), "max_turns": max_turns}
-        jobs.append({**row, "limits": limits, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens},
-                     "metadata": {"table": "smollm2-rewards"}})
+        jobs.append(
+            {
+                **row,
+                "limits": limits,
+                "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens},
+                "metadata": {"table": "smollm2-rewards"},
+            }
+        )
     return jobs
 
 
-def reward_table(client: RolloutClient, per_kind: int = 3, max_tokens: int = 512, max_turns: int = 4,
-                 timeout: float = 900.0, results: Path | None = None) -> list[KindRow]:
+def reward_table(
+    client: RolloutClient,
+    per_kind: int = 3,
+    max_tokens: int = 512,
+    max_turns: int = 4,
+    timeout: float = 900.0,
+    results: Path | None = None,
+) -> list[KindRow]:
     """Submit every kind's jobs at once and wait for all of them; one row per kind (`results`: every job as JSONL)."""
     jobs = [job for kind in KINDS for job in kind_jobs(kind, per_kind, max_tokens, max_turns)]
     ids = submit_all(client, jobs)
@@ -75,8 +87,10 @@ def _failure(job: Job) -> str:
 
 
 def markdown(rows: list[KindRow], wall_s: float) -> str:
-    lines = ["| kind | jobs | done | mean reward | rewards | mean time per job (s) | failed (type) |",
-             "|---|---:|---:|---:|---|---:|---|"]
+    lines = [
+        "| kind | jobs | done | mean reward | rewards | mean time per job (s) | failed (type) |",
+        "|---|---:|---:|---:|---|---:|---|",
+    ]
     for row in rows:
         mean = f"{row.mean_reward:.3f}" if row.mean_reward is not None else "-"
         seconds = f"{sum(row.seconds) / len(row.seconds):.0f}" if row.seconds else "-"

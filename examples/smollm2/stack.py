@@ -20,8 +20,14 @@ MAX_MODEL_LEN = 4096
 SERVED_NAME = "smollm2"
 
 
-def start_stack(root: Path, model_dir: Path, *, rollout_slots: int, adapter: tuple[str, Path] | None = None,
-                extra_env: dict[str, str] | None = None) -> Stack:
+def start_stack(
+    root: Path,
+    model_dir: Path,
+    *,
+    rollout_slots: int,
+    adapter: tuple[str, Path] | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> Stack:
     """Start everything under `root` (state, logs); `adapter`: (name, PEFT adapter dir) to serve and register."""
     args = f"--dtype float32 --max-model-len {MAX_MODEL_LEN}"
     register_as = None
@@ -34,10 +40,17 @@ def start_stack(root: Path, model_dir: Path, *, rollout_slots: int, adapter: tup
         # the RL routes (VLLM_SERVER_DEV_MODE) it loads any path the server can read
         os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
-    settings = Settings(redis_url=None, state_dir=root / "state", vllm_served_model_name=SERVED_NAME,
-                        vllm_args=args)
-    stack = Stack(settings, api_port=0, vllm=True, model=model_dir, log_dir=root / "logs", extra_env=env,
-                  concurrency={"init": 2, "rollout": rollout_slots, "eval": 2}, register_as=register_as)
+    settings = Settings(redis_url=None, state_dir=root / "state", vllm_served_model_name=SERVED_NAME, vllm_args=args)
+    stack = Stack(
+        settings,
+        api_port=0,
+        vllm=True,
+        model=model_dir,
+        log_dir=root / "logs",
+        extra_env=env,
+        concurrency={"init": 2, "rollout": rollout_slots, "eval": 2},
+        register_as=register_as,
+    )
     stack.start()
     stack.wait_for_workers(timeout=120)
     return stack

@@ -99,12 +99,33 @@ def train(client: RolloutClient, model: Any, pad_token_id: int, config: TrainCon
         wait_idle(client)
         push_adapter(client, adapter, version, POLICY)
         prompts = [{"task": task(rng), "limits": limits} for _ in range(2 * config.prompts_per_step)]
-        row, _ = grpo_step(client, model, optimizer, config, step=step, version=version, prompts=prompts,
-                           sampling=sampling, pad_token_id=pad_token_id, last=step == config.steps)
+        row, _ = grpo_step(
+            client,
+            model,
+            optimizer,
+            config,
+            step=step,
+            version=version,
+            prompts=prompts,
+            sampling=sampling,
+            pad_token_id=pad_token_id,
+            last=step == config.steps,
+        )
         rows.append(row)
         write_csv(rows, out / "reward_curve.csv")
-        log.info("step %d: reward %.3f over %d samples (%d informative, %d filtered, %d failed groups), loss %.4f, "
-                 "clip %.3f, |dlogp| %.2g, rollout %.0fs, train %.0fs", step, row.mean_reward, row.samples,
-                 row.informative_groups, row.filtered_groups, row.failed_groups, row.loss, row.clip_fraction,
-                 row.logprob_gap, row.rollout_s, row.train_s)
+        log.info(
+            "step %d: reward %.3f over %d samples (%d informative, %d filtered, %d failed groups), loss %.4f, "
+            "clip %.3f, |dlogp| %.2g, rollout %.0fs, train %.0fs",
+            step,
+            row.mean_reward,
+            row.samples,
+            row.informative_groups,
+            row.filtered_groups,
+            row.failed_groups,
+            row.loss,
+            row.clip_fraction,
+            row.logprob_gap,
+            row.rollout_s,
+            row.train_s,
+        )
     return rows

@@ -326,8 +326,11 @@ def patch_between(base: Path, change) -> str:  # type: ignore[no-untyped-def]
 def pytest_outcomes(tree: Path) -> dict[str, bool]:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-q", "tests"],
-        cwd=tree, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     outcomes = {}
     for line in done.stdout.splitlines():
         for status in ("PASSED", "FAILED"):

@@ -28,14 +28,19 @@ log = logging.getLogger("train_grpo")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Config]:
-    parser = argparse.ArgumentParser(prog="python -m examples.train_grpo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.train_grpo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/grpo"))
     parser.add_argument("--seeds", type=int, default=3, help="how many seeds, one after another on one stack")
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed+seeds-1")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the trainer")
-    parser.add_argument("--rollout-slots", type=int, default=16,
-                        help="rollouts at once: more sequences per vLLM step (16 vs 8: batches 30 s vs 40 s on 2 cores)")
+    parser.add_argument(
+        "--rollout-slots",
+        type=int,
+        default=16,
+        help="rollouts at once: more sequences per vLLM step (16 vs 8: batches 30 s vs 40 s on 2 cores)",
+    )
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib)")
     for field in fields(Config):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)

@@ -35,6 +35,7 @@ def product(task: dict[str, Any]) -> str:
 def sample_task(rng: random.Random, digits: int) -> dict[str, Any]:
     """Two operands of exactly `digits` digits (no zero): a fixed width keeps the copy offsets constant,
     which is what a 1M-parameter model can pick up in a few hundred warm-up steps."""
+
     def operand() -> int:
         return rng.randint(10 ** (digits - 1) if digits > 1 else 1, 10**digits - 1)
 
@@ -56,8 +57,7 @@ def tool_call(name: str, arguments: dict[str, str]) -> str:
 
 def reference_turns(task: dict[str, Any]) -> tuple[str, str]:
     """The two assistant messages of a correct episode: the python call, then finish."""
-    return (tool_call("python", {"code": f"print({problem(task)})"}),
-            tool_call("finish", {"answer": product(task)}))
+    return (tool_call("python", {"code": f"print({problem(task)})"}), tool_call("finish", {"answer": product(task)}))
 
 
 @register

@@ -32,8 +32,9 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 
-def clipped_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor,
-                 clip_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def clipped_loss(
+    new_logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, clip_eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, clipped-token indicator, ratio), all over the (B, T-1) shifted positions."""
     ratio = torch.exp(new_logp - old_logp)
     adv = advantages[:, None]
@@ -57,8 +58,15 @@ def group_minibatches(group_index: torch.Tensor, minibatches: int) -> list[torch
     return [torch.nonzero(torch.isin(group_index, chunk)).squeeze(1) for chunk in chunks]
 
 
-def grpo_update(model: Any, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], *,
-                clip_eps: float = 0.2, minibatches: int = 2, max_grad_norm: float = 1.0) -> UpdateStats:
+def grpo_update(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor],
+    *,
+    clip_eps: float = 0.2,
+    minibatches: int = 2,
+    max_grad_norm: float = 1.0,
+) -> UpdateStats:
     """One pass over the batch in `minibatches` optimizer steps (later ones are slightly off-policy: the clip acts)."""
     input_ids, attention = batch["input_ids"], batch["attention_mask"]
     mask = batch["loss_mask"][:, 1:].float()

@@ -52,9 +52,15 @@ def summarise(rows: list[StepRow]) -> list[SeedSummary]:
         mine = [r for r in sorted(rows, key=lambda r: r.step) if r.seed == seed]
         k = max(1, round(len(mine) * 0.2))
         head, tail = mine[:k], mine[-k:]
-        out.append(SeedSummary(seed, statistics.fmean(r.mean_reward for r in head),
-                               statistics.fmean(r.mean_reward for r in tail),
-                               statistics.fmean(r.tool_rate for r in head), statistics.fmean(r.tool_rate for r in tail)))
+        out.append(
+            SeedSummary(
+                seed,
+                statistics.fmean(r.mean_reward for r in head),
+                statistics.fmean(r.mean_reward for r in tail),
+                statistics.fmean(r.tool_rate for r in head),
+                statistics.fmean(r.tool_rate for r in tail),
+            )
+        )
     return out
 
 
@@ -67,12 +73,19 @@ def spread(values: list[float]) -> str:
 
 def summary_text(rows: list[StepRow]) -> str:
     seeds = summarise(rows)
-    lines = [f"seed {s.seed}: reward first 20% {s.first:.3f}  last 20% {s.last:.3f}   "
-             f"(python used {s.first_tool:.2f} -> {s.last_tool:.2f})" for s in seeds]
-    lines.append(f"all seeds (mean ± std over {len(seeds)}): reward first 20% {spread([s.first for s in seeds])}  "
-                 f"last 20% {spread([s.last for s in seeds])}")
-    lines.append(f"python used: first 20% {spread([s.first_tool for s in seeds])}  "
-                 f"last 20% {spread([s.last_tool for s in seeds])}")
+    lines = [
+        f"seed {s.seed}: reward first 20% {s.first:.3f}  last 20% {s.last:.3f}   "
+        f"(python used {s.first_tool:.2f} -> {s.last_tool:.2f})"
+        for s in seeds
+    ]
+    lines.append(
+        f"all seeds (mean ± std over {len(seeds)}): reward first 20% {spread([s.first for s in seeds])}  "
+        f"last 20% {spread([s.last for s in seeds])}"
+    )
+    lines.append(
+        f"python used: first 20% {spread([s.first_tool for s in seeds])}  "
+        f"last 20% {spread([s.last_tool for s in seeds])}"
+    )
     return "\n".join(lines)
 
 
@@ -85,16 +98,30 @@ def plot(rows: list[StepRow], path: Path) -> None:
     figure, axis = plt.subplots(figsize=(7, 4))
     for seed in sorted({r.seed for r in rows}):
         mine = sorted((r for r in rows if r.seed == seed), key=lambda r: r.step)
-        line, = axis.plot([r.step for r in mine], [r.mean_reward for r in mine], marker="o", markersize=3,
-                          label=f"seed {seed}: reward")
-        axis.plot([r.step for r in mine], [r.tool_rate for r in mine], linestyle="--", color=line.get_color(),
-                  alpha=0.6, label=f"seed {seed}: python used")
+        (line,) = axis.plot(
+            [r.step for r in mine],
+            [r.mean_reward for r in mine],
+            marker="o",
+            markersize=3,
+            label=f"seed {seed}: reward",
+        )
+        axis.plot(
+            [r.step for r in mine],
+            [r.tool_rate for r in mine],
+            linestyle="--",
+            color=line.get_color(),
+            alpha=0.6,
+            label=f"seed {seed}: python used",
+        )
     axis.set_xlabel("GRPO step (step 0: the warm-up policy)")
     axis.set_ylabel("share of the step's rollouts")
     axis.set_ylim(-0.02, 1.02)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
-    axis.set_title("arith with the python tool: GRPO through the rollout service (CPU)\nsolid: reward, dashed: share of episodes calling the python tool", fontsize=9)
+    axis.set_title(
+        "arith with the python tool: GRPO through the rollout service (CPU)\nsolid: reward, dashed: share of episodes calling the python tool",
+        fontsize=9,
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

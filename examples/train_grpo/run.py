@@ -34,7 +34,9 @@ class Config:
     max_digits: int = 1  # operands of exactly this many digits
     problem_pool: int = 0  # 0: a fresh problem every time; N > 0: draw from N fixed ones
     warmup_steps: int = 1600  # at most, for the skill; it stops at warmup_nll (400-650 steps; up to ~1,200 seen)
-    warmup_ramp_steps: int = 80  # the skill phase's LR rises linearly over these (fixed: raising the cap changes no seed)
+    warmup_ramp_steps: int = (
+        80  # the skill phase's LR rises linearly over these (fixed: raising the cap changes no seed)
+    )
     warmup_nll: float = 0.3  # target episode NLL of the skill phase: exp(-0.3) ~ 0.74 of sampled episodes right
     tool_share: float = 0.25  # of the habit phase's episodes: the rest guess
     habit_steps: int = 100
@@ -66,12 +68,27 @@ def train_seed(client: RolloutClient, seed: int, config: Config, out: Path) -> l
     tokenizer = build_policy_tokenizer()
     model = build_policy(tokenizer, seed, config.hidden, config.layers)
     started = time.perf_counter()
-    losses = warm_up(model, tokenizer, tasks, steps=config.warmup_steps, batch_size=config.warmup_batch,
-                     lr=config.warmup_lr, lr_ramp_steps=config.warmup_ramp_steps, target_nll=config.warmup_nll,
-                     tool_share=config.tool_share, habit_steps=config.habit_steps, habit_lr=config.habit_lr,
-                     rng=random.Random(seed + 1000))
-    log.info("seed %d: warm-up %d steps in %.0fs, final episode NLL %.3f", seed, len(losses),
-             time.perf_counter() - started, losses[-1] if losses else float("nan"))
+    losses = warm_up(
+        model,
+        tokenizer,
+        tasks,
+        steps=config.warmup_steps,
+        batch_size=config.warmup_batch,
+        lr=config.warmup_lr,
+        lr_ramp_steps=config.warmup_ramp_steps,
+        target_nll=config.warmup_nll,
+        tool_share=config.tool_share,
+        habit_steps=config.habit_steps,
+        habit_lr=config.habit_lr,
+        rng=random.Random(seed + 1000),
+    )
+    log.info(
+        "seed %d: warm-up %d steps in %.0fs, final episode NLL %.3f",
+        seed,
+        len(losses),
+        time.perf_counter() - started,
+        losses[-1] if losses else float("nan"),
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.99))
     checkpoints = out / f"seed{seed}"
     checkpoints.mkdir(parents=True, exist_ok=True)
@@ -83,15 +100,38 @@ def train_seed(client: RolloutClient, seed: int, config: Config, out: Path) -> l
         wait_idle(client)
         load_weights(client, path, version)
         prompts = [tasks() for _ in range(2 * config.prompts_per_step)]
-        row, rollouts = grpo_step(client, model, optimizer, config, step=step, version=version, prompts=prompts,
-                                  sampling=sampling, pad_token_id=tokenizer.pad_token_id, last=step == config.steps,
-                                  logprob_tolerance=config.logprob_tolerance)
+        row, rollouts = grpo_step(
+            client,
+            model,
+            optimizer,
+            config,
+            step=step,
+            version=version,
+            prompts=prompts,
+            sampling=sampling,
+            pad_token_id=tokenizer.pad_token_id,
+            last=step == config.steps,
+            logprob_tolerance=config.logprob_tolerance,
+        )
         row.seed = seed
         rows.append(row)
-        log.info("seed %d step %d: reward %.3f (python used %.2f) over %d samples (%d informative, %d filtered groups), "
-                 "loss %.4f, clip %.3f, |dlogp| %.4f, rollout %.0fs (a job's stages, median: %s), train %.0fs", seed,
-                 step, row.mean_reward, row.tool_rate, row.samples, row.informative_groups, row.filtered_groups, row.loss,
-                 row.clip_fraction, row.logprob_gap, row.rollout_s, rollouts.where_the_time_went(), row.train_s)
+        log.info(
+            "seed %d step %d: reward %.3f (python used %.2f) over %d samples (%d informative, %d filtered groups), "
+            "loss %.4f, clip %.3f, |dlogp| %.4f, rollout %.0fs (a job's stages, median: %s), train %.0fs",
+            seed,
+            step,
+            row.mean_reward,
+            row.tool_rate,
+            row.samples,
+            row.informative_groups,
+            row.filtered_groups,
+            row.loss,
+            row.clip_fraction,
+            row.logprob_gap,
+            row.rollout_s,
+            rollouts.where_the_time_went(),
+            row.train_s,
+        )
     return rows
 
 
@@ -112,34 +152,75 @@ class StepSettings(Protocol):
     def minibatches(self) -> int: ...
 
 
-def grpo_step(client: RolloutClient, model: Any, optimizer: torch.optim.Optimizer, config: StepSettings, *,
-              step: int, version: str, prompts: list[dict[str, Any]], sampling: dict[str, Any], pad_token_id: int,
-              last: bool, logprob_tolerance: float = 1e-3) -> tuple[StepRow, StepBatch]:
+def grpo_step(
+    client: RolloutClient,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    config: StepSettings,
+    *,
+    step: int,
+    version: str,
+    prompts: list[dict[str, Any]],
+    sampling: dict[str, Any],
+    pad_token_id: int,
+    last: bool,
+    logprob_tolerance: float = 1e-3,
+) -> tuple[StepRow, StepBatch]:
     """One step on the weights just pushed as `version`: a DAPO batch of `prompts`, the check that every
     turn was sampled by `version`, then the GRPO update (none when `last`: that step only measures)."""
     t0 = time.perf_counter()
-    rollouts = run_batch(client, prompts, n_samples=config.group_size, min_informative=config.min_informative,
-                         in_flight=config.prompts_per_step, sampling=sampling, step=step,
-                         timeout=config.batch_timeout_s)
+    rollouts = run_batch(
+        client,
+        prompts,
+        n_samples=config.group_size,
+        min_informative=config.min_informative,
+        in_flight=config.prompts_per_step,
+        sampling=sampling,
+        step=step,
+        timeout=config.batch_timeout_s,
+    )
     rollout_s = time.perf_counter() - t0
     versions = check_versions(rollouts, step, version)
-    row = update_from_batch(model, optimizer, rollouts, clip_eps=config.clip_eps, minibatches=config.minibatches,
-                            pad_token_id=pad_token_id, last=last, logprob_tolerance=logprob_tolerance)
-    row.step, row.policy_version, row.versions_seen, row.rollout_s = step, version, ";".join(sorted(versions)), rollout_s
+    row = update_from_batch(
+        model,
+        optimizer,
+        rollouts,
+        clip_eps=config.clip_eps,
+        minibatches=config.minibatches,
+        pad_token_id=pad_token_id,
+        last=last,
+        logprob_tolerance=logprob_tolerance,
+    )
+    row.step, row.policy_version, row.versions_seen, row.rollout_s = (
+        step,
+        version,
+        ";".join(sorted(versions)),
+        rollout_s,
+    )
     return row, rollouts
 
 
 def check_versions(rollouts: StepBatch, step: int, version: str) -> set[str]:
     """The policy versions the step's trajectories recorded; MixedPolicyVersions unless exactly `version`."""
-    versions = rollouts.versions | {v for g in rollouts.groups for s in g.samples
-                                    for v in policy_versions(s.trajectory or {})}
+    versions = rollouts.versions | {
+        v for g in rollouts.groups for s in g.samples for v in policy_versions(s.trajectory or {})
+    }
     if versions and versions != {version}:
         raise MixedPolicyVersions(f"step {step}: trajectories from {sorted(versions)}, expected {version}")
     return versions
 
 
-def update_from_batch(model: Any, optimizer: torch.optim.Optimizer, rollouts: StepBatch, *, clip_eps: float,
-                      minibatches: int, pad_token_id: int, last: bool, logprob_tolerance: float = 1e-3) -> StepRow:
+def update_from_batch(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    rollouts: StepBatch,
+    *,
+    clip_eps: float,
+    minibatches: int,
+    pad_token_id: int,
+    last: bool,
+    logprob_tolerance: float = 1e-3,
+) -> StepRow:
     """The GRPO update on the step's informative groups (none after the last step: it is only measured).
 
     BackendLogprobMismatch when the first minibatch's mean |vLLM logprob - trainer logprob| is not
@@ -147,12 +228,25 @@ def update_from_batch(model: Any, optimizer: torch.optim.Optimizer, rollouts: St
     """
     counts = rollouts.batch.counts
     rewards = rollouts.rewards
-    row = StepRow(seed=0, step=0, policy_version="", versions_seen="",
-                  mean_reward=sum(rewards) / len(rewards) if rewards else float("nan"),
-                  tool_rate=sum(rollouts.tool_use) / len(rewards) if rewards else float("nan"), samples=len(rewards),
-                  informative_groups=len(rollouts.groups), filtered_groups=counts.filtered,
-                  failed_groups=rollouts.failed_groups, trained_samples=0, loss=0.0, clip_fraction=0.0,
-                  approx_kl=0.0, logprob_gap=0.0, rollout_s=0.0, train_s=0.0)
+    row = StepRow(
+        seed=0,
+        step=0,
+        policy_version="",
+        versions_seen="",
+        mean_reward=sum(rewards) / len(rewards) if rewards else float("nan"),
+        tool_rate=sum(rollouts.tool_use) / len(rewards) if rewards else float("nan"),
+        samples=len(rewards),
+        informative_groups=len(rollouts.groups),
+        filtered_groups=counts.filtered,
+        failed_groups=rollouts.failed_groups,
+        trained_samples=0,
+        loss=0.0,
+        clip_fraction=0.0,
+        approx_kl=0.0,
+        logprob_gap=0.0,
+        rollout_s=0.0,
+        train_s=0.0,
+    )
     if last or not rollouts.groups:
         return row
     t0 = time.perf_counter()
@@ -162,7 +256,9 @@ def update_from_batch(model: Any, optimizer: torch.optim.Optimizer, rollouts: St
     row.loss, row.clip_fraction, row.approx_kl = stats.loss, stats.clip_fraction, stats.approx_kl
     row.logprob_gap, row.train_s = stats.logprob_gap, time.perf_counter() - t0
     if not stats.logprob_gap < logprob_tolerance:  # NaN fails too
-        raise BackendLogprobMismatch(f"mean |vLLM logprob - trainer logprob| {stats.logprob_gap:.2e} right after "
-                                     f"loading the weights, over {row.trained_samples} samples; tolerance "
-                                     f"{logprob_tolerance:.0e}")  # fmt: skip
+        raise BackendLogprobMismatch(
+            f"mean |vLLM logprob - trainer logprob| {stats.logprob_gap:.2e} right after "
+            f"loading the weights, over {row.trained_samples} samples; tolerance "
+            f"{logprob_tolerance:.0e}"
+        )
     return row

@@ -27,10 +27,21 @@ def start_stack(root: Path, base_model: Path, rollout_slots: int) -> Stack:
     float32, as the trainer computes: the first minibatch's ratio is then 1 up to float noise.
     """
     env = {"ROLLOUTS_TASK_MODULES": TASK_MODULE, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    settings = Settings(redis_url=None, state_dir=root / "state", vllm_served_model_name="policy",
-                        vllm_args=f"--dtype float32 --max-model-len {MAX_LEN}")
-    stack = Stack(settings, api_port=0, vllm=True, model=base_model, log_dir=root / "logs", extra_env=env,
-                  concurrency={"init": 2, "rollout": rollout_slots, "eval": 2})
+    settings = Settings(
+        redis_url=None,
+        state_dir=root / "state",
+        vllm_served_model_name="policy",
+        vllm_args=f"--dtype float32 --max-model-len {MAX_LEN}",
+    )
+    stack = Stack(
+        settings,
+        api_port=0,
+        vllm=True,
+        model=base_model,
+        log_dir=root / "logs",
+        extra_env=env,
+        concurrency={"init": 2, "rollout": rollout_slots, "eval": 2},
+    )
     stack.start()
     stack.wait_for_workers(timeout=120)
     return stack
@@ -78,12 +89,28 @@ class StepBatch:
         return " ".join(f"{stage} {statistics.median(seconds):.1f}s" for stage, seconds in self.stage_seconds.items())
 
 
-def run_batch(client: RolloutClient, prompts: list[dict[str, Any]], *, n_samples: int, min_informative: int,
-              in_flight: int, sampling: dict[str, Any], step: int, timeout: float) -> StepBatch:
+def run_batch(
+    client: RolloutClient,
+    prompts: list[dict[str, Any]],
+    *,
+    n_samples: int,
+    min_informative: int,
+    in_flight: int,
+    sampling: dict[str, Any],
+    step: int,
+    timeout: float,
+) -> StepBatch:
     """Submit a DAPO batch and wait until no group runs; every group's rewards are read back by group id."""
-    batch = client.submit_batch(prompts, n_samples=n_samples, min_informative_groups=min_informative,
-                                max_groups_in_flight=in_flight, on_target="keep", advantages="grpo",
-                                sampling=sampling, metadata={"step": step})
+    batch = client.submit_batch(
+        prompts,
+        n_samples=n_samples,
+        min_informative_groups=min_informative,
+        max_groups_in_flight=in_flight,
+        on_target="keep",
+        advantages="grpo",
+        sampling=sampling,
+        metadata={"step": step},
+    )
     deadline = time.monotonic() + timeout
     groups = client.collect_groups(batch.id, results=True, timeout=timeout)
     batch = wait_settled(client, batch.id, deadline)
@@ -122,8 +149,12 @@ def wait_settled(client: RolloutClient, batch_id: str, deadline: float) -> Batch
 
 def called(trajectory: dict[str, Any], tool: str) -> bool:
     """Whether any assistant turn of the episode called `tool`: the choice GRPO has to learn here."""
-    return any(call.get("name") == tool for turn in trajectory.get("turns", []) if turn["role"] == "assistant"
-               for call in turn.get("tool_calls") or [])
+    return any(
+        call.get("name") == tool
+        for turn in trajectory.get("turns", [])
+        if turn["role"] == "assistant"
+        for call in turn.get("tool_calls") or []
+    )
 
 
 def policy_versions(trajectory: dict[str, Any]) -> set[str]:

@@ -28,8 +28,9 @@ def guess_turn(task: dict[str, Any], rng: random.Random) -> str:
     return tool_call("finish", {"answer": str(rng.randint(10 ** (width - 1), 10**width - 1))})
 
 
-def render_episode(renderer: ChatRenderer, task: dict[str, Any], use_tool: bool = True,
-                   rng: random.Random | None = None) -> tuple[list[int], list[int]]:
+def render_episode(
+    renderer: ChatRenderer, task: dict[str, Any], use_tool: bool = True, rng: random.Random | None = None
+) -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of one episode; the mask is 1 on assistant tokens.
 
     With the tool: the python call, its output, finish with the product (reward 1).
@@ -57,9 +58,21 @@ def renderer_for(tokenizer: Any) -> ChatRenderer:
     return ChatRenderer(tokenizer, ArithKind().tool_schemas())
 
 
-def warm_up(model: Any, tokenizer: Any, tasks: Callable[[], dict[str, Any]], *, steps: int, batch_size: int,
-            lr: float, target_nll: float, tool_share: float, habit_steps: int, habit_lr: float | None = None,
-            lr_ramp_steps: int, rng: random.Random) -> list[float]:
+def warm_up(
+    model: Any,
+    tokenizer: Any,
+    tasks: Callable[[], dict[str, Any]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    target_nll: float,
+    tool_share: float,
+    habit_steps: int,
+    habit_lr: float | None = None,
+    lr_ramp_steps: int,
+    rng: random.Random,
+) -> list[float]:
     """Teach the skill, then the habit: SFT on tool episodes, then on a mix where most episodes guess.
 
     Phase 1 (at most `steps`, the rate ramped up linearly over the first `lr_ramp_steps`, a
@@ -82,8 +95,9 @@ def warm_up(model: Any, tokenizer: Any, tasks: Callable[[], dict[str, Any]], *, 
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / max(1, lr_ramp_steps))
-        losses.append(_sft_step(model, optimizer, renderer, [render_episode(renderer, tasks())
-                                                             for _ in range(batch_size)]))
+        losses.append(
+            _sft_step(model, optimizer, renderer, [render_episode(renderer, tasks()) for _ in range(batch_size)])
+        )
         smoothed = losses[-1] if step == 0 else 0.8 * smoothed + 0.2 * losses[-1]
         if smoothed < target_nll:
             break
@@ -97,8 +111,13 @@ def warm_up(model: Any, tokenizer: Any, tasks: Callable[[], dict[str, Any]], *, 
     return losses
 
 
-def _sft_step(model: Any, optimizer: torch.optim.Optimizer, renderer: ChatRenderer,
-              episodes: list[tuple[list[int], list[int]]], scored: int | None = None) -> float:
+def _sft_step(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    renderer: ChatRenderer,
+    episodes: list[tuple[list[int], list[int]]],
+    scored: int | None = None,
+) -> float:
     """One optimizer step of next-token loss on assistant tokens; returns the mean NLL of the first `scored` episodes."""
     pad = renderer.tokenizer.pad_token_id
     width = max(len(ids) for ids, _ in episodes)

@@ -27,14 +27,20 @@ def rows() -> list[dict]:
             task = json.loads(line)["task"]
             index = len(out)
             text = task.get("problem") or task.get("prompt") or ""
-            out.append({
-                # verl tokenizes `prompt` for its length filter; the service's kind renders the real prompt
-                "prompt": [{"role": "user", "content": text}],
-                "data_source": f"rollouts/{task['kind']}",
-                "agent_name": "rollouts",
-                "reward_model": {"style": "rule", "ground_truth": str(task.get("answer", ""))},
-                "extra_info": {"index": index, "rollouts_task": json.dumps(task), "rollouts_key": str(task.get("id", index))},
-            })  # fmt: skip
+            out.append(
+                {
+                    # verl tokenizes `prompt` for its length filter; the service's kind renders the real prompt
+                    "prompt": [{"role": "user", "content": text}],
+                    "data_source": f"rollouts/{task['kind']}",
+                    "agent_name": "rollouts",
+                    "reward_model": {"style": "rule", "ground_truth": str(task.get("answer", ""))},
+                    "extra_info": {
+                        "index": index,
+                        "rollouts_task": json.dumps(task),
+                        "rollouts_key": str(task.get("id", index)),
+                    },
+                }
+            )
     return out
 
 

@@ -167,15 +167,30 @@ class BackendPool:
     def _selection_keys(self) -> list[str]:
         k = self.keys
         return [
-            k.backend_load, k.backend_usable, k.backend_inflight, k.backend_capacity, k.llm_routes,
-            k.llm_route_refs, k.llm_charges, k.llm_leases, k.llm_lease_routes, k.backend_models,
+            k.backend_load,
+            k.backend_usable,
+            k.backend_inflight,
+            k.backend_capacity,
+            k.llm_routes,
+            k.llm_route_refs,
+            k.llm_charges,
+            k.llm_leases,
+            k.llm_lease_routes,
+            k.backend_models,
         ]
 
     def _sync_backend(self, backend_id: str) -> None:
         k = self.keys
         self._sync(
-            keys=[k.backend(backend_id), k.backend_ids, k.backend_usable, k.backend_load,
-                  k.backend_inflight, k.backend_capacity, k.backend_models],
+            keys=[
+                k.backend(backend_id),
+                k.backend_ids,
+                k.backend_usable,
+                k.backend_load,
+                k.backend_inflight,
+                k.backend_capacity,
+                k.backend_models,
+            ],
             args=[backend_id],
         )
 
@@ -206,16 +221,19 @@ class BackendPool:
             pipe.hsetnx(key, "registered_at", now)
             # A restarted launcher re-registering must not undo an operator's drain.
             pipe.hsetnx(key, "draining", 0)
-            pipe.hset(key, mapping={
-                "url": url.rstrip("/"),
-                "model": model,
-                "tokenizer": tokenizer,
-                "capacity": capacity,
-                "labels": json.dumps(labels or {}),
-                "healthy": 0 if unhealthy_reason else 1,
-                "unhealthy_reason": unhealthy_reason,
-                "last_heartbeat": now,
-            })
+            pipe.hset(
+                key,
+                mapping={
+                    "url": url.rstrip("/"),
+                    "model": model,
+                    "tokenizer": tokenizer,
+                    "capacity": capacity,
+                    "labels": json.dumps(labels or {}),
+                    "healthy": 0 if unhealthy_reason else 1,
+                    "unhealthy_reason": unhealthy_reason,
+                    "last_heartbeat": now,
+                },
+            )
             pipe.execute()
         self._sync_backend(backend_id)
         self._wake_waiting_jobs(backend_id)
@@ -337,8 +355,10 @@ class BackendPool:
         for _ in range(_ACQUIRE_ATTEMPTS):
             expiry = time.time() + self.settings.llm_pin_ttl_s
             ceiling = self.settings.llm_load_ceiling
-            result = self._acquire(keys=self._selection_keys,
-                                   args=[job_id, route, expiry, model or "", ceiling, self.keys.backend(""), *avoid])
+            result = self._acquire(
+                keys=self._selection_keys,
+                args=[job_id, route, expiry, model or "", ceiling, self.keys.backend(""), *avoid],
+            )
             if not result:
                 detail = f" besides {', '.join(avoid)}" if avoid else ""
                 serving = f" serving model {model!r}" if model else ""
@@ -353,8 +373,9 @@ class BackendPool:
                 continue
             if repinned:
                 log.info("route %s re-pinned to %s", route, backend_id)
-            return Pin(backend_id=backend_id, url=url, model=served, route_key=route, repinned=repinned,
-                       tokenizer=tokenizer)  # fmt: skip
+            return Pin(
+                backend_id=backend_id, url=url, model=served, route_key=route, repinned=repinned, tokenizer=tokenizer
+            )
         raise NoBackendAvailable("LLM backends kept disappearing while being picked")
 
     def release(self, job_id: str) -> bool:

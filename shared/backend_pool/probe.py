@@ -44,8 +44,9 @@ def served_models(url: str, timeout_s: float, key: str | None = None) -> dict[st
         cards = response.json()["data"] if response.status_code == 200 else None
         served = {str(card["id"]): str(card.get("root") or "") for card in cards} if cards is not None else None
     except (httpx.HTTPError, httpx.InvalidURL, ValueError, KeyError, TypeError) as exc:
-        raise ProbeError(f"{url!r} did not answer GET /v1/models as an OpenAI-compatible server does "
-                         f"({type(exc).__name__}: {exc})") from None  # fmt: skip
+        raise ProbeError(
+            f"{url!r} did not answer GET /v1/models as an OpenAI-compatible server does ({type(exc).__name__}: {exc})"
+        ) from None
     if served is None:
         raise ProbeError(
             f"{url} answered GET /v1/models with {response.status_code}, not an OpenAI-compatible model list"

@@ -109,8 +109,11 @@ def _check(loc: Loc, item: Any, access: Access) -> dict[str, Any]:
     """The item as stored (its own sampling and limits only where it set them); ValidationError if refused."""
     item = normalise_pool_item(item)
     if isinstance(item, dict):
-        extra = [ValidationError("Extra inputs are not permitted", (*loc, str(name))) for name in item
-                 if name not in _ITEM_FIELDS]  # fmt: skip
+        extra = [
+            ValidationError("Extra inputs are not permitted", (*loc, str(name)))
+            for name in item
+            if name not in _ITEM_FIELDS
+        ]
         if extra:
             raise ValidationError.combine(extra)
         # null stands for "the batch's", as an absent field does

@@ -59,7 +59,9 @@ class BatchRequest(BaseModel):
         default=1e-6, ge=0.0, description="Rewards closer than this count as equal (the group is uninformative)."
     )
     max_staleness: int | None = Field(
-        default=None, ge=0, le=1_000_000,
+        default=None,
+        ge=0,
+        le=1_000_000,
         description="AReaL's bound, in weight updates: a sample whose oldest turn was sampled by weights more than "
         "this many updates (POST /v1/models/{model}/weights) older than the model's current ones is not trainable: "
         "its group counts as `stale` and the next prompt runs instead. Unset: no bound.",

@@ -27,7 +27,18 @@ from shared.jobs.store import JobStore
 from shared.keys import BatchKeys
 from shared.lua_scripts import register_lua
 
-_COUNTERS = ("cursor", "launched", "in_flight", "completed", "used", "informative", "uniform", "failed", "late", "stale")
+_COUNTERS = (
+    "cursor",
+    "launched",
+    "in_flight",
+    "completed",
+    "used",
+    "informative",
+    "uniform",
+    "failed",
+    "late",
+    "stale",
+)
 
 
 @dataclass(frozen=True)
@@ -189,7 +200,9 @@ class BatchStore:
             late=bool(reply[4]),
         )
 
-    def close(self, batch_id: str, status: str = BatchStatus.CANCELLED, reason: str = "cancelled by request") -> tuple[bool, str]:
+    def close(
+        self, batch_id: str, status: str = BatchStatus.CANCELLED, reason: str = "cancelled by request"
+    ) -> tuple[bool, str]:
         """(closed now, the status before or the status that refused); ("", False) when no such batch."""
         reply = self._close(
             keys=[self.keys.batch(batch_id), self.keys.stream(batch_id)], args=[status, reason, repr(time.time())]
@@ -227,7 +240,9 @@ class BatchStore:
 def closes_groups(head: dict[str, Any]) -> bool:
     """Groups still running must stop: the batch was cancelled, or closed with on_target=cancel."""
     status = head["status"]
-    return status == BatchStatus.CANCELLED or (status in (BatchStatus.COMPLETED, BatchStatus.EXHAUSTED) and head["on_target"] == "cancel")
+    return status == BatchStatus.CANCELLED or (
+        status in (BatchStatus.COMPLETED, BatchStatus.EXHAUSTED) and head["on_target"] == "cancel"
+    )
 
 
 def _text(value: bytes | str | None) -> str:

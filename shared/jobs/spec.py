@@ -13,15 +13,34 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 # apply_chat_template's own arguments and the variables it sets: a job must not redefine how it renders.
-_RENDER_ARGUMENTS = frozenset({
-    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message",
-    "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
-    "tokenizer_kwargs",
-    # the tokenizer's special tokens, which transformers passes to every template itself
-    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
-    "additional_special_tokens",
-})
+_RENDER_ARGUMENTS = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        # the tokenizer's special tokens, which transformers passes to every template itself
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "sep_token",
+        "pad_token",
+        "cls_token",
+        "mask_token",
+        "additional_special_tokens",
+    }
+)
 _TEMPLATE_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 # A published data set's format -> the kind that runs its rows (shared/kinds/formats.py reads their fields).
@@ -109,12 +128,15 @@ class JobRequest(BaseModel):
     task: dict[str, Any] = Field(description="The task instance; `kind` names its task kind (math, code, swe, ...).")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     model: str | None = Field(
-        default=None, min_length=1, max_length=256,
+        default=None,
+        min_length=1,
+        max_length=256,
         description="The served model to sample from (a registered backend's model). Unset: any backend's.",
     )
     chat_template_kwargs: dict[str, Any] = Field(
-        default_factory=dict, max_length=16,
-        description="Variables for the model's chat template on every turn, e.g. {\"enable_thinking\": false} (Qwen3).",
+        default_factory=dict,
+        max_length=16,
+        description='Variables for the model\'s chat template on every turn, e.g. {"enable_thinking": false} (Qwen3).',
     )
     limits: Limits = Field(default_factory=Limits)
     group_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")

@@ -47,7 +47,13 @@ def decode_cursor(cursor: str) -> tuple[str, float]:
         value = float(score)
     except ValueError:
         value = float("nan")
-    if not job_id or not job_id.isalnum() or len(job_id) > 64 or value != value or value in (float("inf"), float("-inf")):
+    if (
+        not job_id
+        or not job_id.isalnum()
+        or len(job_id) > 64
+        or value != value
+        or value in (float("inf"), float("-inf"))
+    ):
         raise ValidationError("not a cursor from an earlier page (next_cursor)", ("query", "cursor"))
     return job_id, value
 
@@ -338,8 +344,12 @@ class JobStore:
         reply = self._take(
             keys=[self.keys.job(job_id)],
             args=[
-                self.keys.status_index_prefix, job_id, ",".join(allowed_from), stage,
-                repr(time.time()), worker,
+                self.keys.status_index_prefix,
+                job_id,
+                ",".join(allowed_from),
+                stage,
+                repr(time.time()),
+                worker,
             ],
         )
         if not reply[0]:
@@ -442,8 +452,15 @@ def reward_of(reward: bytes | None, evaluation: bytes | None) -> Any:
 
 def decode_record(raw: dict[bytes, bytes]) -> dict[str, Any]:
     """Turn a raw job hash into a plain dict: blobs unpacked, numbers parsed, per-stage fields nested."""
-    record: dict[str, Any] = {"timings": {}, "attempts": {}, "workers": {}, "lost": {}, "refs": {}, "wait": {},
-                              "failovers": {}}  # fmt: skip
+    record: dict[str, Any] = {
+        "timings": {},
+        "attempts": {},
+        "workers": {},
+        "lost": {},
+        "refs": {},
+        "wait": {},
+        "failovers": {},
+    }
     for raw_name, raw_value in raw.items():
         name = raw_name.decode()
         if name in _BLOB_FIELDS:
@@ -467,4 +484,3 @@ def decode_record(raw: dict[bytes, bytes]) -> dict[str, Any]:
         else:
             record[name] = value
     return record
-

@@ -72,9 +72,7 @@ def django_label(test_id: str) -> str | None:
     return dotted if dotted.endswith(f".{name}") else f"{dotted}.{name}"
 
 
-def plan_tests(
-    instance_id: str, runner: str, test_patch: str, test_ids: tuple[str, ...]
-) -> TestPlan:
+def plan_tests(instance_id: str, runner: str, test_patch: str, test_ids: tuple[str, ...]) -> TestPlan:
     """The runner's labels for these ids; raises TaskValidationError naming the instance and the first id
     that this runner could never report."""
 

@@ -28,7 +28,11 @@ def sweep_results(redis: Redis, keys: Keys, results: ResultStore, settings: Sett
     if report.files:
         log.info(
             "results sweep removed %d files (%d bytes) in %d buckets older than %ds under %s",
-            report.files, report.bytes, len(report.buckets), settings.results_ttl_s, results.root,
+            report.files,
+            report.bytes,
+            len(report.buckets),
+            settings.results_ttl_s,
+            results.root,
         )
     return report
 

@@ -44,8 +44,10 @@ def validate_job(item: Any, loc: Loc = ("body",), access: Access = ADMIN) -> Job
     try:
         kind = get_spec(job.task["kind"])
         if not access.admin:
-            refused = [NotPermitted("an execution setting: only an admin sets it, or name a task profile", where)
-                       for where in kind.execution_settings(job.task)]  # fmt: skip
+            refused = [
+                NotPermitted("an execution setting: only an admin sets it, or name a task profile", where)
+                for where in kind.execution_settings(job.task)
+            ]
             if refused:
                 raise ValidationError.combine(refused)
         job.task = with_profile(job.task, access.profiles)

@@ -59,8 +59,11 @@ def check_checkpoint(path: str, reference: str | None, lora: bool = False, roots
     if roots and (reason := outside_roots(path, roots)):
         raise _refuse(reason)
     if not directory.is_dir():
-        raise _refuse(f"{path} is not a directory the service can see" if not directory.exists()
-                      else f"{path} is a file; give the checkpoint's directory")  # fmt: skip
+        raise _refuse(
+            f"{path} is not a directory the service can see"
+            if not directory.exists()
+            else f"{path} is a file; give the checkpoint's directory"
+        )
     if not os.access(directory, os.R_OK | os.X_OK):
         raise _refuse(f"{path} is not readable")
     if lora and not (directory / "adapter_config.json").is_file():
@@ -106,16 +109,22 @@ def _reference_shapes(reference: str | None) -> dict[str, tuple[int, ...]]:
         return {}
 
 
-def _compare(path: str, shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]],
-             loc: tuple[str, ...] = _LOC) -> None:  # fmt: skip
+def _compare(
+    path: str, shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], loc: tuple[str, ...] = _LOC
+) -> None:
     missing = sorted(set(expected) - set(shapes))
     extra = sorted(set(shapes) - set(expected))
     wrong = sorted(name for name in set(shapes) & set(expected) if shapes[name] != expected[name])
     if wrong:
         name = wrong[0]
-        message = (f"{path} does not fit the served model: {len(wrong)} tensors have other shapes, e.g. "
-                   f"{name} is {list(shapes[name])}, the model's is {list(expected[name])}")  # fmt: skip
+        message = (
+            f"{path} does not fit the served model: {len(wrong)} tensors have other shapes, e.g. "
+            f"{name} is {list(shapes[name])}, the model's is {list(expected[name])}"
+        )
         raise ValidationError(message, loc)
     if missing or extra:
-        raise ValidationError(f"{path} does not fit the served model: missing {missing[:3]} ({len(missing)}), "
-                              f"unknown {extra[:3]} ({len(extra)})", loc)  # fmt: skip
+        raise ValidationError(
+            f"{path} does not fit the served model: missing {missing[:3]} ({len(missing)}), "
+            f"unknown {extra[:3]} ({len(extra)})",
+            loc,
+        )

@@ -84,11 +84,14 @@ def _update_locked(redis: Redis, pool: BackendPool, model: str, checkpoint: Chec
     else:
         if pool.settings.backend_admin_key and not pool.settings.checkpoint_roots:
             # Behind node gateways, which refuse every path then: refused here, before a backend is paused.
-            raise ValidationError("the backends are behind node gateways and ROLLOUTS_CHECKPOINT_ROOTS is empty, so "
-                                  "no path can be reloaded: set it to the directories trainers save under",
-                                  ("body", "path"))  # fmt: skip
-        check_checkpoint(checkpoint.path, reference, lora=checkpoint.lora is not None,
-                         roots=pool.settings.checkpoint_roots)
+            raise ValidationError(
+                "the backends are behind node gateways and ROLLOUTS_CHECKPOINT_ROOTS is empty, so "
+                "no path can be reloaded: set it to the directories trainers save under",
+                ("body", "path"),
+            )
+        check_checkpoint(
+            checkpoint.path, reference, lora=checkpoint.lora is not None, roots=pool.settings.checkpoint_roots
+        )
     versions.reserve(model, checkpoint.version)
     timeout = pool.settings.weights_step_timeout_s
     with ThreadPoolExecutor(max_workers=min(16, len(backends))) as executor:
@@ -107,7 +110,8 @@ def _apply_one(pool: BackendPool, backend: Backend, checkpoint: Checkpoint, time
     except StepFailed as exc:
         outcome.error, outcome.seconds = str(exc), times.seconds
         outcome.removed_from_pool = pool.set_health(
-            backend.id, False, f"{STALE_WEIGHTS}: update to {checkpoint.version!r} failed at {exc}")
+            backend.id, False, f"{STALE_WEIGHTS}: update to {checkpoint.version!r} failed at {exc}"
+        )
         return outcome
     outcome.status, outcome.seconds = "updated", times.seconds
     if backend.unhealthy_reason.startswith(STALE_WEIGHTS):
@@ -133,8 +137,12 @@ def catch_up(redis: Redis, pool: BackendPool, backend_id: str) -> BackendOutcome
         if current.version is None:
             return None
         if current.path.startswith("upload:"):
-            pool.set_health(backend.id, False, f"{STALE_WEIGHTS}: the model's current weights {current.version!r} "
-                            "were sent as bytes, which the service does not keep: send them again (PUT)")  # fmt: skip
+            pool.set_health(
+                backend.id,
+                False,
+                f"{STALE_WEIGHTS}: the model's current weights {current.version!r} "
+                "were sent as bytes, which the service does not keep: send them again (PUT)",
+            )
             return None
         checkpoint = Checkpoint(current.path, current.version, lora=current.lora or None)
         return _apply_one(pool, backend, checkpoint, pool.settings.weights_step_timeout_s)

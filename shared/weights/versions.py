@@ -47,16 +47,23 @@ class WeightVersions:
         raw = {_text(k): _text(v) for k, v in self.redis.hgetall(self.keys.weight_current(model)).items()}
         if not raw:
             return Current()
-        return Current(raw.get("version"), int(raw.get("seq") or 0), raw.get("path", ""),
-                       float(raw.get("applied_at") or 0), raw.get("lora", ""))  # fmt: skip
+        return Current(
+            raw.get("version"),
+            int(raw.get("seq") or 0),
+            raw.get("path", ""),
+            float(raw.get("applied_at") or 0),
+            raw.get("lora", ""),
+        )
 
     def check_forward(self, model: str, version: str) -> None:
         """Raise VersionBackwards if `version` was the model's current one before the current one."""
         seq = self.redis.hget(self.keys.weight_versions(model), version)
         current = self.current(model)
         if seq is not None and int(seq) < current.seq:
-            raise VersionBackwards(f"version {version!r} was applied to model {model!r} as update {int(seq)}; "
-                                   f"update {current.seq} ({current.version!r}) is newer: versions only move forward")  # fmt: skip
+            raise VersionBackwards(
+                f"version {version!r} was applied to model {model!r} as update {int(seq)}; "
+                f"update {current.seq} ({current.version!r}) is newer: versions only move forward"
+            )
 
     def reserve(self, model: str, version: str) -> int:
         """Give `version` its sequence number before any backend serves it (under the model's update lock),
@@ -73,8 +80,10 @@ class WeightVersions:
         """Make `version` the model's current one (after at least one backend took it); returns its number.
         What it was loaded from (`path`, `lora`) is kept so that a restarted backend can load it again."""
         seq = self.reserve(model, version)
-        self.redis.hset(self.keys.weight_current(model), mapping={
-            "version": version, "seq": seq, "path": path, "lora": lora, "applied_at": time.time()})  # fmt: skip
+        self.redis.hset(
+            self.keys.weight_current(model),
+            mapping={"version": version, "seq": seq, "path": path, "lora": lora, "applied_at": time.time()},
+        )
         return seq
 
     def seqs(self, model: str, versions: Iterable[str | None]) -> list[int]:

@@ -51,7 +51,9 @@ class StepTimes:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def _call(client: httpx.Client, step: str, times: StepTimes, method: str, path: str, **kwargs: object) -> httpx.Response:
+def _call(
+    client: httpx.Client, step: str, times: StepTimes, method: str, path: str, **kwargs: object
+) -> httpx.Response:
     start = time.perf_counter()
     try:
         response = client.request(method, path, **kwargs)  # type: ignore[arg-type]
@@ -86,15 +88,35 @@ def apply(url: str, checkpoint: Checkpoint, timeout_s: float, times: StepTimes, 
 
 def _load(client: httpx.Client, checkpoint: Checkpoint, times: StepTimes) -> None:
     if checkpoint.data is not None:  # collective_rpc passes JSON strings only: base64
-        _call(client, "reload", times, "POST", "/collective_rpc",
-              json={"method": "load_weights_from_bytes",
-                    "kwargs": {"data": base64.b64encode(checkpoint.data).decode("ascii")}})  # fmt: skip
+        _call(
+            client,
+            "reload",
+            times,
+            "POST",
+            "/collective_rpc",
+            json={
+                "method": "load_weights_from_bytes",
+                "kwargs": {"data": base64.b64encode(checkpoint.data).decode("ascii")},
+            },
+        )
     elif checkpoint.lora is None:
-        _call(client, "reload", times, "POST", "/collective_rpc",
-              json={"method": "reload_weights", "kwargs": {"weights_path": checkpoint.path}})  # fmt: skip
+        _call(
+            client,
+            "reload",
+            times,
+            "POST",
+            "/collective_rpc",
+            json={"method": "reload_weights", "kwargs": {"weights_path": checkpoint.path}},
+        )
     else:
-        _call(client, "reload", times, "POST", "/v1/load_lora_adapter",
-              json={"lora_name": checkpoint.lora, "lora_path": checkpoint.path, "load_inplace": True})  # fmt: skip
+        _call(
+            client,
+            "reload",
+            times,
+            "POST",
+            "/v1/load_lora_adapter",
+            json={"lora_name": checkpoint.lora, "lora_path": checkpoint.path, "load_inplace": True},
+        )
 
 
 def _json(response: httpx.Response) -> dict[str, object]:

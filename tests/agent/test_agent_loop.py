@@ -43,8 +43,9 @@ def task(script: str) -> list[dict[str, Any]]:
 class Harness:
     """One loop wired to the scripted server (over real HTTP) and a tool runner."""
 
-    def __init__(self, llm: ScriptedLLM, tokenizer: Any, run_tool: Any, parser: str = "hermes", budget: Any = None,
-                 **config: Any) -> None:
+    def __init__(
+        self, llm: ScriptedLLM, tokenizer: Any, run_tool: Any, parser: str = "hermes", budget: Any = None, **config: Any
+    ) -> None:
         self.llm = llm
         tools = [s for s in TOOL_SCHEMAS if s["function"]["name"] in TOOL_NAMES]
         self.parser = get_parser(parser)
@@ -53,9 +54,14 @@ class Harness:
         defaults = {"max_turns": 8, "max_context_tokens": 4000, "max_tokens_per_turn": 400, "allowed_tools": TOOL_NAMES}
         self.config = LoopConfig(**{**defaults, **config})
         self.loop = AgentLoop(
-            self.renderer, self.parser, lambda ids, s: self.client.complete(llm.url, ids, s), run_tool, self.config,
-            Sampling(max_tokens=400, temperature=1.0), budget or Unlimited(),
-        )  # fmt: skip
+            self.renderer,
+            self.parser,
+            lambda ids, s: self.client.complete(llm.url, ids, s),
+            run_tool,
+            self.config,
+            Sampling(max_tokens=400, temperature=1.0),
+            budget or Unlimited(),
+        )
 
     def run(self, messages: list[dict[str, Any]]) -> Trajectory:
         record = self.loop.run(messages)
@@ -95,8 +101,9 @@ def test_a_tool_call_every_turn_then_finish(scripted_llm: ScriptedLLM, tokenizer
     assert set(record.timings) >= {"llm_s", "tools_s", "template_s", "total_s"}
 
 
-def test_malformed_and_refused_calls_are_error_observations(scripted_llm: ScriptedLLM, tokenizer: Any,
-                                                            sandbox: Sandbox) -> None:
+def test_malformed_and_refused_calls_are_error_observations(
+    scripted_llm: ScriptedLLM, tokenizer: Any, sandbox: Sandbox
+) -> None:
     scripted_llm.scripts["sloppy"] = [
         '<tool_call>{"name": "bash", "arguments": {"command": "ls"</tool_call>',
         call("rm_everything") + call("bash", cmd="ls") + call("bash", command="(exit 3)"),
@@ -128,8 +135,14 @@ def test_a_turn_without_a_tool_call_stops_by_default(scripted_llm: ScriptedLLM, 
 
 def test_without_the_stop_the_agent_is_nudged_until_max_turns(scripted_llm: ScriptedLLM, tokenizer: Any) -> None:
     scripted_llm.scripts["chat"] = ["Thinking...", "Still thinking."]
-    harness = Harness(scripted_llm, tokenizer, None, stop_on_no_tool_call=False, max_turns=3,
-                      no_tool_call_message="Please use a tool.")
+    harness = Harness(
+        scripted_llm,
+        tokenizer,
+        None,
+        stop_on_no_tool_call=False,
+        max_turns=3,
+        no_tool_call_message="Please use a tool.",
+    )
     record = harness.run(task("chat"))
     assert record.stop_reason == "max_turns" and record.counts.turns == 3
     nudges = [t.messages for t in record.turns if t.role == OBSERVATION]
@@ -137,8 +150,9 @@ def test_without_the_stop_the_agent_is_nudged_until_max_turns(scripted_llm: Scri
 
 
 @pytest.mark.parametrize("room", [10, 120])
-def test_the_context_limit_caps_max_tokens_and_stops_the_loop(scripted_llm: ScriptedLLM, tokenizer: Any,
-                                                              sandbox: Sandbox, room: int) -> None:
+def test_the_context_limit_caps_max_tokens_and_stops_the_loop(
+    scripted_llm: ScriptedLLM, tokenizer: Any, sandbox: Sandbox, room: int
+) -> None:
     reply = call("bash", command="echo " + "x" * 20)
     scripted_llm.scripts["long"] = [reply] * 10
     reply_tokens = len(tokenizer.encode(reply, add_special_tokens=False)) + 1
@@ -179,13 +193,19 @@ def test_llama3_json_calls_drive_the_loop_too(scripted_llm: ScriptedLLM, tokeniz
 
 def stage_context(tmp_path: Path, seconds: float) -> StageContext:
     return StageContext(
-        job_id="j", stage="rollout", request=JobRequest(task={"kind": "demo"}), outputs={}, workspace=tmp_path,
-        settings=Settings(state_dir=tmp_path), deadline=time.time() + seconds,
-    )  # fmt: skip
+        job_id="j",
+        stage="rollout",
+        request=JobRequest(task={"kind": "demo"}),
+        outputs={},
+        workspace=tmp_path,
+        settings=Settings(state_dir=tmp_path),
+        deadline=time.time() + seconds,
+    )
 
 
-def test_the_time_budget_stops_cleanly_before_the_deadline(scripted_llm: ScriptedLLM, tokenizer: Any,
-                                                           tmp_path: Path) -> None:
+def test_the_time_budget_stops_cleanly_before_the_deadline(
+    scripted_llm: ScriptedLLM, tokenizer: Any, tmp_path: Path
+) -> None:
     scripted_llm.scripts["slow"] = [call("bash", command="sleep 1")] * 5
     ctx = stage_context(tmp_path, 3600)
 
@@ -197,8 +217,9 @@ def test_the_time_budget_stops_cleanly_before_the_deadline(scripted_llm: Scripte
     assert record.stop_reason == "time_budget" and record.counts.turns == 1
 
 
-def test_cancellation_raises_and_leaves_a_consistent_partial_record(scripted_llm: ScriptedLLM, tokenizer: Any,
-                                                                     tmp_path: Path) -> None:
+def test_cancellation_raises_and_leaves_a_consistent_partial_record(
+    scripted_llm: ScriptedLLM, tokenizer: Any, tmp_path: Path
+) -> None:
     scripted_llm.scripts["cancel"] = [call("bash", command="ls")] * 5
     ctx = stage_context(tmp_path, 3600)
 

@@ -39,8 +39,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, llm: Script
         "ROLLOUTS_LLM_HEARTBEAT_TIMEOUT_S": "600",  # the scripted backend does not beat
         "ROLLOUTS_HEARTBEAT_INTERVAL_S": "1",
     }
-    stack = Stack(settings, api_port=0, concurrency={"init": 1, "rollout": 2, "eval": 1},
-                  log_dir=tmp_path / "logs", extra_env=env)
+    stack = Stack(
+        settings, api_port=0, concurrency={"init": 1, "rollout": 2, "eval": 1}, log_dir=tmp_path / "logs", extra_env=env
+    )
     stack.start()
     stack.wait_for_workers()
     assert client_for(stack).post("/v1/backends", json={"url": llm.url, "model": llm.model}).status_code == 201
@@ -58,8 +59,11 @@ def scripted(llm: ScriptedLLM) -> Iterator[ScriptedLLM]:
 
 
 def submit(stack: Stack, script: str, **task: Any) -> str:
-    body = {"task": {"kind": "agent-echo", "prompt": f"Echo the input. [script:{script}]", **task},
-            "limits": {"max_turns": 6, "max_tokens": 3000}, "sampling": {"max_tokens": 300}}
+    body = {
+        "task": {"kind": "agent-echo", "prompt": f"Echo the input. [script:{script}]", **task},
+        "limits": {"max_turns": 6, "max_tokens": 3000},
+        "sampling": {"max_tokens": 300},
+    }
     return client_for(stack).post("/v1/jobs", json=body).json()["job_ids"][0]
 
 
@@ -92,8 +96,10 @@ def test_an_agent_job_runs_tools_in_its_sandbox_and_is_scored(stack: Stack, scri
 def test_jobs_take_ready_sandboxes_from_the_rollout_workers_pool(stack: Stack, scripted: ScriptedLLM) -> None:
     """The first job of a profile starts its sandbox; the pool then keeps one ready, and a later job takes
     it instead of starting one on its critical path (the rollout worker says which, in its log)."""
-    scripted.scripts["pooled"] = [call("bash", command="cat input.txt && echo written > out.txt"),
-                                  call("finish", answer="hello")]  # fmt: skip
+    scripted.scripts["pooled"] = [
+        call("bash", command="cat input.txt && echo written > out.txt"),
+        call("finish", answer="hello"),
+    ]
     api = client_for(stack)
     logs = stack.log_dir
     assert logs is not None
@@ -135,8 +141,11 @@ def test_cancelling_mid_generation_does_not_wait_for_the_backend(stack: Stack, s
     trajectory = Trajectory.from_dict(partial["trajectory"])
     assert trajectory.stop_reason == "cancelled" and trajectory.counts.turns == 0
     scripted.gates["hang"].set()
-    wait_for(lambda: api.get("/v1/backends").json()["backends"][0]["inflight"] == 0, timeout=30,
-             what="the abandoned call to release its pin")
+    wait_for(
+        lambda: api.get("/v1/backends").json()["backends"][0]["inflight"] == 0,
+        timeout=30,
+        what="the abandoned call to release its pin",
+    )
 
 
 def test_a_model_whose_tokenizer_the_workers_cannot_read_fails_as_infrastructure(
@@ -146,8 +155,9 @@ def test_a_model_whose_tokenizer_the_workers_cannot_read_fails_as_infrastructure
     api = client_for(stack)
     [original] = api.get("/v1/backends").json()["backends"]
     missing = tmp_path / "no-tokenizer-here"
-    registered = api.post("/v1/backends", json={"url": scripted.url, "model": scripted.model,
-                                                 "tokenizer": str(missing)})
+    registered = api.post(
+        "/v1/backends", json={"url": scripted.url, "model": scripted.model, "tokenizer": str(missing)}
+    )
     assert registered.status_code == 201 and registered.json()["tokenizer"] == str(missing)
     try:
         scripted.scripts["lost"] = [call("finish", answer="x")]
@@ -157,5 +167,6 @@ def test_a_model_whose_tokenizer_the_workers_cannot_read_fails_as_infrastructure
         assert str(missing) in record["error"]["message"] and scripted.model in record["error"]["message"]
         assert scripted.exchanges == [], "nothing was generated with a tokenizer that is not the model's"
     finally:
-        api.post("/v1/backends", json={"url": scripted.url, "model": scripted.model,
-                                       "tokenizer": original["tokenizer"]})
+        api.post(
+            "/v1/backends", json={"url": scripted.url, "model": scripted.model, "tokenizer": original["tokenizer"]}
+        )

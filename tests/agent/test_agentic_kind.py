@@ -25,9 +25,14 @@ class Kind(AgentTask):
 
 def context(tmp_path: Path, spec: dict[str, Any], seconds: float = 3600, **settings: Any) -> StageContext:
     return StageContext(
-        job_id="j", stage="rollout", request=JobRequest.model_validate(spec), outputs={}, workspace=tmp_path,
-        settings=Settings(state_dir=tmp_path, **settings), deadline=time.time() + seconds,
-    )  # fmt: skip
+        job_id="j",
+        stage="rollout",
+        request=JobRequest.model_validate(spec),
+        outputs={},
+        workspace=tmp_path,
+        settings=Settings(state_dir=tmp_path, **settings),
+        deadline=time.time() + seconds,
+    )
 
 
 def test_tool_schemas_follow_the_kinds_tools_in_order() -> None:

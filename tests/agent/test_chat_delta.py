@@ -54,6 +54,7 @@ TRIMMING_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+
 def with_template(tokenizer: Any, template: str) -> Any:
     clone = copy.deepcopy(tokenizer)
     clone.chat_template = template

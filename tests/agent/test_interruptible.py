@@ -16,9 +16,14 @@ from workers.rollout.interruptible import call_interruptibly
 
 def stage(tmp_path: Path, seconds: float = 3600) -> StageContext:
     return StageContext(
-        job_id="j", stage="rollout", request=JobRequest(task={"kind": "demo"}), outputs={}, workspace=tmp_path,
-        settings=Settings(state_dir=tmp_path), deadline=time.time() + seconds,
-    )  # fmt: skip
+        job_id="j",
+        stage="rollout",
+        request=JobRequest(task={"kind": "demo"}),
+        outputs={},
+        workspace=tmp_path,
+        settings=Settings(state_dir=tmp_path),
+        deadline=time.time() + seconds,
+    )
 
 
 def test_the_result_and_the_exception_come_through(tmp_path: Path) -> None:

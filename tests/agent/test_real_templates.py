@@ -75,15 +75,35 @@ FAMILIES = {
     "qwen3-no-thinking": Family("qwen3.jinja", CHATML, "<|im_end|>", kwargs={"enable_thinking": False}),
     "llama3.1": Family(
         "llama3.1.jinja",
-        ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-         "<|eom_id|>", "<|python_tag|>"],
-        "<|eot_id|>", bos="<|begin_of_text|>", parser="llama3_json", reply=_llama,
+        [
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+            "<|eom_id|>",
+            "<|python_tag|>",
+        ],
+        "<|eot_id|>",
+        bos="<|begin_of_text|>",
+        parser="llama3_json",
+        reply=_llama,
     ),
     "mistral": Family(
         "mistral.jinja",
-        ["<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
-         "[/TOOL_RESULTS]", "[TOOL_CALLS]"],
-        "</s>", bos="<s>",
+        [
+            "<s>",
+            "</s>",
+            "[INST]",
+            "[/INST]",
+            "[AVAILABLE_TOOLS]",
+            "[/AVAILABLE_TOOLS]",
+            "[TOOL_RESULTS]",
+            "[/TOOL_RESULTS]",
+            "[TOOL_CALLS]",
+        ],
+        "</s>",
+        bos="<s>",
     ),
     "smollm2": Family("smollm2.jinja", CHATML, "<|im_end|>", rewrites_history=False),
 }
@@ -113,17 +133,32 @@ class ScriptedModel:
         ids.append(tokenizer.convert_tokens_to_ids(self.family.end_of_turn))
         logprobs = [-0.01 * (i + 1) for i in range(len(ids))]
         self.served.append(Served(list(prompt), ids, logprobs, sampling.max_tokens))
-        return Completion(token_ids=ids, logprobs=logprobs, text=self.renderer.decode(ids), finish_reason="stop",
-                          stop_reason=None, model="scripted", backend_id="b0", prompt_tokens=len(prompt),
-                          cached_tokens=None, latency_s=0.0, attempts=1)  # fmt: skip
+        return Completion(
+            token_ids=ids,
+            logprobs=logprobs,
+            text=self.renderer.decode(ids),
+            finish_reason="stop",
+            stop_reason=None,
+            model="scripted",
+            backend_id="b0",
+            prompt_tokens=len(prompt),
+            cached_tokens=None,
+            latency_s=0.0,
+            attempts=1,
+        )
 
 
-def run_loop(family: Family, turns: int = 3, tokenizer: Any = None,
-             **config: Any) -> tuple[Trajectory, ChatRenderer, ScriptedModel]:  # fmt: skip
+def run_loop(
+    family: Family, turns: int = 3, tokenizer: Any = None, **config: Any
+) -> tuple[Trajectory, ChatRenderer, ScriptedModel]:
     """`tokenizer`: a real model's (default: the family's tokens and template on the byte-level tokenizer)."""
     parser = get_parser(family.parser)
-    renderer = ChatRenderer(tokenizer or tokenizer_for(family), TOOLS,
-                            tool_instructions_json(TOOLS, parser.call_format), template_kwargs=family.kwargs)  # fmt: skip
+    renderer = ChatRenderer(
+        tokenizer or tokenizer_for(family),
+        TOOLS,
+        tool_instructions_json(TOOLS, parser.call_format),
+        template_kwargs=family.kwargs,
+    )
     model = ScriptedModel(renderer, family, turns)
     outputs = iter(f"{n} files\n" for n in range(1, 100))
 
@@ -131,8 +166,9 @@ def run_loop(family: Family, turns: int = 3, tokenizer: Any = None,
         return ToolResult(output=next(outputs))
 
     settings = {"max_turns": 8, "max_context_tokens": 16000, "max_tokens_per_turn": 400, "allowed_tools": TOOL_NAMES}
-    loop = AgentLoop(renderer, parser, model, run_tool, LoopConfig(**{**settings, **config}), Sampling(max_tokens=400),
-                     Unlimited())  # fmt: skip
+    loop = AgentLoop(
+        renderer, parser, model, run_tool, LoopConfig(**{**settings, **config}), Sampling(max_tokens=400), Unlimited()
+    )
     return loop.run(TASK), renderer, model
 
 
@@ -153,7 +189,7 @@ def test_every_turn_is_what_the_model_saw_and_the_mask_is_its_own_tokens(name: s
     # The tool results reached the model, and each observation ends with the template's generation prompt.
     assert all(f"{n} files" in text for n in (1, 2))
     opened = renderer.render([TASK[1]], add_generation_prompt=True)
-    generation_prompt = opened[len(renderer.render([TASK[1]], add_generation_prompt=False)):]
+    generation_prompt = opened[len(renderer.render([TASK[1]], add_generation_prompt=False)) :]
     for turn in record.turns:
         if turn.role == OBSERVATION:
             assert turn.text.endswith(generation_prompt), (turn.text, generation_prompt)

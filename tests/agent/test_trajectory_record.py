@@ -29,7 +29,10 @@ def test_append_tiles_the_record_and_keeps_mask_and_logprobs_aligned() -> None:
     record = build([1, 2, 3], (ASSISTANT, [4, 5]), (OBSERVATION, [6]), (ASSISTANT, [7]))
     record.validate()
     assert [(t.role, t.start, t.end) for t in record.turns] == [
-        (PROMPT, 0, 3), (ASSISTANT, 3, 5), (OBSERVATION, 5, 6), (ASSISTANT, 6, 7),
+        (PROMPT, 0, 3),
+        (ASSISTANT, 3, 5),
+        (OBSERVATION, 5, 6),
+        (ASSISTANT, 6, 7),
     ]
     assert record.loss_mask == [0, 0, 0, 1, 1, 0, 1]
     assert record.logprobs == [None, None, None, -0.5, -1.5, None, -0.5]

@@ -65,4 +65,7 @@ def test_openapi_describes_every_declared_error_as_the_refusal(client):
     assert declared
     for path, method, code, response in declared:
         assert response["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Refusal"}, (
-            path, method, code)  # fmt: skip
+            path,
+            method,
+            code,
+        )

@@ -123,7 +123,7 @@ def test_one_key_twice_in_one_request_with_different_bodies_is_a_409(client):
 
 
 def test_batches_refuse_deep_bodies_too(client):
-    body = '{"prompts": [{"task": {"kind": "demo", "text": "a"}, "metadata": ' + nested(100) + "}], \"n\": 2}"
+    body = '{"prompts": [{"task": {"kind": "demo", "text": "a"}, "metadata": ' + nested(100) + '}], "n": 2}'
     response = client.post("/v1/batches", content=body)
     assert response.status_code == 422 and "deep" in response.text
 
@@ -150,5 +150,7 @@ def test_the_header_keys_each_job_of_a_list_by_its_index(client):
 
 
 def test_a_deep_body_with_a_long_number_is_still_a_422_not_a_500(client):
-    response = client.post("/v1/jobs", content=with_metadata('{"n": 12345678901234567890123, "d": ' + nested(1010) + "}"))
+    response = client.post(
+        "/v1/jobs", content=with_metadata('{"n": 12345678901234567890123, "d": ' + nested(1010) + "}")
+    )
     assert response.status_code == 422 and "levels deep" in response.json()["detail"]

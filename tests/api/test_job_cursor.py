@@ -80,6 +80,7 @@ def test_cursor_and_offset_together_are_refused(client):
 
 def test_the_client_iterates_every_job_by_cursor(client):
     ids = client.post("/v1/jobs", json=[DEMO] * 12).json()["job_ids"]
+
     def through_the_app(request: httpx.Request) -> httpx.Response:
         answer = client.request(request.method, str(request.url), headers=request.headers, content=request.content)
         return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)

@@ -84,10 +84,14 @@ def test_bad_jobs_are_rejected_with_the_field_named_and_nothing_stored(client, r
 REFUSALS = {
     "unknown kind": ({"kind": "nope"}, {}, "task.kind", "unknown task kind 'nope'; known kinds: "),
     "bad field of a kind": ({"kind": "demo", "text": "x", "work_s": -1}, {}, "task.work_s", "a number of seconds"),
-    "bad schema field": ({"kind": "demo", "text": "x"}, {"limits": {"max_turns": 0}}, "limits.max_turns",
-                         "Input should be greater than 0"),
+    "bad schema field": (
+        {"kind": "demo", "text": "x"},
+        {"limits": {"max_turns": 0}},
+        "limits.max_turns",
+        "Input should be greater than 0",
+    ),
     "no kind": ({"text": "x"}, {}, "task", "task.kind (or task.format of a published row) is required"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", REFUSALS)

@@ -49,10 +49,15 @@ def listed(api_url: str) -> list[dict]:
 
 
 def run_cli(args: list[str], state_dir: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROLLOUTS_STATE_DIR": str(state_dir),
-           "ROLLOUTS_LLM_HEARTBEAT_INTERVAL_S": "0.2"}
-    return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "ROLLOUTS_STATE_DIR": str(state_dir),
+        "ROLLOUTS_LLM_HEARTBEAT_INTERVAL_S": "0.2",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli", *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
 
 
 def stop(process: subprocess.Popen[bytes]) -> str:
@@ -61,11 +66,23 @@ def stop(process: subprocess.Popen[bytes]) -> str:
     return output.decode(errors="replace")
 
 
-def test_register_heartbeats_then_deregisters_on_sigterm(
-    api_url: str, vllm_server: VLLMServer, tmp_path: Path
-) -> None:
-    process = run_cli(["register", "--backend-url", vllm_server.url, "--model", "tiny", "--api-url", api_url,
-                       "--capacity", "3", "--label", "site=test"], tmp_path)
+def test_register_heartbeats_then_deregisters_on_sigterm(api_url: str, vllm_server: VLLMServer, tmp_path: Path) -> None:
+    process = run_cli(
+        [
+            "register",
+            "--backend-url",
+            vllm_server.url,
+            "--model",
+            "tiny",
+            "--api-url",
+            api_url,
+            "--capacity",
+            "3",
+            "--label",
+            "site=test",
+        ],
+        tmp_path,
+    )
     try:
         wait_for(lambda: len(listed(api_url)) == 1, "registration")
         [backend] = listed(api_url)
@@ -81,8 +98,9 @@ def test_register_heartbeats_then_deregisters_on_sigterm(
 def test_register_of_a_model_the_server_does_not_serve_exits_with_the_reason(
     api_url: str, vllm_server: VLLMServer, tmp_path: Path
 ) -> None:
-    process = run_cli(["register", "--backend-url", vllm_server.url, "--model", "gpt-5", "--api-url", api_url],
-                      tmp_path)
+    process = run_cli(
+        ["register", "--backend-url", vllm_server.url, "--model", "gpt-5", "--api-url", api_url], tmp_path
+    )
     output, _ = process.communicate(timeout=60)
     assert process.returncode != 0
     assert "gpt-5" in output.decode() and "['tiny']" in output.decode()

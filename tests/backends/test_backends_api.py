@@ -38,8 +38,9 @@ def register(client: TestClient, url: str, **body: object) -> dict:
 
 
 @pytest.mark.vllm
-def test_register_list_get_heartbeat_drain_delete(client: TestClient, redis: Redis, api_settings: Settings,
-                                                  vllm_server: VLLMServer) -> None:
+def test_register_list_get_heartbeat_drain_delete(
+    client: TestClient, redis: Redis, api_settings: Settings, vllm_server: VLLMServer
+) -> None:
     created = register(client, vllm_server.url, capacity=2, labels={"gpu": "h100"})
     assert created["healthy"] and not created["draining"] and created["inflight"] == 0
     assert created["tokenizer"] == str(vllm_server.model), "the model's path vLLM reports is its tokenizer"
@@ -63,21 +64,28 @@ def test_register_list_get_heartbeat_drain_delete(client: TestClient, redis: Red
 
 
 def test_unknown_id_is_404_everywhere(client: TestClient) -> None:
-    for method, path in [("get", "/v1/backends/b-nope"), ("delete", "/v1/backends/b-nope"),
-                         ("post", "/v1/backends/b-nope/heartbeat"), ("post", "/v1/backends/b-nope/drain")]:
+    for method, path in [
+        ("get", "/v1/backends/b-nope"),
+        ("delete", "/v1/backends/b-nope"),
+        ("post", "/v1/backends/b-nope/heartbeat"),
+        ("post", "/v1/backends/b-nope/drain"),
+    ]:
         response = getattr(client, method)(path, headers=ADMIN)
         assert response.status_code == 404, (method, path)
         assert "b-nope" in response.json()["detail"]
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"url": "node1:8000", "model": "m"}, "url"),
-    ({"url": "http://node1:8000", "model": ""}, "model"),
-    ({"url": "http://node1:8000", "model": "m", "capacity": 0}, "capacity"),
-    ({"url": "http://node1:8000", "model": "m", "id": "has space"}, "id"),
-    ({"url": "http://node1:8000", "model": "m", "labels": {"k": 3}}, "labels"),
-    ({"url": "http://node1:8000"}, "model"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"url": "node1:8000", "model": "m"}, "url"),
+        ({"url": "http://node1:8000", "model": ""}, "model"),
+        ({"url": "http://node1:8000", "model": "m", "capacity": 0}, "capacity"),
+        ({"url": "http://node1:8000", "model": "m", "id": "has space"}, "id"),
+        ({"url": "http://node1:8000", "model": "m", "labels": {"k": 3}}, "labels"),
+        ({"url": "http://node1:8000"}, "model"),
+    ],
+)
 def test_bad_registration_is_422_naming_the_field(client: TestClient, body: dict, field: str) -> None:
     response = client.post("/v1/backends", json=body, headers=ADMIN)
     assert response.status_code == 422

@@ -19,7 +19,10 @@ from workers.rollout.llm_routing import complete_routed
 
 
 def test_killed_backend_fails_over_and_the_trajectory_goes_on(
-    start_backends: Callable[[int], list[VLLMServer]], vllm_server: VLLMServer, redis: Redis, settings: Settings,
+    start_backends: Callable[[int], list[VLLMServer]],
+    vllm_server: VLLMServer,
+    redis: Redis,
+    settings: Settings,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     own = start_backends(1, LOG_REQUESTS)[0]  # the one to kill: the session's server must live on
@@ -62,8 +65,7 @@ def test_killed_backend_fails_over_and_the_trajectory_goes_on(
     assert pool.inflight_total() == 0
 
 
-def test_a_passing_probe_brings_a_backend_back(vllm_server: VLLMServer, redis: Redis,
-                                               settings: Settings) -> None:
+def test_a_passing_probe_brings_a_backend_back(vllm_server: VLLMServer, redis: Redis, settings: Settings) -> None:
     pool = BackendPool(redis, Keys(settings.redis_prefix), settings)
     backend = pool.register(vllm_server.url, "tiny")
     pool.set_health(backend.id, False, "probe failed: earlier outage")

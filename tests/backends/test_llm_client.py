@@ -35,8 +35,11 @@ def client() -> LLMClient:
 
 
 def chat_prompt(tokenizer, text: str) -> list[int]:
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                              tokenize=True, return_dict=True)["input_ids"])
+    return list(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+    )
 
 
 def test_token_ids_and_logprobs_match_an_independent_forward_pass(
@@ -44,14 +47,15 @@ def test_token_ids_and_logprobs_match_an_independent_forward_pass(
 ) -> None:
     tokenizer, lm = model
     prompt = chat_prompt(tokenizer, "What is 2 + 2?")
-    result = client.complete(vllm_server.url, prompt, Sampling(max_tokens=12, seed=7, ignore_eos=True),
-                             backend_id="b-test", model="tiny")
+    result = client.complete(
+        vllm_server.url, prompt, Sampling(max_tokens=12, seed=7, ignore_eos=True), backend_id="b-test", model="tiny"
+    )
     assert len(result.token_ids) == len(result.logprobs) == 12
     assert result.finish_reason == "length" and result.backend_id == "b-test"
     assert result.model == "tiny", "the backend reports the model it serves"
     with torch.no_grad():
         logits = lm(input_ids=torch.tensor([prompt + result.token_ids])).logits[0]
-    expected = torch.log_softmax(logits[len(prompt) - 1: -1].float(), dim=-1)
+    expected = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
     for i, (token, logprob) in enumerate(zip(result.token_ids, result.logprobs)):
         assert logprob == pytest.approx(float(expected[i, token]), abs=1e-3), f"position {i}"
 
@@ -64,8 +68,10 @@ def test_every_turn_records_the_weight_version_vllm_reports(vllm_server: VLLMSer
 
 def test_seed_makes_sampling_repeatable(vllm_server: VLLMServer, client: LLMClient, model) -> None:
     prompt = chat_prompt(model[0], "seeded")
-    runs = [client.complete(vllm_server.url, prompt, Sampling(max_tokens=8, seed=s, ignore_eos=True)).token_ids
-            for s in (1, 1, 2)]
+    runs = [
+        client.complete(vllm_server.url, prompt, Sampling(max_tokens=8, seed=s, ignore_eos=True)).token_ids
+        for s in (1, 1, 2)
+    ]
     assert runs[0] == runs[1] and runs[0] != runs[2]
 
 
@@ -73,8 +79,9 @@ def test_stop_token_ids_end_the_turn_with_a_stop_reason(vllm_server: VLLMServer,
     prompt = chat_prompt(model[0], "stop here")
     greedy = client.complete(vllm_server.url, prompt, Sampling(max_tokens=4, temperature=0, ignore_eos=True))
     stop_at = greedy.token_ids[1]
-    stopped = client.complete(vllm_server.url, prompt,
-                              Sampling(max_tokens=4, temperature=0, ignore_eos=True, stop_token_ids=(stop_at,)))
+    stopped = client.complete(
+        vllm_server.url, prompt, Sampling(max_tokens=4, temperature=0, ignore_eos=True, stop_token_ids=(stop_at,))
+    )
     assert stopped.token_ids == greedy.token_ids[: greedy.token_ids.index(stop_at) + 1]
     assert stopped.finish_reason == "stop" and stopped.stop_reason == stop_at
 
@@ -84,13 +91,13 @@ def test_a_stop_string_stops_the_turn_and_keeps_its_tokens(vllm_server: VLLMServ
     prompt = chat_prompt(tokenizer, "a stop string")
     greedy = client.complete(vllm_server.url, prompt, Sampling(max_tokens=64, temperature=0, ignore_eos=True))
     # The byte-level tokenizer's token id is the byte: take two printable ASCII tokens in a row.
-    pairs = [i for i in range(1, len(greedy.token_ids) - 1)
-             if all(33 <= t <= 126 for t in greedy.token_ids[i: i + 2])]
+    pairs = [i for i in range(1, len(greedy.token_ids) - 1) if all(33 <= t <= 126 for t in greedy.token_ids[i : i + 2])]
     if not pairs:
         pytest.skip("the greedy reply has no two printable ASCII bytes in a row")
-    text = tokenizer.decode(greedy.token_ids[pairs[0]: pairs[0] + 2])
-    stopped = client.complete(vllm_server.url, prompt,
-                              Sampling(max_tokens=64, temperature=0, ignore_eos=True, stop=(text,)))
+    text = tokenizer.decode(greedy.token_ids[pairs[0] : pairs[0] + 2])
+    stopped = client.complete(
+        vllm_server.url, prompt, Sampling(max_tokens=64, temperature=0, ignore_eos=True, stop=(text,))
+    )
     assert stopped.finish_reason == "stop" and stopped.stop_reason == text
     assert stopped.token_ids == greedy.token_ids[: len(stopped.token_ids)]
     assert tokenizer.decode(stopped.token_ids).endswith(text), "the record keeps the tokens that matched"
@@ -100,8 +107,11 @@ def test_penalties_reach_vllm_and_change_sampling(vllm_server: VLLMServer, clien
     """Neutral by default (greedy is the model's argmax); a penalty the job sets is applied by vLLM."""
     prompt = chat_prompt(model[0], "repeat repeat repeat")
     neutral = client.complete(vllm_server.url, prompt, Sampling(max_tokens=24, temperature=0, ignore_eos=True))
-    penalised = client.complete(vllm_server.url, prompt, Sampling(max_tokens=24, temperature=0, ignore_eos=True,
-                                                                  repetition_penalty=5.0, presence_penalty=2.0))
+    penalised = client.complete(
+        vllm_server.url,
+        prompt,
+        Sampling(max_tokens=24, temperature=0, ignore_eos=True, repetition_penalty=5.0, presence_penalty=2.0),
+    )
     assert neutral.token_ids != penalised.token_ids
 
 
@@ -151,8 +161,9 @@ class FlakyProxy:
                 elif proxy.seen <= failures:
                     status, payload = 503, b'{"error": {"message": "overloaded", "type": "x", "code": 503}}'
                 else:
-                    upstream_response = httpx.post(upstream + self.path, content=body,
-                                                   headers={"content-type": "application/json"}, timeout=60)
+                    upstream_response = httpx.post(
+                        upstream + self.path, content=body, headers={"content-type": "application/json"}, timeout=60
+                    )
                     status, payload = upstream_response.status_code, upstream_response.content
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -175,8 +186,7 @@ class FlakyProxy:
 
 
 @pytest.mark.parametrize(("failures", "succeeds"), [(2, True), (3, False)])
-def test_5xx_is_retried_with_backoff(vllm_server: VLLMServer, client: LLMClient, failures: int,
-                                     succeeds: bool) -> None:
+def test_5xx_is_retried_with_backoff(vllm_server: VLLMServer, client: LLMClient, failures: int, succeeds: bool) -> None:
     proxy = FlakyProxy(vllm_server.url, failures)
     try:
         if succeeds:
@@ -202,8 +212,13 @@ def scripted(payload: object, status: int = 200) -> LLMClient:
 
 
 def response_with(token_ids: list[int] | None, tokens: list[object]) -> dict:
-    choice = {"index": 0, "text": "", "finish_reason": "length", "stop_reason": None,
-              "logprobs": {"tokens": tokens, "token_logprobs": [-1.0] * len(tokens)}}
+    choice = {
+        "index": 0,
+        "text": "",
+        "finish_reason": "length",
+        "stop_reason": None,
+        "logprobs": {"tokens": tokens, "token_logprobs": [-1.0] * len(tokens)},
+    }
     if token_ids is not None:
         choice["token_ids"] = token_ids
     return {"model": "m", "choices": [choice], "usage": {"prompt_tokens": 1}}
@@ -240,8 +255,14 @@ def test_token_ids_are_cross_checked_against_token_id_strings() -> None:
 
 
 def generate_response(token_ids: list[int], content: list[dict], spans: list[dict] | None = None) -> dict:
-    choice = {"index": 0, "finish_reason": "length", "stop_reason": None, "token_ids": token_ids,
-              "logprobs": {"content": content}, "weight_versions": spans}
+    choice = {
+        "index": 0,
+        "finish_reason": "length",
+        "stop_reason": None,
+        "token_ids": token_ids,
+        "logprobs": {"content": content},
+        "weight_versions": spans,
+    }
     return {"model": "m", "choices": [choice], "usage": {"prompt_tokens": 1}}
 
 
@@ -280,8 +301,9 @@ def test_many_concurrent_seeded_requests_with_long_prompts_keep_the_engine_alive
 
     def run(i: int) -> list[int]:
         with LLMClient(request_timeout_s=300, max_retries=0) as client:
-            return client.complete(vllm_server.url, prompt(i), Sampling(max_tokens=16, seed=i, ignore_eos=True),
-                                   model="tiny").token_ids
+            return client.complete(
+                vllm_server.url, prompt(i), Sampling(max_tokens=16, seed=i, ignore_eos=True), model="tiny"
+            ).token_ids
 
     with ThreadPoolExecutor(24) as pool:
         first = list(pool.map(run, range(24)))

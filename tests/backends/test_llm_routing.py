@@ -23,13 +23,22 @@ Handler = Callable[[httpx.Request], httpx.Response]
 def completion(token_ids: list[int], model: str = "policy-v1") -> dict:
     """A GenerateTokensResponse of /inference/v1/generate, as vLLM 0.32 answers it."""
     return {
-        "request_id": "generate-tokens-1", "model": model, "created": 0, "output_mode": "tokens",
-        "choices": [{
-            "index": 0, "finish_reason": "length", "stop_reason": None, "token_ids": token_ids,
-            "weight_versions": [{"version": "7", "start": 0, "end": len(token_ids)}],
-            "logprobs": {"content": [{"token_id": t, "logprob": -0.5, "rank": 1, "top_logprobs": []}
-                                     for t in token_ids]},
-        }],
+        "request_id": "generate-tokens-1",
+        "model": model,
+        "created": 0,
+        "output_mode": "tokens",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": token_ids,
+                "weight_versions": [{"version": "7", "start": 0, "end": len(token_ids)}],
+                "logprobs": {
+                    "content": [{"token_id": t, "logprob": -0.5, "rank": 1, "top_logprobs": []} for t in token_ids]
+                },
+            }
+        ],
         "usage": {"prompt_tokens": 2, "completion_tokens": len(token_ids), "total_tokens": 2 + len(token_ids)},
     }
 
@@ -88,9 +97,21 @@ def test_request_names_the_pinned_model_and_states_sampling_in_full(pool: Backen
     assert path == "/inference/v1/generate"
     assert body["model"] == "policy-v1" and body["token_ids"] == [1, 2, 3] and body["output_mode"] == "tokens"
     params = body["sampling_params"]
-    assert params["logprobs"] == 0 and params["seed"] == 1 and params["stop"] == ["x"] and params["stop_token_ids"] == [5]
-    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                 "frequency_penalty", "max_tokens", "min_tokens", "n"):
+    assert (
+        params["logprobs"] == 0 and params["seed"] == 1 and params["stop"] == ["x"] and params["stop_token_ids"] == [5]
+    )
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "max_tokens",
+        "min_tokens",
+        "n",
+    ):
         assert name in params, f"{name} is left to the model's generation_config"
     assert turn.model == "policy-v1" and turn.token_ids == [5] and turn.policy_version == "7"
 
@@ -163,7 +184,10 @@ def test_a_backend_that_no_longer_serves_the_model_is_failed_over_and_marked(poo
     not_found = {"error": {"message": "The model `policy-v1` does not exist.", "type": "NotFoundError", "code": 404}}
     backends = Backends(lambda request: httpx.Response(404, json=not_found))
     with scripted_client(backends) as client:
-        assert complete_routed(pool, client, "job-1", [1, 2], Sampling(max_tokens=2), model="policy-v1").token_ids == [7, 8]
+        assert complete_routed(pool, client, "job-1", [1, 2], Sampling(max_tokens=2), model="policy-v1").token_ids == [
+            7,
+            8,
+        ]
     bad = next(b for b in pool.backends() if b.url == f"http://{backends.bad_host}:8000")
     assert not bad.healthy and "no longer serves" in bad.unhealthy_reason
 

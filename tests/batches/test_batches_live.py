@@ -186,7 +186,8 @@ def test_a_batch_that_cannot_fill_says_why_and_fails_loudly(stack, tmp_path):
 
     prompts = tmp_path / "uniform.jsonl"
     prompts.write_text("".join(json.dumps({"task": row}) + "\n" for row in uniform))
-    ran = CliRunner().invoke(main, ["batch", str(prompts), "-n", "2", "--min-informative", "2", "--url",
-                                    stack.api_url, "--timeout", "120"])  # fmt: skip
+    ran = CliRunner().invoke(
+        main, ["batch", str(prompts), "-n", "2", "--min-informative", "2", "--url", stack.api_url, "--timeout", "120"]
+    )
     assert ran.exit_code == 7, ran.output
     assert "could not fill" in ran.output and "0 of 2 groups informative" in ran.output

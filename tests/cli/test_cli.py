@@ -57,7 +57,8 @@ def test_run_takes_a_batch_through_a_fresh_stack_and_summarises_it(tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
-        cwd=ROOT, check=False,
+        cwd=ROOT,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     row = next(line for line in result.stdout.splitlines() if line.startswith("demo"))
@@ -69,7 +70,11 @@ def test_up_serves_submit_and_status_and_stops_everything_on_ctrl_c(tmp_path):
     port = free_port()
     with open(tmp_path / "up.log", "w") as log:  # a file, not a pipe: the children log into it too
         up = subprocess.Popen(
-            [*ROLLOUTS, "up", "--port", str(port)], env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+            [*ROLLOUTS, "up", "--port", str(port)],
+            env=cli_env(tmp_path),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -82,19 +87,33 @@ def test_up_serves_submit_and_status_and_stops_everything_on_ctrl_c(tmp_path):
 
         wait_for(healthy, timeout=60, what="the API of `rollouts up`")
         # vLLM starts first (70-80 s cold on a busy machine), then the workers: a cap for hangs, not a goal.
-        wait_for(lambda: len(children_of(up.pid)) >= 6, timeout=900, interval=1.0,
-                 what="redis, the API, vLLM and three workers")  # fmt: skip
+        wait_for(
+            lambda: len(children_of(up.pid)) >= 6,
+            timeout=900,
+            interval=1.0,
+            what="redis, the API, vLLM and three workers",
+        )
         children = children_of(up.pid)
 
         submitted = subprocess.run(
             [*ROLLOUTS, "submit", str(ROOT / "examples" / "demo.jsonl"), "--url", url],
-            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+            env=cli_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+            check=False,
         )
         assert submitted.returncode == 0, submitted.stderr
         assert any(line.split()[:3] == ["demo", "24", "24"] for line in submitted.stdout.splitlines())
 
         status = subprocess.run(
-            [*ROLLOUTS, "status", "--url", url], env=cli_env(tmp_path), capture_output=True, text=True, timeout=60, check=False
+            [*ROLLOUTS, "status", "--url", url],
+            env=cli_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
         assert status.returncode == 0, status.stderr
         assert "rollout" in status.stdout and "done 24" in status.stdout
@@ -116,7 +135,12 @@ def test_submit_reports_a_bad_file_clearly(tmp_path):
     bad.write_text('{"task": {"kind": "demo", "text": "ok"}}\n{not json\n')
     result = subprocess.run(
         [*ROLLOUTS, "submit", str(bad), "--url", "http://127.0.0.1:9"],
-        env=cli_env(tmp_path), capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+        env=cli_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
     )
     assert result.returncode == 1
     assert f"{bad}:2: not valid JSON" in result.stderr
@@ -129,7 +153,11 @@ def start_up_without_backend(
     log = open(tmp_path / "up.log", "w")  # noqa: SIM115 - returned: the caller closes it
     up = subprocess.Popen(
         [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", *args],
-        env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,  # noqa: PLW1509 - sets SIGINT's disposition only
+        env=cli_env(tmp_path),
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=preexec_fn,  # noqa: PLW1509 - sets SIGINT's disposition only
     )
     wait_for(lambda: len(children_of(up.pid)) >= 5, timeout=60, what="redis, the API and three workers")
     return up, log
@@ -182,13 +210,22 @@ def test_up_serves_a_real_vllm_registers_it_and_stops_it_on_ctrl_c(tmp_path):
     """The embedded default: vLLM on the tiny model (built offline), registered as an operator would."""
     port = free_port()
     with open(tmp_path / "up.log", "w") as log:
-        up = subprocess.Popen([*ROLLOUTS, "up", "--port", str(port)], env=cli_env(tmp_path), cwd=ROOT,
-                              stdout=log, stderr=subprocess.STDOUT)
+        up = subprocess.Popen(
+            [*ROLLOUTS, "up", "--port", str(port)],
+            env=cli_env(tmp_path),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
+
         def registered() -> list[dict]:
             try:
-                return [b for b in httpx.get(f"http://127.0.0.1:{port}/v1/backends", timeout=2).json()["backends"]
-                        if b["healthy"]]
+                return [
+                    b
+                    for b in httpx.get(f"http://127.0.0.1:{port}/v1/backends", timeout=2).json()["backends"]
+                    if b["healthy"]
+                ]
             except (httpx.HTTPError, KeyError, ValueError):
                 return []
 
@@ -213,8 +250,15 @@ def test_up_serves_a_real_vllm_registers_it_and_stops_it_on_ctrl_c(tmp_path):
 
 def test_up_with_a_backend_url_that_does_not_answer_exits_naming_it(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
-    result = subprocess.run([*ROLLOUTS, "up", "--port", str(free_port()), "--backend-url", dead],
-                            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    result = subprocess.run(
+        [*ROLLOUTS, "up", "--port", str(free_port()), "--backend-url", dead],
+        env=cli_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
     assert result.returncode != 0
     assert dead in result.stderr and "/v1/models" in result.stderr
 
@@ -222,8 +266,15 @@ def test_up_with_a_backend_url_that_does_not_answer_exits_naming_it(tmp_path):
 def test_up_with_a_model_dir_that_is_not_a_model_exits_with_the_reason(tmp_path):
     not_a_model = tmp_path / "empty-dir"
     not_a_model.mkdir()
-    result = subprocess.run([*ROLLOUTS, "up", "--port", str(free_port()), "--model", str(not_a_model)],
-                            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    result = subprocess.run(
+        [*ROLLOUTS, "up", "--port", str(free_port()), "--model", str(not_a_model)],
+        env=cli_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
     assert result.returncode != 0
     assert str(not_a_model) in result.stderr and "config.json" in result.stderr
 
@@ -252,8 +303,12 @@ def test_up_restarts_workers_that_die_and_every_job_ends_done(tmp_path):
             victim = wait_for(lambda: _worker_pids(up.pid), timeout=60, what="a worker process")[0]
             os.kill(victim, signal.SIGKILL)
             killed.append(victim)
-            wait_for(lambda victim=victim: victim not in _worker_pids(up.pid) and len(_worker_pids(up.pid)) == 3, timeout=120,
-                     interval=0.5, what="the killed worker to be replaced")  # fmt: skip
+            wait_for(
+                lambda victim=victim: victim not in _worker_pids(up.pid) and len(_worker_pids(up.pid)) == 3,
+                timeout=120,
+                interval=0.5,
+                what="the killed worker to be replaced",
+            )
 
         def all_done() -> bool:
             rows = httpx.get(f"{url}/v1/jobs", params={"ids": ",".join(ids)}, timeout=30).json()["jobs"]
@@ -303,8 +358,13 @@ def test_up_prints_where_everything_is_and_keeps_rq_quiet_unless_asked(tmp_path,
         log.close()
     text = (tmp_path / "up.log").read_text()
     url_file = tmp_path / "state" / "redis.url"
-    for line in (f"rollouts up: API {url}", f"viewer    {url}/viewer", f"docs      {url}/docs",
-                 f"its URL with the password is in {url_file}", "rollouts dashboard"):  # fmt: skip
+    for line in (
+        f"rollouts up: API {url}",
+        f"viewer    {url}/viewer",
+        f"docs      {url}/docs",
+        f"its URL with the password is in {url_file}",
+        "rollouts dashboard",
+    ):
         assert line in text, text[:2000]
     rq_lines = [line for line in text.splitlines() if " rq." in line or "Job OK" in line]
     if verbose:
@@ -340,10 +400,22 @@ def test_ctrl_c_while_up_starts_stops_what_started_and_exits_cleanly(tmp_path):
     port = free_port()
     with open(tmp_path / "up.log", "w") as log:
         up = subprocess.Popen(
-            [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", "--backend-url", f"http://127.0.0.1:{backend.server_port}"],
-            env=cli_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                *ROLLOUTS,
+                "up",
+                "--port",
+                str(port),
+                "--no-vllm",
+                "--backend-url",
+                f"http://127.0.0.1:{backend.server_port}",
+            ],
+            env=cli_env(tmp_path),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
+
         def registrar() -> list[int]:
             return [pid for pid in children_of(up.pid) if b"register" in Path(f"/proc/{pid}/cmdline").read_bytes()]
 

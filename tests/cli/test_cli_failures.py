@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def rollouts(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUTS_")}
-    return subprocess.run([*ROLLOUTS, *args], env={**clean, **env}, capture_output=True, text=True, timeout=120,
-                          cwd=ROOT, check=False)  # fmt: skip
+    return subprocess.run(
+        [*ROLLOUTS, *args], env={**clean, **env}, capture_output=True, text=True, timeout=120, cwd=ROOT, check=False
+    )
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:

@@ -56,8 +56,13 @@ def test_rollouts_run_into_a_log_file_writes_progress_lines(tmp_path):
     env.update(ROLLOUTS_STATE_DIR=str(tmp_path / "state"), ROLLOUTS_PROGRESS_INTERVAL_S="0.5")
     result = subprocess.run(
         [sys.executable, "-m", "cli", "run", str(ROOT / "examples" / "demo.jsonl")],
-        env=env, capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     jobs = len((ROOT / "examples" / "demo.jsonl").read_text().splitlines())
     lines = [line for line in result.stderr.splitlines() if line.startswith("progress: ")]

@@ -28,7 +28,8 @@ from tests.support.waiting import wait_for
 # (after a restart) does not sleep.
 JOBS = [
     {"task": {"kind": "scripted", "sleep": {stage: 120}, "sleep_first_attempt_only": True}}
-    for stage in STAGES for _ in range(2)
+    for stage in STAGES
+    for _ in range(2)
 ]
 
 
@@ -40,8 +41,12 @@ def start_up(
     env = cli_env(tmp_path, ROLLOUTS_TASK_MODULES="tests.support.kinds", ROLLOUTS_HEARTBEAT_INTERVAL_S="1")
     up = subprocess.Popen(
         [*ROLLOUTS, "up", "--port", str(port), "--no-vllm", "--drain-timeout", str(drain_timeout)],
-        env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     wait_for(lambda: len(children_of(up.pid)) >= 5, timeout=60, what="redis, the API and three workers")
     return up, log
 
@@ -72,8 +77,9 @@ def submit_and_wait_running(port: int) -> list[str]:
         stages = [job["request"]["task"]["sleep"] for job in jobs]
         return all(
             job["status"] == stage and job["timings"].get(stage, {}).get("started")
-            for job, sleep in zip(jobs, stages) for stage in sleep
-        )  # fmt: skip
+            for job, sleep in zip(jobs, stages)
+            for stage in sleep
+        )
 
     wait_for(all_running, timeout=120, interval=0.5, what="a job running in every stage")
     return ids

@@ -91,9 +91,12 @@ def test_past_its_budget_it_stays_down_and_says_so_once() -> None:
     for now in (9.0, 20.0, 30.0):
         supervised.check(now)
     assert fake.restarts == 2 and supervised.down, lines
-    assert [line for line in lines if "budget" in line] == [(
-        "thing (pid 42) exited with code 0 after 2 s; its restart budget (2 in 100 s) is spent: it stays down, "
-        "the rest of the stack goes on")], lines  # fmt: skip
+    assert [line for line in lines if "budget" in line] == [
+        (
+            "thing (pid 42) exited with code 0 after 2 s; its restart budget (2 in 100 s) is spent: it stays down, "
+            "the rest of the stack goes on"
+        )
+    ], lines
     # outside the window the budget is whole again (a new unit: one that gave up stays down)
     again = unit(fake, RestartPolicy(budget=2, window_s=100), [])
     again.restarts = [1.0, 5.0]
@@ -169,8 +172,15 @@ def test_a_restart_runs_on_the_supervising_thread_unless_threaded_and_rejoins_th
     assert threads == [threading.current_thread()] and not inline.restarting, lines
 
     rejoined: list[threading.Thread] = []
-    slow = Supervised("slow", lambda: fake, restart, RestartPolicy(), lines.append, threaded=True,
-                      on_restarted=lambda: rejoined.append(threading.current_thread()))  # fmt: skip
+    slow = Supervised(
+        "slow",
+        lambda: fake,
+        restart,
+        RestartPolicy(),
+        lines.append,
+        threaded=True,
+        on_restarted=lambda: rejoined.append(threading.current_thread()),
+    )
     fake.code = 0
     slow.check(10.0)
     settle(slow, 11.0)
@@ -225,8 +235,15 @@ def test_a_hung_process_is_killed_once_silent_long_enough_and_its_restart_starts
     fake = Fake()
     watch = HangWatch(double.url, hang_after_s=1.0, stopping=stopping, interval_s=0.1).start()
     try:
-        supervised = Supervised("vLLM", lambda: fake, fake.restart, RestartPolicy(), lines.append, hung=watch.hung,
-                                kill=lambda process: (killed.append(process.pid), setattr(fake, "code", -9)))  # fmt: skip
+        supervised = Supervised(
+            "vLLM",
+            lambda: fake,
+            fake.restart,
+            RestartPolicy(),
+            lines.append,
+            hung=watch.hung,
+            kill=lambda process: (killed.append(process.pid), setattr(fake, "code", -9)),
+        )
         time.sleep(1.5)  # answering: never hung, however long
         supervised.check(time.monotonic())
         assert watch.hung() is None and not killed, lines

@@ -59,8 +59,13 @@ def _validate(stack: Stack, path: Path, tmp_path: Path, *args: str) -> tuple[sub
     out = tmp_path / f"{path.stem}.verdicts.jsonl"
     done = subprocess.run(
         [*ROLLOUTS, "validate", str(path), "--url", stack.api_url, "--no-progress", "--output", str(out), *args],
-        capture_output=True, text=True, timeout=900, cwd=ROOT, env=stack.env, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env=stack.env,
+        check=False,
+    )
     verdicts = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     return done, verdicts
 
@@ -77,8 +82,17 @@ def test_validate_scores_every_reference_1_and_says_why_for_the_rest(stack, tmp_
     assert done.returncode == 0, done.stdout + done.stderr
     assert [v["verdict"] for v in verdicts] == ["scored 1"] * len(rows), done.stdout
     assert [v["format"] for v in verdicts] == [
-        "gsm8k", "gsm8k", "math", "answer", "answer", "mbpp", "humaneval", "swebench", "swebench", "swebench",
-    ]  # fmt: skip
+        "gsm8k",
+        "gsm8k",
+        "math",
+        "answer",
+        "answer",
+        "mbpp",
+        "humaneval",
+        "swebench",
+        "swebench",
+        "swebench",
+    ]
     assert f"{len(rows)} rows: {len(rows)} scored 1, 0 scored less, 0 cannot be evaluated" in done.stdout
 
     # Every result says why: what was extracted, the reference, the tests and their outcomes.
@@ -121,10 +135,21 @@ def test_validate_reports_rows_that_cannot_score_1(stack, tmp_path: Path) -> Non
 
     # `submit` takes the same rows; the API's refusal names the file's row, the instance and the test id.
     submitted = subprocess.run(
-        [*ROLLOUTS, "submit", str(_write_jsonl(tmp_path / "two.jsonl", [GSM8K, unrunnable])), "--url",
-         service.api_url, "--no-wait"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT, env=service.env, check=False,
-    )  # fmt: skip
+        [
+            *ROLLOUTS,
+            "submit",
+            str(_write_jsonl(tmp_path / "two.jsonl", [GSM8K, unrunnable])),
+            "--url",
+            service.api_url,
+            "--no-wait",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=service.env,
+        check=False,
+    )
     assert submitted.returncode == 5 and "row 2: task.FAIL_TO_PASS/PASS_TO_PASS" in submitted.stderr  # refused input
     assert "django__django-1" in submitted.stderr and "row 1" not in submitted.stderr
 
@@ -150,9 +175,12 @@ def test_given_outputs_are_judged_as_a_models_answer_would_be(stack, tmp_path: P
         {"task": gsm8k, "given": {"output": "71"}},
         {"task": {"format": "math", **MATH}, "given": {"output": "\\boxed{\\frac16}"}},
         {"task": {"format": "math", **MATH}, "given": {"output": "\\boxed{6}"}},
-        {"task": {"format": "humaneval", **HUMANEVAL}, "given": {"output": "def has_close_elements(n, t):\n    return True\n"}},
+        {
+            "task": {"format": "humaneval", **HUMANEVAL},
+            "given": {"output": "def has_close_elements(n, t):\n    return True\n"},
+        },
         {"task": {"format": "swebench", **swe_rows[1]}, "given": {"output": ""}},
-    ]  # fmt: skip
+    ]
     views = _run_given(client, jobs)
     assert [v["status"] for v in views] == ["done"] * len(jobs), views
     assert [v["result"]["reward"] for v in views] == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
@@ -192,17 +220,35 @@ def test_validate_answers_reports_what_was_read_by_which_rule(stack, tmp_path: P
     answers = _write_jsonl(tmp_path / "answers.jsonl", lines)
     out = tmp_path / "answers.verdicts.jsonl"
     done = subprocess.run(
-        [*ROLLOUTS, "validate", "--answers", str(answers), "--url", service.api_url, "--no-progress",
-         "--output", str(out)],
-        capture_output=True, text=True, timeout=900, cwd=ROOT, env=service.env, check=False,
-    )  # fmt: skip
+        [
+            *ROLLOUTS,
+            "validate",
+            "--answers",
+            str(answers),
+            "--url",
+            service.api_url,
+            "--no-progress",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env=service.env,
+        check=False,
+    )
     assert done.returncode == 1, done.stdout + done.stderr  # row 7 cannot be evaluated
     verdicts = [json.loads(line) for line in out.read_text().splitlines()]
     got = [(v["reward"], v["extracted"], v["source"]) for v in verdicts[:6]]
     assert got == [
-        (1.0, "72", "finish.phrase"), (1.0, "1200", "finish.phrase"), (0.0, "71", "finish.last_number"),
-        (1.0, "$\\frac{1}{6}$", "finish.phrase"), (0.0, None, None), (0.0, None, "none"),
-    ], done.stdout  # fmt: skip
+        (1.0, "72", "finish.phrase"),
+        (1.0, "1200", "finish.phrase"),
+        (0.0, "71", "finish.last_number"),
+        (1.0, "$\\frac{1}{6}$", "finish.phrase"),
+        (0.0, None, None),
+        (0.0, None, "none"),
+    ], done.stdout
     assert "0/2 tests passed" in verdicts[4]["why"]
     assert "sentence with no number" in verdicts[5]["why"]
     assert verdicts[6]["verdict"] == "cannot be evaluated" and "`output`" in verdicts[6]["why"]

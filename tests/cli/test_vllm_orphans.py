@@ -79,8 +79,14 @@ def real_server(model: str, log: str) -> VLLMServer:
     from cli.embedded_redis import free_port
     from shared.config import Settings
 
-    return VLLMServer.from_settings(Settings(), Path(model), free_port(), served_name="tiny", log_path=Path(log),
-                                    args=["--dtype", "float32", "--max-model-len", "4096"])  # fmt: skip
+    return VLLMServer.from_settings(
+        Settings(),
+        Path(model),
+        free_port(),
+        served_name="tiny",
+        log_path=Path(log),
+        args=["--dtype", "float32", "--max-model-len", "4096"],
+    )
 
 
 def session_members(sid: int) -> list[int]:
@@ -98,13 +104,19 @@ def session_members(sid: int) -> list[int]:
 
 
 def _kill_starter_and_check_tree_ends(make: str, ready: str, wanted: int, timeout: float) -> None:
-    starter = subprocess.Popen([sys.executable, "-c", STARTER.format(root=str(ROOT), make=make, ready=ready)],
-                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER.format(root=str(ROOT), make=make, ready=ready)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     watchdog = 0
     try:
         watchdog = int(starter.stdout.readline())
-        members = wait_for(lambda: len(session_members(watchdog)) >= wanted and session_members(watchdog),
-                           timeout=timeout, what=f"{wanted} processes in vLLM's session")  # fmt: skip
+        members = wait_for(
+            lambda: len(session_members(watchdog)) >= wanted and session_members(watchdog),
+            timeout=timeout,
+            what=f"{wanted} processes in vLLM's session",
+        )
         starter.kill()  # as `rollouts up` SIGKILLed: nothing of its own runs
         starter.wait()
         wait_for(lambda: not session_members(watchdog), timeout=120, what=f"{members} to end with their starter")

@@ -29,13 +29,17 @@ class Recorder:
 
 
 def test_backend_calls_send_what_the_api_takes_and_read_what_it_answers() -> None:
-    api = Recorder({
-        ("POST", "/v1/backends"): [httpx.Response(201, json=BACKEND)],
-        ("POST", "/v1/backends/node7-8000/heartbeat"): [httpx.Response(200, json=BACKEND)],
-        ("POST", "/v1/backends/node7-8000/drain"): [httpx.Response(200, json={**BACKEND, "draining": True})],
-        ("GET", "/v1/backends"): [httpx.Response(200, json={"backends": [BACKEND], "inflight": 0, "selectable": 1})],
-        ("DELETE", "/v1/backends/node7-8000"): [httpx.Response(204), httpx.Response(404, json={"detail": "no"})],
-    })
+    api = Recorder(
+        {
+            ("POST", "/v1/backends"): [httpx.Response(201, json=BACKEND)],
+            ("POST", "/v1/backends/node7-8000/heartbeat"): [httpx.Response(200, json=BACKEND)],
+            ("POST", "/v1/backends/node7-8000/drain"): [httpx.Response(200, json={**BACKEND, "draining": True})],
+            ("GET", "/v1/backends"): [
+                httpx.Response(200, json={"backends": [BACKEND], "inflight": 0, "selectable": 1})
+            ],
+            ("DELETE", "/v1/backends/node7-8000"): [httpx.Response(204), httpx.Response(404, json={"detail": "no"})],
+        }
+    )
     with RolloutClient("http://api", "admin", transport=httpx.MockTransport(api)) as client:
         assert client.register_backend("http://node7:8000", "m", labels={"gpu": "h100"})["id"] == "node7-8000"
         assert client.backend_heartbeat("node7-8000")["healthy"]
@@ -57,10 +61,12 @@ def test_a_forgotten_backend_is_an_api_error_404() -> None:
 
 def test_status_is_retried_on_503_and_health_is_one_try() -> None:
     stages = {"stages": {"init": {"queued": 0}}, "jobs": {}, "in_flight": 0}
-    api = Recorder({
-        ("GET", "/v1/status"): [httpx.Response(503, json={"detail": "redis"}), httpx.Response(200, json=stages)],
-        ("GET", "/healthz"): [httpx.Response(503, json={"detail": "redis"})],
-    })
+    api = Recorder(
+        {
+            ("GET", "/v1/status"): [httpx.Response(503, json={"detail": "redis"}), httpx.Response(200, json=stages)],
+            ("GET", "/healthz"): [httpx.Response(503, json={"detail": "redis"})],
+        }
+    )
     with RolloutClient("http://api", retry=NO_WAIT, transport=httpx.MockTransport(api)) as client:
         assert client.status() == stages
         assert client.health() is False
@@ -127,8 +133,13 @@ def test_a_post_with_an_idempotency_key_is_retried_after_a_lost_answer() -> None
 def test_weight_calls_send_what_the_api_takes_sync_and_async() -> None:
     result = {"model": "org/m", "version": "v2", "seq": 2, "seconds": 0.1, "backends": []}
     current = {"model": "org/m", "version": "v2", "seq": 2, "path": "/ckpt", "applied_at": 1.0}
-    answers = lambda: {("POST", "/v1/models/org/m/weights"): [httpx.Response(200, json=result)],  # noqa: E731
-                       ("GET", "/v1/models/org/m/weights"): [httpx.Response(200, json=current)]}  # fmt: skip
+
+    def answers() -> dict[tuple[str, str], list[httpx.Response]]:
+        return {
+            ("POST", "/v1/models/org/m/weights"): [httpx.Response(200, json=result)],
+            ("GET", "/v1/models/org/m/weights"): [httpx.Response(200, json=current)],
+        }
+
     api = Recorder(answers())
     with RolloutClient("http://api", transport=httpx.MockTransport(api)) as client:
         assert client.update_weights("org/m", "v2", path="/ckpt", pause_mode="keep", lora="a") == result
@@ -165,8 +176,18 @@ def test_an_upload_sends_the_bytes_as_the_body_and_the_rest_as_the_query_sync_an
 
     asyncio.run(calls())
     assert [(r.method, r.url.path, dict(r.url.params), r.headers["content-type"], r.content) for r in seen] == [
-        ("PUT", "/v1/models/org/m/weights", {"version": "v3", "pause_mode": "keep"}, "application/octet-stream",
-         b"\x08safetensors"),
-        ("PUT", "/v1/models/org/m/weights", {"version": "v4", "pause_mode": "wait"}, "application/octet-stream",
-         b"\x08more"),
-    ]  # fmt: skip
+        (
+            "PUT",
+            "/v1/models/org/m/weights",
+            {"version": "v3", "pause_mode": "keep"},
+            "application/octet-stream",
+            b"\x08safetensors",
+        ),
+        (
+            "PUT",
+            "/v1/models/org/m/weights",
+            {"version": "v4", "pause_mode": "wait"},
+            "application/octet-stream",
+            b"\x08more",
+        ),
+    ]

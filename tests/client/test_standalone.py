@@ -73,9 +73,23 @@ def test_the_wheel_requires_httpx_and_msgpack_only(tmp_path: Path) -> None:
     source = tmp_path / "client"  # a copy: building writes build/ and *.egg-info next to the sources
     shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-         "-w", str(tmp_path / "dist"), str(source)],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "dist").glob("rollouts_client-*.whl")
@@ -87,7 +101,7 @@ def test_the_wheel_requires_httpx_and_msgpack_only(tmp_path: Path) -> None:
     requires = meta.get_all("Requires-Dist") or []
     required = sorted(r.split(">")[0].split("=")[0].split(";")[0].strip() for r in requires if "extra ==" not in r)
     assert required == ["httpx", "msgpack"], requires
-    assert any(r.startswith("numpy") and "extra == \"tensors\"" in r for r in requires), requires
+    assert any(r.startswith("numpy") and 'extra == "tensors"' in r for r in requires), requires
     packages = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert packages == {"rollouts_client"}, packages
     assert "rollouts_client/py.typed" in names
@@ -98,8 +112,12 @@ def test_a_trajectorys_own_token_rewards_are_kept_and_checked():
 
     from rollouts_client import collate_trajectories
 
-    shaped = {"token_ids": [5, 6, 7, 8], "loss_mask": [0, 1, 0, 1], "logprobs": [None, -0.1, None, -0.2],
-              "token_rewards": [0.0, 0.5, 0.0, 1.0]}  # fmt: skip
+    shaped = {
+        "token_ids": [5, 6, 7, 8],
+        "loss_mask": [0, 1, 0, 1],
+        "logprobs": [None, -0.1, None, -0.2],
+        "token_rewards": [0.0, 0.5, 0.0, 1.0],
+    }
     plain = {"token_ids": [5, 6, 7], "loss_mask": [0, 1, 1], "logprobs": [None, -0.3, -0.4]}
 
     batch = collate_trajectories([shaped, plain], rewards=[9.0, 2.0], tensors="numpy")

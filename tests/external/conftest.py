@@ -60,8 +60,15 @@ def job_sandbox(tmp_path: Path) -> Iterator[Sandbox]:
         yield box
 
 
-def serve(tokenizer: Any, backend_url: str, model: str, sandbox: Sandbox | None, job_id: str = JOB,
-          sampling: Sampling | None = None, **config: Any) -> Iterator[Endpoint]:
+def serve(
+    tokenizer: Any,
+    backend_url: str,
+    model: str,
+    sandbox: Sandbox | None,
+    job_id: str = JOB,
+    sampling: Sampling | None = None,
+    **config: Any,
+) -> Iterator[Endpoint]:
     """A session on `backend_url` (every call kept as Served), served over HTTP as the rollout stage serves it."""
     client = LLMClient(request_timeout_s=300, max_retries=0)
     served: list[Served] = []
@@ -76,8 +83,15 @@ def serve(tokenizer: Any, backend_url: str, model: str, sandbox: Sandbox | None,
         return sandbox.call(name, args, timeout)
 
     defaults = {"max_turns": 8, "max_context_tokens": 4000, "max_tokens_per_turn": 32, "allowed_tools": DEFAULT_TOOLS}
-    session = ProxySession(tokenizer, get_parser("hermes"), generate, run_tool, LoopConfig(**{**defaults, **config}),
-                           sampling or Sampling(max_tokens=32, temperature=1.0, seed=7), model)  # fmt: skip
+    session = ProxySession(
+        tokenizer,
+        get_parser("hermes"),
+        generate,
+        run_tool,
+        LoopConfig(**{**defaults, **config}),
+        sampling or Sampling(max_tokens=32, temperature=1.0, seed=7),
+        model,
+    )
     task = {"messages": TASK, "tools": TOOLS, "model": model}
     server = ThreadServer(build_app(session, job_id, SECRET, lambda: task), "127.0.0.1").start()
     yield Endpoint(session, server.url, job_key(SECRET, job_id), served)

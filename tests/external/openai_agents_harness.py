@@ -37,20 +37,32 @@ async def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
     set_tracing_disabled(True)  # no exporter: nothing leaves the machine
-    set_default_openai_client(AsyncOpenAI(base_url=f"{args.base_url}/v1", api_key=args.api_key, max_retries=0),
-                              use_for_tracing=False)  # fmt: skip
-    agent = Agent(name="harness", instructions="You are a careful assistant. Use bash to look around.",
-                  model=args.model, tools=[bash], model_settings=ModelSettings(max_tokens=args.max_tokens))  # fmt: skip
+    set_default_openai_client(
+        AsyncOpenAI(base_url=f"{args.base_url}/v1", api_key=args.api_key, max_retries=0), use_for_tracing=False
+    )
+    agent = Agent(
+        name="harness",
+        instructions="You are a careful assistant. Use bash to look around.",
+        model=args.model,
+        tools=[bash],
+        model_settings=ModelSettings(max_tokens=args.max_tokens),
+    )
     if args.stream:
         result: Any = Runner.run_streamed(agent, args.prompt, max_turns=args.max_turns)
         kinds = [event.type async for event in result.stream_events()]
         assert "raw_response_event" in kinds, kinds
     else:
         result = await Runner.run(agent, args.prompt, max_turns=args.max_turns)
-    print(json.dumps({
-        "final_output": result.final_output, "responses": [r.response_id for r in result.raw_responses],
-        "tool_calls": calls, "model_class": _model_class(args.model),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "final_output": result.final_output,
+                "responses": [r.response_id for r in result.raw_responses],
+                "tool_calls": calls,
+                "model_class": _model_class(args.model),
+            }
+        )
+    )
 
 
 def _model_class(model: str) -> str:

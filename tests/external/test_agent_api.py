@@ -43,11 +43,14 @@ def test_submit_hands_out_each_external_jobs_base_url_and_key(client: TestClient
     assert "agent" not in submit(client, {"task": {"kind": "demo", "text": "x"}})
 
 
-@pytest.mark.parametrize("job", [
-    {"task": {"kind": "demo", "text": "abc"}, "agent": "external"},
-    {**MATH, "given": {"output": "5"}},
-    {**MATH, "agent": "mine"},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "job",
+    [
+        {"task": {"kind": "demo", "text": "abc"}, "agent": "external"},
+        {**MATH, "given": {"output": "5"}},
+        {**MATH, "agent": "mine"},
+    ],
+)
 def test_a_job_no_external_agent_can_drive_is_refused_naming_the_field(client: TestClient, job: dict[str, Any]) -> None:
     response = client.post("/v1/jobs", json=job)
     assert response.status_code == 422
@@ -69,16 +72,20 @@ def test_keys_and_the_jobs_state_decide_before_anything_is_forwarded(client: Tes
     assert ended.status_code == 409 and "cancelled" in ended.json()["error"]["message"]
     redis.hset(Keys().job(two), "status", "rollout")  # serving, but its worker is gone
     redis.set(Keys().agent_proxy(two), "http://127.0.0.1:9")
-    gone = client.post(f"/v1/jobs/{two}/agent/v1/chat/completions", json=body,
-                       headers={"Authorization": f"Bearer {job_key(SECRET, two)}"})  # fmt: skip
+    gone = client.post(
+        f"/v1/jobs/{two}/agent/v1/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {job_key(SECRET, two)}"},
+    )
     assert gone.status_code == 503 and "cannot be reached" in gone.json()["error"]["message"]
     ghost = "0" * 32
     missing = client.get(f"/v1/jobs/{ghost}/agent/task", headers={"Authorization": f"Bearer {job_key(SECRET, ghost)}"})
     assert missing.status_code == 404
 
 
-def test_anthropic_calls_are_keyed_by_x_api_key_and_refused_in_anthropics_shape(client: TestClient,
-                                                                                redis: Redis) -> None:  # fmt: skip
+def test_anthropic_calls_are_keyed_by_x_api_key_and_refused_in_anthropics_shape(
+    client: TestClient, redis: Redis
+) -> None:
     one, two = submit(client, MATH, MATH)["job_ids"]
     url = f"/v1/jobs/{one}/agent/v1/messages"
     body = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
@@ -91,8 +98,11 @@ def test_anthropic_calls_are_keyed_by_x_api_key_and_refused_in_anthropics_shape(
         assert response.status_code == status
         error = response.json()["error"]
         assert response.json() == {"type": "error", "error": {"type": kind, "message": error["message"]}}
-    responses = client.post(f"/v1/jobs/{one}/agent/v1/responses", json={"model": "tiny", "input": "hi"},
-                            headers={"x-api-key": job_key(SECRET, two)})  # fmt: skip
+    responses = client.post(
+        f"/v1/jobs/{one}/agent/v1/responses",
+        json={"model": "tiny", "input": "hi"},
+        headers={"x-api-key": job_key(SECRET, two)},
+    )
     assert responses.status_code == 403 and responses.json()["error"]["type"] == "permission_error", "OpenAI's shape"
 
 
@@ -103,8 +113,9 @@ def scripted(tokenizer: Any) -> Iterator[ScriptedLLM]:
     llm.stop()
 
 
-def test_a_serving_jobs_calls_are_forwarded_to_its_worker(client: TestClient, redis: Redis, tokenizer: Any,
-                                                          scripted: ScriptedLLM) -> None:  # fmt: skip
+def test_a_serving_jobs_calls_are_forwarded_to_its_worker(
+    client: TestClient, redis: Redis, tokenizer: Any, scripted: ScriptedLLM
+) -> None:
     (job_id,) = submit(client, MATH)["job_ids"]
     keys = Keys()
     redis.hset(keys.job(job_id), "status", "rollout")  # as the rollout stage's take leaves it
@@ -121,11 +132,13 @@ def test_a_serving_jobs_calls_are_forwarded_to_its_worker(client: TestClient, re
         claude = {"model": SCRIPTED_MODEL, "max_tokens": 16, "messages": body["messages"], "stream": True}
         streamed = client.post(f"{base}/v1/messages", json=claude, headers={"x-api-key": endpoint.key})
         assert streamed.status_code == 200 and streamed.text.rstrip().endswith('data: {"type": "message_stop"}')
-        wrong = client.post(f"{base}/v1/messages", json={**claude, "max_tokens": 0},
-                            headers={"x-api-key": endpoint.key})  # fmt: skip
+        wrong = client.post(
+            f"{base}/v1/messages", json={**claude, "max_tokens": 0}, headers={"x-api-key": endpoint.key}
+        )
         assert wrong.status_code == 400 and wrong.json()["error"]["message"].startswith("max_tokens: ")
-        answer = client.post(f"{base}/v1/responses", json={"model": SCRIPTED_MODEL, "input": "[script:hi]"},
-                             headers=headers)  # fmt: skip
+        answer = client.post(
+            f"{base}/v1/responses", json={"model": SCRIPTED_MODEL, "input": "[script:hi]"}, headers=headers
+        )
         assert answer.json()["output"][0]["content"][0]["text"] == "Hello there."
         assert client.post(f"{base}/finish", headers=headers).status_code == 200
         assert client.post(f"{base}/v1/chat/completions", json=body, headers=headers).status_code == 409
@@ -139,6 +152,9 @@ def test_redis_away_is_a_503_not_a_500(make_client) -> None:
 
     client = make_client(agent_key_secret=SECRET.decode(), redis_url=f"redis://127.0.0.1:{free_port()}/0")
     job_id = "1" * 32
-    response = client.post(f"/v1/jobs/{job_id}/agent/v1/chat/completions", json={},
-                           headers={"Authorization": f"Bearer {job_key(SECRET, job_id)}"})  # fmt: skip
+    response = client.post(
+        f"/v1/jobs/{job_id}/agent/v1/chat/completions",
+        json={},
+        headers={"Authorization": f"Bearer {job_key(SECRET, job_id)}"},
+    )
     assert response.status_code == 503 and "retry-after" in response.headers

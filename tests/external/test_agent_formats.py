@@ -28,10 +28,24 @@ from workers.rollout.proxy import anthropic_api, responses_api
 
 GOOD = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
 SYSTEM = "You are a careful assistant."
-ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
-                    "input_schema": t["function"]["parameters"]} for t in TOOLS]  # fmt: skip
-RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
-                    "parameters": t["function"]["parameters"], "strict": False} for t in TOOLS]  # fmt: skip
+ANTHROPIC_TOOLS = [
+    {
+        "name": t["function"]["name"],
+        "description": t["function"]["description"],
+        "input_schema": t["function"]["parameters"],
+    }
+    for t in TOOLS
+]
+RESPONSES_TOOLS = [
+    {
+        "type": "function",
+        "name": t["function"]["name"],
+        "description": t["function"]["description"],
+        "parameters": t["function"]["parameters"],
+        "strict": False,
+    }
+    for t in TOOLS
+]
 
 
 @pytest.fixture()
@@ -58,8 +72,9 @@ def task_messages(script: str) -> list[dict[str, Any]]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"List the files. [script:{script}]"}]
 
 
-def assert_one_exact_record(endpoint: Endpoint, tokenizer: Any, chat_tools: list[dict[str, Any]] | None,
-                            script: str, turns: int) -> None:  # fmt: skip
+def assert_one_exact_record(
+    endpoint: Endpoint, tokenizer: Any, chat_tools: list[dict[str, Any]] | None, script: str, turns: int
+) -> None:
     record = endpoint.session.record()
     assert record.segments == [], "every call extended the same record"
     assert record.counts.turns == turns
@@ -68,14 +83,20 @@ def assert_one_exact_record(endpoint: Endpoint, tokenizer: Any, chat_tools: list
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_an_anthropic_tool_use_loop_extends_one_token_exact_record(endpoint: Endpoint, tokenizer: Any,
-                                                                   stream: bool) -> None:  # fmt: skip
+def test_an_anthropic_tool_use_loop_extends_one_token_exact_record(
+    endpoint: Endpoint, tokenizer: Any, stream: bool
+) -> None:
     llm = claude(endpoint)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "List the files. [script:tool]"}]
     stops, asked = [], []
     for _ in range(4):  # the harness's loop: run the tools it is asked for until the model ends its turn
-        kwargs = {"model": SCRIPTED_MODEL, "system": SYSTEM, "messages": messages, "tools": ANTHROPIC_TOOLS,
-                  "max_tokens": 100}  # fmt: skip
+        kwargs = {
+            "model": SCRIPTED_MODEL,
+            "system": SYSTEM,
+            "messages": messages,
+            "tools": ANTHROPIC_TOOLS,
+            "max_tokens": 100,
+        }
         if stream:
             with llm.messages.stream(**kwargs) as events:
                 reply = events.get_final_message()
@@ -88,13 +109,18 @@ def test_an_anthropic_tool_use_loop_extends_one_token_exact_record(endpoint: End
         if reply.stop_reason != "tool_use":
             break
         assert [(c.name, c.input) for c in calls] == [("bash", {"command": "ls"})]
-        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": c.id, "content": "a.txt"}
-                                                     for c in calls]})  # fmt: skip
+        messages.append(
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": c.id, "content": "a.txt"} for c in calls],
+            }
+        )
     assert stops == ["tool_use", "end_turn"]
     assert reply.content[0].text == "Done." and reply.usage.output_tokens > 0
     assert_one_exact_record(endpoint, tokenizer, anthropic_api.chat_tools(ANTHROPIC_TOOLS), "tool", turns=2)
-    assert endpoint.session.record().turns[2].messages == [{"role": "tool", "content": "a.txt",
-                                                            "tool_call_id": asked[0].id}]  # fmt: skip
+    assert endpoint.session.record().turns[2].messages == [
+        {"role": "tool", "content": "a.txt", "tool_call_id": asked[0].id}
+    ]
 
 
 def test_a_responses_function_call_loop_extends_one_token_exact_record(endpoint: Endpoint, tokenizer: Any) -> None:
@@ -112,12 +138,17 @@ def test_a_responses_function_call_loop_extends_one_token_exact_record(endpoint:
 
 def test_previous_response_id_continues_the_stored_conversation(endpoint: Endpoint, tokenizer: Any) -> None:
     llm = responses(endpoint)
-    first = llm.responses.create(model=SCRIPTED_MODEL, instructions=SYSTEM, tools=RESPONSES_TOOLS,
-                                 input="List the files. [script:tool]")  # fmt: skip
+    first = llm.responses.create(
+        model=SCRIPTED_MODEL, instructions=SYSTEM, tools=RESPONSES_TOOLS, input="List the files. [script:tool]"
+    )
     [call] = [item for item in first.output if item.type == "function_call"]
-    second = llm.responses.create(model=SCRIPTED_MODEL, instructions=SYSTEM, tools=RESPONSES_TOOLS,
-                                  previous_response_id=first.id,
-                                  input=[{"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"}])
+    second = llm.responses.create(
+        model=SCRIPTED_MODEL,
+        instructions=SYSTEM,
+        tools=RESPONSES_TOOLS,
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"}],
+    )
     assert second.output_text == "Done." and second.previous_response_id == first.id
     assert_one_exact_record(endpoint, tokenizer, responses_api.chat_tools(RESPONSES_TOOLS), "tool", turns=2)
     unstored = llm.responses.create(model=SCRIPTED_MODEL, input="[script:hi]", store=False)
@@ -128,17 +159,26 @@ def test_previous_response_id_continues_the_stored_conversation(endpoint: Endpoi
 
 def test_responses_streaming_is_the_responses_event_sequence(endpoint: Endpoint) -> None:
     llm = responses(endpoint)
-    events = list(llm.responses.create(model=SCRIPTED_MODEL, input="Say hi. [script:tool]", tools=RESPONSES_TOOLS,
-                                       stream=True))  # fmt: skip
+    events = list(
+        llm.responses.create(model=SCRIPTED_MODEL, input="Say hi. [script:tool]", tools=RESPONSES_TOOLS, stream=True)
+    )
     kinds = [event.type for event in events]
-    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
-                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
-                     "response.output_item.done", "response.completed"]  # fmt: skip
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert [event.sequence_number for event in events] == list(range(len(events)))
     call = events[-1].response.output[0]
     assert call.type == "function_call" and json.loads(call.arguments) == {"command": "ls"}
-    items = [{"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
-             {"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"}]  # fmt: skip
+    items = [
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"},
+    ]
     asked = [{"role": "user", "content": "Say hi. [script:tool]"}, *items]
     with llm.responses.stream(model=SCRIPTED_MODEL, input=asked, tools=RESPONSES_TOOLS) as stream:
         text = "".join(event.delta for event in stream if event.type == "response.output_text.delta")
@@ -148,27 +188,42 @@ def test_responses_streaming_is_the_responses_event_sequence(endpoint: Endpoint)
 
 
 def test_a_reply_cut_at_max_tokens_says_so_in_each_format(endpoint: Endpoint) -> None:
-    cut = claude(endpoint).messages.create(model=SCRIPTED_MODEL, max_tokens=2,
-                                           messages=[{"role": "user", "content": "[script:hi]"}])  # fmt: skip
+    cut = claude(endpoint).messages.create(
+        model=SCRIPTED_MODEL, max_tokens=2, messages=[{"role": "user", "content": "[script:hi]"}]
+    )
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 2
     incomplete = responses(endpoint).responses.create(model=SCRIPTED_MODEL, input="[script:hi]", max_output_tokens=2)
     assert incomplete.status == "incomplete" and incomplete.incomplete_details.reason == "max_output_tokens"
     assert [call.max_tokens for call in endpoint.served] == [2, 2]
 
 
-@pytest.mark.parametrize(("finish_reason", "stop_reason", "expected"), [
-    ("stop", "END", ("stop_sequence", "END")),  # one of the request's stop_sequences
-    ("stop", "<|im_end|>", ("end_turn", None)),  # the job's own stop string is not the agent's
-    ("stop", None, ("end_turn", None)),
-    ("length", None, ("max_tokens", None)),
-])  # fmt: skip
-def test_a_messages_stop_reason_names_the_agents_stop_sequence(finish_reason: str, stop_reason: str | None,
-                                                               expected: tuple[str, str | None]) -> None:  # fmt: skip
-    request = anthropic_api.MessagesRequest(model="m", max_tokens=8, stop_sequences=["END"],
-                                            messages=[{"role": "user", "content": "hi"}])  # fmt: skip
-    chat = {"id": "chatcmpl-1", "model": "m", "usage": {"prompt_tokens": 3, "completion_tokens": 2},
-            "choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": finish_reason,
-                         "stop_reason": stop_reason}]}  # fmt: skip
+@pytest.mark.parametrize(
+    ("finish_reason", "stop_reason", "expected"),
+    [
+        ("stop", "END", ("stop_sequence", "END")),  # one of the request's stop_sequences
+        ("stop", "<|im_end|>", ("end_turn", None)),  # the job's own stop string is not the agent's
+        ("stop", None, ("end_turn", None)),
+        ("length", None, ("max_tokens", None)),
+    ],
+)
+def test_a_messages_stop_reason_names_the_agents_stop_sequence(
+    finish_reason: str, stop_reason: str | None, expected: tuple[str, str | None]
+) -> None:
+    request = anthropic_api.MessagesRequest(
+        model="m", max_tokens=8, stop_sequences=["END"], messages=[{"role": "user", "content": "hi"}]
+    )
+    chat = {
+        "id": "chatcmpl-1",
+        "model": "m",
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": "ok"},
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }
+        ],
+    }
     message = anthropic_api.message_of(chat, request)
     assert (message["stop_reason"], message["stop_sequence"]) == expected
 
@@ -185,13 +240,28 @@ def test_anthropic_refusals_are_anthropic_errors_naming_the_field(endpoint: Endp
     assert no_key.status_code == 401 and no_key.json()["error"]["type"] == "authentication_error"
     for body, field in [
         ({"model": SCRIPTED_MODEL, "messages": hi}, "max_tokens"),
-        ({"model": SCRIPTED_MODEL, "max_tokens": 8, "messages": [{"role": "robot", "content": "hi"}]},
-         "messages.0.role"),
-        ({"model": SCRIPTED_MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": [
-            {"type": "image", "source": {}}]}]}, "messages.0.content.0.type"),
-        ({"model": SCRIPTED_MODEL, "max_tokens": 8, "messages": hi, "tools": [{"type": "web_search_20250305",
-                                                                              "name": "web_search"}]}, "tools.0"),
-    ]:  # fmt: skip
+        (
+            {"model": SCRIPTED_MODEL, "max_tokens": 8, "messages": [{"role": "robot", "content": "hi"}]},
+            "messages.0.role",
+        ),
+        (
+            {
+                "model": SCRIPTED_MODEL,
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
+            },
+            "messages.0.content.0.type",
+        ),
+        (
+            {
+                "model": SCRIPTED_MODEL,
+                "max_tokens": 8,
+                "messages": hi,
+                "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+            },
+            "tools.0",
+        ),
+    ]:
         refused = httpx.post(url, json=body, headers=key)
         assert refused.status_code == 400, refused.text
         assert refused.json()["type"] == "error" and refused.json()["error"]["type"] == "invalid_request_error"
@@ -253,8 +323,9 @@ def run_openai_agents_at(base_url: str, key: str, model: str, prompt: str, strea
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_the_openai_agents_sdk_runs_its_function_tool_loop_to_its_end(endpoint: Endpoint, tokenizer: Any,
-                                                                      stream: bool) -> None:  # fmt: skip
+def test_the_openai_agents_sdk_runs_its_function_tool_loop_to_its_end(
+    endpoint: Endpoint, tokenizer: Any, stream: bool
+) -> None:
     ran = run_openai_agents(endpoint, SCRIPTED_MODEL, "List the files. [script:tool]", stream)
     assert ran["model_class"] == "OpenAIResponsesModel", "the SDK's default model class: the Responses API"
     assert ran["tool_calls"] == [{"name": "bash", "command": "ls"}] and ran["final_output"] == "Done."
@@ -275,8 +346,9 @@ def backendless(tokenizer: Any) -> Iterator[Endpoint]:
 
 def test_a_backend_failure_is_each_formats_502_and_leaves_the_record_as_it_was(backendless: Endpoint) -> None:
     with pytest.raises(anthropic.InternalServerError) as failed:
-        claude(backendless).messages.create(model=SCRIPTED_MODEL, max_tokens=8,
-                                            messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+        claude(backendless).messages.create(
+            model=SCRIPTED_MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+        )
     assert failed.value.status_code == 502 and failed.value.body["error"]["type"] == "api_error"
     with pytest.raises(openai.InternalServerError) as also:
         responses(backendless).responses.create(model=SCRIPTED_MODEL, input="hi")

@@ -38,13 +38,19 @@ def stopping_endpoint(tokenizer: Any, vllm_server: VLLMServer) -> Iterator[Endpo
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_an_anthropic_tool_use_loop_on_vllm_is_one_token_exact_record(endpoint: Endpoint, tokenizer: Any,
-                                                                      stream: bool) -> None:  # fmt: skip
+def test_an_anthropic_tool_use_loop_on_vllm_is_one_token_exact_record(
+    endpoint: Endpoint, tokenizer: Any, stream: bool
+) -> None:
     llm = anthropic.Anthropic(base_url=endpoint.url, api_key=endpoint.key, max_retries=0)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2 + 3?"}]
     for _ in range(3):  # the harness's own loop: tool results for tool_use, a nudge otherwise, three turns
-        kwargs = {"model": SERVED_NAME, "system": SYSTEM, "messages": messages, "tools": ANTHROPIC_TOOLS,
-                  "max_tokens": 16}  # fmt: skip
+        kwargs = {
+            "model": SERVED_NAME,
+            "system": SYSTEM,
+            "messages": messages,
+            "tools": ANTHROPIC_TOOLS,
+            "max_tokens": 16,
+        }
         if stream:
             with llm.messages.stream(**kwargs) as events:
                 reply = events.get_final_message()
@@ -52,8 +58,11 @@ def test_an_anthropic_tool_use_loop_on_vllm_is_one_token_exact_record(endpoint: 
             reply = llm.messages.create(**kwargs)
         assert reply.stop_reason in ("end_turn", "max_tokens", "tool_use") and reply.model == SERVED_NAME
         messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]})
-        results = [{"type": "tool_result", "tool_use_id": b.id, "content": "no tools here"}
-                   for b in reply.content if b.type == "tool_use"]  # fmt: skip
+        results = [
+            {"type": "tool_result", "tool_use_id": b.id, "content": "no tools here"}
+            for b in reply.content
+            if b.type == "tool_use"
+        ]
         messages.append({"role": "user", "content": results or "Go on."})
     httpx.post(f"{endpoint.url}/finish", headers={"x-api-key": endpoint.key})
     record = endpoint.session.record()

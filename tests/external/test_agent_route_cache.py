@@ -66,8 +66,11 @@ def wait_for(condition: Any, what: str) -> None:
 
 
 def chat(client: TestClient, job_id: str, key: str | None = None) -> Any:
-    return client.post(f"/v1/jobs/{job_id}/agent/v1/chat/completions", json=CHAT,
-                       headers={"Authorization": f"Bearer {key or job_key(SECRET, job_id)}"})  # fmt: skip
+    return client.post(
+        f"/v1/jobs/{job_id}/agent/v1/chat/completions",
+        json=CHAT,
+        headers={"Authorization": f"Bearer {key or job_key(SECRET, job_id)}"},
+    )
 
 
 def remembered(client: TestClient, job_id: str, endpoint: Endpoint) -> None:
@@ -80,12 +83,15 @@ def remembered(client: TestClient, job_id: str, endpoint: Endpoint) -> None:
 
 def endpoints(stack: ExitStack, tokenizer: Any, scripted: ScriptedLLM, *job_ids: str) -> list[Endpoint]:
     """Each job's endpoint served on a port of its own, as a rollout worker serves it (stopped with `stack`)."""
-    return [stack.enter_context(contextmanager(serve)(tokenizer, scripted.url, SCRIPTED_MODEL, None, job_id=job_id))
-            for job_id in job_ids]  # fmt: skip
+    return [
+        stack.enter_context(contextmanager(serve)(tokenizer, scripted.url, SCRIPTED_MODEL, None, job_id=job_id))
+        for job_id in job_ids
+    ]
 
 
-def test_a_job_restarted_elsewhere_is_followed_at_once(client: TestClient, redis: Redis, tokenizer: Any,
-                                                       scripted: ScriptedLLM) -> None:  # fmt: skip
+def test_a_job_restarted_elsewhere_is_followed_at_once(
+    client: TestClient, redis: Redis, tokenizer: Any, scripted: ScriptedLLM
+) -> None:
     job_id = serving_job(client, redis)
     with ExitStack() as stack:
         first, second = endpoints(stack, tokenizer, scripted, job_id, job_id)
@@ -97,8 +103,9 @@ def test_a_job_restarted_elsewhere_is_followed_at_once(client: TestClient, redis
         assert (len(first.served), len(second.served)) == (2, 1)
 
 
-def test_a_missed_move_fails_over_once_the_old_worker_is_gone(client: TestClient, redis: Redis, tokenizer: Any,
-                                                              scripted: ScriptedLLM) -> None:  # fmt: skip
+def test_a_missed_move_fails_over_once_the_old_worker_is_gone(
+    client: TestClient, redis: Redis, tokenizer: Any, scripted: ScriptedLLM
+) -> None:
     job_id = serving_job(client, redis)
     with ExitStack() as stack:
         (second,) = endpoints(stack, tokenizer, scripted, job_id)
@@ -112,8 +119,9 @@ def test_a_missed_move_fails_over_once_the_old_worker_is_gone(client: TestClient
         assert len(second.served) == 1 and routes(client).get(job_id) == second.url
 
 
-def test_an_address_now_answering_for_another_job_is_never_relayed(client: TestClient, redis: Redis,
-        tokenizer: Any, scripted: ScriptedLLM) -> None:  # fmt: skip
+def test_an_address_now_answering_for_another_job_is_never_relayed(
+    client: TestClient, redis: Redis, tokenizer: Any, scripted: ScriptedLLM
+) -> None:
     mine, other = serving_job(client, redis), serving_job(client, redis)
     with ExitStack() as stack:
         my_endpoint, other_endpoint = endpoints(stack, tokenizer, scripted, mine, other)
@@ -130,8 +138,9 @@ def test_an_address_now_answering_for_another_job_is_never_relayed(client: TestC
         assert len(other_endpoint.served) == 0 and routes(client).get(mine) is None
 
 
-def test_a_cancelled_job_is_refused_though_its_worker_still_serves(client: TestClient, redis: Redis,
-        tokenizer: Any, scripted: ScriptedLLM) -> None:  # fmt: skip
+def test_a_cancelled_job_is_refused_though_its_worker_still_serves(
+    client: TestClient, redis: Redis, tokenizer: Any, scripted: ScriptedLLM
+) -> None:
     job_id = serving_job(client, redis)
     with ExitStack() as stack:
         (endpoint,) = endpoints(stack, tokenizer, scripted, job_id)
@@ -144,8 +153,9 @@ def test_a_cancelled_job_is_refused_though_its_worker_still_serves(client: TestC
         assert len(endpoint.served) == 2
 
 
-def test_a_wrong_key_is_refused_before_a_remembered_route_is_used(client: TestClient, redis: Redis,
-        tokenizer: Any, scripted: ScriptedLLM) -> None:  # fmt: skip
+def test_a_wrong_key_is_refused_before_a_remembered_route_is_used(
+    client: TestClient, redis: Redis, tokenizer: Any, scripted: ScriptedLLM
+) -> None:
     job_id, other = serving_job(client, redis), serving_job(client, redis)
     with ExitStack() as stack:
         (endpoint,) = endpoints(stack, tokenizer, scripted, job_id)
@@ -157,8 +167,9 @@ def test_a_wrong_key_is_refused_before_a_remembered_route_is_used(client: TestCl
         assert len(endpoint.served) == 2
 
 
-def test_a_gone_worker_is_a_503_and_an_ended_job_a_409(client: TestClient, redis: Redis, tokenizer: Any,
-                                                        scripted: ScriptedLLM) -> None:  # fmt: skip
+def test_a_gone_worker_is_a_503_and_an_ended_job_a_409(
+    client: TestClient, redis: Redis, tokenizer: Any, scripted: ScriptedLLM
+) -> None:
     job_id = serving_job(client, redis)
     with ExitStack() as stack:
         (endpoint,) = endpoints(stack, tokenizer, scripted, job_id)
@@ -171,8 +182,9 @@ def test_a_gone_worker_is_a_503_and_an_ended_job_a_409(client: TestClient, redis
     assert chat(client, job_id).status_code == 409
 
 
-def test_nothing_is_remembered_while_the_events_subscription_is_down(client: TestClient, redis: Redis,
-        tokenizer: Any, scripted: ScriptedLLM) -> None:  # fmt: skip
+def test_nothing_is_remembered_while_the_events_subscription_is_down(
+    client: TestClient, redis: Redis, tokenizer: Any, scripted: ScriptedLLM
+) -> None:
     job_id = serving_job(client, redis)
     with ExitStack() as stack:
         (endpoint,) = endpoints(stack, tokenizer, scripted, job_id)
@@ -186,8 +198,9 @@ def test_nothing_is_remembered_while_the_events_subscription_is_down(client: Tes
         assert routes(client).get(job_id) == endpoint.url
 
 
-def test_a_superseded_attempts_409_is_not_the_jobs(client: TestClient, redis: Redis, tokenizer: Any,
-                                                   scripted: ScriptedLLM) -> None:  # fmt: skip
+def test_a_superseded_attempts_409_is_not_the_jobs(
+    client: TestClient, redis: Redis, tokenizer: Any, scripted: ScriptedLLM
+) -> None:
     job_id = serving_job(client, redis)
     with ExitStack() as stack:
         (old,) = endpoints(stack, tokenizer, scripted, job_id)
@@ -202,8 +215,9 @@ def test_a_superseded_attempts_409_is_not_the_jobs(client: TestClient, redis: Re
         assert chat(client, job_id).status_code == 200 and len(new.served) == 1
 
 
-def test_an_unexpected_failure_on_the_worker_is_its_502_relayed_once(client: TestClient, redis: Redis,
-        tokenizer: Any, scripted: ScriptedLLM) -> None:  # fmt: skip
+def test_an_unexpected_failure_on_the_worker_is_its_502_relayed_once(
+    client: TestClient, redis: Redis, tokenizer: Any, scripted: ScriptedLLM
+) -> None:
     job_id = serving_job(client, redis)
     with ExitStack() as stack:
         (endpoint,) = endpoints(stack, tokenizer, scripted, job_id)

@@ -39,8 +39,14 @@ ENV = {"ROLLOUTS_HEARTBEAT_INTERVAL_S": "1", "ROLLOUTS_LLM_HEARTBEAT_INTERVAL_S"
 def stack(vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp_path = tmp_path_factory.mktemp("external-stack")
     settings = Settings(redis_url=None, state_dir=tmp_path / "state")
-    stack = Stack(settings, api_port=0, concurrency={"init": 1, "rollout": 2, "eval": 1}, log_dir=tmp_path / "logs",
-                  backend_urls=[vllm_server.url], extra_env=ENV)  # fmt: skip
+    stack = Stack(
+        settings,
+        api_port=0,
+        concurrency={"init": 1, "rollout": 2, "eval": 1},
+        log_dir=tmp_path / "logs",
+        backend_urls=[vllm_server.url],
+        extra_env=ENV,
+    )
     stack.start()
     stack.wait_for_workers()
     yield stack
@@ -68,16 +74,22 @@ def test_the_example_agent_drives_a_token_exact_rollout_that_is_evaluated(
     recomputed = recomputed_logprobs(vllm_server.url, trajectory.token_ids)
     worst = max(abs(trajectory.logprobs[i] - recomputed[i]) for t in assistant for i in range(t.start, t.end))
     assert worst < 1e-3, f"the record is not what the model saw: max |logprob diff| {worst}"
-    ended = httpx.post(f"{endpoint['base_url']}/v1/chat/completions", json={"model": task["model"], "messages": []},
-                       headers={"Authorization": f"Bearer {endpoint['api_key']}"})  # fmt: skip
+    ended = httpx.post(
+        f"{endpoint['base_url']}/v1/chat/completions",
+        json={"model": task["model"], "messages": []},
+        headers={"Authorization": f"Bearer {endpoint['api_key']}"},
+    )
     assert ended.status_code == 409, "a call after the job ended"
     wait_for(lambda: api.get("/v1/backends").json()["inflight"] == 0, timeout=30, what="the pin released")
 
 
 def test_an_agent_that_never_finishes_is_ended_by_the_time_limit_and_evaluated(stack: Stack) -> None:
     api = client_for(stack)
-    job = {"task": {"kind": "math", "problem": "What is 1 + 1?", "answer": "2"}, "agent": "external",
-           "limits": {"rollout_timeout_s": 12}}  # fmt: skip
+    job = {
+        "task": {"kind": "math", "problem": "What is 1 + 1?", "answer": "2"},
+        "agent": "external",
+        "limits": {"rollout_timeout_s": 12},
+    }
     body = api.post("/v1/jobs", json=job).json()
     task = external_agent.wait_until_serving(body["agent"][0])  # serving; and then the agent goes quiet
     assert task["messages"] and task["tools"]
@@ -90,8 +102,14 @@ def test_an_agent_that_never_finishes_is_ended_by_the_time_limit_and_evaluated(s
 
 def test_cancelling_a_served_job_ends_its_endpoint_and_keeps_the_partial_record(stack: Stack) -> None:
     api = client_for(stack)
-    body = api.post("/v1/jobs", json={"task": {"kind": "math", "problem": "What is 4 + 4?", "answer": "8"},
-                                      "agent": "external", "sampling": {"max_tokens": 8}}).json()  # fmt: skip
+    body = api.post(
+        "/v1/jobs",
+        json={
+            "task": {"kind": "math", "problem": "What is 4 + 4?", "answer": "8"},
+            "agent": "external",
+            "sampling": {"max_tokens": 8},
+        },
+    ).json()
     job_id, endpoint = body["job_ids"][0], body["agent"][0]
     task = external_agent.wait_until_serving(endpoint)
     llm = openai.OpenAI(base_url=f"{endpoint['base_url']}/v1", api_key=endpoint["api_key"], max_retries=0)
@@ -99,8 +117,9 @@ def test_cancelling_a_served_job_ends_its_endpoint_and_keeps_the_partial_record(
     assert api.delete(f"/v1/jobs/{job_id}").status_code == 200
     with pytest.raises(openai.ConflictError):
         llm.chat.completions.create(model=task["model"], messages=task["messages"])
-    record = wait_for(lambda: (r := api.get(f"/v1/jobs/{job_id}").json()).get("partial") and r, timeout=60,
-                      what="the partial record")  # fmt: skip
+    record = wait_for(
+        lambda: (r := api.get(f"/v1/jobs/{job_id}").json()).get("partial") and r, timeout=60, what="the partial record"
+    )
     partial = Trajectory.from_dict(record["partial"]["trajectory"])
     assert partial.stop_reason == "cancelled" and partial.counts.turns == 1
     wait_for(lambda: api.get("/v1/backends").json()["inflight"] == 0, timeout=30, what="the pin released")
@@ -110,8 +129,11 @@ def test_the_unmodified_sdks_run_through_the_apis_route_and_their_jobs_are_evalu
     stack: Stack, tokenizer: Any
 ) -> None:
     api = client_for(stack)
-    job = {"task": {"kind": "math", "problem": "What is 2 + 3?", "answer": "5"}, "agent": "external",
-           "sampling": {"max_tokens": 24, "seed": 3}}  # fmt: skip
+    job = {
+        "task": {"kind": "math", "problem": "What is 2 + 3?", "answer": "5"},
+        "agent": "external",
+        "sampling": {"max_tokens": 24, "seed": 3},
+    }
     stopping = {**job, "sampling": {**job["sampling"], "stop_token_ids": common_token_ids(tokenizer)}}
     body = api.post("/v1/jobs", json=[job, stopping]).json()
     (claude_job, agents_job), (claude_at, agents_at) = body["job_ids"], body["agent"]
@@ -120,12 +142,16 @@ def test_the_unmodified_sdks_run_through_the_apis_route_and_their_jobs_are_evalu
     llm = anthropic.Anthropic(base_url=claude_at["base_url"], api_key=claude_at["api_key"], max_retries=0)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2 + 3?"}]
     for _ in range(2):
-        with llm.messages.stream(model=task["model"], system=SYSTEM, messages=messages, tools=ANTHROPIC_TOOLS,
-                                 max_tokens=16) as events:  # fmt: skip
+        with llm.messages.stream(
+            model=task["model"], system=SYSTEM, messages=messages, tools=ANTHROPIC_TOOLS, max_tokens=16
+        ) as events:
             reply = events.get_final_message()
         messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]})
-        results = [{"type": "tool_result", "tool_use_id": b.id, "content": "no tools here"}
-                   for b in reply.content if b.type == "tool_use"]  # fmt: skip
+        results = [
+            {"type": "tool_result", "tool_use_id": b.id, "content": "no tools here"}
+            for b in reply.content
+            if b.type == "tool_use"
+        ]
         messages.append({"role": "user", "content": results or "Go on."})
     assert httpx.post(f"{claude_at['base_url']}/finish", headers={"x-api-key": claude_at["api_key"]}).status_code == 200
     # the OpenAI Agents SDK (its default Responses model), through the API's route too

@@ -48,8 +48,10 @@ def test_a_tool_call_comes_back_as_openai_tool_calls_and_the_answer_extends_the_
     assert choice.finish_reason == "tool_calls"
     [call] = choice.message.tool_calls
     assert call.function.name == "bash" and json.loads(call.function.arguments) == {"command": "ls"}
-    messages += [choice.message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": "a.txt"}]  # fmt: skip
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "a.txt"},
+    ]
     llm = openai.OpenAI(base_url=f"{endpoint.url}/v1", api_key=endpoint.key, max_retries=0)
     assert llm.chat.completions.create(model=SCRIPTED_MODEL, messages=messages, tools=TOOLS).choices[0].message.content
     record = endpoint.session.record()
@@ -71,12 +73,15 @@ def test_a_malformed_tool_call_comes_back_as_text_and_is_recorded(endpoint: Endp
 
 
 @pytest.mark.parametrize(("limits", "status"), [({"max_turns": 1}, 409), ({"max_context_tokens": 3330}, 400)])
-def test_a_job_out_of_turns_or_context_refuses_the_call(tokenizer: Any, scripted: ScriptedLLM, limits: dict[str, int],
-                                                        status: int) -> None:  # fmt: skip
+def test_a_job_out_of_turns_or_context_refuses_the_call(
+    tokenizer: Any, scripted: ScriptedLLM, limits: dict[str, int], status: int
+) -> None:
     for endpoint in serve(tokenizer, scripted.url, SCRIPTED_MODEL, None, max_tokens_per_turn=200, **limits):
         messages, reply = ask(endpoint, "good")  # the first call fits both limits (the prompt: ~3.2k tokens)
-        messages += [reply.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "user", "content": "More, please. " * 20}]  # fmt: skip
+        messages += [
+            reply.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "More, please. " * 20},
+        ]
         llm = openai.OpenAI(base_url=f"{endpoint.url}/v1", api_key=endpoint.key, max_retries=0)
         with pytest.raises(openai.APIStatusError) as refused:
             llm.chat.completions.create(model=SCRIPTED_MODEL, messages=messages, tools=TOOLS)

@@ -43,8 +43,14 @@ def test_calls_that_extend_the_conversation_build_one_token_exact_record(endpoin
     httpx.post(f"{endpoint.url}/finish", json={"answer": "5"}, headers={"Authorization": f"Bearer {endpoint.key}"})
     record = endpoint.session.record()
     assert record.segments == [] and record.stop_reason == "finish" and record.answer == "5"
-    assert [t.role for t in record.turns] == ["prompt", "assistant", "observation", "assistant", "observation",
-                                              "assistant"]  # fmt: skip
+    assert [t.role for t in record.turns] == [
+        "prompt",
+        "assistant",
+        "observation",
+        "assistant",
+        "observation",
+        "assistant",
+    ]
     assert_exact_against_backend(record, endpoint.served)  # the built-in loop's check, token by token
     assert_decodes_to_conversation(record, endpoint.renderer(tokenizer), TASK)
     assert all(t.model == SERVED_NAME and t.policy_version for t in record.turns if t.role == ASSISTANT)
@@ -68,8 +74,13 @@ def test_a_call_that_does_not_extend_the_last_starts_a_new_segment(endpoint: End
 
 def test_streaming_sends_openai_chunks_ending_with_done(endpoint: Endpoint) -> None:
     body = {"model": SERVED_NAME, "messages": TASK, "stream": True}
-    with httpx.stream("POST", f"{endpoint.url}/v1/chat/completions", json=body, timeout=300,
-                      headers={"Authorization": f"Bearer {endpoint.key}"}) as response:  # fmt: skip
+    with httpx.stream(
+        "POST",
+        f"{endpoint.url}/v1/chat/completions",
+        json=body,
+        timeout=300,
+        headers={"Authorization": f"Bearer {endpoint.key}"},
+    ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
@@ -120,11 +131,17 @@ def test_refusals_name_what_is_wrong(endpoint: Endpoint) -> None:
     with pytest.raises(openai.BadRequestError) as wrong_model:  # 400 naming the field
         agent(endpoint).chat.completions.create(model="gpt-4o", messages=TASK)
     assert wrong_model.value.body["param"] == "model"
-    missing = httpx.post(f"{endpoint.url}/v1/chat/completions", json={"model": SERVED_NAME},
-                         headers={"Authorization": f"Bearer {endpoint.key}"})  # fmt: skip
+    missing = httpx.post(
+        f"{endpoint.url}/v1/chat/completions",
+        json={"model": SERVED_NAME},
+        headers={"Authorization": f"Bearer {endpoint.key}"},
+    )
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages"
-    bad_role = httpx.post(f"{endpoint.url}/v1/chat/completions", headers={"Authorization": f"Bearer {endpoint.key}"},
-                          json={"model": SERVED_NAME, "messages": [{"role": "robot", "content": "hi"}]})  # fmt: skip
+    bad_role = httpx.post(
+        f"{endpoint.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {endpoint.key}"},
+        json={"model": SERVED_NAME, "messages": [{"role": "robot", "content": "hi"}]},
+    )
     assert bad_role.status_code == 400 and bad_role.json()["error"]["param"] == "messages[0].role"
     assert endpoint.served == [], "nothing refused reached the model"
     httpx.post(f"{endpoint.url}/finish", headers={"Authorization": f"Bearer {endpoint.key}"})

@@ -49,12 +49,15 @@ def test_without_roots_every_reload_is_refused_naming_the_setting(roots: Path) -
     assert caught.status == 403 and "ROLLOUTS_CHECKPOINT_ROOTS" in caught.message
 
 
-@pytest.mark.parametrize("body", [
-    {"method": "save_sharded_state", "kwargs": {"path": "/tmp/x"}},  # any other worker method
-    {"method": "reload_weights", "args": ["/tmp/x"]},  # positional arguments slip past the kwargs check
-    {"method": "reload_weights", "kwargs": {"weights_path": "/x", "is_checkpoint_format": "false"}},
-    {"method": "load_weights_from_bytes", "kwargs": {"data": "AAAA", "extra": "1"}},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"method": "save_sharded_state", "kwargs": {"path": "/tmp/x"}},  # any other worker method
+        {"method": "reload_weights", "args": ["/tmp/x"]},  # positional arguments slip past the kwargs check
+        {"method": "reload_weights", "kwargs": {"weights_path": "/x", "is_checkpoint_format": "false"}},
+        {"method": "load_weights_from_bytes", "kwargs": {"data": "AAAA", "extra": "1"}},
+    ],
+)
 def test_other_collective_rpc_calls_are_refused(roots: Path, body: dict) -> None:
     caught = refused(ControlPolicy([str(roots)]), "/collective_rpc", json.dumps(body).encode())
     assert caught.status == 403
@@ -85,11 +88,14 @@ def test_a_lora_name_must_be_an_adapter_the_server_serves(roots: Path) -> None:
     ReloadedAdapter("policy").check(models)
 
 
-@pytest.mark.parametrize(("keys", "words"), [
-    ({}, "ROLLOUTS_BACKEND_KEY and ROLLOUTS_BACKEND_ADMIN_KEY not set"),
-    ({"backend_key": "k"}, "ROLLOUTS_BACKEND_ADMIN_KEY not set"),
-    ({"backend_key": "same", "backend_admin_key": "same"}, "must differ"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("keys", "words"),
+    [
+        ({}, "ROLLOUTS_BACKEND_KEY and ROLLOUTS_BACKEND_ADMIN_KEY not set"),
+        ({"backend_key": "k"}, "ROLLOUTS_BACKEND_ADMIN_KEY not set"),
+        ({"backend_key": "same", "backend_admin_key": "same"}, "must differ"),
+    ],
+)
 def test_a_gateway_will_not_start_without_two_distinct_keys(keys: dict[str, str], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         GatewayConfig.from_settings("http://127.0.0.1:8000", Settings(**keys))

@@ -48,8 +48,9 @@ def auth(key: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def gateway(vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     roots = tmp_path_factory.mktemp("checkpoints")
-    settings = Settings(backend_key=DATA, backend_admin_key=ADMIN, checkpoint_roots=[str(roots)],
-                        max_weight_bytes=1024 * 1024)  # fmt: skip
+    settings = Settings(
+        backend_key=DATA, backend_admin_key=ADMIN, checkpoint_roots=[str(roots)], max_weight_bytes=1024 * 1024
+    )
     config = GatewayConfig.from_settings(vllm_server.url, settings)
     server = ThreadedServer.gateway(config, "127.0.0.1", free_port()).start()
     yield Gateway(server.url, vllm_server.url, roots, config.max_control_bytes)
@@ -60,10 +61,19 @@ def paused(upstream: str) -> bool:
     return httpx.get(f"{upstream}/is_paused", timeout=10).json()["is_paused"]
 
 
-@pytest.mark.parametrize(("method", "path"), [
-    ("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/inference/v1/generate"),
-    ("POST", "/pause"), ("POST", "/collective_rpc"), ("POST", "/sleep"), ("GET", "/is_paused"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/health"),
+        ("GET", "/v1/models"),
+        ("POST", "/v1/completions"),
+        ("POST", "/inference/v1/generate"),
+        ("POST", "/pause"),
+        ("POST", "/collective_rpc"),
+        ("POST", "/sleep"),
+        ("GET", "/is_paused"),
+    ],
+)
 @pytest.mark.parametrize("key", [None, "wrong"])
 def test_without_a_valid_key_every_route_is_401(gateway: Gateway, method: str, path: str, key: str | None) -> None:
     response = httpx.request(method, gateway.url + path, headers=auth(key) if key else {}, timeout=10)
@@ -72,26 +82,43 @@ def test_without_a_valid_key_every_route_is_401(gateway: Gateway, method: str, p
     assert not paused(gateway.upstream)
 
 
-@pytest.mark.parametrize("path", ["/pause", "/resume", "/collective_rpc", "/reset_prefix_cache",
-                                  "/update_weight_version", "/v1/load_lora_adapter"])  # fmt: skip
+@pytest.mark.parametrize(
+    "path",
+    ["/pause", "/resume", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/v1/load_lora_adapter"],
+)
 def test_the_data_key_opens_no_control_route(gateway: Gateway, path: str) -> None:
     response = httpx.post(gateway.url + path, headers=auth(DATA), params={"mode": "keep"}, timeout=10)
     assert response.status_code == 403 and "ROLLOUTS_BACKEND_ADMIN_KEY" in response.text, response.text
     assert not paused(gateway.upstream)
 
 
-@pytest.mark.parametrize(("method", "path"), [
-    ("POST", "/sleep"), ("POST", "/reset_mm_cache"), ("GET", "/is_paused"), ("POST", "/start_profile"),
-    ("POST", "/v1/unload_lora_adapter"), ("GET", "/server_info"), ("POST", "/scale_elastic_ep"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/sleep"),
+        ("POST", "/reset_mm_cache"),
+        ("GET", "/is_paused"),
+        ("POST", "/start_profile"),
+        ("POST", "/v1/unload_lora_adapter"),
+        ("GET", "/server_info"),
+        ("POST", "/scale_elastic_ep"),
+    ],
+)
 def test_routes_it_does_not_forward_are_404_even_to_the_admin(gateway: Gateway, method: str, path: str) -> None:
     response = httpx.request(method, gateway.url + path, headers=auth(ADMIN), timeout=10)
     assert response.status_code == 404 and path in response.text, response.text
 
 
 def completion(url: str, key: str | None, **extra: object) -> httpx.Response:
-    body = {"model": SERVED_NAME, "prompt": PROMPT, "max_tokens": 6, "temperature": 0.0, "logprobs": 0,
-            "return_token_ids": True, **extra}  # fmt: skip
+    body = {
+        "model": SERVED_NAME,
+        "prompt": PROMPT,
+        "max_tokens": 6,
+        "temperature": 0.0,
+        "logprobs": 0,
+        "return_token_ids": True,
+        **extra,
+    }
     return httpx.post(f"{url}/v1/completions", json=body, headers=auth(key) if key else {}, timeout=120)
 
 

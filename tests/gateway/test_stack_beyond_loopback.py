@@ -16,8 +16,11 @@ from tests.support.waiting import wait_status
 
 pytestmark = pytest.mark.vllm
 
-TOKENS = {"ROLLOUTS_API_TOKENS": "trainer-token", "ROLLOUTS_ADMIN_TOKENS": "admin-token",
-          "ROLLOUTS_TOKEN": "admin-token"}
+TOKENS = {
+    "ROLLOUTS_API_TOKENS": "trainer-token",
+    "ROLLOUTS_ADMIN_TOKENS": "admin-token",
+    "ROLLOUTS_TOKEN": "admin-token",
+}
 ENV = {"ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds", "ROLLOUTS_LLM_HEARTBEAT_INTERVAL_S": "1", **TOKENS}
 
 
@@ -26,10 +29,22 @@ def test_a_stack_beyond_loopback_reaches_its_loopback_backend_through_a_gateway(
 ) -> None:
     node = node_address()
     env = {**ENV, "ROLLOUTS_API_HOST": node}
-    settings = Settings(redis_url=None, state_dir=tmp_path / "state", api_host=node, api_tokens=["trainer-token"],
-                        admin_tokens=["admin-token"], token="admin-token")  # fmt: skip
-    stack = Stack(settings, api_port=0, concurrency={"init": 1, "rollout": 1, "eval": 1}, log_dir=tmp_path / "logs",
-                  backend_urls=[vllm_server.url], extra_env=env)  # fmt: skip
+    settings = Settings(
+        redis_url=None,
+        state_dir=tmp_path / "state",
+        api_host=node,
+        api_tokens=["trainer-token"],
+        admin_tokens=["admin-token"],
+        token="admin-token",
+    )
+    stack = Stack(
+        settings,
+        api_port=0,
+        concurrency={"init": 1, "rollout": 1, "eval": 1},
+        log_dir=tmp_path / "logs",
+        backend_urls=[vllm_server.url],
+        extra_env=env,
+    )
     with stack:
         stack.wait_for_workers()
         api = httpx.Client(base_url=stack.api_url, timeout=10, headers={"Authorization": "Bearer trainer-token"})
@@ -43,8 +58,11 @@ def test_a_stack_beyond_loopback_reaches_its_loopback_backend_through_a_gateway(
         answer = httpx.post(f"{gateway}/pause", headers={"Authorization": f"Bearer {data_key}"}, timeout=10)
         assert answer.status_code == 403, answer.text
 
-        job = {"task": {"kind": "agent-answer", "problem": "What is 2 + 2?", "answer": "4"},
-               "sampling": {"max_tokens": 8, "seed": 1}, "limits": {"max_turns": 2}}  # fmt: skip
+        job = {
+            "task": {"kind": "agent-answer", "problem": "What is 2 + 2?", "answer": "4"},
+            "sampling": {"max_tokens": 8, "seed": 1},
+            "limits": {"max_turns": 2},
+        }
         [job_id] = api.post("/v1/jobs", json=job).json()["job_ids"]
         record = wait_status(api, job_id, timeout=300)
         assert record["status"] == "done", record.get("error")

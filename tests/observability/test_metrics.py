@@ -34,9 +34,19 @@ def test_recorded_observations_come_out_as_a_cumulative_histogram_and_counters(s
     recorder.stage_attempt("init", "skipped:cancelled", 9.0)  # did not run: no latency
     recorder.error("eval", "RuntimeError")
     recorder.error("eval", "RuntimeError")
-    recorder.tool_calls({"turns": [{"tool_calls": [{"name": "bash", "duration_s": 0.2},
-                                                    {"name": None, "error": "malformed", "duration_s": 0.0}]},
-                                   {"tool_calls": [{"name": "python", "duration_s": 1.2}]}]})
+    recorder.tool_calls(
+        {
+            "turns": [
+                {
+                    "tool_calls": [
+                        {"name": "bash", "duration_s": 0.2},
+                        {"name": None, "error": "malformed", "duration_s": 0.0},
+                    ]
+                },
+                {"tool_calls": [{"name": "python", "duration_s": 1.2}]},
+            ]
+        }
+    )
 
     with TestClient(create_app(settings)) as client:
         response = client.get("/metrics")

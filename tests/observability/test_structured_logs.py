@@ -35,7 +35,9 @@ def test_bound_fields_appear_in_json_records_and_only_in_their_own_thread():
                 logger.info("generating")
 
     ready = threading.Barrier(2)
-    threads = [threading.Thread(target=slot, args=(f"job-{i}", stage, ready)) for i, stage in enumerate(("init", "eval"))]
+    threads = [
+        threading.Thread(target=slot, args=(f"job-{i}", stage, ready)) for i, stage in enumerate(("init", "eval"))
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -45,9 +45,18 @@ VIEWER_ENV = {
 def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--window-size=1280,1000", f"--user-data-dir={tmp_path / 'chromium-profile'}"):  # fmt: skip
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1280,1000",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     try:
@@ -96,8 +105,9 @@ def test_the_viewer_shows_turns_evaluation_attempts_partial_trajectories_and_err
     done_id = submit({"task": {"kind": "viewer-demo"}})
     # The limit runs from the take, before the rollout sets its partial: seconds of margin.
     timed_out_id = submit({"task": {"kind": "viewer-demo", "stall": True}, "limits": {"rollout_timeout_s": 3}})
-    eval_timed_out_id = submit({"task": {"kind": "viewer-demo", "stall_in_eval": True},
-                                "limits": {"eval_timeout_s": 1}})  # fmt: skip
+    eval_timed_out_id = submit(
+        {"task": {"kind": "viewer-demo", "stall_in_eval": True}, "limits": {"eval_timeout_s": 1}}
+    )
     failed_id = submit({"task": {"kind": "scripted", "fail": "eval"}})
     swe_style_id = submit({"task": {"kind": "viewer-demo", "swe_style": True}})
     assert wait_status(api, done_id)["status"] == "done"
@@ -192,4 +202,3 @@ def test_the_viewer_shows_turns_evaluation_attempts_partial_trajectories_and_err
     assert "RuntimeError: scripted failure in eval" in traceback.text
     assert "The rollout's output has no turns" in page  # the scripted kind's rollout records none
     screenshot(browser, "failed-job")
-

@@ -24,10 +24,28 @@ def sample_trajectory(stop_after_first_turn: bool = False) -> Trajectory:
     prompt = "<user>What is 6 x 7? Use the shell.</user>"
     trajectory.append(Turn(role=PROMPT, start=0, end=0, text=prompt), _ids(prompt))
     first = "Let me compute it. <bash>echo $((6*7))</bash>"
-    call = ToolCallRecord(name="bash", arguments={"command": "echo $((6*7))"}, raw="<bash>echo $((6*7))</bash>",
-                          output="42\n", exit_code=0, duration_s=0.031)
-    trajectory.append(Turn(role=ASSISTANT, start=0, end=0, text=first, tool_calls=[call], backend_id="cpu-1",
-                           finish_reason="stop", latency_s=0.12), _ids(first), [-0.5] * len(first))
+    call = ToolCallRecord(
+        name="bash",
+        arguments={"command": "echo $((6*7))"},
+        raw="<bash>echo $((6*7))</bash>",
+        output="42\n",
+        exit_code=0,
+        duration_s=0.031,
+    )
+    trajectory.append(
+        Turn(
+            role=ASSISTANT,
+            start=0,
+            end=0,
+            text=first,
+            tool_calls=[call],
+            backend_id="cpu-1",
+            finish_reason="stop",
+            latency_s=0.12,
+        ),
+        _ids(first),
+        [-0.5] * len(first),
+    )
     observation = "<tool>42</tool>"
     trajectory.append(Turn(role=OBSERVATION, start=0, end=0, text=observation, duration_s=0.031), _ids(observation))
     if stop_after_first_turn:
@@ -35,8 +53,20 @@ def sample_trajectory(stop_after_first_turn: bool = False) -> Trajectory:
         return trajectory
     last = "The answer is 42. <finish>42</finish>"
     finish = ToolCallRecord(name="finish", arguments={"answer": "42"}, raw="<finish>42</finish>", output="Finished.")
-    trajectory.append(Turn(role=ASSISTANT, start=0, end=0, text=last, tool_calls=[finish], backend_id="cpu-1",
-                           finish_reason="stop", latency_s=0.08), _ids(last), [-0.25] * len(last))
+    trajectory.append(
+        Turn(
+            role=ASSISTANT,
+            start=0,
+            end=0,
+            text=last,
+            tool_calls=[finish],
+            backend_id="cpu-1",
+            finish_reason="stop",
+            latency_s=0.08,
+        ),
+        _ids(last),
+        [-0.25] * len(last),
+    )
     return trajectory
 
 
@@ -63,10 +93,12 @@ class ViewerDemoKind(TaskKind):
                 ctx.sleep(60)  # the job times out with its rollout finished and no evaluation
         if ctx.task.get("swe_style"):  # tests grouped as SWE-bench's evaluation reports them
             return {
-                "reward": 0.0, "resolved": False, "reason": "not resolved (pytest): 0/1 FAIL_TO_PASS passed",
+                "reward": 0.0,
+                "resolved": False,
+                "reason": "not resolved (pytest): 0/1 FAIL_TO_PASS passed",
                 "FAIL_TO_PASS": {"tests/test_x.py::test_fixed": "FAILED"},
                 "PASS_TO_PASS": {"tests/test_x.py::test_kept": "PASSED"},
-            }  # fmt: skip
+            }
         tests = [
             {"name": "prints_42", "passed": True, "status": "passed"},
             {"name": "uses_the_shell", "passed": True, "status": "passed"},

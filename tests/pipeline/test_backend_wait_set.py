@@ -138,5 +138,6 @@ def test_a_job_whose_record_is_gone_or_unreadable_does_not_block_the_others(redi
     redis.delete(store.keys.job(gone))
     redis.hset(store.keys.job(odd), "spec", b"\xc1")  # not msgpack
     assert release_due(store, settings, now=now + 1) == 3
-    assert sorted(rollout_queue(redis)) == sorted([f"{gone}-rollout-h0", f"{odd}-rollout-h{odd_attempt}",
-                                                   f"{fine}-rollout-h{fine_attempt}"])  # fmt: skip
+    assert sorted(rollout_queue(redis)) == sorted(
+        [f"{gone}-rollout-h0", f"{odd}-rollout-h{odd_attempt}", f"{fine}-rollout-h{fine_attempt}"]
+    )

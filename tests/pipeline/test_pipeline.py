@@ -35,7 +35,12 @@ def test_a_job_goes_through_every_stage_and_back(make_stack, trace_dir):
     assert record["timings"]["init"]["ended"] <= record["timings"]["rollout"]["started"]
     assert record["timings"]["rollout"]["ended"] <= record["timings"]["eval"]["started"]
     assert [line.split()[:2] for line in trace(trace_dir, job_id) if "cleanup" not in line] == [
-        ["init", "start"], ["init", "end"], ["rollout", "start"], ["rollout", "end"], ["eval", "start"], ["eval", "end"],
+        ["init", "start"],
+        ["init", "end"],
+        ["rollout", "start"],
+        ["rollout", "end"],
+        ["eval", "start"],
+        ["eval", "end"],
     ]
     # The terminal hook removes the workspace right after the status moves (a busy machine shows the gap).
     wait_for(lambda: not (stack.settings.workspaces / job_id).exists(), what="the workspace to go with its job")
@@ -48,7 +53,10 @@ def test_a_job_goes_through_every_stage_and_back(make_stack, trace_dir):
 def test_a_hundred_jobs_submitted_at_once_all_finish(make_stack):
     stack = make_stack()
     api = client_for(stack)
-    jobs = [{"task": {"kind": "demo", "text": f"job {i}"}, "group_id": f"g{i // 4}", "sample_index": i % 4} for i in range(100)]
+    jobs = [
+        {"task": {"kind": "demo", "text": f"job {i}"}, "group_id": f"g{i // 4}", "sample_index": i % 4}
+        for i in range(100)
+    ]
     response = api.post("/v1/jobs", json=jobs)
     assert response.status_code == 202
     ids = response.json()["job_ids"]
@@ -113,7 +121,9 @@ def test_a_running_job_is_stopped_by_cancel_and_its_state_cleaned_up(make_stack,
     stack = make_stack()
     api = client_for(stack)
     job_id = api.post("/v1/jobs", json=scripted(trace_dir, sleep={"rollout": 120})).json()["job_ids"][0]
-    wait_for(lambda: any(line.startswith("rollout start") for line in trace(trace_dir, job_id)), what="rollout to start")
+    wait_for(
+        lambda: any(line.startswith("rollout start") for line in trace(trace_dir, job_id)), what="rollout to start"
+    )
     assert (stack.settings.workspaces / job_id).exists()
 
     assert api.delete(f"/v1/jobs/{job_id}").json()["previous"] == "rollout"

@@ -23,7 +23,9 @@ def record(redis: Redis, store: JobStore, job_id: str, status: str, error: dict 
 def test_only_entries_backed_by_a_failed_record_at_that_stage_stay(redis: Redis, settings: Settings):
     store = JobStore(redis, settings)
     queue = stage_queue("rollout", redis)
-    ids = {name: f"{n:032x}" for n, name in enumerate(["failed_here", "done", "failed_in_eval", "gone", "cancelled"], 1)}
+    ids = {
+        name: f"{n:032x}" for n, name in enumerate(["failed_here", "done", "failed_in_eval", "gone", "cancelled"], 1)
+    }
     record(redis, store, ids["failed_here"], JobStatus.FAILED, {"stage": "rollout", "type": "worker_lost"})
     record(redis, store, ids["done"], JobStatus.DONE)  # killed once, retried, finished
     record(redis, store, ids["failed_in_eval"], JobStatus.FAILED, {"stage": "eval", "type": "RuntimeError"})

@@ -24,7 +24,9 @@ def test_a_job_whose_worker_is_killed_is_picked_up_again_and_finishes(make_stack
     stack.start_worker(stage)  # a second worker of the stage to take the job over
     stack.wait_for_workers()
     api = client_for(stack)
-    job = {"task": {"kind": "scripted", "trace": str(trace_dir), "sleep": {stage: 60}, "sleep_first_attempt_only": True}}
+    job = {
+        "task": {"kind": "scripted", "trace": str(trace_dir), "sleep": {stage: 60}, "sleep_first_attempt_only": True}
+    }
     job_id = api.post("/v1/jobs", json=job).json()["job_ids"][0]
 
     pid = _running_pid(trace_dir, job_id, stage)

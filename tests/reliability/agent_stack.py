@@ -37,9 +37,12 @@ def agent_stack(tmp_path: Path, model_dir: Path, env: dict[str, str]) -> Iterato
     """One stack with one rollout worker process (so "the same worker" is one pid)."""
     settings = Settings(redis_url=None, state_dir=tmp_path / "state")
     stack = Stack(
-        settings, api_port=0, concurrency={"init": 1, "rollout": 2, "eval": 1}, log_dir=tmp_path / "logs",
+        settings,
+        api_port=0,
+        concurrency={"init": 1, "rollout": 2, "eval": 1},
+        log_dir=tmp_path / "logs",
         extra_env={**AGENT_ENV, **env},
-    )  # fmt: skip
+    )
     stack.start()
     try:
         stack.wait_for_workers()
@@ -53,10 +56,14 @@ def call(name: str, **arguments: Any) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-def submit(api: httpx.Client, script: str, kind: str = "agent-echo", limits: dict[str, Any] | None = None,
-           **task: Any) -> str:
-    body = {"task": {"kind": kind, "prompt": f"Do it. [script:{script}]", "expected": "ok", **task},
-            "limits": {"max_turns": 8, "max_tokens": 3000, **(limits or {})}, "sampling": {"max_tokens": 300}}
+def submit(
+    api: httpx.Client, script: str, kind: str = "agent-echo", limits: dict[str, Any] | None = None, **task: Any
+) -> str:
+    body = {
+        "task": {"kind": kind, "prompt": f"Do it. [script:{script}]", "expected": "ok", **task},
+        "limits": {"max_turns": 8, "max_tokens": 3000, **(limits or {})},
+        "sampling": {"max_tokens": 300},
+    }
     response = api.post("/v1/jobs", json=body)
     response.raise_for_status()
     return response.json()["job_ids"][0]

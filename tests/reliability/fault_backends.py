@@ -73,8 +73,11 @@ class HangingBackend:
         if line.startswith("GET /v1/models "):
             card = {"id": SCRIPTED_MODEL, "object": "model", "root": str(self.model_dir or "")}
             body = json.dumps({"object": "list", "data": [card]}).encode()
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             conn.close()
         elif line.startswith("GET /health ") and not self.completions():
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
@@ -97,8 +100,14 @@ class ScriptedProcess:
 
     @classmethod
     def start(cls, model_dir: Path, scripts: dict[str, list[str]], serve: int) -> ScriptedProcess:
-        argv = [sys.executable, "-m", "tests.reliability.fault_backends", str(model_dir), json.dumps(scripts),
-                str(serve)]
+        argv = [
+            sys.executable,
+            "-m",
+            "tests.reliability.fault_backends",
+            str(model_dir),
+            json.dumps(scripts),
+            str(serve),
+        ]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
         process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
         assert process.stdout is not None

@@ -26,7 +26,7 @@ from tests.reliability.agent_stack import (
     rollout_worker,
     submit,
     use_only,
-)  # fmt: skip
+)
 from tests.reliability.backend_fixtures import SCRIPTS
 from tests.reliability.fault_backends import HangingBackend, ScriptedProcess
 from tests.support.scripted_llm import ScriptedLLM
@@ -121,8 +121,10 @@ def test_a_hanging_backend_fails_over_after_the_request_timeout(
     assert assistant_backends(record) == [other_id, other_id]
     assert not api.get(f"/v1/backends/{hanging_id}").json()["healthy"]
     assert_worker_serves_next_job(stack, api, pid)
-    figure(f"hanging backend: job done {stuck:.1f} s after its request was taken "
-           f"(request timeout {REQUEST_TIMEOUT_S:.0f} s + probe {PROBE_TIMEOUT_S:.0f} s)")
+    figure(
+        f"hanging backend: job done {stuck:.1f} s after its request was taken "
+        f"(request timeout {REQUEST_TIMEOUT_S:.0f} s + probe {PROBE_TIMEOUT_S:.0f} s)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -131,8 +133,13 @@ def test_a_hanging_backend_fails_over_after_the_request_timeout(
     ids=["request-timeout-first", "stage-limit-first"],
 )
 def test_only_a_hanging_backend_ends_the_job_instead_of_stalling(
-    stack: Stack, api: httpx.Client, healthy: ScriptedLLM, hanging: HangingBackend, figure,
-    rollout_limit_s: float, status: str,
+    stack: Stack,
+    api: httpx.Client,
+    healthy: ScriptedLLM,
+    hanging: HangingBackend,
+    figure,
+    rollout_limit_s: float,
+    status: str,
 ) -> None:
     """No backend ever answers: the job must still end, with a clear error, by whichever comes
     first of the LLM call's bound (request timeout + probe per backend) plus the wait for another
@@ -155,5 +162,7 @@ def test_only_a_hanging_backend_ends_the_job_instead_of_stalling(
         assert record["partial"]["trajectory"]["counts"]["turns"] == 0
     use_only(api, healthy.url)
     assert_worker_serves_next_job(stack, api, pid)
-    figure(f"only a hanging backend, rollout limit {rollout_limit_s:g} s: {status} {ended:.1f} s after submit "
-           f"(bound {bound:.0f} s)")
+    figure(
+        f"only a hanging backend, rollout limit {rollout_limit_s:g} s: {status} {ended:.1f} s after submit "
+        f"(bound {bound:.0f} s)"
+    )

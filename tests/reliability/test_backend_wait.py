@@ -25,7 +25,7 @@ from tests.reliability.agent_stack import (
     rollout_worker,
     submit,
     use_only,
-)  # fmt: skip
+)
 from tests.reliability.backend_fixtures import SCRIPTS
 from tests.reliability.fault_backends import ScriptedProcess
 from tests.support.scripted_llm import ScriptedLLM
@@ -101,9 +101,7 @@ def test_a_job_whose_backend_goes_away_mid_rollout_waits_and_runs_again_on_the_n
     assert assistant_backends(record) == [other_id, other_id], "the rollout ran again, whole, on the new backend"
 
 
-def test_a_job_that_finds_no_backend_for_backend_wait_s_fails_saying_so(
-    tmp_path: Path, model_dir: Path
-) -> None:
+def test_a_job_that_finds_no_backend_for_backend_wait_s_fails_saying_so(tmp_path: Path, model_dir: Path) -> None:
     with agent_stack(tmp_path, model_dir, {**ENV, "ROLLOUTS_BACKEND_WAIT_S": "4"}) as stack:
         api = client_for(stack)
         deregister_all(api)

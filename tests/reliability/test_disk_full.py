@@ -36,7 +36,7 @@ from tests.reliability.agent_stack import (
     observations,
     submit,
     use_only,
-)  # fmt: skip
+)
 from tests.support.scripted_llm import ScriptedLLM
 from tests.support.waiting import TERMINAL, client_for, job, wait_for, wait_status
 
@@ -77,8 +77,10 @@ def disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]
     workspaces.mkdir(parents=True)
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES},mode=0755", "tmpfs", str(workspaces)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
     try:
@@ -177,9 +179,11 @@ def test_the_agent_fills_the_disk_an_error_observation_and_a_neighbour_fails(
 
     assert worker_pids(stack) == pids
     assert_worker_serves_next_job(stack, api, pids["rollout"][0])
-    figure(f"agent filled the {DISK_BYTES >> 20} MiB workspace disk: ENOSPC observations (dd, python, echo); "
-           f"a neighbour's init failed {neighbour_failed:.1f} s after the fill (OSError, '{ENOSPC}'); "
-           f"the agent freed it, job done {ended:.1f} s after the fill; disk empty, same workers")
+    figure(
+        f"agent filled the {DISK_BYTES >> 20} MiB workspace disk: ENOSPC observations (dd, python, echo); "
+        f"a neighbour's init failed {neighbour_failed:.1f} s after the fill (OSError, '{ENOSPC}'); "
+        f"the agent freed it, job done {ended:.1f} s after the fill; disk empty, same workers"
+    )
 
 
 def test_a_write_after_the_agent_on_a_full_disk_fails_the_job(stack: Stack, api: httpx.Client, figure) -> None:
@@ -194,8 +198,11 @@ def test_a_write_after_the_agent_on_a_full_disk_fails_the_job(stack: Stack, api:
     pids = worker_pids(stack)
     job_id = submit(api, "fill-and-finish", kind="agent-notes")
     # The job may end right after the fill; then the figure counts from when the test saw it end.
-    wait_for(lambda: full(workspaces) or job(api, job_id)["status"] in TERMINAL, timeout=90,
-             what="the agent to fill the disk")
+    wait_for(
+        lambda: full(workspaces) or job(api, job_id)["status"] in TERMINAL,
+        timeout=90,
+        what="the agent to fill the disk",
+    )
     filled = time.monotonic()
     record = wait_status(api, job_id, timeout=90)
     ended = time.monotonic() - filled
@@ -208,8 +215,10 @@ def test_a_write_after_the_agent_on_a_full_disk_fails_the_job(stack: Stack, api:
 
     assert worker_pids(stack) == pids
     assert_worker_serves_next_job(stack, api, pids["rollout"][0])
-    figure(f"agent left the disk full, the kind's eval write failed: job failed (eval, {error['type']}, "
-           f"'{ENOSPC}') {ended:.1f} s after the fill; disk freed, same workers run the next job")
+    figure(
+        f"agent left the disk full, the kind's eval write failed: job failed (eval, {error['type']}, "
+        f"'{ENOSPC}') {ended:.1f} s after the fill; disk freed, same workers run the next job"
+    )
 
 
 def test_the_disk_full_note_names_the_filesystems(tmp_path: Path) -> None:

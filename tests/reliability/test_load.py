@@ -74,10 +74,15 @@ def agent_jobs(n: int) -> list[dict[str, Any]]:
     jobs = []
     for i in range(n):
         turns, answer, _ = _script(i)
-        task = {"kind": "agent-answer", "problem": f"What is 7 times {i}? {marker(turns, answer)}",
-                "answer": str(7 * i), "stop_on_no_tool_call": False}  # fmt: skip
-        jobs.append({"task": task, "limits": {"max_turns": 8}, "sampling": {"max_tokens": 256},
-                     "idempotency_key": f"load-{i}"})  # fmt: skip
+        task = {
+            "kind": "agent-answer",
+            "problem": f"What is 7 times {i}? {marker(turns, answer)}",
+            "answer": str(7 * i),
+            "stop_on_no_tool_call": False,
+        }
+        jobs.append(
+            {"task": task, "limits": {"max_turns": 8}, "sampling": {"max_tokens": 256}, "idempotency_key": f"load-{i}"}
+        )
     return jobs
 
 
@@ -179,8 +184,10 @@ def test_a_thousand_agent_jobs_with_two_hundred_in_flight_lose_nothing(
         if time.monotonic() > deadline:
             probe.stop.set()
             left = Counter(status for status in seen.values() if status not in TERMINAL)
-            raise AssertionError(f"{sum(left.values()) + JOBS - len(seen)} of {JOBS} jobs not finished after "
-                                 f"{FINISH_CAP_S:.0f} s: {dict(left)}, {JOBS - len(seen)} unknown to the API")
+            raise AssertionError(
+                f"{sum(left.values()) + JOBS - len(seen)} of {JOBS} jobs not finished after "
+                f"{FINISH_CAP_S:.0f} s: {dict(left)}, {JOBS - len(seen)} unknown to the API"
+            )
         peak["running"] = max(peak["running"], api.get("/v1/status").json()["stages"]["rollout"]["running"])
         peak["pool"] = max(peak["pool"], api.get("/v1/backends").json()["inflight"])
         peak["generating"] = max(peak["generating"], sum(server.stats()["inflight"] for server in standins))
@@ -273,7 +280,9 @@ def test_backend_counts_return_to_zero_after_jobs_with_rollout_worker_kills(
     stack.wait_for_workers(timeout=60)
     api = client_for(stack)
     for server in standins:
-        assert api.post("/v1/backends", json={"url": server.url, "model": server.model, "capacity": 50}).status_code == 201
+        assert (
+            api.post("/v1/backends", json={"url": server.url, "model": server.model, "capacity": 50}).status_code == 201
+        )
     ids = submit(api, agent_jobs(200), chunk=200)
     for _ in range(5):
         wait_for(lambda: api.get("/v1/backends").json()["inflight"] >= 10, timeout=120, what="trajectories in flight")
@@ -282,8 +291,12 @@ def test_backend_counts_return_to_zero_after_jobs_with_rollout_worker_kills(
         victim.wait()
         stack.workers["rollout"].remove(victim)
         stack.start_worker("rollout")
-    wait_for(lambda: all(s in TERMINAL for s in statuses(api, ids).values()), timeout=900, interval=1.0,
-             what="every job to end")
+    wait_for(
+        lambda: all(s in TERMINAL for s in statuses(api, ids).values()),
+        timeout=900,
+        interval=1.0,
+        what="every job to end",
+    )
     final = statuses(api, ids)
     assert set(final.values()) == {"done"}, {s for s in final.values()}
     leftovers = _pool_leftovers(stack)

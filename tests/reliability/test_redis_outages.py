@@ -49,8 +49,14 @@ SECOND_WAVE = 12
 def persistent_stack(tmp_path: Path) -> Iterator[Stack]:
     """A stack whose embedded Redis keeps an append-only file (as `rollouts up`), one process per stage."""
     settings = Settings(redis_url=None, state_dir=tmp_path / "state")
-    stack = Stack(settings, api_port=0, concurrency=SLOTS, log_dir=tmp_path / "logs", persistent_redis=True,
-                  extra_env=FAST_RECOVERY_ENV)  # fmt: skip
+    stack = Stack(
+        settings,
+        api_port=0,
+        concurrency=SLOTS,
+        log_dir=tmp_path / "logs",
+        persistent_redis=True,
+        extra_env=FAST_RECOVERY_ENV,
+    )
     with stack:
         stack.wait_for_workers()
         yield stack
@@ -99,6 +105,7 @@ def _submit_until_accepted(api: httpx.Client, jobs: list[dict]) -> list[str]:
 
 def _held_in(trace_dir: Path, ids: list[str], stage: str) -> list[str]:
     """The jobs that started `stage` and have not ended it: each holds a slot of that stage."""
+
     def holding(job_id: str) -> bool:
         lines = trace(trace_dir, job_id)
         started = any(line.startswith(f"{stage} start") for line in lines)
@@ -134,8 +141,12 @@ def test_workers_take_jobs_again_after_a_redis_outage_and_no_job_is_lost(
     pids = {stage: [p.pid for p in stack.workers[stage]] for stage in STAGES}
     first = _submit_until_accepted(api, scripted_jobs(FIRST_WAVE, trace_dir, SLEEP))
     wait_for(lambda: sum(s == "done" for s in statuses(api, first).values()) >= 1, what="a first job done")
-    running = [i for i in first if any(line.startswith("rollout start") for line in trace(trace_dir, i))
-               and not any(line.startswith("rollout end") for line in trace(trace_dir, i))]  # fmt: skip
+    running = [
+        i
+        for i in first
+        if any(line.startswith("rollout start") for line in trace(trace_dir, i))
+        and not any(line.startswith("rollout end") for line in trace(trace_dir, i))
+    ]
 
     answers: list[tuple[int, float]] = []
 
@@ -162,9 +173,14 @@ def test_workers_take_jobs_again_after_a_redis_outage_and_no_job_is_lost(
     second = _submit_until_accepted(api, second_jobs)
     try:
         for stage in STAGES:  # in stage order: a stage's gate lets the wave on to the next stage
-            wait_for(lambda stage=stage: len(_held_in(trace_dir, second, stage)) >= SLOTS[stage], timeout=120,
-                     what=lambda stage=stage: f"every {stage} slot to hold a second-wave job (held: "
-                                  f"{len(_held_in(trace_dir, second, stage))} of {SLOTS[stage]})")  # fmt: skip
+            wait_for(
+                lambda stage=stage: len(_held_in(trace_dir, second, stage)) >= SLOTS[stage],
+                timeout=120,
+                what=lambda stage=stage: (
+                    f"every {stage} slot to hold a second-wave job (held: "
+                    f"{len(_held_in(trace_dir, second, stage))} of {SLOTS[stage]})"
+                ),
+            )
             gates[stage].release()
     finally:
         for gate in gates.values():
@@ -191,7 +207,9 @@ def test_workers_take_jobs_again_after_a_redis_outage_and_no_job_is_lost(
         assert len(resumed[stage]) == SLOTS[stage], (stage, resumed[stage])  # every slot took a job
 
     reruns = sum(
-        max(0, sum(line.startswith(f"{stage} start") for line in trace(trace_dir, i)) - 1) for i in first for stage in STAGES
+        max(0, sum(line.startswith(f"{stage} start") for line in trace(trace_dir, i)) - 1)
+        for i in first
+        for stage in STAGES
     )
     waits = sorted(seconds for _, seconds in answers)
     figure(
@@ -199,7 +217,8 @@ def test_workers_take_jobs_again_after_a_redis_outage_and_no_job_is_lost(
         f"{away:.1f} s away, {len(running)} rollouts running at the fault: all {len(final)} jobs done, none lost, "
         f"each done once, {reruns} stage re-runs; "
         f"API 503 in {waits[len(waits) // 2]:.2f} s median, {waits[-1]:.2f} s max ({len(waits)} probes); "
-        "every slot took a job again within " + ", ".join(f"{s} {max(resumed[s].values()):.1f} s" for s in STAGES)
+        "every slot took a job again within "
+        + ", ".join(f"{s} {max(resumed[s].values()):.1f} s" for s in STAGES)
         + " of Redis' return; "
         f"slots registered {sum(status[s]['slots'] for s in STAGES)}/{sum(SLOTS.values())}"
     )

@@ -37,8 +37,12 @@ def persistent_stack(tmp_path: Path) -> Iterator[Stack]:
     """A stack whose embedded Redis keeps an append-only file in the state dir (as `rollouts up`)."""
     settings = Settings(redis_url=None, state_dir=tmp_path / "state")
     stack = Stack(
-        settings, api_port=0, concurrency={"init": 2, "rollout": 6, "eval": 2}, log_dir=tmp_path / "logs",
-        persistent_redis=True, extra_env=FAST_RECOVERY_ENV,
+        settings,
+        api_port=0,
+        concurrency={"init": 2, "rollout": 6, "eval": 2},
+        log_dir=tmp_path / "logs",
+        persistent_redis=True,
+        extra_env=FAST_RECOVERY_ENV,
     )
     with stack:
         stack.wait_for_workers()
@@ -65,8 +69,10 @@ def test_a_clean_redis_restart_mid_run_loses_nothing(persistent_stack: Stack, tr
         sum(line.startswith(f"{stage} start") for line in trace(trace_dir, i)) - 1 for i in ids for stage in SLEEP
     )
     assert not twice, f"jobs finished twice: {twice}"
-    figure(f"{JOBS} jobs, Redis restarted (SIGTERM, AOF everysec) mid-run, {outage:.1f} s down: "
-           f"all done, none lost, none twice; stage re-runs {reruns}")
+    figure(
+        f"{JOBS} jobs, Redis restarted (SIGTERM, AOF everysec) mid-run, {outage:.1f} s down: "
+        f"all done, none lost, none twice; stage re-runs {reruns}"
+    )
 
 
 def test_a_redis_crash_mid_run_loses_nothing_acknowledged(persistent_stack: Stack, trace_dir, figure):

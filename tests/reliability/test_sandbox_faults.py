@@ -30,7 +30,7 @@ from tests.reliability.agent_stack import (
     rollout_worker,
     submit,
     use_only,
-)  # fmt: skip
+)
 from tests.reliability.fault_kinds import ToolsAgentKind
 from tests.support.scripted_llm import ScriptedLLM
 from tests.support.waiting import client_for, wait_for, wait_status
@@ -134,8 +134,10 @@ def test_filling_the_workspace_is_an_error_observation(stack: Stack, api: httpx.
     assert check["output"].split() == [str(FILE_SIZE_BYTES), str(FILE_SIZE_BYTES)], check
     assert trajectory["extra"] == {"out": "still here"} and record["result"]["reward"] == 1.0
     assert_worker_serves_next_job(stack, api, pid)
-    figure(f"writes past the {FILE_SIZE_BYTES >> 20} MiB file limit (bash, python): error observations, "
-           f"files capped at {FILE_SIZE_BYTES} bytes, job done")
+    figure(
+        f"writes past the {FILE_SIZE_BYTES >> 20} MiB file limit (bash, python): error observations, "
+        f"files capped at {FILE_SIZE_BYTES} bytes, job done"
+    )
 
 
 def test_writing_past_the_disk_quota_fails_the_job(stack: Stack, api: httpx.Client, figure) -> None:
@@ -186,9 +188,10 @@ def test_a_kernel_killed_mid_call_is_an_error_observation(stack: Stack, api: htt
     assert died["is_error"] and "kernel died" in died["output"] and not died["timed_out"], died
     assert back["output"].strip() == "back"
     assert_worker_serves_next_job(stack, api, pid)
-    figure(f"kernel SIGKILLed mid-call: error observation after {died['duration_s']:.1f} s of the call "
-           f"(kill to job done {time.monotonic() - killed:.1f} s), job done")
-
+    figure(
+        f"kernel SIGKILLed mid-call: error observation after {died['duration_s']:.1f} s of the call "
+        f"(kill to job done {time.monotonic() - killed:.1f} s), job done"
+    )
 
 
 class _StartInterrupted:
@@ -214,8 +217,15 @@ def test_a_deadline_during_sandbox_start_is_an_interruption(tmp_path: Path, monk
     from workers.rollout import agent_task, job_sandbox
 
     settings = Settings(state_dir=tmp_path, sandbox_pool=False)  # the job's own start, where the deadline lands
-    ctx = StageContext(job_id="j", stage="rollout", request=JobRequest(task={"kind": "agent-echo"}), outputs={},
-                       workspace=tmp_path / "ws", settings=settings, deadline=time.time() + 60)
+    ctx = StageContext(
+        job_id="j",
+        stage="rollout",
+        request=JobRequest(task={"kind": "agent-echo"}),
+        outputs={},
+        workspace=tmp_path / "ws",
+        settings=settings,
+        deadline=time.time() + 60,
+    )
     monkeypatch.setattr(job_sandbox, "create_sandbox", lambda *args: _StartInterrupted(ctx))
     with pytest.raises(StageInterrupted) as stopped:
         agent_task.start_sandbox(ToolsAgentKind(), ctx)

@@ -70,18 +70,31 @@ class Up:
 @pytest.fixture(scope="module")
 def up(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     root = tmp_path_factory.mktemp("up")
-    settings = Settings(redis_url=None, state_dir=root / "state", vllm_served_model_name=SERVED_NAME,
-                        vllm_args="--dtype float32 --max-model-len 4096 --enable-log-requests",
-                        vllm_hang_timeout_s=HANG_AFTER_S)  # fmt: skip
+    settings = Settings(
+        redis_url=None,
+        state_dir=root / "state",
+        vllm_served_model_name=SERVED_NAME,
+        vllm_args="--dtype float32 --max-model-len 4096 --enable-log-requests",
+        vllm_hang_timeout_s=HANG_AFTER_S,
+    )
     lines: list[tuple[float, str]] = []
 
     def progress(line: str) -> None:
         lines.append((time.monotonic(), line))
         print(f"[stack] {line}", flush=True)
 
-    stack = Stack(settings, api_port=0, concurrency={"init": 1, "rollout": 4, "eval": 1}, log_dir=root / "logs",
-                  persistent_redis=True, vllm=True, model=tiny_model, on_progress=progress, extra_env=ENV,
-                  drain_timeout_s=5)  # fmt: skip
+    stack = Stack(
+        settings,
+        api_port=0,
+        concurrency={"init": 1, "rollout": 4, "eval": 1},
+        log_dir=root / "logs",
+        persistent_redis=True,
+        vllm=True,
+        model=tiny_model,
+        on_progress=progress,
+        extra_env=ENV,
+        drain_timeout_s=5,
+    )
     stack.start()
     supervisor = threading.Thread(target=stack.supervise, name="supervise", daemon=True)
     try:
@@ -95,12 +108,19 @@ def up(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[U
 
 
 def submit(api: httpx.Client, n: int, seed: int) -> list[str]:
-    jobs = [{
-        "task": {"kind": "agent-answer", "problem": f"What is {i} + {i}?", "answer": str(2 * i),
-                 "stop_on_no_tool_call": False},
-        "limits": {"max_turns": 2, "max_tokens": 3000},
-        "sampling": {"max_tokens": 16, "temperature": 1.0, "seed": seed + i},
-    } for i in range(n)]  # fmt: skip
+    jobs = [
+        {
+            "task": {
+                "kind": "agent-answer",
+                "problem": f"What is {i} + {i}?",
+                "answer": str(2 * i),
+                "stop_on_no_tool_call": False,
+            },
+            "limits": {"max_turns": 2, "max_tokens": 3000},
+            "sampling": {"max_tokens": 16, "temperature": 1.0, "seed": seed + i},
+        }
+        for i in range(n)
+    ]
     response = api.post("/v1/jobs", json=jobs)
     assert response.status_code == 202, response.text
     return response.json()["job_ids"]
@@ -158,8 +178,11 @@ def vllm_process(server: VLLMServer, needle: bytes) -> int:
     """The one process of the server's group whose command line holds `needle` (vLLM titles its engine
     `VLLM::EngineCore`; its API server runs `vllm.entrypoints.openai.api_server`)."""
     assert server.process is not None
-    found = [p for p in process_group(server.process.pid) if needle in Path(f"/proc/{p}/cmdline").read_bytes()
-             and p != server.process.pid]  # fmt: skip
+    found = [
+        p
+        for p in process_group(server.process.pid)
+        if needle in Path(f"/proc/{p}/cmdline").read_bytes() and p != server.process.pid
+    ]
     assert len(found) == 1, (needle, found, [Path(f"/proc/{p}/cmdline").read_bytes() for p in found])
     return found[0]
 
@@ -170,16 +193,22 @@ def test_a_killed_api_and_a_killed_redis_are_restarted_and_jobs_run_to_done(up: 
     port, api_pid = stack.api_port, stack.api.pid
     killed = time.monotonic()
     os.kill(api_pid, signal.SIGKILL)
-    wait_for(lambda: stack.api is not None and stack.api.pid != api_pid and healthz(up), timeout=RESTART_CAP_S,
-             what="the API to be restarted")  # fmt: skip
+    wait_for(
+        lambda: stack.api is not None and stack.api.pid != api_pid and healthz(up),
+        timeout=RESTART_CAP_S,
+        what="the API to be restarted",
+    )
     api_back = time.monotonic() - killed
     assert stack.api_port == port and up.said_since(killed, "the API", "exited with signal SIGKILL"), up.log()
 
     redis_pid = stack.redis.process.pid
     killed = time.monotonic()
     os.kill(redis_pid, signal.SIGKILL)
-    wait_for(lambda: up.said_since(killed, "the embedded Redis", "restarted"), timeout=RESTART_CAP_S,
-             what="the embedded Redis to be restarted")  # fmt: skip
+    wait_for(
+        lambda: up.said_since(killed, "the embedded Redis", "restarted"),
+        timeout=RESTART_CAP_S,
+        what="the embedded Redis to be restarted",
+    )
     wait_for(lambda: healthz(up), timeout=RESTART_CAP_S, what="/healthz to reach Redis again")
     redis_back = time.monotonic() - killed
     assert stack.redis.process.pid != redis_pid, up.log()
@@ -188,24 +217,32 @@ def test_a_killed_api_and_a_killed_redis_are_restarted_and_jobs_run_to_done(up: 
     backend = wait_for(lambda: backend_serving(up), timeout=RESTART_CAP_S, what="the backend, still registered")
     records = finished(up.api, submit(up.api, 3, seed=100))
     assert_all_done(records, up)
-    figure(f"API SIGKILLed: serving again (/healthz 200) {api_back:.1f} s after the kill; embedded Redis "
-           f"SIGKILLed: restarted from its AOF, /healthz 200 {redis_back:.1f} s after; backend {backend['id']} "
-           "still registered; 3 jobs submitted afterwards all done")
+    figure(
+        f"API SIGKILLed: serving again (/healthz 200) {api_back:.1f} s after the kill; embedded Redis "
+        f"SIGKILLed: restarted from its AOF, /healthz 200 {redis_back:.1f} s after; backend {backend['id']} "
+        "still registered; 3 jobs submitted afterwards all done"
+    )
 
 
 def test_a_killed_engine_comes_back_with_the_current_weights_and_every_job_ends_done(up: Up, figure) -> None:
     server, root = up.server, up.root
     updated = checkpoint(root, 1)
-    response = up.api.post(f"/v1/models/{SERVED_NAME}/weights", json={"version": "step-1", "path": str(updated)},
-                           timeout=600)  # fmt: skip
+    response = up.api.post(
+        f"/v1/models/{SERVED_NAME}/weights", json={"version": "step-1", "path": str(updated)}, timeout=600
+    )
     assert response.status_code == 200 and all(b["status"] == "updated" for b in response.json()["backends"]), (
-        response.text)
+        response.text
+    )
 
     freeze(server)  # every request from now on waits in the engine, unsampled
     taken = requests_taken(server)
     ids = submit(up.api, 3, seed=200)
-    wait_for(lambda: requests_taken(server) >= taken + 3, timeout=RESTART_CAP_S, interval=0.5,
-             what="the engine to take every job's first request")  # fmt: skip
+    wait_for(
+        lambda: requests_taken(server) >= taken + 3,
+        timeout=RESTART_CAP_S,
+        interval=0.5,
+        what="the engine to take every job's first request",
+    )
     engine = vllm_process(server, b"EngineCore")
     killed = time.monotonic()
     os.kill(engine, signal.SIGKILL)
@@ -229,9 +266,11 @@ def test_a_killed_engine_comes_back_with_the_current_weights_and_every_job_ends_
     tokens, logprobs = sample(server.url, seed=7)
     gap, control = gap_to(updated, tokens, logprobs), gap_to(server.model, tokens, logprobs)
     assert gap < 1e-3 and control > 1e-2, (gap, control, tokens, logprobs)
-    figure(f"EngineCore SIGKILLed with 3 jobs in it after update step-1: vLLM exited {left - killed:.1f} s after "
-           f"the kill, back in the pool with step-1 {restarted - killed:.1f} s after (logprob gap to step-1 "
-           f"{gap:.1e}, to the base weights {control:.2f}); all 3 jobs done")
+    figure(
+        f"EngineCore SIGKILLed with 3 jobs in it after update step-1: vLLM exited {left - killed:.1f} s after "
+        f"the kill, back in the pool with step-1 {restarted - killed:.1f} s after (logprob gap to step-1 "
+        f"{gap:.1e}, to the base weights {control:.2f}); all 3 jobs done"
+    )
 
 
 def test_a_killed_vllm_api_server_comes_back_with_the_current_weights(up: Up, figure) -> None:
@@ -247,8 +286,10 @@ def test_a_killed_vllm_api_server_comes_back_with_the_current_weights(up: Up, fi
     assert info["weight_version"] == "step-1", (info, up.log())
     records = finished(up.api, submit(up.api, 2, seed=300))
     assert_all_done(records, up)
-    figure(f"vLLM's API server SIGKILLed: back in the pool ({backend['id']}) with step-1 {back:.1f} s after the "
-           "kill; 2 jobs submitted afterwards done")
+    figure(
+        f"vLLM's API server SIGKILLed: back in the pool ({backend['id']}) with step-1 {back:.1f} s after the "
+        "kill; 2 jobs submitted afterwards done"
+    )
 
 
 def test_a_hung_vllm_is_killed_and_comes_back_with_the_current_weights(up: Up, figure) -> None:
@@ -260,14 +301,18 @@ def test_a_hung_vllm_is_killed_and_comes_back_with_the_current_weights(up: Up, f
     api_server = vllm_process(server, b"vllm.entrypoints.openai.api_server")
     stopped = time.monotonic()
     os.kill(api_server, signal.SIGSTOP)
-    wait_for(lambda: up.said_since(stopped, "vLLM", "has not answered /health", "killing it"), timeout=RESTART_CAP_S,
-             what="the hang watch to kill the stopped server")  # fmt: skip
+    wait_for(
+        lambda: up.said_since(stopped, "vLLM", "has not answered /health", "killing it"),
+        timeout=RESTART_CAP_S,
+        what="the hang watch to kill the stopped server",
+    )
     judged = up.said_since(stopped, "vLLM", "killing it")
     # not before its silence was long enough: it counts from the last answer, at most one probe round (5 s apart,
     # 5 s timeout) before the stop
     assert judged is not None and judged - stopped >= HANG_AFTER_S - 10, up.log()
-    wait_for(lambda: up.said_since(stopped, "vLLM", "restarted", "step-1"), timeout=RESTART_CAP_S,
-             what="vLLM's restart")  # fmt: skip
+    wait_for(
+        lambda: up.said_since(stopped, "vLLM", "restarted", "step-1"), timeout=RESTART_CAP_S, what="vLLM's restart"
+    )
     wait_for(lambda: backend_serving(up), timeout=RESTART_CAP_S, what="the backend to serve again")
     back = time.monotonic() - stopped
     records = finished(up.api, submit(up.api, 2, seed=400))
@@ -275,5 +320,7 @@ def test_a_hung_vllm_is_killed_and_comes_back_with_the_current_weights(up: Up, f
     # every restart of the module shows in `rollouts status` (GET /v1/status): API 1, Redis 1, vLLM 3
     restarts = up.api.get("/v1/status").json()["restarts"]
     assert restarts == {"api": 1, "redis": 1, "vllm": 3}, (restarts, up.log())
-    figure(f"vLLM's API server SIGSTOPped: judged hung {judged - stopped:.1f} s after (limit {HANG_AFTER_S:.0f} s), "
-           f"killed, back in the pool with step-1 {back:.1f} s after the stop; 2 jobs submitted afterwards done")
+    figure(
+        f"vLLM's API server SIGSTOPped: judged hung {judged - stopped:.1f} s after (limit {HANG_AFTER_S:.0f} s), "
+        f"killed, back in the pool with step-1 {back:.1f} s after the stop; 2 jobs submitted afterwards done"
+    )

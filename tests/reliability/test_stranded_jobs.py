@@ -48,8 +48,10 @@ def test_a_job_stranded_between_queue_and_worker_runs_once_without_spending_a_re
         assert not record.get("lost"), record
         rollouts = _rollouts(trace_dir, job_id)
         assert len(rollouts) == 1 and "attempt=1" in rollouts[0], rollouts  # the busy slot was not disturbed
-    figure(f"a job stranded in rq's intermediate list queued again {back_after:.1f} s after its mark came due; "
-           "ran once, no retry spent")
+    figure(
+        f"a job stranded in rq's intermediate list queued again {back_after:.1f} s after its mark came due; "
+        "ran once, no retry spent"
+    )
 
 
 def _rollouts(trace_dir: Path, job_id: str) -> list[str]:

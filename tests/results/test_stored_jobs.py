@@ -162,7 +162,9 @@ def full_disk(settings: Settings) -> Iterator[None]:
         pytest.skip("mounting a size-capped tmpfs needs root")
     settings.results.mkdir(parents=True, exist_ok=True)
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(settings.results)], capture_output=True, check=False
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(settings.results)],
+        capture_output=True,
+        check=False,
     )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")

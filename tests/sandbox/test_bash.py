@@ -22,7 +22,7 @@ def shell(tmp_path: Path) -> Iterator[PersistentBash]:
 
 def test_cwd_env_and_functions_persist(shell: PersistentBash, tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
-    assert shell.run("cd sub && export GREETING=hi && f() { echo \"f:$1\"; }", 10).exit_code == 0
+    assert shell.run('cd sub && export GREETING=hi && f() { echo "f:$1"; }', 10).exit_code == 0
     out = shell.run("pwd; echo $GREETING; f x", 10)
     assert out.output == f"{tmp_path}/sub\nhi\nf:x\n"
 
@@ -101,7 +101,13 @@ def test_timeout_interrupts_even_when_the_server_inherited_sigint_ignored(tmp_pa
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-c", _INTERRUPT_WITH_SIGINT_IGNORED, str(tmp_path)], capture_output=True,
-                            text=True, check=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    result = subprocess.run(
+        [sys.executable, "-c", _INTERRUPT_WITH_SIGINT_IGNORED, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     outcome = json.loads(result.stdout)
     assert outcome["code"] == 130 and "Killed" not in outcome["output"], outcome

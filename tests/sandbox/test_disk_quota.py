@@ -81,8 +81,9 @@ def test_tmp_is_on_disk_in_the_runtime_dir(sandbox) -> None:
     assert (sandbox.scratch_dir / "blob").stat().st_size == 3_000_000
 
 
-def test_exec_gets_the_same_disk_backed_tmp(require_bwrap, workspace: Path, short_dir: Path,
-                                            sandbox_settings: Settings) -> None:  # fmt: skip
+def test_exec_gets_the_same_disk_backed_tmp(
+    require_bwrap, workspace: Path, short_dir: Path, sandbox_settings: Settings
+) -> None:
     box = create_sandbox(SandboxSpec(), workspace, short_dir / "rt", sandbox_settings)
     try:
         assert box.exec("echo kept > /tmp/note", timeout=30).ok
@@ -135,8 +136,9 @@ def test_too_many_files_end_the_sandbox(
     box.start()
     try:
         with pytest.raises(SandboxDiskQuotaExceeded, match="sandbox_disk_files"):
-            box.call("bash", {"command": "mkdir -p many && cd many && for i in $(seq 1000000); do : > f$i; done"},
-                     timeout=30)  # fmt: skip
+            box.call(
+                "bash", {"command": "mkdir -p many && cd many && for i in $(seq 1000000); do : > f$i; done"}, timeout=30
+            )
         assert len(os.listdir(workspace / "many")) < 1_000_000
     finally:
         box.stop()

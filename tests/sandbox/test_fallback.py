@@ -110,9 +110,19 @@ def test_tool_server_shutdown_kills_daemons_and_reaps_orphans(tmp_path: Path, sh
     ws.mkdir()
     sock = short_dir / "t.sock"
     server = subprocess.Popen(
-        [sys.executable, "-m", "workers.toolserver", "--socket", str(sock), "--workspace", str(ws),
-         "--state-dir", str(short_dir / "state")],
-        cwd=Path(__file__).resolve().parents[2], start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "workers.toolserver",
+            "--socket",
+            str(sock),
+            "--workspace",
+            str(ws),
+            "--state-dir",
+            str(short_dir / "state"),
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        start_new_session=True,
     )
     try:
         client = ToolClient(sock)

@@ -133,8 +133,13 @@ def test_a_write_that_fails_halfway_leaves_the_file_whole(ws: Workspace) -> None
 
     (ws.root / "notes.txt").write_text("original text\n")
     os.chmod(ws.root / "notes.txt", 0o600)
-    result = subprocess.run([sys.executable, "-c", _WRITE_PAST_LIMIT, str(ws.root)], capture_output=True,
-                            text=True, check=True, cwd=Path(__file__).resolve().parents[2])
+    result = subprocess.run(
+        [sys.executable, "-c", _WRITE_PAST_LIMIT, str(ws.root)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     errors = json.loads(result.stdout)
     for name in ("create", "str_replace"):
         assert "File too large" in errors[name] and "unchanged" in errors[name], errors

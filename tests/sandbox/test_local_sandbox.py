@@ -213,8 +213,10 @@ def test_twenty_sandboxes_at_once(sandbox_settings: Settings) -> None:
         with ThreadPoolExecutor(max_workers=20) as pool:
             list(pool.map(lambda box: box.start(), boxes))
             outputs = list(
-                pool.map(lambda pair: pair[1].call("bash", {"command": f"echo {pair[0]} > id; cat id; id -u"}),
-                         enumerate(boxes))
+                pool.map(
+                    lambda pair: pair[1].call("bash", {"command": f"echo {pair[0]} > id; cat id; id -u"}),
+                    enumerate(boxes),
+                )
             )
         # the pool threads that started them have exited: the sandboxes must outlive them
         namespaces = [_pid_ns(box) for box in boxes]

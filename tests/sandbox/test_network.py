@@ -199,7 +199,12 @@ def test_missing_slirp4netns_is_a_clear_error(
 
 def test_the_network_namespace_is_always_the_sandboxes_own(tmp_path: Path):
     common = dict(
-        env={}, workspace=tmp_path, workdir="/workspace", runtime_dir=tmp_path / "rt", uid=None, ro_paths=[],
+        env={},
+        workspace=tmp_path,
+        workdir="/workspace",
+        runtime_dir=tmp_path / "rt",
+        uid=None,
+        ro_paths=[],
         scratch_dir=tmp_path / "rt" / "tmp",
     )
     closed = bwrap_command(["true"], network=False, **common)

@@ -103,8 +103,9 @@ def test_a_profile_nobody_asks_for_is_stopped(pool_settings: Settings) -> None:
         assert pool.take(SandboxProfile.of(SandboxSpec(), settings, python=True)) is None  # asked for once
         wait_for(
             lambda: pool.stats.started >= 1 and pool.stats.stopped_idle >= 1 and pool.ready_count() == 0,
-            timeout=120, what=lambda: f"the idle pool to shrink ({pool.stats})",
-        )  # fmt: skip
+            timeout=120,
+            what=lambda: f"the idle pool to shrink ({pool.stats})",
+        )
     finally:
         pool.close()
 
@@ -156,8 +157,14 @@ def test_a_burst_of_64_jobs_never_has_more_sandboxes_starting_than_the_cap(pool_
 
     def job(index: int) -> None:
         try:
-            held = open_job_sandbox(SandboxSpec(), _job_workspace(settings, f"burst{index}", {}), settings,
-                                    python=False, lifetime="single-use", pool=pool)  # fmt: skip
+            held = open_job_sandbox(
+                SandboxSpec(),
+                _job_workspace(settings, f"burst{index}", {}),
+                settings,
+                python=False,
+                lifetime="single-use",
+                pool=pool,
+            )
             try:
                 assert held.sandbox.call("bash", {"command": "echo ok"}).output == "ok\n"
             finally:
@@ -208,8 +215,9 @@ def test_a_stop_that_comes_while_the_job_s_own_sandbox_starts_stops_it(pool_sett
 
     ws = _job_workspace(pool_settings, "j", {})
     with pytest.raises(SandboxError, match="stopped while it started"):
-        open_job_sandbox(SandboxSpec(), ws, pool_settings, python=True, lifetime="single-use", pool=None,
-                         hold=cancelled_at_once)  # fmt: skip
+        open_job_sandbox(
+            SandboxSpec(), ws, pool_settings, python=True, lifetime="single-use", pool=None, hold=cancelled_at_once
+        )
     assert not held[0].sandbox.running
 
 

@@ -59,8 +59,11 @@ def _give_back_and_wait(pool: SandboxPool, held: JobSandbox) -> bool:
     held.finish()
     if not running:
         return False  # a dead sandbox is stopped, never offered
-    wait_for(lambda: pool.ready_count(held.profile) or pool.stats.discarded > discarded, timeout=120,
-             what=lambda: f"the sandbox back or discarded ({pool.stats})")  # fmt: skip
+    wait_for(
+        lambda: pool.ready_count(held.profile) or pool.stats.discarded > discarded,
+        timeout=120,
+        what=lambda: f"the sandbox back or discarded ({pool.stats})",
+    )
     return pool.stats.discarded == discarded
 
 

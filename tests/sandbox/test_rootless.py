@@ -120,11 +120,27 @@ def test_sandbox_as_an_unprivileged_user(require_bwrap: None) -> None:
         os.chown(base / "ws", 65534, 65534)
         with reachable_by_anyone(base / "view", {"project": str(PROJECT_ROOT)}) as [project]:
             done = subprocess.run(
-                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                 "env", "-i", "PATH=/usr/bin:/bin", "HOME=/tmp", f"PYTHONPATH={project}/{site}:{project}",
-                 SYSTEM_PYTHON, "-c", SCRIPT, str(base)],
-                capture_output=True, text=True, timeout=120, cwd=base, check=False,
-            )  # fmt: skip
+                [
+                    "setpriv",
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    "env",
+                    "-i",
+                    "PATH=/usr/bin:/bin",
+                    "HOME=/tmp",
+                    f"PYTHONPATH={project}/{site}:{project}",
+                    SYSTEM_PYTHON,
+                    "-c",
+                    SCRIPT,
+                    str(base),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=base,
+                check=False,
+            )
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split() == ["65534", "/workspace", "ro", "65534", "False", "False", "quota", "quota"]
         assert os.stat(base / "ws" / "made.txt").st_uid == 65534
@@ -150,12 +166,29 @@ def test_network_sandbox_as_an_unprivileged_user(require_bwrap: None) -> None:
         os.chown(base / "ws", 65534, 65534)
         with reachable_by_anyone(base / "view", {"project": str(PROJECT_ROOT)}) as [project]:
             done = subprocess.run(
-                [*prefix, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                 "env", "-i", "PATH=/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/tmp",
-                 f"PYTHONPATH={project}/{site}:{project}",
-                 SYSTEM_PYTHON, "-c", NETWORK_SCRIPT, str(base), str(server.getsockname()[1])],
-                capture_output=True, text=True, timeout=120, cwd=base, check=False,
-            )  # fmt: skip
+                [
+                    *prefix,
+                    "setpriv",
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    "env",
+                    "-i",
+                    "PATH=/usr/bin:/bin:/usr/sbin:/sbin",
+                    "HOME=/tmp",
+                    f"PYTHONPATH={project}/{site}:{project}",
+                    SYSTEM_PYTHON,
+                    "-c",
+                    NETWORK_SCRIPT,
+                    str(base),
+                    str(server.getsockname()[1]),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=base,
+                check=False,
+            )
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split() == ["2", "tap0:", "closed", "closed"], done.stdout + done.stderr[-2000:]
     finally:

@@ -36,7 +36,7 @@ def test_the_tool_server_imports_from_the_files_the_image_copies(tmp_path):
     assert pairs, "no %files section in sandbox.def"
     for source, destination in pairs:
         assert destination.startswith(IMAGE_SRC), destination
-        target = tmp_path / destination[len(IMAGE_SRC):]
+        target = tmp_path / destination[len(IMAGE_SRC) :]
         target.parent.mkdir(parents=True, exist_ok=True)
         if (ROOT / source).is_dir():
             shutil.copytree(ROOT / source, target)
@@ -52,7 +52,12 @@ def test_the_tool_server_imports_from_the_files_the_image_copies(tmp_path):
         "if m.__name__.split('.')[0] in ('shared', 'workers', 'api', 'cli')}))"
     )
     result = subprocess.run(
-        [sys.executable, "-I", "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False
+        [sys.executable, "-I", "-c", probe, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     loaded = ast.literal_eval(result.stdout.strip().splitlines()[-1])

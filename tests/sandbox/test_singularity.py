@@ -57,9 +57,16 @@ def test_command_is_rootless_contained_and_offline(tmp_path: Path) -> None:
 
 def test_network_flag_lifts_only_the_network(tmp_path: Path) -> None:
     cmd = apptainer_command(
-        "singularity", Path("i.sif"), ["true"], workspace=Path("/w"), workdir="/workspace",
-        runtime_dir=Path("/r"), env_file=Path("/r/env"), network=True, scratch_dir=Path("/r/tmp"),
-    )  # fmt: skip
+        "singularity",
+        Path("i.sif"),
+        ["true"],
+        workspace=Path("/w"),
+        workdir="/workspace",
+        runtime_dir=Path("/r"),
+        env_file=Path("/r/env"),
+        network=True,
+        scratch_dir=Path("/r/tmp"),
+    )
     assert "--net" not in cmd and "--network" not in cmd and "--contain" in cmd
 
 
@@ -142,8 +149,9 @@ def test_definition_files_are_keyed_by_content(tmp_path: Path) -> None:
 
 def test_the_pool_does_not_take_apptainer_sandboxes_it_never_ran(tmp_path: Path) -> None:
     """Never tried with a real Apptainer: the pool starts none ahead, and jobs start their own as before."""
-    settings = Settings(state_dir=tmp_path, sandbox_backend="singularity", sandbox_default_image="/x.sif",
-                        sandbox_pool_interval_s=0.05)  # fmt: skip
+    settings = Settings(
+        state_dir=tmp_path, sandbox_backend="singularity", sandbox_default_image="/x.sif", sandbox_pool_interval_s=0.05
+    )
     box = create_sandbox(SandboxSpec(), tmp_path / "ws", tmp_path / "rt", settings)
     assert box.poolable and "never tried" in box.poolable
     pool = SandboxPool(settings, lambda: Demand(free_slots=1, queue_depth=1))

@@ -17,8 +17,12 @@ def toolbox(tmp_path: Path) -> Iterator[ToolBox]:
     ws = tmp_path / "ws"
     ws.mkdir()
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
-    box = ToolBox(ws, tmp_path / "state", env, ToolLimits(output_cap=1000, hard_output_cap=20_000,
-                                                          default_timeout_s=20, max_timeout_s=30))
+    box = ToolBox(
+        ws,
+        tmp_path / "state",
+        env,
+        ToolLimits(output_cap=1000, hard_output_cap=20_000, default_timeout_s=20, max_timeout_s=30),
+    )
     box.start()
     yield box
     box.close()

@@ -31,8 +31,11 @@ REQUEST_TIMEOUT_S = 10.0
 def live_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real uvicorn API process over its own redis-server, with auth on."""
     state = tmp_path_factory.mktemp("fuzz")
-    settings = {"ROLLOUTS_API_TOKENS": "fuzz-reader-token", "ROLLOUTS_ADMIN_TOKENS": ADMIN_TOKEN,
-                "ROLLOUTS_MAX_JOBS_PER_REQUEST": "50"}  # fmt: skip
+    settings = {
+        "ROLLOUTS_API_TOKENS": "fuzz-reader-token",
+        "ROLLOUTS_ADMIN_TOKENS": ADMIN_TOKEN,
+        "ROLLOUTS_MAX_JOBS_PER_REQUEST": "50",
+    }
     try:
         with running_api(state, **settings) as url:
             yield url

@@ -73,9 +73,7 @@ def test_job_ids_are_random_not_sequential(make_client):
 
 
 def test_a_batch_is_cancelled_only_with_the_admin_scope(scoped):
-    batch = scoped.post(
-        "/v1/batches", json={"prompts": [DEMO["task"]], "n_samples": 2}, headers=READER
-    )
+    batch = scoped.post("/v1/batches", json={"prompts": [DEMO["task"]], "n_samples": 2}, headers=READER)
     assert batch.status_code == 202, batch.text
     batch_id = batch.json()["id"]
     refused = scoped.delete(f"/v1/batches/{batch_id}", headers=READER)

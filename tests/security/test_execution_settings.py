@@ -83,8 +83,16 @@ def test_an_unknown_profile_is_a_422_naming_the_profiles_there_are(api):
 
 
 def test_a_swe_repository_on_the_workers_disks_is_an_execution_setting(api):
-    row = {"kind": "swe", "format": "swebench", "instance_id": "o__r-1", "repo": "o/r", "repo_path": "/etc",
-           "base_commit": "a" * 40, "problem_statement": "x", "FAIL_TO_PASS": ["t"]}  # fmt: skip
+    row = {
+        "kind": "swe",
+        "format": "swebench",
+        "instance_id": "o__r-1",
+        "repo": "o/r",
+        "repo_path": "/etc",
+        "base_commit": "a" * 40,
+        "problem_statement": "x",
+        "FAIL_TO_PASS": ["t"],
+    }
     response = api.post("/v1/jobs", json={"task": row}, headers=READER)
     assert response.status_code == 403 and "body.task.repo_path" in fields(response)
 

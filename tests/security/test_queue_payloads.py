@@ -34,8 +34,10 @@ class _CreatesFileWhenUnpickled:
 def _forge(redis: Redis, stage: str, rq_id: str, fields: dict[str, bytes | str]) -> None:
     """An rq job hash and its queue entry, written as an attacker with Redis access would."""
     created = "2026-01-01T00:00:00.000000Z"
-    redis.hset(f"rq:job:{rq_id}", mapping={"status": "queued", "origin": stage, "created_at": created,
-                                           "description": "forged", **fields})  # fmt: skip
+    redis.hset(
+        f"rq:job:{rq_id}",
+        mapping={"status": "queued", "origin": stage, "created_at": created, "description": "forged", **fields},
+    )
     redis.rpush(f"rq:queue:{stage}", rq_id)
 
 
@@ -69,14 +71,22 @@ def test_a_pickled_payload_or_a_forged_function_runs_nothing(make_stack, trace_d
         path_as_job_id = json.dumps([f"workers.{stage}.stage.run", None, [str(victim)], {}])
         _forge(redis, stage, forged[-1][1], {"data": path_as_job_id})
         forged.append((stage, f"callback-{stage}"))
-        _forge(redis, stage, forged[-1][1], {
-            "data": json.dumps(["workers.init.stage.run", None, ["0" * 32], {}]),
-            "failure_callback_name": "os.system",
-        })
+        _forge(
+            redis,
+            stage,
+            forged[-1][1],
+            {
+                "data": json.dumps(["workers.init.stage.run", None, ["0" * 32], {}]),
+                "failure_callback_name": "os.system",
+            },
+        )
 
     # Every forged job is taken off its queue, and a real job still goes through every stage after them.
-    wait_for(lambda: all(redis.llen(f"rq:queue:{stage}") == 0 for stage in STAGES), timeout=60,
-             what="the forged jobs to be dequeued")  # fmt: skip
+    wait_for(
+        lambda: all(redis.llen(f"rq:queue:{stage}") == 0 for stage in STAGES),
+        timeout=60,
+        what="the forged jobs to be dequeued",
+    )
     job_id = api.post("/v1/jobs", json={"task": {"kind": "scripted", "trace": str(trace_dir)}}).json()["job_ids"][0]
     assert wait_status(api, job_id)["status"] == "done"
 

@@ -44,7 +44,10 @@ def test_a_stack_on_a_password_protected_redis_runs_jobs_and_never_logs_the_pass
     settings = Settings(redis_url=protected_redis.url, state_dir=tmp_path / "state")
     logs = tmp_path / "logs"
     stack = Stack(
-        settings, api_port=0, concurrency={"init": 1, "rollout": 1, "eval": 1}, log_dir=logs,
+        settings,
+        api_port=0,
+        concurrency={"init": 1, "rollout": 1, "eval": 1},
+        log_dir=logs,
         extra_env={**FAST_RECOVERY_ENV, "ROLLOUTS_LOG_LEVEL": "DEBUG"},
     )
     with stack:
@@ -79,12 +82,15 @@ def test_rollouts_up_prints_the_redis_address_with_the_password_redacted(protect
     with open(log_path, "w") as log:
         up = subprocess.Popen(
             [sys.executable, "-m", "cli", "up", "--port", str(port), "--no-vllm"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         try:
             banner = wait_for(
                 lambda: next((line for line in log_path.read_text().splitlines() if line.startswith("  redis ")), None),
-                timeout=90, what="the `rollouts up` banner's Redis line",
+                timeout=90,
+                what="the `rollouts up` banner's Redis line",
             )
         finally:
             up.send_signal(signal.SIGINT)
@@ -101,8 +107,13 @@ def test_rollouts_up_prints_the_redis_address_with_the_password_redacted(protect
 
 def test_the_embedded_redis_has_a_random_password_on_loopback_and_only_a_0600_file_holds_its_url(tmp_path):
     settings = Settings(redis_url=None, state_dir=tmp_path / "state")
-    stack = Stack(settings, api_port=0, concurrency={"init": 1, "rollout": 1, "eval": 1}, log_dir=tmp_path / "logs",
-                  extra_env=FAST_RECOVERY_ENV)  # fmt: skip
+    stack = Stack(
+        settings,
+        api_port=0,
+        concurrency={"init": 1, "rollout": 1, "eval": 1},
+        log_dir=tmp_path / "logs",
+        extra_env=FAST_RECOVERY_ENV,
+    )
     with stack:
         stack.wait_for_workers()
         assert stack.redis is not None and stack.redis_url_file is not None
@@ -122,9 +133,13 @@ def test_the_embedded_redis_has_a_random_password_on_loopback_and_only_a_0600_fi
         job_id = api.post("/v1/jobs", json={"task": {"kind": "scripted"}}).json()["job_ids"][0]
         assert wait_status(api, job_id)["status"] == "done"
         status = subprocess.run(
-            [sys.executable, "-m", "cli", "status"], env={**stack.env, "ROLLOUTS_API_URL": stack.api_url},
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+            [sys.executable, "-m", "cli", "status"],
+            env={**stack.env, "ROLLOUTS_API_URL": stack.api_url},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         url_file = stack.redis_url_file
     assert status.returncode == 0, status.stderr
     assert "rollout" in status.stdout and "done 1" in status.stdout

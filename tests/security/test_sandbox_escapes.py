@@ -63,8 +63,7 @@ def test_a_server_on_the_hosts_loopback_is_unreachable(box: str, request: pytest
 def test_names_do_not_resolve_and_no_outside_address_is_reachable(sandbox: Sandbox):
     output = bash(
         sandbox,
-        "getent hosts pypi.org || echo no-dns; "
-        "timeout 5 bash -c 'echo > /dev/tcp/1.1.1.1/53' 2>&1 || echo no-route",
+        "getent hosts pypi.org || echo no-dns; timeout 5 bash -c 'echo > /dev/tcp/1.1.1.1/53' 2>&1 || echo no-route",
     )
     assert "no-dns" in output and "no-route" in output
 
@@ -141,8 +140,11 @@ def test_kernel_interfaces_escapes_use_are_refused_with_eperm(sandbox: Sandbox, 
 
 
 def test_ordinary_work_still_runs_under_the_filter(sandbox: Sandbox):
-    output = bash(sandbox, "python3 -c 'import subprocess, threading; print(subprocess.run([\"echo\", \"ok\"], "
-                           "capture_output=True, text=True).stdout.strip())' 2>&1 || "
-                           "python -c 'import subprocess; print(subprocess.run([\"echo\", \"ok\"], "
-                           "capture_output=True, text=True).stdout.strip())'; (sleep 0.1 & wait) && echo jobs-ok")  # fmt: skip
+    output = bash(
+        sandbox,
+        'python3 -c \'import subprocess, threading; print(subprocess.run(["echo", "ok"], '
+        "capture_output=True, text=True).stdout.strip())' 2>&1 || "
+        'python -c \'import subprocess; print(subprocess.run(["echo", "ok"], '
+        "capture_output=True, text=True).stdout.strip())'; (sleep 0.1 & wait) && echo jobs-ok",
+    )
     assert output.split() == ["ok", "jobs-ok"], output

@@ -69,8 +69,13 @@ class SlurmCluster:
         key.chmod(0o400)
         self.munge_socket = run / "munge.socket"
         argv = [
-            "munged", "--foreground", f"--socket={self.munge_socket}", f"--key-file={key}",
-            f"--pid-file={run / 'munged.pid'}", f"--log-file={keys / 'munged.log'}", f"--seed-file={keys / 'seed'}",
+            "munged",
+            "--foreground",
+            f"--socket={self.munge_socket}",
+            f"--key-file={key}",
+            f"--pid-file={run / 'munged.pid'}",
+            f"--log-file={keys / 'munged.log'}",
+            f"--seed-file={keys / 'seed'}",
         ]
         self._spawn("munged", argv, user="munge")
         self._wait(lambda: self.munge_socket.exists(), 15, "munged's socket")
@@ -80,58 +85,66 @@ class SlurmCluster:
             (self.root / sub).mkdir(exist_ok=True)
         self.partition = "rollouts"
         self.conf.write_text(
-            "\n".join([
-                "ClusterName=rolloutstest",
-                f"SlurmctldHost={self.node}(127.0.0.1)",
-                f"SlurmctldPort={_free_port()}",
-                f"SlurmdPort={_free_port()}",
-                "SlurmUser=root",  # the tests run as root here
-                "SlurmdUser=root",
-                "AuthType=auth/munge",
-                "CredType=cred/munge",
-                f"AuthInfo=socket={self.munge_socket}",
-                f"StateSaveLocation={self.root / 'state'}",
-                f"SlurmdSpoolDir={self.root / 'spool'}",
-                f"SlurmctldPidFile={self.root / 'run' / 'slurmctld.pid'}",
-                f"SlurmdPidFile={self.root / 'run' / 'slurmd.pid'}",
-                f"SlurmctldLogFile={self.root / 'log' / 'slurmctld.log'}",
-                f"SlurmdLogFile={self.root / 'log' / 'slurmd.log'}",
-                "ProctrackType=proctrack/linuxproc",
-                "TaskPlugin=task/none",
-                "JobAcctGatherType=jobacct_gather/none",
-                "AccountingStorageType=accounting_storage/none",
-                "JobCompType=jobcomp/none",
-                "SwitchType=switch/none",
-                "MpiDefault=none",
-                "SchedulerType=sched/builtin",
-                # A job whose `after` dependency was just met waits for the main scheduling loop
-                # (60 s by default); 2 s keeps the whole-stack test short.
-                "SchedulerParameters=sched_interval=2",
-                "SelectType=select/cons_tres",
-                "SelectTypeParameters=CR_Core",
-                "SlurmdParameters=config_overrides",
-                "ReturnToService=2",
-                f"KillWait={self.kill_wait_s}",
-                "MinJobAge=600",
-                "InactiveLimit=0",
-                f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory=2048 State=UNKNOWN",
-                # Jobs in `urgent` preempt the service's; those get their --signal (B:TERM) at once
-                # and GraceTime to go, as docs/OPERATIONS.md asks sites to configure.
-                "PreemptType=preempt/partition_prio",
-                "PreemptMode=CANCEL",
-                "SlurmctldParameters=preempt_send_user_signal",
-                f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP"
-                f" PriorityTier=1 GraceTime={GRACE_TIME_S}",
-                f"PartitionName=urgent Nodes={self.node} MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF",
-                "",
-            ])
+            "\n".join(
+                [
+                    "ClusterName=rolloutstest",
+                    f"SlurmctldHost={self.node}(127.0.0.1)",
+                    f"SlurmctldPort={_free_port()}",
+                    f"SlurmdPort={_free_port()}",
+                    "SlurmUser=root",  # the tests run as root here
+                    "SlurmdUser=root",
+                    "AuthType=auth/munge",
+                    "CredType=cred/munge",
+                    f"AuthInfo=socket={self.munge_socket}",
+                    f"StateSaveLocation={self.root / 'state'}",
+                    f"SlurmdSpoolDir={self.root / 'spool'}",
+                    f"SlurmctldPidFile={self.root / 'run' / 'slurmctld.pid'}",
+                    f"SlurmdPidFile={self.root / 'run' / 'slurmd.pid'}",
+                    f"SlurmctldLogFile={self.root / 'log' / 'slurmctld.log'}",
+                    f"SlurmdLogFile={self.root / 'log' / 'slurmd.log'}",
+                    "ProctrackType=proctrack/linuxproc",
+                    "TaskPlugin=task/none",
+                    "JobAcctGatherType=jobacct_gather/none",
+                    "AccountingStorageType=accounting_storage/none",
+                    "JobCompType=jobcomp/none",
+                    "SwitchType=switch/none",
+                    "MpiDefault=none",
+                    "SchedulerType=sched/builtin",
+                    # A job whose `after` dependency was just met waits for the main scheduling loop
+                    # (60 s by default); 2 s keeps the whole-stack test short.
+                    "SchedulerParameters=sched_interval=2",
+                    "SelectType=select/cons_tres",
+                    "SelectTypeParameters=CR_Core",
+                    "SlurmdParameters=config_overrides",
+                    "ReturnToService=2",
+                    f"KillWait={self.kill_wait_s}",
+                    "MinJobAge=600",
+                    "InactiveLimit=0",
+                    f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory=2048 State=UNKNOWN",
+                    # Jobs in `urgent` preempt the service's; those get their --signal (B:TERM) at once
+                    # and GraceTime to go, as docs/OPERATIONS.md asks sites to configure.
+                    "PreemptType=preempt/partition_prio",
+                    "PreemptMode=CANCEL",
+                    "SlurmctldParameters=preempt_send_user_signal",
+                    f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP"
+                    f" PriorityTier=1 GraceTime={GRACE_TIME_S}",
+                    f"PartitionName=urgent Nodes={self.node} MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF",
+                    "",
+                ]
+            )
         )
 
     def _spawn(self, name: str, argv: list[str], user: str | None = None) -> None:
         with open(self.root / f"{name}.out", "ab") as log:
             process = subprocess.Popen(
-                argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, user=user, group=user,
-                extra_groups=[] if user else None, start_new_session=True,
+                argv,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                user=user,
+                group=user,
+                extra_groups=[] if user else None,
+                start_new_session=True,
             )
         self._daemons.append((name, process))
 
@@ -154,16 +167,24 @@ class SlurmCluster:
             time.sleep(0.2)
 
     # --- use --------------------------------------------------------------
-    def run(self, argv: list[str], env: dict[str, str] | None = None, check: bool = True,
-            cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(argv, env={**self.env, **(env or {})}, capture_output=True, text=True,
-                                cwd=cwd, timeout=timeout, check=False)
+    def run(
+        self,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        check: bool = True,
+        cwd: Path | None = None,
+        timeout: float = 120,
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            argv, env={**self.env, **(env or {})}, capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False
+        )
         if check and result.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr or result.stdout}")
         return result
 
-    def sbatch(self, script: Path | None, *options: str, env: dict[str, str] | None = None,
-               cwd: Path | None = None) -> str:
+    def sbatch(
+        self, script: Path | None, *options: str, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> str:
         """Submit `script` (None with a --wrap option); returns the job id."""
         argv = ["sbatch", "--parsable", *options, *([str(script)] if script else [])]
         out = self.run(argv, env=env, cwd=cwd).stdout

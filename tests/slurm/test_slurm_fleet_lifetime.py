@@ -49,8 +49,11 @@ def test_a_fleet_scales_renews_before_its_time_limit_and_hides_its_password(slur
     )
     _stack(slurm, config, "up", "--init", "1", "--rollout", "1", "--eval", "1")
     try:
-        api_url = wait_for(lambda: _published(run_dir, "api").get("ROLLOUTS_API_URL"), timeout=240,
-                           what="the API job to publish its address")  # fmt: skip
+        api_url = wait_for(
+            lambda: _published(run_dir, "api").get("ROLLOUTS_API_URL"),
+            timeout=240,
+            what="the API job to publish its address",
+        )
         api = httpx.Client(base_url=api_url, timeout=10.0, headers=_bearer(run_dir))
 
         def rollout_workers() -> int:
@@ -79,8 +82,11 @@ def test_a_fleet_scales_renews_before_its_time_limit_and_hides_its_password(slur
         short = (set(_recorded(run_dir, "rollout")) - before).pop()
         jobs = [{"task": {"kind": "scripted", "trace": str(trace_dir), "sleep": {"rollout": 1.0}}}] * 20
         ids = api.post("/v1/jobs", json=jobs[:10]).json()["job_ids"]
-        successor = wait_for(lambda: next(iter(set(_recorded(run_dir, "rollout")) - before - {short}), None),
-                             timeout=150, what="the short task to renew itself")  # fmt: skip
+        successor = wait_for(
+            lambda: next(iter(set(_recorded(run_dir, "rollout")) - before - {short}), None),
+            timeout=150,
+            what="the short task to renew itself",
+        )
         ids += api.post("/v1/jobs", json=jobs[10:]).json()["job_ids"]
         wait_for(lambda: not slurm.tasks(short), timeout=120, what="the renewed task to drain and end")
         assert slurm.job_state(f"{short}_0") == "COMPLETED", "it should have drained, not been killed at its limit"

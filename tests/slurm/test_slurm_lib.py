@@ -12,7 +12,11 @@ from tests.slurm.conftest import REPO
 def _bash(script: str, env: dict[str, str]) -> str:
     result = subprocess.run(
         ["bash", "-c", f"set -euo pipefail; source {REPO}/slurm/lib.sh; {script}"],
-        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", **env}, capture_output=True, text=True, timeout=30, check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -23,7 +27,7 @@ def test_config_file_fills_in_what_the_environment_does_not_set(tmp_path: Path):
     config.write_text(
         "# comment\n\n"
         "ROLLOUTS_A=from-file\n"
-        "export ROLLOUTS_B=\"two words\"\n"
+        'export ROLLOUTS_B="two words"\n'
         "ROLLOUTS_C='$NOT_EXPANDED'\n"
         "  ROLLOUTS_D=x=y\n"
         "not a setting\n"
@@ -38,8 +42,10 @@ def test_config_file_fills_in_what_the_environment_does_not_set(tmp_path: Path):
 def test_setup_reads_the_config_and_defaults_the_run_dir_under_the_state_dir(tmp_path: Path):
     config = tmp_path / "rollouts.env"
     config.write_text(f"ROLLOUTS_STATE_DIR={tmp_path}/state\n")
-    out = _bash('rollouts_setup; echo "$ROLLOUTS_RUN_DIR $ROLLOUTS_PYTHON $PWD"',
-                {"ROLLOUTS_CONFIG": str(config), "SLURM_SUBMIT_DIR": str(REPO)})
+    out = _bash(
+        'rollouts_setup; echo "$ROLLOUTS_RUN_DIR $ROLLOUTS_PYTHON $PWD"',
+        {"ROLLOUTS_CONFIG": str(config), "SLURM_SUBMIT_DIR": str(REPO)},
+    )
     assert out.split() == [f"{tmp_path}/state/slurm", f"{REPO}/.venv/bin/python", str(REPO)]
     assert (tmp_path / "state" / "slurm").is_dir()
 
@@ -66,8 +72,12 @@ def test_a_job_waits_for_an_address_and_ignores_one_whose_job_is_gone(tmp_path: 
     squeue.write_text('#!/bin/bash\nfor a in "$@"; do [ "$a" = 12 ] && echo 12; done; exit 0\n')
     squeue.chmod(0o755)
     (tmp_path / "redis.env").write_text("ROLLOUTS_REDIS_URL=redis://old:1/0\nROLLOUTS_SLURM_REDIS_JOB=11\n")
-    env = {"ROLLOUTS_RUN_DIR": str(tmp_path), "ROLLOUTS_SLURM_WAIT_S": "2", "ROLLOUTS_SLURM_POLL_S": "0.2",
-           "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    env = {
+        "ROLLOUTS_RUN_DIR": str(tmp_path),
+        "ROLLOUTS_SLURM_WAIT_S": "2",
+        "ROLLOUTS_SLURM_POLL_S": "0.2",
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+    }
     script = f"source {REPO}/slurm/lib.sh; rollouts_wait_for redis ROLLOUTS_REDIS_URL; echo $ROLLOUTS_REDIS_URL"
 
     stale = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=False)
@@ -76,8 +86,14 @@ def test_a_job_waits_for_an_address_and_ignores_one_whose_job_is_gone(tmp_path: 
     (tmp_path / "redis.env").write_text("ROLLOUTS_REDIS_URL=redis://new:2/0\nROLLOUTS_SLURM_REDIS_JOB=12\n")
     live = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=False)
     assert live.returncode == 0 and live.stdout.strip() == "redis://new:2/0"
-    configured = subprocess.run(["bash", "-c", script], env={**env, "ROLLOUTS_REDIS_URL": "redis://site:3/0"},
-                                capture_output=True, text=True, timeout=30, check=False)
+    configured = subprocess.run(
+        ["bash", "-c", script],
+        env={**env, "ROLLOUTS_REDIS_URL": "redis://site:3/0"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert configured.stdout.strip() == "redis://site:3/0"
 
 
@@ -90,8 +106,13 @@ def test_up_makes_private_secrets_once_and_every_job_reads_them(tmp_path: Path):
     _bash("rollouts_make_secrets", env)
     made = _settings(tmp_path / "secrets.env")
     assert (tmp_path / "secrets.env").stat().st_mode & 0o077 == 0
-    assert set(made) == {"ROLLOUTS_SLURM_REDIS_PASSWORD", "ROLLOUTS_API_TOKENS", "ROLLOUTS_ADMIN_TOKENS",
-                         "ROLLOUTS_TOKEN", "ROLLOUTS_BACKEND_ADMIN_KEY"}, "a configured value is not made"  # fmt: skip
+    assert set(made) == {
+        "ROLLOUTS_SLURM_REDIS_PASSWORD",
+        "ROLLOUTS_API_TOKENS",
+        "ROLLOUTS_ADMIN_TOKENS",
+        "ROLLOUTS_TOKEN",
+        "ROLLOUTS_BACKEND_ADMIN_KEY",
+    }, "a configured value is not made"
     assert len(set(made.values())) == 4 and made["ROLLOUTS_TOKEN"] == made["ROLLOUTS_ADMIN_TOKENS"]
     assert all(len(value) >= 40 for value in made.values())
 
@@ -103,21 +124,39 @@ def test_up_makes_private_secrets_once_and_every_job_reads_them(tmp_path: Path):
     _bash("rollouts_make_secrets", env)
     rotated = _settings(tmp_path / "secrets.env")
     assert rotated.pop("ROLLOUTS_BACKEND_ADMIN_KEY") != made.pop("ROLLOUTS_BACKEND_ADMIN_KEY") and rotated == made
-    out = _bash('rollouts_setup; echo "$ROLLOUTS_API_TOKENS $ROLLOUTS_BACKEND_KEY"',
-                {**env, "SLURM_SUBMIT_DIR": str(REPO)})  # fmt: skip
+    out = _bash(
+        'rollouts_setup; echo "$ROLLOUTS_API_TOKENS $ROLLOUTS_BACKEND_KEY"', {**env, "SLURM_SUBMIT_DIR": str(REPO)}
+    )
     assert out.split() == [rotated["ROLLOUTS_API_TOKENS"], "from-config"], "the environment wins over the file"
 
 
 def test_a_site_redis_gets_no_password_made(tmp_path: Path):
-    _bash("rollouts_make_secrets", {"ROLLOUTS_RUN_DIR": str(tmp_path), "ROLLOUTS_PYTHON": "python3",
-                                    "ROLLOUTS_REDIS_URL": "redis://:site@redis:6379/0"})  # fmt: skip
+    _bash(
+        "rollouts_make_secrets",
+        {
+            "ROLLOUTS_RUN_DIR": str(tmp_path),
+            "ROLLOUTS_PYTHON": "python3",
+            "ROLLOUTS_REDIS_URL": "redis://:site@redis:6379/0",
+        },
+    )
     assert "ROLLOUTS_SLURM_REDIS_PASSWORD" not in _settings(tmp_path / "secrets.env")
 
 
 def test_redaction_hides_every_secret_value_and_keeps_the_rest():
-    lines = ["ROLLOUTS_REDIS_URL=redis://:pw@node:6379/0", "ROLLOUTS_API_TOKENS=a,b", "ROLLOUTS_TOKEN=t",
-             "ROLLOUTS_BACKEND_ADMIN_KEY=k", "ROLLOUTS_SLURM_REDIS_PASSWORD=p", "ROLLOUTS_API_URL=http://node:8000"]
+    lines = [
+        "ROLLOUTS_REDIS_URL=redis://:pw@node:6379/0",
+        "ROLLOUTS_API_TOKENS=a,b",
+        "ROLLOUTS_TOKEN=t",
+        "ROLLOUTS_BACKEND_ADMIN_KEY=k",
+        "ROLLOUTS_SLURM_REDIS_PASSWORD=p",
+        "ROLLOUTS_API_URL=http://node:8000",
+    ]
     out = _bash(" ".join(f"rollouts_redact '{line}';" for line in lines), {})
-    assert out.splitlines() == ["ROLLOUTS_REDIS_URL=redis://:***@node:6379/0", "ROLLOUTS_API_TOKENS=***",
-                                "ROLLOUTS_TOKEN=***", "ROLLOUTS_BACKEND_ADMIN_KEY=***",
-                                "ROLLOUTS_SLURM_REDIS_PASSWORD=***", "ROLLOUTS_API_URL=http://node:8000"]  # fmt: skip
+    assert out.splitlines() == [
+        "ROLLOUTS_REDIS_URL=redis://:***@node:6379/0",
+        "ROLLOUTS_API_TOKENS=***",
+        "ROLLOUTS_TOKEN=***",
+        "ROLLOUTS_BACKEND_ADMIN_KEY=***",
+        "ROLLOUTS_SLURM_REDIS_PASSWORD=***",
+        "ROLLOUTS_API_URL=http://node:8000",
+    ]

@@ -56,8 +56,15 @@ def _vllm_pid(port: int) -> int:
 
 
 def _sample(url: str, key: str) -> tuple[list[int], list[float]]:
-    body = {"model": SERVED_NAME, "prompt": PROMPT, "max_tokens": 4, "temperature": 1.0, "seed": 5,
-            "logprobs": 0, "return_token_ids": True}  # fmt: skip
+    body = {
+        "model": SERVED_NAME,
+        "prompt": PROMPT,
+        "max_tokens": 4,
+        "temperature": 1.0,
+        "seed": 5,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
     answer = httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120)
     assert answer.status_code == 200, answer.text
     choice = answer.json()["choices"][0]
@@ -65,8 +72,9 @@ def _sample(url: str, key: str) -> tuple[list[int], list[float]]:
 
 
 @pytest.mark.vllm
-def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_config, tmp_path, trace_dir, tiny_model,
-                                                                figure):  # fmt: skip
+def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(
+    slurm, write_config, tmp_path, trace_dir, tiny_model, figure
+):
     run_dir, node, vllm_port, checkpoints = tmp_path / "run", node_address(), free_port(), tmp_path / "checkpoints"
     checkpoints.mkdir()
     config = write_config(
@@ -87,17 +95,24 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
     assert (run_dir / "secrets.env").stat().st_mode & 0o077 == 0, "the secrets file is readable by others"
     added = new_api = None
     try:
-        api_url = wait_for(lambda: _published(run_dir, "api").get("ROLLOUTS_API_URL"), timeout=90,
-                           what="the API job to publish its address")
+        api_url = wait_for(
+            lambda: _published(run_dir, "api").get("ROLLOUTS_API_URL"),
+            timeout=90,
+            what="the API job to publish its address",
+        )
         password = secrets["ROLLOUTS_SLURM_REDIS_PASSWORD"]
         assert _published(run_dir, "redis")["ROLLOUTS_REDIS_URL"].startswith(f"redis://:{password}@")
         assert (run_dir / "redis.env").stat().st_mode & 0o077 == 0, "the password file is readable by others"
         assert httpx.get(f"{api_url}/v1/jobs", timeout=10).status_code == 401, "the API answers without a token"
-        api = httpx.Client(base_url=api_url, timeout=10.0,
-                           headers={"Authorization": f"Bearer {secrets['ROLLOUTS_TOKEN']}"})  # fmt: skip
+        api = httpx.Client(
+            base_url=api_url, timeout=10.0, headers={"Authorization": f"Bearer {secrets['ROLLOUTS_TOKEN']}"}
+        )
 
-        backend = wait_for(lambda: next((b for b in _backends(api) if b["healthy"]), None), timeout=900,
-                           what="the vLLM job's backend to register")
+        backend = wait_for(
+            lambda: next((b for b in _backends(api) if b["healthy"]), None),
+            timeout=900,
+            what="the vLLM job's backend to register",
+        )
         assert backend["model"] == "tiny" and backend["labels"]["slurm_job"].startswith(roles["vllm"])
         gateway = backend["url"]
         assert gateway.startswith(f"http://{node}:"), f"the pool knows {gateway}, not the node gateway"
@@ -110,11 +125,13 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
 
         # A weight update through the API reaches the Slurm-launched backend through its gateway.
         step = checkpoint(checkpoints, seed=1)
-        outside = api.post(f"/v1/models/{SERVED_NAME}/weights", json={"version": "step-x", "path": str(tiny_model)},
-                           timeout=300)  # fmt: skip
+        outside = api.post(
+            f"/v1/models/{SERVED_NAME}/weights", json={"version": "step-x", "path": str(tiny_model)}, timeout=300
+        )
         assert outside.status_code == 422 and "outside the checkpoint roots" in outside.text, outside.text
-        update = api.post(f"/v1/models/{SERVED_NAME}/weights", json={"version": "step-1", "path": str(step)},
-                          timeout=300)  # fmt: skip
+        update = api.post(
+            f"/v1/models/{SERVED_NAME}/weights", json={"version": "step-1", "path": str(step)}, timeout=300
+        )
         assert update.status_code == 200, update.text
         assert [b["status"] for b in update.json()["backends"]] == ["updated"], update.text
         tokens, logprobs = _sample(gateway, secrets["ROLLOUTS_BACKEND_KEY"])
@@ -126,10 +143,15 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
         os.kill(_vllm_pid(vllm_port), signal.SIGKILL)
         wait_for(lambda: not any(b["healthy"] for b in _backends(api)), timeout=60, what="the dead backend to leave")
         left = time.monotonic() - killed
-        back = wait_for(lambda: next((b for b in _backends(api) if b["healthy"]), None), timeout=600,
-                        what="the restarted backend to rejoin the pool")  # fmt: skip
-        figure(f"vLLM SIGKILLed under Slurm after update step-1: out of the pool {left:.1f} s after the kill, "
-               f"back behind its gateway with step-1 {time.monotonic() - killed:.1f} s after")
+        back = wait_for(
+            lambda: next((b for b in _backends(api) if b["healthy"]), None),
+            timeout=600,
+            what="the restarted backend to rejoin the pool",
+        )
+        figure(
+            f"vLLM SIGKILLed under Slurm after update step-1: out of the pool {left:.1f} s after the kill, "
+            f"back behind its gateway with step-1 {time.monotonic() - killed:.1f} s after"
+        )
         assert back["url"] == gateway
         info = httpx.get(f"{gateway}/weight_info", headers=data_key, timeout=10).json()
         assert info["weight_version"] == "step-1", info
@@ -141,12 +163,17 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
         _stack(slurm, config, "add", "rollout", "2")  # scale up: another array
         added = (run_dir / "jobs").read_text().splitlines()[-1].split()[1]
         wait_for(lambda: list(slurm.tasks(added).values()) == ["RUNNING"] * 2, timeout=60, what="the added tasks")
-        wait_for(lambda: api.get("/v1/status").json()["stages"]["rollout"]["processes"] == 3, timeout=90,
-                 what="three rollout workers")
+        wait_for(
+            lambda: api.get("/v1/status").json()["stages"]["rollout"]["processes"] == 3,
+            timeout=90,
+            what="three rollout workers",
+        )
 
         status = _stack(slurm, config, "status").stdout
         assert f"ROLLOUTS_API_URL={api_url}" in status and not [v for v in secrets.values() if v in status]
-        assert all(any(line.startswith(role) and "_" in line for line in status.splitlines()) for role in ("init", "vllm"))
+        assert all(
+            any(line.startswith(role) and "_" in line for line in status.splitlines()) for role in ("init", "vllm")
+        )
 
         jobs = [{"task": {"kind": "scripted", "trace": str(trace_dir), "sleep": {"rollout": 0.5}}}] * 6
         ids = api.post("/v1/jobs", json=jobs).json()["job_ids"]
@@ -165,8 +192,11 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(slurm, write_con
         # leaves the new address alone.
         _stack(slurm, config, "add", "api")
         new_api = (run_dir / "jobs").read_text().splitlines()[-1].split()[1]
-        wait_for(lambda: _published(run_dir, "api").get("ROLLOUTS_SLURM_API_JOB") == new_api, timeout=60,
-                 what="the new API to publish its address")
+        wait_for(
+            lambda: _published(run_dir, "api").get("ROLLOUTS_SLURM_API_JOB") == new_api,
+            timeout=60,
+            what="the new API to publish its address",
+        )
         slurm.run(["scancel", roles["api"]])
         wait_for(lambda: not slurm.tasks(roles["api"]), timeout=30, what="the old API to end")
         assert _published(run_dir, "api")["ROLLOUTS_SLURM_API_JOB"] == new_api

@@ -37,8 +37,13 @@ def fleet(slurm, write_config, tmp_path: Path) -> Iterator[dict]:
     try:
         for stage, n in TASKS.items():
             arrays[stage] = slurm.sbatch(
-                REPO / "slurm" / f"{stage}.sbatch", f"--array=0-{n - 1}", "--time=10", f"--partition={slurm.partition}",
-                f"--output={tmp_path}/logs/%x-%A_%a.log", env=job_env(config), cwd=REPO,
+                REPO / "slurm" / f"{stage}.sbatch",
+                f"--array=0-{n - 1}",
+                "--time=10",
+                f"--partition={slurm.partition}",
+                f"--output={tmp_path}/logs/%x-%A_%a.log",
+                env=job_env(config),
+                cwd=REPO,
             )
         api = httpx.Client(base_url=stack.api_url, timeout=10.0)
         wait_for(lambda: _processes(api) == TASKS, timeout=90, what=f"{TASKS} worker processes to register")
@@ -65,17 +70,18 @@ def _submit(api: httpx.Client, trace_dir: Path, tasks: list[dict]) -> list[str]:
 def _started(trace_dir: Path, job_id: str, stage: str, attempt: int = 1) -> int:
     """The pid of the worker that started `stage` of the job (from the scripted kind's trace)."""
     prefix = f"{stage} start attempt={attempt}"
-    line = wait_for(lambda: next((line for line in trace(trace_dir, job_id) if line.startswith(prefix)), None),
-                    timeout=60, what=f"{job_id} to start {stage}")
+    line = wait_for(
+        lambda: next((line for line in trace(trace_dir, job_id) if line.startswith(prefix)), None),
+        timeout=60,
+        what=f"{job_id} to start {stage}",
+    )
     return int(line.rsplit("pid=", 1)[1])
 
 
 def _array_task(pid: int) -> str:
     """The Slurm array task a worker runs as: the batch shell exec'ed the worker, so its
     environment is the job's."""
-    env = dict(
-        item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item
-    )
+    env = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
     return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
 
 
@@ -135,8 +141,14 @@ def test_a_task_near_its_time_limit_is_warned_and_hands_its_job_back(fleet, trac
     # worker) 60 to 120 s in (not at once, as a warning 100 s before a two-minute limit could):
     # a minute for the worker to start and take the job, and two before the kill.
     def rollout_task(*options: str) -> str:
-        return slurm.sbatch(REPO / "slurm" / "rollout.sbatch", f"--partition={slurm.partition}", *options,
-                            f"--output={tmp_path}/logs/%x-%A_%a.log", env=fleet["env"], cwd=REPO)
+        return slurm.sbatch(
+            REPO / "slurm" / "rollout.sbatch",
+            f"--partition={slurm.partition}",
+            *options,
+            f"--output={tmp_path}/logs/%x-%A_%a.log",
+            env=fleet["env"],
+            cwd=REPO,
+        )
 
     short = rollout_task("--time=4", "--signal=B:TERM@120")
     try:
@@ -161,8 +173,13 @@ def test_a_preempted_task_is_warned_and_hands_its_job_back(fleet, trace_dir, tmp
     task = _array_task(pid)
 
     # A job of a higher-tier partition wanting the whole node preempts every task of the fleet.
-    slurm.sbatch(None, "--partition=urgent", f"--cpus-per-task={NODE_CPUS}", "--wrap=sleep 1",
-                 f"--output={tmp_path}/logs/urgent-%j.log")
+    slurm.sbatch(
+        None,
+        "--partition=urgent",
+        f"--cpus-per-task={NODE_CPUS}",
+        "--wrap=sleep 1",
+        f"--output={tmp_path}/logs/urgent-%j.log",
+    )
     wait_for(lambda: not slurm.tasks(task), timeout=GRACE_TIME_S + 20, what=f"{task} to be preempted")
     # Gone on its own (exit 0): it acted on the warning signal, and was never killed at the end of
     # the grace time (that would read PREEMPTED), whatever the machine's speed.
@@ -170,8 +187,14 @@ def test_a_preempted_task_is_warned_and_hands_its_job_back(fleet, trace_dir, tmp
     assert "requeued" in api.get(f"/v1/jobs/{ids[0]}").json()["timings"]["rollout"]
 
     for stage in ("rollout", "eval"):  # a fresh fleet once the urgent job is done
-        slurm.sbatch(REPO / "slurm" / f"{stage}.sbatch", f"--partition={slurm.partition}", "--time=10",
-                     f"--output={tmp_path}/logs/%x-%A_%a.log", env=fleet["env"], cwd=REPO)
+        slurm.sbatch(
+            REPO / "slurm" / f"{stage}.sbatch",
+            f"--partition={slurm.partition}",
+            "--time=10",
+            f"--output={tmp_path}/logs/%x-%A_%a.log",
+            env=fleet["env"],
+            cwd=REPO,
+        )
     record = wait_status(api, ids[0], timeout=90)
     assert record["status"] == "done" and record["attempts"]["rollout"] == 2
     assert _started(trace_dir, ids[0], "rollout", attempt=2) != pid

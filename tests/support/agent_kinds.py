@@ -84,7 +84,10 @@ class ParityAgentKind(AgentTask):
             raise TaskValidationError("task.problem: required, a string")
 
     def messages(self, task: dict[str, Any]) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": "Answer, then call finish."}, {"role": "user", "content": task["problem"]}]
+        return [
+            {"role": "system", "content": "Answer, then call finish."},
+            {"role": "user", "content": task["problem"]},
+        ]
 
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
         if ctx.task.get("fail_eval"):  # a test double's evaluation failure: the job fails, it gets no reward

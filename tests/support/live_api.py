@@ -22,8 +22,12 @@ def running_api(state: Path, **env: str) -> Iterator[str]:
     port = free_port()
     full_env = {**os.environ, "ROLLOUTS_REDIS_URL": redis.url, "ROLLOUTS_STATE_DIR": str(state), **env}
     with open(state / "api.log", "ab") as log:
-        api = subprocess.Popen([sys.executable, "-m", "cli", "api", "--port", str(port)], env=full_env, stdout=log,
-                               stderr=subprocess.STDOUT)  # fmt: skip
+        api = subprocess.Popen(
+            [sys.executable, "-m", "cli", "api", "--port", str(port)],
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:

@@ -131,4 +131,3 @@ class ScriptedLLM:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-

@@ -168,16 +168,23 @@ class StandinLLM:
             "created": int(time.time()),
             "model": self.model,
             "choices": [choice],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
-                      "total_tokens": len(prompt) + len(ids)},
-        }  # fmt: skip
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(ids),
+                "total_tokens": len(prompt) + len(ids),
+            },
+        }
 
     def next_delay(self) -> float:
         return self._rng.uniform(*self.delay)
 
     def stats(self) -> dict[str, int]:
-        return {"served": self.served, "inflight": self.inflight, "peak_inflight": self.peak_inflight,
-                "refused": self.refused}  # fmt: skip
+        return {
+            "served": self.served,
+            "inflight": self.inflight,
+            "peak_inflight": self.peak_inflight,
+            "refused": self.refused,
+        }
 
 
 def create_app(llm: StandinLLM) -> Any:
@@ -223,22 +230,46 @@ def create_app(llm: StandinLLM) -> Any:
     async def stats(_: Request) -> JSONResponse:
         return JSONResponse(llm.stats())
 
-    return Starlette(routes=[
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/health", health), Route("/v1/models", models), Route("/stats", stats),
-    ])  # fmt: skip
+    return Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/health", health),
+            Route("/v1/models", models),
+            Route("/stats", stats),
+        ]
+    )
 
 
 class StandinProcess:
     """One stand-in server in a child process (so its event loop has a core of its own to share)."""
 
-    def __init__(self, tokenizer_dir: Path, port: int, delay: tuple[float, float], log_path: Path,
-                 model: str = "standin-policy-v1", seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tokenizer_dir: Path,
+        port: int,
+        delay: tuple[float, float],
+        log_path: Path,
+        model: str = "standin-policy-v1",
+        seed: int = 0,
+    ) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.model = model
-        argv = [sys.executable, "-m", "tests.support.standin_llm", "--tokenizer", str(tokenizer_dir),
-                "--port", str(port), "--delay", str(delay[0]), str(delay[1]), "--model", model,
-                "--seed", str(seed)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "tests.support.standin_llm",
+            "--tokenizer",
+            str(tokenizer_dir),
+            "--port",
+            str(port),
+            "--delay",
+            str(delay[0]),
+            str(delay[1]),
+            "--model",
+            model,
+            "--seed",
+            str(seed),
+        ]
         self._log = log_path.open("wb")
         self.process = subprocess.Popen(argv, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
 
@@ -265,8 +296,12 @@ class StandinProcess:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokenizer", type=Path, required=True,
-                        help="local HF tokenizer dir (the agent's; tokenizer.json and tokenizer_config.json)")
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        required=True,
+        help="local HF tokenizer dir (the agent's; tokenizer.json and tokenizer_config.json)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default="standin-policy-v1")
@@ -277,11 +312,23 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
-    llm = StandinLLM(FastTokenizer(args.tokenizer), model=args.model, delay=tuple(args.delay),
-                     max_model_len=args.max_model_len, seed=args.seed)  # fmt: skip
+    llm = StandinLLM(
+        FastTokenizer(args.tokenizer),
+        model=args.model,
+        delay=tuple(args.delay),
+        max_model_len=args.max_model_len,
+        seed=args.seed,
+    )
     # backlog: a burst of 200 connects must not overflow the listen queue.
-    uvicorn.run(create_app(llm), host=args.host, port=args.port, log_level="warning",
-                access_log=False, backlog=4096, timeout_keep_alive=30)  # fmt: skip
+    uvicorn.run(
+        create_app(llm),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        backlog=4096,
+        timeout_keep_alive=30,
+    )
 
 
 if __name__ == "__main__":

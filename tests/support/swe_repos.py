@@ -19,9 +19,13 @@ from pathlib import Path
 from typing import Any
 
 _GIT_ENV = {
-    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost", "GIT_COMMITTER_NAME": "t",
-    "GIT_COMMITTER_EMAIL": "t@localhost", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull,
-}  # fmt: skip
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@localhost",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@localhost",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+}
 
 DJANGO_RUNTESTS = '''\
 #!/usr/bin/env python
@@ -143,12 +147,14 @@ def django_row(root: Path) -> dict[str, Any]:
     test_old = (
         "import unittest\nfrom calc import add\n\n\nclass AddTests(unittest.TestCase):\n"
         "    def test_zero(self):\n        self.assertEqual(add(5, 0), 5)\n\n"
-        "    def test_documented(self):\n        \"\"\"Adding nothing changes nothing.\"\"\"\n"
+        '    def test_documented(self):\n        """Adding nothing changes nothing."""\n'
         "        self.assertEqual(add(0, 0), 0)\n"
     )
     test_new = test_old + "\n    def test_adds(self):\n        self.assertEqual(add(2, 3), 5)\n"
     return _repo_row(
-        root, "django/django", "django__django-1",
+        root,
+        "django/django",
+        "django__django-1",
         base={
             "calc/__init__.py": "def add(a, b):\n    return a - b\n",
             "tests/runtests.py": DJANGO_RUNTESTS,
@@ -159,14 +165,16 @@ def django_row(root: Path) -> dict[str, Any]:
         tests_after={"tests/calc_tests/test_add.py": test_new},
         fail_to_pass=["test_adds (calc_tests.test_add.AddTests)"],
         pass_to_pass=["test_zero (calc_tests.test_add.AddTests)", "Adding nothing changes nothing."],
-    )  # fmt: skip
+    )
 
 
 def sympy_row(root: Path) -> dict[str, Any]:
     tests_old = "from symp.core import double\n\n\ndef test_identity():\n    assert double(0) * 0 == 0\n"
     tests_new = tests_old + "\n\ndef test_double():\n    assert double(3) == 6\n"
     return _repo_row(
-        root, "sympy/sympy", "sympy__sympy-1",
+        root,
+        "sympy/sympy",
+        "sympy__sympy-1",
         base={
             "symp/__init__.py": "",
             "symp/core.py": "def double(x):\n    return x + x + 1\n",
@@ -178,14 +186,16 @@ def sympy_row(root: Path) -> dict[str, Any]:
         tests_after={"symp/tests/test_core.py": tests_new},
         fail_to_pass=["test_double"],
         pass_to_pass=["test_identity"],
-    )  # fmt: skip
+    )
 
 
 def pytest_row(root: Path) -> dict[str, Any]:
     tests_old = "from pyfix.text import shout\n\n\ndef test_empty():\n    assert shout('') == '!'\n"
     tests_new = tests_old + "\n\nclass TestShout:\n    def test_word(self):\n        assert shout('hi') == 'HI!'\n"
     return _repo_row(
-        root, "acme/pyfix", "acme__pyfix-1",
+        root,
+        "acme/pyfix",
+        "acme__pyfix-1",
         base={
             "pyfix/__init__.py": "",
             "pyfix/text.py": "def shout(text):\n    return text + '!'\n",
@@ -195,7 +205,7 @@ def pytest_row(root: Path) -> dict[str, Any]:
         tests_after={"tests/test_text.py": tests_new},
         fail_to_pass=["tests/test_text.py::TestShout::test_word"],
         pass_to_pass=["tests/test_text.py::test_empty"],
-    )  # fmt: skip
+    )
 
 
 def build_mirror(mirror: Path) -> list[dict[str, Any]]:

@@ -39,13 +39,19 @@ def tiny_model() -> Path:
     return tiny_model_path()
 
 
-def start_server(model: Path, log_dir: Path, served_name: str = SERVED_NAME, args: list[str] | None = None) -> VLLMServer:
+def start_server(
+    model: Path, log_dir: Path, served_name: str = SERVED_NAME, args: list[str] | None = None
+) -> VLLMServer:
     """Start one vLLM server on a free loopback port and wait until it serves; float32, as the trainer computes."""
     port = free_port()
     server = VLLMServer.from_settings(
-        Settings(), model, port, served_name=served_name, log_path=log_dir / f"vllm-{port}.log",
+        Settings(),
+        model,
+        port,
+        served_name=served_name,
+        log_path=log_dir / f"vllm-{port}.log",
         args=["--dtype", "float32", "--max-model-len", "4096", *(args or [])],
-    )  # fmt: skip
+    )
     server.start()
     try:
         server.wait_until_ready(timeout_s=900)

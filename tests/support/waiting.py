@@ -15,7 +15,10 @@ TERMINAL = {"done", "failed", "cancelled", "timed_out"}
 
 
 def wait_for(
-    condition: Callable[[], T], timeout: float = 60.0, interval: float = 0.1, what: str | Callable[[], str] = "condition"
+    condition: Callable[[], T],
+    timeout: float = 60.0,
+    interval: float = 0.1,
+    what: str | Callable[[], str] = "condition",
 ) -> T:
     """Return condition()'s first truthy value; fail the test if none comes within `timeout`.
     `what` may be a callable, asked only on failure, to say what was still missing then."""
@@ -50,7 +53,9 @@ def job(api: httpx.Client, job_id: str) -> dict[str, Any]:
     return response.json()
 
 
-def wait_status(api: httpx.Client, job_id: str, statuses: set[str] | None = None, timeout: float = 60.0) -> dict[str, Any]:
+def wait_status(
+    api: httpx.Client, job_id: str, statuses: set[str] | None = None, timeout: float = 60.0
+) -> dict[str, Any]:
     wanted = statuses or TERMINAL
 
     def reached() -> dict[str, Any] | None:

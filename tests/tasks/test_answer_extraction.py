@@ -20,8 +20,10 @@ load_task_modules()
 
 def gsm8k_row(final: str) -> dict[str, Any]:
     """A row in GSM8K's schema (`question`, `answer` with a worked solution ending in "#### N")."""
-    return {"question": "A shop had some items and sold some of them. How many are left?",
-            "answer": f"It had <<a=b>> items.\nSo it is {final}.\n#### {final}"}  # fmt: skip
+    return {
+        "question": "A shop had some items and sold some of them. How many are left?",
+        "answer": f"It had <<a=b>> items.\nSo it is {final}.\n#### {final}",
+    }
 
 
 def evaluate(make_ctx: MakeCtx, row: dict[str, Any], output: str) -> dict[str, Any]:
@@ -101,8 +103,12 @@ def test_the_final_message_is_read_when_finish_gives_nothing(make_ctx: MakeCtx) 
 
 
 def test_math_rows_read_the_same_rules(make_ctx: MakeCtx) -> None:
-    math_row = {"problem": "Compute $\\frac{1}{2}+\\frac{1}{4}$.", "level": "Level 1", "type": "Algebra",
-                "solution": "We get $\\frac{2}{4}+\\frac{1}{4}=\\boxed{\\frac{3}{4}}$."}  # fmt: skip
+    math_row = {
+        "problem": "Compute $\\frac{1}{2}+\\frac{1}{4}$.",
+        "level": "Level 1",
+        "type": "Algebra",
+        "solution": "We get $\\frac{2}{4}+\\frac{1}{4}=\\boxed{\\frac{3}{4}}$.",
+    }
     plain_row = {"problem": "How many sides has a hexagon?", "answer": "6"}
     assert evaluate(make_ctx, math_row, "The answer is $\\frac{3}{4}$.")["reward"] == 1.0
     assert evaluate(make_ctx, math_row, "So the final answer is 0.75.")["reward"] == 1.0
@@ -114,18 +120,38 @@ def test_math_rows_read_the_same_rules(make_ctx: MakeCtx) -> None:
 
 @pytest.mark.parametrize(
     ("text", "plain"),
-    [("$1,000.00.", "1000"), ("2.50", "2.5"), ("7.", "7"), ("\\$60", "60"), ("€1,234", "1234"), ("-$5", "-5"),
-     ("(1,234)", "(1,234)"), ("\\frac{1}{2}.", "\\frac{1}{2}"), ("100", "100"), ("10.0", "10"), ("0.0", "0")],
-)  # fmt: skip
+    [
+        ("$1,000.00.", "1000"),
+        ("2.50", "2.5"),
+        ("7.", "7"),
+        ("\\$60", "60"),
+        ("€1,234", "1234"),
+        ("-$5", "-5"),
+        ("(1,234)", "(1,234)"),
+        ("\\frac{1}{2}.", "\\frac{1}{2}"),
+        ("100", "100"),
+        ("10.0", "10"),
+        ("0.0", "0"),
+    ],
+)
 def test_numbers_are_normalised_only_when_the_answer_is_one_number(text: str, plain: str) -> None:
     assert plain_final_answer(text) == plain
 
 
 @pytest.mark.parametrize(
     ("text", "sentence"),
-    [("15", False), ("x = 4", False), ("New York", False), ("\\text{Monday}", False), ("15 apples", False),
-     ("\\frac{\\sqrt{3}}{2}", False), ("so 15 are left.", True), ("It is 15.", True), ("Bob has 15 now", True)],
-)  # fmt: skip
+    [
+        ("15", False),
+        ("x = 4", False),
+        ("New York", False),
+        ("\\text{Monday}", False),
+        ("15 apples", False),
+        ("\\frac{\\sqrt{3}}{2}", False),
+        ("so 15 are left.", True),
+        ("It is 15.", True),
+        ("Bob has 15 now", True),
+    ],
+)
 def test_what_counts_as_a_sentence(text: str, sentence: bool) -> None:
     assert is_sentence(text) is sentence
 

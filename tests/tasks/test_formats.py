@@ -37,11 +37,16 @@ SWE = {"instance_id": "a__b-1", "repo": "a/b", "base_commit": "0" * 40, "FAIL_TO
 @pytest.mark.parametrize(
     ("row", "fmt", "kind"),
     [
-        (GSM8K, "gsm8k", "math"), (MATH, "math", "math"), (NUMINA, "answer", "math"),
-        (DEEPSCALER, "answer", "math"), (MBPP, "mbpp", "code"), (HUMANEVAL, "humaneval", "code"),
-        (SWE, "swebench", "swe"), ({"question": "2+2?", "answer": 4}, "answer", "math"),
+        (GSM8K, "gsm8k", "math"),
+        (MATH, "math", "math"),
+        (NUMINA, "answer", "math"),
+        (DEEPSCALER, "answer", "math"),
+        (MBPP, "mbpp", "code"),
+        (HUMANEVAL, "humaneval", "code"),
+        (SWE, "swebench", "swe"),
+        ({"question": "2+2?", "answer": 4}, "answer", "math"),
     ],
-)  # fmt: skip
+)
 def test_detection(row: dict, fmt: str, kind: str) -> None:
     assert detect(row) == fmt
     if fmt != "swebench":
@@ -60,7 +65,10 @@ def test_a_row_of_no_format_says_what_each_needs() -> None:
 
 def test_references_are_extracted() -> None:
     assert gsm8k_final("a\n#### 1,234,567") == "1234567" and gsm8k_final("no marker") is None
-    nested = {"format": "math", "solution": "so $\\boxed{\\frac{\\sqrt{2}}{2}}$, not \\boxed{1}? No: \\boxed{\\{1, 2\\}}"}
+    nested = {
+        "format": "math",
+        "solution": "so $\\boxed{\\frac{\\sqrt{2}}{2}}$, not \\boxed{1}? No: \\boxed{\\{1, 2\\}}",
+    }
     assert math_reference(nested) == "\\{1, 2\\}"
     assert math_reference({"format": "math", "solution": "$\\boxed{\\frac{a}{b^{2}}}$."}) == "\\frac{a}{b^{2}}"
     assert math_reference({"answer": 0.5}) == "0.5"

@@ -34,10 +34,12 @@ def _modules_after(code: str) -> list[str]:
 
 
 def test_loading_the_specs_loads_no_stage_code() -> None:
-    loaded = _modules_after(f"from shared.tasks import load_task_modules, validate_job\n"
-                            f"load_task_modules(['{SPLIT}'])\n"
-                            f"validate_job({{'task': {{'kind': 'split_echo', 'text': 'hi'}}}})\n"
-                            f"validate_job({{'task': {{'kind': 'code', 'prompt': 'p', 'tests': [{{'code': 'assert 1'}}]}}}})")  # fmt: skip
+    loaded = _modules_after(
+        f"from shared.tasks import load_task_modules, validate_job\n"
+        f"load_task_modules(['{SPLIT}'])\n"
+        f"validate_job({{'task': {{'kind': 'split_echo', 'text': 'hi'}}}})\n"
+        f"validate_job({{'task': {{'kind': 'code', 'prompt': 'p', 'tests': [{{'code': 'assert 1'}}]}}}})"
+    )
     assert "tests.support.split_kind" in loaded and "shared.kinds.code" in loaded
     assert [name for name in loaded if name.startswith(("workers", "tests.support.split_kind_stages"))] == []
 

@@ -24,8 +24,13 @@ def test_mixed_batch_runs_through_the_whole_stack(tmp_path: Path) -> None:
     env["ROLLOUTS_STATE_DIR"] = str(tmp_path / "state")
     result = subprocess.run(
         [sys.executable, "-m", "cli", "run", str(ROOT / "examples" / "mixed.jsonl"), "--output", str(out)],
-        env=env, capture_output=True, text=True, timeout=900, cwd=ROOT, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.split()[:1] != []}
     for kind in DETAIL_KEYS:

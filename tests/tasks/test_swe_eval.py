@@ -43,12 +43,13 @@ def _evaluate(make_ctx: MakeCtx, extra: dict) -> dict:
 
 def test_agent_fix_resolves(make_ctx: MakeCtx, tmp_path: Path) -> None:
     extra = _rollout(
-        make_ctx, tmp_path,
+        make_ctx,
+        tmp_path,
         [
             ("bash", {"command": "git status --short && python -m pytest -q tests >/dev/null; true"}),
             ("str_replace", {"path": "slugkit/core.py", "old_str": FIX[0], "new_str": FIX[1]}),
         ],
-    )  # fmt: skip
+    )
     assert "slugkit/core.py" in extra["diff"] and ".pytest_cache" not in extra["diff"]
     result = _evaluate(make_ctx, extra)
     assert result["reward"] == 1.0 and result["resolved"] is True
@@ -172,10 +173,23 @@ def test_junit_report_node_ids_and_outcomes(tmp_path: Path) -> None:
     )
     report = tmp_path / "report.xml"
     subprocess.run(
-        [sys.executable, "-m", "pytest", "--rootdir=.", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
-         f"--junitxml={report}", "-q", "tests/test_mix.py"],
-        cwd=tmp_path, capture_output=True, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--rootdir=.",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "junit_family=xunit1",
+            f"--junitxml={report}",
+            "-q",
+            "tests/test_mix.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        check=False,
+    )
     assert parse_junit(report) == {
         "tests/test_mix.py::TestGroup::test_in_class": "passed",
         "tests/test_mix.py::test_param[1]": "passed",
@@ -194,7 +208,7 @@ FAKE_PYTEST = (
     "report = [a.split('=', 1)[1] for a in sys.argv if a.startswith('--junitxml=')][0]\n"
     "names = ['test_collapses_separators', 'test_strips_edges', 'test_simple_word', 'test_lowercases']\n"
     "cases = ''.join(\n"
-    "    '<testcase file=\"tests/test_core.py\" classname=\"tests.test_core\" name=\"%s\"/>' % n for n in names\n"
+    '    \'<testcase file="tests/test_core.py" classname="tests.test_core" name="%s"/>\' % n for n in names\n'
     ")\n"
     "with open(report, 'w') as handle:\n"
     "    handle.write('<testsuite>%s</testsuite>' % cases)\n"
@@ -260,12 +274,13 @@ def test_a_change_in_another_encoding_keeps_its_exact_bytes(make_ctx: MakeCtx, t
     import base64
 
     extra = _rollout(
-        make_ctx, tmp_path,
+        make_ctx,
+        tmp_path,
         [
             ("str_replace", {"path": "slugkit/core.py", "old_str": FIX[0], "new_str": FIX[1]}),
             ("bash", {"command": "printf '# caf\\351\\n' >> slugkit/core.py"}),  # latin-1, not UTF-8
         ],
-    )  # fmt: skip
+    )
     assert extra["diff"] is None and "diff_error" not in extra
     assert b"+# caf\xe9\n" in base64.b64decode(extra["diff_b64"])
     result = _evaluate(make_ctx, extra)

@@ -126,8 +126,11 @@ def test_django_log_parser_cannot_be_talked_into_a_pass() -> None:
 def test_sympy_log_parser() -> None:
     log = "symp/tests/test_core.py[3] \ntest_a ok\ntest_b F\ntest_c E\n____ symp/tests/test_core.py:test_b ____\n"
     assert parse_sympy_log(log) == {
-        "test_a": "passed", "test_b": "failed", "test_c": "error", "symp/tests/test_core.py:test_b": "failed",
-    }  # fmt: skip
+        "test_a": "passed",
+        "test_b": "failed",
+        "test_c": "error",
+        "symp/tests/test_core.py:test_b": "failed",
+    }
 
 
 @pytest.mark.usefixtures("require_bwrap")

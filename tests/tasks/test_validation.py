@@ -116,9 +116,12 @@ def test_the_projects_exceptions_share_one_root_and_keep_their_builtin_base() ->
     from workers.sandbox.base import SandboxError
 
     for error, builtin in [
-        (StackError, RuntimeError), (NoBackendAvailable, RuntimeError), (TrajectoryError, ValueError),
-        (BackendUnavailable, RuntimeError), (SandboxError, RuntimeError),
-    ]:  # fmt: skip
+        (StackError, RuntimeError),
+        (NoBackendAvailable, RuntimeError),
+        (TrajectoryError, ValueError),
+        (BackendUnavailable, RuntimeError),
+        (SandboxError, RuntimeError),
+    ]:
         assert issubclass(error, RolloutsError) and issubclass(error, builtin), error
     refused = NotAModelServer("model", "serves ['a'], not 'b'")
     assert isinstance(refused, ValidationError) and refused.field == "model"

@@ -21,9 +21,26 @@ pytestmark = pytest.mark.vllm
 
 # One fixed problem and no habit phase: the warm-up only has to memorise one episode and stops
 # while the sampled episode is still often wrong (NLL 1.0), so groups are informative.
-CONFIG = Config(steps=2, prompts_per_step=3, min_informative=1, group_size=4, max_digits=1, problem_pool=1,
-                warmup_steps=200, warmup_ramp_steps=20, warmup_nll=1.0, tool_share=1.0, habit_steps=0, warmup_batch=16,
-                warmup_lr=5e-3, lr=1e-3, hidden=64, layers=2, max_tokens=96, batch_timeout_s=240)
+CONFIG = Config(
+    steps=2,
+    prompts_per_step=3,
+    min_informative=1,
+    group_size=4,
+    max_digits=1,
+    problem_pool=1,
+    warmup_steps=200,
+    warmup_ramp_steps=20,
+    warmup_nll=1.0,
+    tool_share=1.0,
+    habit_steps=0,
+    warmup_batch=16,
+    warmup_lr=5e-3,
+    lr=1e-3,
+    hidden=64,
+    layers=2,
+    max_tokens=96,
+    batch_timeout_s=240,
+)
 
 
 @pytest.fixture(scope="module")

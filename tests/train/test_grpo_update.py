@@ -43,16 +43,22 @@ def test_one_update_raises_the_rewarded_sample_and_lowers_the_other() -> None:
     input_ids = torch.tensor([good, bad])
     attention = torch.ones_like(input_ids)
     mask = torch.zeros_like(input_ids)
-    mask[:, len(prompt):] = 1
+    mask[:, len(prompt) :] = 1
     with torch.no_grad():
         old = torch.zeros(input_ids.shape)
         old[:, 1:] = token_logprobs(model, input_ids, attention)
-    batch = {"input_ids": input_ids, "attention_mask": attention, "loss_mask": mask, "old_logprobs": old,
-             "advantages": torch.tensor([1.0, -1.0]), "group_index": torch.tensor([0, 0])}
+    batch = {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "loss_mask": mask,
+        "old_logprobs": old,
+        "advantages": torch.tensor([1.0, -1.0]),
+        "group_index": torch.tensor([0, 0]),
+    }
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     stats = grpo_update(model, optimizer, batch, minibatches=1)
     with torch.no_grad():
-        new = token_logprobs(model, input_ids, attention)[:, len(prompt) - 1:].sum(dim=1)
-    before = old[:, len(prompt):].sum(dim=1)
+        new = token_logprobs(model, input_ids, attention)[:, len(prompt) - 1 :].sum(dim=1)
+    before = old[:, len(prompt) :].sum(dim=1)
     assert new[0] > before[0] and new[1] < before[1]
     assert stats.logprob_gap < 1e-5  # the first minibatch is on-policy: the old logprobs are the model's

@@ -42,12 +42,18 @@ def tokenizer(smollm2: Path) -> Any:
 def test_the_conversion_keeps_smollm2s_chat_template_and_control_tokens(smollm2: Path, tokenizer: Any) -> None:
     # The published template, byte for byte (tests/fixtures/chat_templates/SOURCES.md), as vLLM will read it.
     assert (smollm2 / "chat_template.jinja").read_text() == (TEMPLATES / "smollm2.jinja").read_text()
-    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == ("<|im_start|>", "<|im_end|>",
-                                                                                "<|im_end|>")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
-                                         add_generation_prompt=True)
-    assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
-                    "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == (
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|im_end|>",
+    )
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+        "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>") and len(ids) < len(text) // 2  # real BPE
     config = json.loads((smollm2 / "config.json").read_text())
@@ -65,8 +71,11 @@ def test_the_agent_loop_is_token_exact_with_smollm2s_own_tokenizer(tokenizer: An
     assert record.stop_reason == "finish" and record.answer == "3"
     assert_exact_against_backend(record, model.served)
     assert renderer.tokenizer.encode(renderer.decode(record.token_ids), add_special_tokens=False) == record.token_ids
-    assert_decodes_to_conversation(record, renderer, [{"role": "system", "content": "You are an agent."},
-                                                       {"role": "user", "content": "Count the files."}])
+    assert_decodes_to_conversation(
+        record,
+        renderer,
+        [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Count the files."}],
+    )
     assert all(name in renderer.decode(record.token_ids) for name in TOOL_NAMES)  # the tools' schemas reached it
 
 
@@ -92,8 +101,9 @@ def test_without_the_package_the_error_says_how_to_install_it(monkeypatch: pytes
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_a_pushed_lora_adapter_serves_the_logprobs_peft_computes(smollm2: Path, tokenizer: Any, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_pushed_lora_adapter_serves_the_logprobs_peft_computes(
+    smollm2: Path, tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
 
     from examples.smollm2.lora import lora_policy, save_adapter
@@ -106,18 +116,22 @@ def test_a_pushed_lora_adapter_serves_the_logprobs_peft_computes(smollm2: Path, 
     policy = lora_policy(smollm2, rank=8, alpha=16)
     first = save_adapter(policy, tmp_path / "v0")
     monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")  # /v1/load_lora_adapter, as stack.py sets it
-    server = start_server(smollm2, tmp_path, served_name="smollm2",
-                          args=["--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"policy={first}"])
+    server = start_server(
+        smollm2,
+        tmp_path,
+        served_name="smollm2",
+        args=["--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"policy={first}"],
+    )
     try:
         with torch.no_grad():  # a trained adapter: B away from 0
             for name, param in policy.named_parameters():
                 if "lora_B" in name:
                     param.normal_(0, 0.02)
         # The service's own per-backend steps (pause, load in place, reset cache, label, resume)
-        apply(server.url, Checkpoint(str(save_adapter(policy, tmp_path / "v1")), "v1", lora="policy"), 120,
-              StepTimes())
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "What is 7 + 5?"}], tokenize=False,
-                                             add_generation_prompt=True)
+        apply(server.url, Checkpoint(str(save_adapter(policy, tmp_path / "v1")), "v1", lora="policy"), 120, StepTimes())
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "What is 7 + 5?"}], tokenize=False, add_generation_prompt=True
+        )
         prompt = tokenizer.encode(text, add_special_tokens=False)
         with LLMClient.from_settings(Settings()) as llm:
             turn = llm.complete(server.url, prompt, Sampling(max_tokens=12, seed=1), model="policy")
@@ -130,8 +144,13 @@ def test_a_pushed_lora_adapter_serves_the_logprobs_peft_computes(smollm2: Path, 
         assert max(abs(a - float(b)) for a, b in zip(served, mine)) < 1e-3
         with torch.no_grad(), policy.disable_adapter():  # the adapter changed them: this is not the base model
             base = torch.log_softmax(policy(input_ids=ids).logits[0, len(prompt) - 1 : -1].float(), -1)
-        assert max(abs(float(a) - float(b)) for a, b in zip(mine, base.gather(-1, torch.tensor(generated)[:, None])
-                                                              .squeeze(-1))) > 1e-2  # fmt: skip
+        assert (
+            max(
+                abs(float(a) - float(b))
+                for a, b in zip(mine, base.gather(-1, torch.tensor(generated)[:, None]).squeeze(-1))
+            )
+            > 1e-2
+        )
         assert httpx.get(f"{server.url}/weight_info").json()["weight_version"] == "v1"
     finally:
         server.stop()

@@ -30,8 +30,10 @@ ENV = {"ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds"}
 
 def trainers_python() -> Path:
     """The trainers' virtualenv's python; missing fails the test in CI (setup.sh builds it) and skips elsewhere."""
-    root = Path(os.environ.get("ROLLOUTS_TRAINERS_ENV") or Path(
-        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rollouts" / "trainers")  # fmt: skip
+    root = Path(
+        os.environ.get("ROLLOUTS_TRAINERS_ENV")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rollouts" / "trainers"
+    )
     python = root / "bin" / "python"
     if not python.exists():
         message = f"the trainers' virtualenv is not at {root}: run scripts/setup.sh"
@@ -54,8 +56,14 @@ class Service:
 @pytest.fixture(scope="session")
 def service(vllm_server: VLLMServer, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     root = tmp_path_factory.mktemp("trainers")
-    stack = Stack(Settings(redis_url=None, state_dir=root / "state"), api_port=0, log_dir=root / "logs",
-                  concurrency={"init": 2, "rollout": 8, "eval": 2}, backend_urls=[vllm_server.url], extra_env=ENV)  # fmt: skip
+    stack = Stack(
+        Settings(redis_url=None, state_dir=root / "state"),
+        api_port=0,
+        log_dir=root / "logs",
+        concurrency={"init": 2, "rollout": 8, "eval": 2},
+        backend_urls=[vllm_server.url],
+        extra_env=ENV,
+    )
     try:
         stack.start()
         stack.wait_for_workers()
@@ -73,8 +81,13 @@ def run_driver(script: str, model_dir: Path, given: dict[str, Any], api_url: str
     environment.pop("VIRTUAL_ENV", None)
     ran = subprocess.run(
         [str(trainers_python()), str(REPO / "tests" / "trainers" / script), str(model_dir), str(given_path), str(out)],
-        env=environment, capture_output=True, text=True, timeout=900, cwd=REPO, check=False,
-    )  # fmt: skip
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+        check=False,
+    )
     if ran.returncode != 0 or not out.exists():
         sys.stderr.write(ran.stdout[-5000:] + ran.stderr[-10000:])
         raise AssertionError(f"{script} exited {ran.returncode}: {ran.stderr[-2000:]}")

@@ -60,17 +60,23 @@ def run_batch(tokenizer: AutoTokenizer, given: dict) -> dict:
     cfg.trainer.train_batch_size = cfg.trainer.policy_mini_batch_size = len({r["instance_id"] for r in rows})
     # The trainer's own methods, on the attributes they read; `dispatch` (its GPU worker groups) is a
     # one-rank test double: the batch is padded to a multiple of the data-parallel size, here 1.
-    trainer = SimpleNamespace(cfg=cfg, tokenizer=tokenizer, all_metrics={},
-                              generator=RolloutsGenerator(**given.get("settings", {})),
-                              dispatch=SimpleNamespace(get_lcm_dp_size=lambda: 1))  # fmt: skip
+    trainer = SimpleNamespace(
+        cfg=cfg,
+        tokenizer=tokenizer,
+        all_metrics={},
+        generator=RolloutsGenerator(**given.get("settings", {})),
+        dispatch=SimpleNamespace(get_lcm_dp_size=lambda: 1),
+    )
     started = time.perf_counter()
     try:  # the trainer's generate: our generator, then SkyRL's validate_generator_output
         output = asyncio.run(RayPPOTrainer.generate(trainer, generator_input))
     except Exception as exc:  # noqa: BLE001 - the test reads what the trainer raised
         return {"error": type(exc).__name__, "message": str(exc)}
     seconds = time.perf_counter() - started
-    generated = {k: output[k] for k in ("prompt_token_ids", "response_ids", "rewards", "loss_masks", "stop_reasons",
-                                        "rollout_logprobs")}  # fmt: skip
+    generated = {
+        k: output[k]
+        for k in ("prompt_token_ids", "response_ids", "rewards", "loss_masks", "stop_reasons", "rollout_logprobs")
+    }
     generated["trajectory_ids"] = [[t.instance_id, t.repetition_id] for t in output["trajectory_ids"]]
     generated["job_ids"] = [m["job_id"] for m in output["env_metrics"]]
     validate_generator_output(len(rows), output)  # once more, explicitly: raises on a malformed output
@@ -79,11 +85,16 @@ def run_batch(tokenizer: AutoTokenizer, given: dict) -> dict:
     output, uids = RayPPOTrainer.postprocess_generator_output(trainer, output, uids)
     batch = RayPPOTrainer.convert_to_training_input(trainer, output, uids)
     advantages, _ = ppo_utils.compute_advantages_and_returns(
-        token_level_rewards=batch["rewards"], response_mask=batch["response_mask"], index=np.array(uids),
-        adv_estimator=cfg.trainer.algorithm.advantage_estimator, config=cfg.trainer.algorithm, values=None,
-        gamma=cfg.trainer.algorithm.gamma, lambd=cfg.trainer.algorithm.lambd,
+        token_level_rewards=batch["rewards"],
+        response_mask=batch["response_mask"],
+        index=np.array(uids),
+        adv_estimator=cfg.trainer.algorithm.advantage_estimator,
+        config=cfg.trainer.algorithm,
+        values=None,
+        gamma=cfg.trainer.algorithm.gamma,
+        lambd=cfg.trainer.algorithm.lambd,
         grpo_norm_by_std=cfg.trainer.algorithm.grpo_norm_by_std,
-    )  # fmt: skip
+    )
     return {
         "seconds": seconds,
         "generated": generated,

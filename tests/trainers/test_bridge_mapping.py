@@ -13,18 +13,29 @@ from rollouts_client.trainers.settings import BridgeSettings
 
 def record(**more):
     # prompt [1,2,3] | assistant [4,5] | observation [6] | assistant [7]
-    return {"token_ids": [1, 2, 3, 4, 5, 6, 7], "loss_mask": [0, 0, 0, 1, 1, 0, 1],
-            "logprobs": [None, None, None, -0.5, -0.25, None, -1.0], "prompt_length": 3, "stop_reason": "max_turns",
-            "turns": [{"role": "prompt", "start": 0, "end": 3},
-                      {"role": "assistant", "start": 3, "end": 5, "policy_version": "v1", "weight_versions": []},
-                      {"role": "observation", "start": 5, "end": 6},
-                      {"role": "assistant", "start": 6, "end": 7, "policy_version": "v2", "weight_versions": []}],
-            **more}  # fmt: skip
+    return {
+        "token_ids": [1, 2, 3, 4, 5, 6, 7],
+        "loss_mask": [0, 0, 0, 1, 1, 0, 1],
+        "logprobs": [None, None, None, -0.5, -0.25, None, -1.0],
+        "prompt_length": 3,
+        "stop_reason": "max_turns",
+        "turns": [
+            {"role": "prompt", "start": 0, "end": 3},
+            {"role": "assistant", "start": 3, "end": 5, "policy_version": "v1", "weight_versions": []},
+            {"role": "observation", "start": 5, "end": 6},
+            {"role": "assistant", "start": 6, "end": 7, "policy_version": "v2", "weight_versions": []},
+        ],
+        **more,
+    }
 
 
 def job(trajectory, evaluation=None) -> Job:
-    return Job(id="j1", status="done", reward=1.0,
-               result={"trajectory": trajectory, "reward": 1.0, "evaluation": evaluation or {"reward": 1.0}})  # fmt: skip
+    return Job(
+        id="j1",
+        status="done",
+        reward=1.0,
+        result={"trajectory": trajectory, "reward": 1.0, "evaluation": evaluation or {"reward": 1.0}},
+    )
 
 
 def test_the_prompt_is_the_first_span_and_the_response_every_later_one():
@@ -63,7 +74,10 @@ def test_a_task_needs_a_kind_and_the_error_names_row_and_field():
 
 def test_sampling_maps_to_the_services_names():
     assert sampling_from({"temperature": 0.7, "top_k": 0, "logprobs": True, "max_generate_length": 32}) == {
-        "temperature": 0.7, "top_k": -1, "max_tokens": 32}  # fmt: skip
+        "temperature": 0.7,
+        "top_k": -1,
+        "max_tokens": 32,
+    }
     assert sampling_from({"top_p": 1.0}, max_tokens=64) == {"top_p": 1.0, "max_tokens": 64}
 
 

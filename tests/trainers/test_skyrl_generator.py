@@ -23,8 +23,15 @@ ORDER = [("a", 2), ("a", 0), ("a", 1), ("b", 1), ("b", 0), ("b", 2)]
 
 
 def parity(problem: str, **more: Any) -> dict[str, Any]:
-    return {"rollouts_task": {"kind": "agent-parity", "problem": problem, "stop_on_no_tool_call": False,
-                              "max_turns": 3, **more}}  # fmt: skip
+    return {
+        "rollouts_task": {
+            "kind": "agent-parity",
+            "problem": problem,
+            "stop_on_no_tool_call": False,
+            "max_turns": 3,
+            **more,
+        }
+    }
 
 
 def one(instance: str, task: dict[str, Any], repetition: int = 0) -> dict[str, Any]:
@@ -43,17 +50,29 @@ def runs(service: Service, counted: int, tmp_path_factory: pytest.TempPathFactor
     good = [one("x", parity("x?"))]
     batches = {
         "bad": {"rows": [*good, one("y", {"other": 1})], "global_step": 2, "settings": {"run_id": "skyrl-bad"}},
-        "unknown_kind": {"rows": [*good, one("z", {"rollouts_task": {"kind": "no-such-kind"}})], "global_step": 2,
-                         "settings": {"run_id": "skyrl-bad"}},
-        "groups": {"rows": [one(inst, parity(f"{inst}?"), rep) for inst, rep in ORDER], "global_step": 7,
-                   "settings": {"run_id": "skyrl-test"}},
-        "tokens": {"rows": [one("t", parity("t?", token_rewards=True), rep) for rep in range(2)], "global_step": 1,
-                   "settings": {"run_id": "skyrl-tokens"}},
+        "unknown_kind": {
+            "rows": [*good, one("z", {"rollouts_task": {"kind": "no-such-kind"}})],
+            "global_step": 2,
+            "settings": {"run_id": "skyrl-bad"},
+        },
+        "groups": {
+            "rows": [one(inst, parity(f"{inst}?"), rep) for inst, rep in ORDER],
+            "global_step": 7,
+            "settings": {"run_id": "skyrl-test"},
+        },
+        "tokens": {
+            "rows": [one("t", parity("t?", token_rewards=True), rep) for rep in range(2)],
+            "global_step": 1,
+            "settings": {"run_id": "skyrl-tokens"},
+        },
         "restart_1": {"rows": good, "global_step": 2, "settings": {"run_id": "skyrl-restart"}},
         "restart_2": {"rows": good, "global_step": 2, "settings": {"run_id": "skyrl-restart"}},
-        "fail": {"rows": [one("f", parity("f?", fail_eval=True))], "global_step": 3,
-                 "settings": {"run_id": "skyrl-fail", "on_failure": "raise"}},
-    }  # fmt: skip
+        "fail": {
+            "rows": [one("f", parity("f?", fail_eval=True))],
+            "global_step": 3,
+            "settings": {"run_id": "skyrl-fail", "on_failure": "raise"},
+        },
+    }
     return run_driver("skyrl_driver.py", service.model_dir, batches, service.api_url, tmp_path_factory.mktemp("skyrl"))
 
 

@@ -28,8 +28,14 @@ def row(index: int, uid: str, task: dict[str, Any] | None, **extra_info: Any) ->
     info = {"index": index, **extra_info}
     if task is not None:
         info["rollouts_task"] = task
-    return {"raw_prompt": [{"role": "user", "content": "unused"}], "extra_info": info, "index": index,
-            "data_source": "test", "agent_name": "rollouts", "uid": uid}  # fmt: skip
+    return {
+        "raw_prompt": [{"role": "user", "content": "unused"}],
+        "extra_info": info,
+        "index": index,
+        "data_source": "test",
+        "agent_name": "rollouts",
+        "uid": uid,
+    }
 
 
 def parity(problem: str, **more: Any) -> dict[str, Any]:
@@ -53,19 +59,27 @@ def runs(service: Service, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     pair = [row(0, "p0", parity("2+2?")), row(0, "p0", parity("2+2?"))]
     batches = {
         # 3 turns of up to 300 tokens may pass response_length: cut as verl's own loops cut
-        "records": {"rows": [*pair, row(1, "p1", parity("3*3?")), row(1, "p1", parity("3*3?"))],
-                    "loops": agent_loops(tmp, "records", max_tokens_per_turn=300)},
+        "records": {
+            "rows": [*pair, row(1, "p1", parity("3*3?")), row(1, "p1", parity("3*3?"))],
+            "loops": agent_loops(tmp, "records", max_tokens_per_turn=300),
+        },
         "no_task": {"rows": [row(8, "bad", None)]},
         "no_kind": {"rows": [row(9, "k", {"problem": "x"})]},
         "unknown_kind": {"rows": [row(10, "k", {"kind": "no-such-kind", "problem": "x"})]},
-        "fail_retry": {"rows": [row(4, "f1", parity("fails", fail_eval=True))],
-                       "loops": agent_loops(tmp, "retry", on_failure="retry", max_attempts=2)},
-        "fail_raise": {"rows": [row(4, "f2", parity("fails", fail_eval=True))],
-                       "loops": agent_loops(tmp, "raise", on_failure="raise")},
+        "fail_retry": {
+            "rows": [row(4, "f1", parity("fails", fail_eval=True))],
+            "loops": agent_loops(tmp, "retry", on_failure="retry", max_attempts=2),
+        },
+        "fail_raise": {
+            "rows": [row(4, "f2", parity("fails", fail_eval=True))],
+            "loops": agent_loops(tmp, "raise", on_failure="raise"),
+        },
         "restart": {"rows": RESTART_ROWS, "env": {"ROLLOUTS_RUN_ID": "restart"}},
-        "unreachable": {"rows": [row(0, "x", parity("anyone?"))],
-                        "env": {"ROLLOUTS_API_URL": f"http://127.0.0.1:{free_port()}"}},
-    }  # fmt: skip
+        "unreachable": {
+            "rows": [row(0, "x", parity("anyone?"))],
+            "env": {"ROLLOUTS_API_URL": f"http://127.0.0.1:{free_port()}"},
+        },
+    }
     return run_driver("verl_driver.py", service.model_dir, batches, service.api_url, tmp)
 
 
@@ -132,10 +146,16 @@ def test_a_restarted_trainer_finds_its_jobs_by_their_keys(service: Service, runs
     assert "error" not in first, first
     ids = first["extra"]["rollouts_job_id"]
     assert len(set(ids)) == 2, "the two samples of one row are two jobs"
-    again = run_driver("verl_driver.py", service.model_dir, {
-        "restart": {"rows": RESTART_ROWS, "env": {"ROLLOUTS_RUN_ID": "restart"}},
-        "other_run": {"rows": RESTART_ROWS, "env": {"ROLLOUTS_RUN_ID": "another-run"}},
-    }, service.api_url, tmp_path)  # fmt: skip
+    again = run_driver(
+        "verl_driver.py",
+        service.model_dir,
+        {
+            "restart": {"rows": RESTART_ROWS, "env": {"ROLLOUTS_RUN_ID": "restart"}},
+            "other_run": {"rows": RESTART_ROWS, "env": {"ROLLOUTS_RUN_ID": "another-run"}},
+        },
+        service.api_url,
+        tmp_path,
+    )
     assert again["restart"]["extra"]["rollouts_job_id"] == ids
     assert again["restart"]["tensors"]["responses"] == first["tensors"]["responses"]
     assert not set(again["other_run"]["extra"]["rollouts_job_id"]) & set(ids)

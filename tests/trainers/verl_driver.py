@@ -26,8 +26,16 @@ from verl.protocol import DataProto
 
 REPO = Path(__file__).resolve().parents[2]
 LOOPS = REPO / "examples" / "verl" / "agent_loops.yaml"
-TENSORS = ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
-           "rollout_log_probs", "rm_scores")  # fmt: skip
+TENSORS = (
+    "prompts",
+    "responses",
+    "response_mask",
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "rollout_log_probs",
+    "rm_scores",
+)
 
 
 def main() -> int:
@@ -42,14 +50,17 @@ def run_batch(model: str, batch: dict) -> dict:
     os.environ.update(batch.get("env") or {})
     loops = batch.get("loops") or str(LOOPS)
     with initialize_config_dir(config_dir=os.path.dirname(verl.trainer.config.__file__), version_base=None):
-        config = compose(config_name="ppo_trainer", overrides=[
-            f"actor_rollout_ref.model.path={model}",
-            "actor_rollout_ref.rollout.name=vllm",
-            "actor_rollout_ref.rollout.prompt_length=1024",
-            "actor_rollout_ref.rollout.response_length=1024",
-            "actor_rollout_ref.rollout.calculate_log_probs=true",
-            f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
-        ])  # fmt: skip
+        config = compose(
+            config_name="ppo_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={model}",
+                "actor_rollout_ref.rollout.name=vllm",
+                "actor_rollout_ref.rollout.prompt_length=1024",
+                "actor_rollout_ref.rollout.response_length=1024",
+                "actor_rollout_ref.rollout.calculate_log_probs=true",
+                f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+            ],
+        )
     worker = AgentLoopWorker(config, llm_client=None)
     rows = batch["rows"]
     data = DataProto.from_single_dict(

@@ -36,8 +36,14 @@ def stack_on(tmp_path: Path) -> Iterator[Callable[[list[VLLMServer]], Stack]]:
 
     def start(servers: list[VLLMServer]) -> Stack:
         settings = Settings(redis_url=None, state_dir=tmp_path / "state")
-        stack = Stack(settings, api_port=0, concurrency={"init": 2, "rollout": 8, "eval": 2},
-                      log_dir=tmp_path / "logs", backend_urls=[s.url for s in servers], extra_env=ENV)
+        stack = Stack(
+            settings,
+            api_port=0,
+            concurrency={"init": 2, "rollout": 8, "eval": 2},
+            log_dir=tmp_path / "logs",
+            backend_urls=[s.url for s in servers],
+            extra_env=ENV,
+        )
         stacks.append(stack)
         stack.start()
         stack.wait_for_workers()
@@ -49,12 +55,19 @@ def stack_on(tmp_path: Path) -> Iterator[Callable[[list[VLLMServer]], Stack]]:
 
 
 def submit(api: httpx.Client, n: int, seed: int, max_turns: int = 3) -> list[str]:
-    jobs = [{
-        "task": {"kind": "agent-answer", "problem": f"What is {i} + {i}?", "answer": str(2 * i),
-                 "stop_on_no_tool_call": False},
-        "limits": {"max_turns": max_turns, "max_tokens": 3000},
-        "sampling": {"max_tokens": 48, "temperature": 1.0, "seed": seed + i},
-    } for i in range(n)]  # fmt: skip
+    jobs = [
+        {
+            "task": {
+                "kind": "agent-answer",
+                "problem": f"What is {i} + {i}?",
+                "answer": str(2 * i),
+                "stop_on_no_tool_call": False,
+            },
+            "limits": {"max_turns": max_turns, "max_tokens": 3000},
+            "sampling": {"max_tokens": 48, "temperature": 1.0, "seed": seed + i},
+        }
+        for i in range(n)
+    ]
     response = api.post("/v1/jobs", json=jobs)
     assert response.status_code == 202, response.text
     return response.json()["job_ids"]
@@ -93,9 +106,10 @@ def test_multi_turn_trajectories_are_token_exact_and_carry_vllms_versions(
 
 
 def test_a_backend_killed_mid_run_costs_no_job_and_leaves_no_count(
-    stack_on: Callable[[list[VLLMServer]], Stack], vllm_server: VLLMServer,
+    stack_on: Callable[[list[VLLMServer]], Stack],
+    vllm_server: VLLMServer,
     start_vllm_servers: Callable[[int], list[VLLMServer]],
-) -> None:  # fmt: skip
+) -> None:
     [doomed] = start_vllm_servers(1, LOG_REQUESTS)
     stack = stack_on([vllm_server, doomed])
     api = client_for(stack)
@@ -137,12 +151,18 @@ def test_a_conversation_past_the_servers_context_stops_as_context_length(vllm_se
     from workers.rollout.tool_parsers import get_parser
 
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model, local_files_only=True))
-    config = LoopConfig(max_turns=8, max_context_tokens=100_000, max_tokens_per_turn=400, allowed_tools=("finish",),
-                        stop_on_no_tool_call=False)  # fmt: skip
+    config = LoopConfig(
+        max_turns=8,
+        max_context_tokens=100_000,
+        max_tokens_per_turn=400,
+        allowed_tools=("finish",),
+        stop_on_no_tool_call=False,
+    )
     with LLMClient(request_timeout_s=300, max_retries=0) as client:
         generate = lambda ids, sampling: client.complete(vllm_server.url, ids, sampling, "tiny")  # noqa: E731
-        loop = AgentLoop(renderer, get_parser("hermes"), generate, None, config, Sampling(max_tokens=400, seed=3),
-                         Unlimited())  # fmt: skip
+        loop = AgentLoop(
+            renderer, get_parser("hermes"), generate, None, config, Sampling(max_tokens=400, seed=3), Unlimited()
+        )
         record = loop.run([{"role": "user", "content": "x" * 3900}])
     assert record.stop_reason == "context_length", (record.stop_reason, record.stop_detail)
     # vLLM's generate route ran the first turn up to its 4096 tokens; the nudge after it is recorded

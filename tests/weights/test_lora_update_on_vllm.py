@@ -39,10 +39,20 @@ def write_adapter(directory: Path, seed: int, layers: int = 2) -> dict[str, torc
             tensors[f"{prefix}.lora_B.weight"] = torch.randn(out, RANK, generator=generator) * 0.3
     directory.mkdir(parents=True)
     save_file(tensors, str(directory / "adapter_model.safetensors"))
-    (directory / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": RANK, "lora_alpha": ALPHA, "lora_dropout": 0.0,
-        "target_modules": sorted(TARGETS), "bias": "none", "base_model_name_or_path": None,
-    }))  # fmt: skip
+    (directory / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "task_type": "CAUSAL_LM",
+                "r": RANK,
+                "lora_alpha": ALPHA,
+                "lora_dropout": 0.0,
+                "target_modules": sorted(TARGETS),
+                "bias": "none",
+                "base_model_name_or_path": None,
+            }
+        )
+    )
     return tensors
 
 
@@ -51,10 +61,23 @@ def lora_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     root = tmp_path_factory.mktemp("lora")
     write_adapter(root / "adapter-0", seed=0)
     server = VLLMServer.from_settings(
-        Settings(), tiny_model, free_port(), served_name="tiny", log_path=root / "vllm.log",
-        args=["--dtype", "float32", "--max-model-len", "4096", "--enable-lora", "--max-lora-rank", str(RANK),
-              "--lora-modules", f"{NAME}={root / 'adapter-0'}"],
-    )  # fmt: skip
+        Settings(),
+        tiny_model,
+        free_port(),
+        served_name="tiny",
+        log_path=root / "vllm.log",
+        args=[
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "4096",
+            "--enable-lora",
+            "--max-lora-rank",
+            str(RANK),
+            "--lora-modules",
+            f"{NAME}={root / 'adapter-0'}",
+        ],
+    )
     server.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     server.start()
     try:
@@ -83,14 +106,22 @@ def test_a_lora_adapter_is_replaced_in_place_through_the_weights_route(lora_serv
     api = make_client()
     assert api.post("/v1/backends", json={"url": server.url, "model": NAME}).status_code == 201
     adapter = write_adapter(root / "adapter-1", seed=1)
-    response = api.post(f"/v1/models/{NAME}/weights",
-                        json={"version": "lora-1", "path": str(root / "adapter-1"), "lora": NAME})  # fmt: skip
+    response = api.post(
+        f"/v1/models/{NAME}/weights", json={"version": "lora-1", "path": str(root / "adapter-1"), "lora": NAME}
+    )
     assert response.status_code == 200, response.text
     [backend] = response.json()["backends"]
     assert backend["status"] == "updated", backend
     assert httpx.get(f"{server.url}/weight_info").json()["weight_version"] == "lora-1"
-    body = {"model": NAME, "prompt": PROMPT, "max_tokens": 4, "temperature": 1.0, "seed": 3, "logprobs": 0,
-            "return_token_ids": True}  # fmt: skip
+    body = {
+        "model": NAME,
+        "prompt": PROMPT,
+        "max_tokens": 4,
+        "temperature": 1.0,
+        "seed": 3,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
     choice = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()["choices"][0]
     served = torch.tensor(choice["logprobs"]["token_logprobs"])
     tokens = choice["token_ids"]

@@ -25,9 +25,17 @@ def batches(redis: Redis, settings: Settings) -> BatchStore:
 
 def trajectory(*turn_spans: list[str]) -> dict:
     """Assistant turns of model `tiny`, each sampled by the listed versions in order."""
-    return {"turns": [{"role": "assistant", "model": "tiny", "policy_version": spans[0],
-                       "weight_versions": [{"version": v, "start": i, "end": i + 1} for i, v in enumerate(spans)]}
-                      for spans in turn_spans]}  # fmt: skip
+    return {
+        "turns": [
+            {
+                "role": "assistant",
+                "model": "tiny",
+                "policy_version": spans[0],
+                "weight_versions": [{"version": v, "start": i, "end": i + 1} for i, v in enumerate(spans)],
+            }
+            for spans in turn_spans
+        ]
+    }
 
 
 def finish_with(batches: BatchStore, job_id: str, traj: dict, reward: float) -> None:
@@ -55,8 +63,15 @@ def test_versions_are_ordered_by_application_and_an_older_one_is_refused(redis: 
 
 
 def test_turn_versions_read_every_span_and_fall_back_to_policy_version() -> None:
-    model, seen = turn_versions({"turns": [{"role": "user"}, {"role": "assistant", "model": "m", "policy_version": "x"},
-                                           *trajectory(["a", "b"])["turns"]]})  # fmt: skip
+    model, seen = turn_versions(
+        {
+            "turns": [
+                {"role": "user"},
+                {"role": "assistant", "model": "m", "policy_version": "x"},
+                *trajectory(["a", "b"])["turns"],
+            ]
+        }
+    )
     assert model == "m" and seen == {"x", "a", "b"}
 
 
@@ -65,8 +80,11 @@ def test_a_stale_sample_keeps_its_group_out_and_the_next_prompt_runs(redis: Redi
     for name in ("v1", "v2", "v3"):
         versions.record("tiny", name, f"/ckpt/{name}")  # current: v3 (seq 3)
     prompts = [{"task": {"kind": "sim", "n": i}} for i in range(4)]
-    batch_id = start_batch(batches, BatchRequest(prompts=prompts, n_samples=2, min_informative_groups=1,
-                                                 max_groups_in_flight=1, max_staleness=1), prompts)  # fmt: skip
+    batch_id = start_batch(
+        batches,
+        BatchRequest(prompts=prompts, n_samples=2, min_informative_groups=1, max_groups_in_flight=1, max_staleness=1),
+        prompts,
+    )
     first, second = batches.group_job_ids(batch_id, 0)
     # one turn mixes v3 with v1 (two updates behind): its oldest decides, so the sample is stale
     finish_with(batches, first, trajectory(["v3"], ["v1", "v3"]), 0.0)

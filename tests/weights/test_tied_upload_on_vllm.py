@@ -51,8 +51,11 @@ def test_an_upload_into_a_tied_model_refreshes_its_lm_head(tied_server) -> None:
     [file] = new.glob("*.safetensors")
     data = file.read_bytes()
     assert b"lm_head" not in data[:4096]  # the tie is the checkpoint's: the head comes from the embeddings
-    response = httpx.post(f"{url}/collective_rpc", timeout=300, json={
-        "method": "load_weights_from_bytes", "kwargs": {"data": base64.b64encode(data).decode()}})  # fmt: skip
+    response = httpx.post(
+        f"{url}/collective_rpc",
+        timeout=300,
+        json={"method": "load_weights_from_bytes", "kwargs": {"data": base64.b64encode(data).decode()}},
+    )
     assert response.status_code == 200, response.text
     [result] = response.json()["results"]
     assert result["tensors"] > 0 and result["tied_lm_head_refreshed"], result

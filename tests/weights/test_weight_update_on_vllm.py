@@ -28,8 +28,11 @@ from tests.support.waiting import client_for, wait_for, wait_status
 
 pytestmark = pytest.mark.vllm
 
-ENV = {"ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds", "ROLLOUTS_MAINTENANCE_INTERVAL_S": "1",
-       "ROLLOUTS_LLM_HEARTBEAT_INTERVAL_S": "1"}  # fmt: skip
+ENV = {
+    "ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds",
+    "ROLLOUTS_MAINTENANCE_INTERVAL_S": "1",
+    "ROLLOUTS_LLM_HEARTBEAT_INTERVAL_S": "1",
+}
 # 300 tokens: several full KV blocks, so a second request with this prefix hits the prefix cache.
 PROMPT = [(7 * i) % 200 + 40 for i in range(300)]
 
@@ -49,8 +52,14 @@ def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     root = tmp_path_factory.mktemp("weights")
     server = start_server(tiny_model, root)
     proxy = HoldingProxy(server.url).start()
-    stack = Stack(Settings(redis_url=None, state_dir=root / "state"), api_port=0, log_dir=root / "logs",
-                  concurrency={"init": 1, "rollout": 2, "eval": 1}, backend_urls=[proxy.url], extra_env=ENV)
+    stack = Stack(
+        Settings(redis_url=None, state_dir=root / "state"),
+        api_port=0,
+        log_dir=root / "logs",
+        concurrency={"init": 1, "rollout": 2, "eval": 1},
+        backend_urls=[proxy.url],
+        extra_env=ENV,
+    )
     try:
         stack.start()
         stack.wait_for_workers()
@@ -75,8 +84,15 @@ def checkpoint(root: Path, seed: int, intermediate: int | None = None) -> Path:
 
 def sample(url: str, seed: int) -> tuple[list[int], list[float]]:
     """Four tokens after PROMPT at temperature 1, with the logprob vLLM reports for each."""
-    body = {"model": SERVED_NAME, "prompt": PROMPT, "max_tokens": 4, "temperature": 1.0, "seed": seed,
-            "logprobs": 0, "return_token_ids": True}  # fmt: skip
+    body = {
+        "model": SERVED_NAME,
+        "prompt": PROMPT,
+        "max_tokens": 4,
+        "temperature": 1.0,
+        "seed": seed,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
     choice = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"][0]
     return choice["token_ids"], choice["logprobs"]["token_logprobs"]
 
@@ -100,8 +116,9 @@ def gap_to(directory: Path, tokens: list[int], logprobs: list[float]) -> float:
 
 
 def update(api: httpx.Client, version: str, path: Path | str, **extra: object) -> httpx.Response:
-    return api.post(f"/v1/models/{SERVED_NAME}/weights", json={"version": version, "path": str(path), **extra},
-                    timeout=300)  # fmt: skip
+    return api.post(
+        f"/v1/models/{SERVED_NAME}/weights", json={"version": version, "path": str(path), **extra}, timeout=300
+    )
 
 
 def applied(response: httpx.Response) -> dict:
@@ -128,8 +145,11 @@ def test_an_update_serves_the_new_weights_from_a_reset_cache_under_the_new_versi
     sample(url, seed=5)
     assert prefix_hits(url) > hits, "the control: a repeated prompt does hit the cache"
     # a job run after the update records the new version in every assistant turn
-    job = {"task": {"kind": "agent-answer", "problem": "What is 2 + 2?", "answer": "4", "stop_on_no_tool_call": False},
-           "limits": {"max_turns": 2}, "sampling": {"max_tokens": 24, "temperature": 1.0, "seed": 5}}  # fmt: skip
+    job = {
+        "task": {"kind": "agent-answer", "problem": "What is 2 + 2?", "answer": "4", "stop_on_no_tool_call": False},
+        "limits": {"max_turns": 2},
+        "sampling": {"max_tokens": 24, "temperature": 1.0, "seed": 5},
+    }
     [job_id] = api.post("/v1/jobs", json=[job]).json()["job_ids"]
     record = wait_status(api, job_id, timeout=300)
     assert record["status"] == "done", record.get("error")
@@ -171,18 +191,27 @@ def test_a_trajectory_older_than_max_staleness_is_not_admitted(served) -> None:
     task = {"kind": "agent-answer", "problem": "Count to ten.", "answer": "x", "stop_on_no_tool_call": False}
     served.proxy.hold_after(1)
     try:
-        response = api.post("/v1/batches", json={
-            "prompts": [task], "n_samples": 1, "max_staleness": 0,
-            "limits": {"max_turns": 3}, "sampling": {"max_tokens": 16, "temperature": 1.0, "seed": 7},
-        })  # fmt: skip
+        response = api.post(
+            "/v1/batches",
+            json={
+                "prompts": [task],
+                "n_samples": 1,
+                "max_staleness": 0,
+                "limits": {"max_turns": 3},
+                "sampling": {"max_tokens": 16, "temperature": 1.0, "seed": 7},
+            },
+        )
         assert response.status_code == 202, response.text
         batch = response.json()
         assert served.proxy.held.wait(300), "the job's second model call never came"
         applied(update(api, "step-4", step_4))
     finally:
         served.proxy.release()
-    done = wait_for(lambda: (b := api.get(f"/v1/batches/{batch['id']}").json())["status"] != "running" and b,
-                    timeout=300, what="the batch to end")  # fmt: skip
+    done = wait_for(
+        lambda: (b := api.get(f"/v1/batches/{batch['id']}").json())["status"] != "running" and b,
+        timeout=300,
+        what="the batch to end",
+    )
     assert done["counts"]["stale"] == 1 and done["counts"]["used"] == 0, done
     [summary] = api.get("/v1/jobs", params={"group_id": f"b.{batch['id']}.0"}).json()["jobs"]
     record = wait_status(api, summary["id"])

@@ -37,6 +37,7 @@ def test_an_upload_serves_the_new_weights_under_the_new_version(served) -> None:
     assert client.current_weights(SERVED_NAME)["path"].startswith("upload:sha256:")
     tokens, logprobs = sample(url, seed=3)
     assert gap_to(checkpoint(root, 11), tokens, logprobs) < 1e-3
+
     # the async client, and a second upload over the first
     async def upload() -> dict:
         async with AsyncRolloutClient(stack.api_url) as aclient:
@@ -61,8 +62,11 @@ def test_an_upload_that_does_not_fit_is_refused_and_serving_goes_on(served) -> N
     tokens, logprobs = sample(url, seed=5)
     assert gap_to(checkpoint(root, 12), tokens, logprobs) < 1e-3  # still up-2's weights, and serving
     # the path form still works after uploads: both go through the same steps and version order
-    response = httpx.post(f"{stack.api_url}/v1/models/{SERVED_NAME}/weights",
-                          json={"version": "up-4", "path": str(checkpoint(root, 14))}, timeout=300)  # fmt: skip
+    response = httpx.post(
+        f"{stack.api_url}/v1/models/{SERVED_NAME}/weights",
+        json={"version": "up-4", "path": str(checkpoint(root, 14))},
+        timeout=300,
+    )
     assert response.json()["seq"] == 3, response.text
     tokens, logprobs = sample(url, seed=6)
     assert gap_to(checkpoint(root, 14), tokens, logprobs) < 1e-3

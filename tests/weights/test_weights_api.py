@@ -34,12 +34,15 @@ def test_only_an_admin_may_update_weights(make_client, checkpoint: Path) -> None
     assert missing.status_code == 404 and "'org/model-7b'" in missing.json()["detail"]
 
 
-@pytest.mark.parametrize(("body", "field", "words"), [
-    ({"version": "v1", "path": "relative/dir"}, "body.path", "absolute"),
-    ({"version": "v1", "path": "/no/such/dir"}, "body.path", "not a directory"),
-    ({"version": "v 1", "path": "/x"}, "body.version", "pattern"),
-    ({"version": "v1", "path": "/x", "pause_mode": "later"}, "body.pause_mode", "keep"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ({"version": "v1", "path": "relative/dir"}, "body.path", "absolute"),
+        ({"version": "v1", "path": "/no/such/dir"}, "body.path", "not a directory"),
+        ({"version": "v 1", "path": "/x"}, "body.version", "pattern"),
+        ({"version": "v1", "path": "/x", "pause_mode": "later"}, "body.pause_mode", "keep"),
+    ],
+)
 def test_bad_input_is_refused_naming_the_field_and_no_backend_is_touched(
     make_client, redis: Redis, settings: Settings, doubles, body: dict, field: str, words: str
 ) -> None:
@@ -108,8 +111,11 @@ def test_a_second_concurrent_update_of_the_model_gets_409(
     register(redis, settings, double.url)
     api = make_client()
     first: dict = {}
-    thread = threading.Thread(target=lambda: first.update(
-        r=api.post("/v1/models/tiny/weights", json={"version": "v1", "path": str(checkpoint)})))
+    thread = threading.Thread(
+        target=lambda: first.update(
+            r=api.post("/v1/models/tiny/weights", json={"version": "v1", "path": str(checkpoint)})
+        )
+    )
     thread.start()
     assert double.received.wait(30), "the first update never reached the backend"
     second = api.post("/v1/models/tiny/weights", json={"version": "v2", "path": str(checkpoint)})
@@ -131,20 +137,26 @@ def test_a_server_registering_with_other_weights_than_the_models_current_ones_is
     assert before["healthy"], before  # the model was never updated: nothing to be behind
     WeightVersions(redis, Keys(settings.redis_prefix)).record("tiny", "v2", "/ckpt/v2")
     servers = {"behind": fresh, "current": doubles(weight_version="v2"), "silent": doubles()}
-    views = {name: api.post("/v1/backends", json={"url": double.url, "model": "tiny"}).json()
-             for name, double in servers.items()}
+    views = {
+        name: api.post("/v1/backends", json={"url": double.url, "model": "tiny"}).json()
+        for name, double in servers.items()
+    }
     assert not views["behind"]["healthy"], views
     assert views["behind"]["unhealthy_reason"] == (
-        "stale weights: it serves version 'default', the model's current one is 'v2'"), views
+        "stale weights: it serves version 'default', the model's current one is 'v2'"
+    ), views
     assert views["current"]["healthy"] and views["silent"]["healthy"], views  # silent: no /weight_info to compare
     pool = BackendPool(redis, Keys(settings.redis_prefix), settings)
     assert pool.maintain().recovered == [], views  # its /health passes; only the current weights bring it back
 
 
-@pytest.mark.parametrize(("path", "reason"), [
-    ("/ckpt/v2", "stale weights: update to 'v2' failed at pause"),  # tried after the answer, and failed
-    ("upload:sha256:0123", "stale weights: the model's current weights 'v2' were sent as bytes"),  # nothing to load
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("/ckpt/v2", "stale weights: update to 'v2' failed at pause"),  # tried after the answer, and failed
+        ("upload:sha256:0123", "stale weights: the model's current weights 'v2' were sent as bytes"),  # nothing to load
+    ],
+)
 def test_a_backend_registering_behind_is_brought_up_to_the_current_weights_or_stays_out_saying_why(
     make_client, redis: Redis, settings: Settings, doubles, path: str, reason: str
 ) -> None:

@@ -40,8 +40,9 @@ def test_update_reports_each_backend_and_exits_1_when_one_failed(api_with_broken
 
 
 def test_a_missing_checkpoint_is_one_line_naming_the_field_and_exit_5(api_with_broken_backend: str) -> None:
-    result = rollouts("weights", "update", "tiny", "--version", "v1", "--path", "/no/such/ckpt",
-                      "--url", api_with_broken_backend)  # fmt: skip
+    result = rollouts(
+        "weights", "update", "tiny", "--version", "v1", "--path", "/no/such/ckpt", "--url", api_with_broken_backend
+    )
     assert result.returncode == 5
     assert "body.path" in one_line(result)
 
@@ -63,7 +64,18 @@ def test_upload_sends_the_file_and_reports_each_backend(api_with_broken_backend:
 
 def test_exactly_one_of_path_and_upload(api_with_broken_backend: str, tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"x")
-    both = rollouts("weights", "update", "tiny", "--version", "v1", "--path", "/x", "--upload", str(tmp_path / "f"),
-                    "--url", api_with_broken_backend)  # fmt: skip
+    both = rollouts(
+        "weights",
+        "update",
+        "tiny",
+        "--version",
+        "v1",
+        "--path",
+        "/x",
+        "--upload",
+        str(tmp_path / "f"),
+        "--url",
+        api_with_broken_backend,
+    )
     neither = rollouts("weights", "update", "tiny", "--version", "v1", "--url", api_with_broken_backend)
     assert both.returncode == neither.returncode == 2 and "exactly one" in both.stderr + neither.stderr

@@ -35,8 +35,12 @@ def register(redis: Redis, settings: Settings, double: BrokenWeightsBackend) -> 
 
 
 def put(api, data: bytes, headers: dict[str, str] | None = None, **params: str):  # type: ignore[no-untyped-def]
-    return api.put("/v1/models/tiny/weights", params={"version": "v1", **params}, content=data,
-                   headers={**OCTETS, **(headers or {})})  # fmt: skip
+    return api.put(
+        "/v1/models/tiny/weights",
+        params={"version": "v1", **params},
+        content=data,
+        headers={**OCTETS, **(headers or {})},
+    )
 
 
 def test_only_an_admin_may_upload_weights(make_client) -> None:
@@ -47,15 +51,18 @@ def test_only_an_admin_may_upload_weights(make_client) -> None:
     assert put(api, FITS, ADMIN).status_code == 404  # an admin gets through: no backend of tiny
 
 
-@pytest.mark.parametrize(("data", "params", "field", "words"), [
-    (b"not a safetensors file", {}, "body", "not a safetensors file"),
-    (FITS[:-3], {}, "body", "not a safetensors file"),  # cut short: the header names more bytes than came
-    (save({"w": np.zeros((3, 2), dtype=np.float32)}), {}, "body", "w is [3, 2], the model's is [2, 2]"),
-    (save({"w": np.zeros((2, 2), dtype=np.float32), "extra": np.zeros(1)}), {}, "body", "unknown ['extra']"),
-    (save({"v": np.zeros((2, 2), dtype=np.float32)}), {}, "body", "missing ['w']"),
-    (FITS, {"version": "v 1"}, "query.version", "pattern"),
-    (FITS, {"pause_mode": "later"}, "query.pause_mode", "keep"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("data", "params", "field", "words"),
+    [
+        (b"not a safetensors file", {}, "body", "not a safetensors file"),
+        (FITS[:-3], {}, "body", "not a safetensors file"),  # cut short: the header names more bytes than came
+        (save({"w": np.zeros((3, 2), dtype=np.float32)}), {}, "body", "w is [3, 2], the model's is [2, 2]"),
+        (save({"w": np.zeros((2, 2), dtype=np.float32), "extra": np.zeros(1)}), {}, "body", "unknown ['extra']"),
+        (save({"v": np.zeros((2, 2), dtype=np.float32)}), {}, "body", "missing ['w']"),
+        (FITS, {"version": "v 1"}, "query.version", "pattern"),
+        (FITS, {"pause_mode": "later"}, "query.pause_mode", "keep"),
+    ],
+)
 def test_a_body_that_does_not_fit_is_refused_naming_the_field_and_no_backend_is_touched(
     make_client, redis: Redis, settings: Settings, doubles, data: bytes, params: dict, field: str, words: str
 ) -> None:
@@ -85,8 +92,9 @@ def test_the_upload_has_its_own_size_limit_and_other_routes_keep_theirs(make_cli
     assert post.status_code == 413  # the JSON form keeps max_body_bytes
 
 
-def test_a_backend_that_fails_the_upload_leaves_the_pool(make_client, redis: Redis, settings: Settings,
-                                                         doubles) -> None:  # fmt: skip
+def test_a_backend_that_fails_the_upload_leaves_the_pool(
+    make_client, redis: Redis, settings: Settings, doubles
+) -> None:
     backend_id = register(redis, settings, doubles())
     api = make_client()
     result = put(api, FITS).json()

@@ -199,8 +199,12 @@ class RemoteObject:
 
     def _ask(self, op, *args, **kwargs):
         mutable = [a for a in args if isinstance(a, (list, dict, set))]
-        request = {"op": op, "h": self._handle, "a": [encode(a) for a in args],
-                   "k": {k: encode(v) for k, v in kwargs.items()}}  # fmt: skip
+        request = {
+            "op": op,
+            "h": self._handle,
+            "a": [encode(a) for a in args],
+            "k": {k: encode(v) for k, v in kwargs.items()},
+        }
         return self._connection.ask(request, mutable if op == "call" else ())
 
     def __getattr__(self, name):

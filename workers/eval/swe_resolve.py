@@ -108,7 +108,13 @@ def resolve(
     touched = patch_paths(_text(agent_diff))
     details["files_changed"] = touched
     if any(p == ".git" or p.startswith(".git/") for p in touched):
-        return {"reward": 0.0, **details, "patch_applied": False, "error": "the agent's patch touches .git", "reason": "the patch touches .git"}
+        return {
+            "reward": 0.0,
+            **details,
+            "patch_applied": False,
+            "error": "the agent's patch touches .git",
+            "reason": "the patch touches .git",
+        }
     if agent_diff.strip():
         raw = agent_diff if isinstance(agent_diff, bytes) else agent_diff.encode("utf-8")
         (box.runtime / "agent.diff").write_bytes(raw)
@@ -199,9 +205,22 @@ def run_pytest(
     files = sorted({test.split("::", 1)[0] for test in test_ids})
     report = box.runtime / "report.xml"
     argv = [
-        python, "-c", _PYTEST_BOOT, "--rootdir=.", "-p", "no:cacheprovider", "-o", "addopts=",
-        "-o", "junit_family=xunit1", f"--junitxml={report}", "-q", "--tb=short", "--", *files,
-    ]  # fmt: skip
+        python,
+        "-c",
+        _PYTEST_BOOT,
+        "--rootdir=.",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "-o",
+        "junit_family=xunit1",
+        f"--junitxml={report}",
+        "-q",
+        "--tb=short",
+        "--",
+        *files,
+    ]
     result = box.run(argv, timeout_s)
     info: dict[str, Any] = {
         "runner": "pytest",

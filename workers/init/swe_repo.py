@@ -42,7 +42,9 @@ IMAGE_EXPORT_DIR = "/export"  # where the export binds its destination (not over
 def git(cwd: Path, *args: str, stdin: bytes | None = None) -> bytes:
     """Host git on a repository this process made (never on one an agent touched)."""
     cmd = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.autocrlf=false", "-c", "init.defaultBranch=main"]
-    done = subprocess.run([*cmd, *args], cwd=cwd, input=stdin, capture_output=True, env={**os.environ, **_SNAPSHOT_ENV}, check=False)
+    done = subprocess.run(
+        [*cmd, *args], cwd=cwd, input=stdin, capture_output=True, env={**os.environ, **_SNAPSHOT_ENV}, check=False
+    )
     if done.returncode != 0:
         raise RuntimeError(f"git {args[0]} failed in {cwd}: {done.stderr.decode(errors='replace').strip()}")
     return done.stdout

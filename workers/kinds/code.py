@@ -78,9 +78,13 @@ class CodeKind(CodeSpec, AgentTask):
         if not isinstance(solution, str):
             reason = extra.get("solution_error") or f"the agent left no {task.get('entry_file', 'solution.py')}"
             return {
-                "reward": 0.0, "passed": 0, "total": len(tests.cases), "scoring": scoring,
-                "error": reason, "reason": f"no solution to test: {reason}",
-            }  # fmt: skip
+                "reward": 0.0,
+                "passed": 0,
+                "total": len(tests.cases),
+                "scoring": scoring,
+                "error": reason,
+                "reason": f"no solution to test: {reason}",
+            }
         entry = task.get("entry_file", "solution.py")
         solution = with_setup(task, solution)
         python = sandbox_python(ctx.settings, task)
@@ -97,6 +101,7 @@ class CodeKind(CodeSpec, AgentTask):
             f"; not passed: {', '.join(failed[:5])}" if failed else ""
         )
         return scored
+
 
 def with_setup(task: dict[str, Any], solution: str) -> str:
     """The solution as judged: the task's `setup_code` (MBPP's test_setup_code) first, in the solution's own

@@ -112,8 +112,12 @@ class SweKind(SweSpec, AgentTask):
         if not isinstance(diff, (str, bytes)):
             error = extra.get("diff_error") or "the rollout produced no diff"
             return {
-                "reward": 0.0, "instance_id": instance.instance_id, "resolved": False, "error": error, "reason": error,
-            }  # fmt: skip
+                "reward": 0.0,
+                "instance_id": instance.instance_id,
+                "resolved": False,
+                "error": error,
+                "reason": error,
+            }
         python = sandbox_python(ctx.settings, ctx.task)
         if ctx.settings.sandbox_backend == "singularity" and not instance.image and "python" not in ctx.task:
             python = f"{SWEBENCH_ENV_BIN}/python"  # SWE-bench's image: its testbed environment
@@ -129,6 +133,7 @@ class SweKind(SweSpec, AgentTask):
             needs=needs,
         ) as box:
             return resolve(box, instance, diff, python, timeout)
+
 
 def image_setup(instance: SweInstance, settings: Settings) -> tuple[str | None, str | None, dict[str, str]]:
     """(image, workdir, env) of the instance's sandboxes. With Singularity: the row's image, else SWE-bench's

@@ -251,8 +251,14 @@ class AgentLoop:
                 counts.tool_errors += 1
             turn.tool_calls.append(record)
             # tool_call_id: 9 alphanumerics, the only form Mistral's templates take.
-            observation.append({"role": "tool", "name": call.name or "invalid", "content": result.output,
-                                "tool_call_id": f"call{counts.tool_calls:05d}"})
+            observation.append(
+                {
+                    "role": "tool",
+                    "name": call.name or "invalid",
+                    "content": result.output,
+                    "tool_call_id": f"call{counts.tool_calls:05d}",
+                }
+            )
             if finished:
                 break
         elapsed = time.perf_counter() - started

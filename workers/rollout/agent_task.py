@@ -103,8 +103,12 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
         pin = llm.pool.acquire(ctx.job_id, group_id, model=request.model)
         parser = get_parser(ctx.task.get("tool_parser") or settings.agent_tool_parser)
         tools = kind.tool_schemas()
-        renderer = ChatRenderer(load_tokenizer(pin), tools, tool_instructions_json(tools, parser.call_format),
-                                template_kwargs=request.chat_template_kwargs)  # fmt: skip
+        renderer = ChatRenderer(
+            load_tokenizer(pin),
+            tools,
+            tool_instructions_json(tools, parser.call_format),
+            template_kwargs=request.chat_template_kwargs,
+        )
         config = loop_config(kind, ctx)
 
         generate = pinned_generate(ctx, pin.model, release_pin)
@@ -112,9 +116,14 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
             held = start_sandbox(kind, ctx)
             sandbox = held.sandbox
         loop = AgentLoop(
-            renderer, parser, generate, tool_runner(sandbox, ctx), config,
-            sampling_for(request.sampling, config.max_tokens_per_turn), ctx,
-        )  # fmt: skip
+            renderer,
+            parser,
+            generate,
+            tool_runner(sandbox, ctx),
+            config,
+            sampling_for(request.sampling, config.max_tokens_per_turn),
+            ctx,
+        )
         trajectory = loop.run(kind.messages(ctx.task))
         ctx.check()
         trajectory.extra = kind.collect(ctx, sandbox)
@@ -144,10 +153,9 @@ def pinned_generate(ctx: StageContext, model: str | None, release_pin: Callable[
         # running, it releases the pin it may have re-taken (failover) when it ends.
         return call_interruptibly(
             ctx,
-            lambda: complete_routed(llm.pool, llm.client, ctx.job_id, prompt, sampling, group_id=group_id,
-                                    model=model),
+            lambda: complete_routed(llm.pool, llm.client, ctx.job_id, prompt, sampling, group_id=group_id, model=model),
             on_abandoned=release_pin,
-        )  # fmt: skip
+        )
 
     return generate
 
@@ -155,16 +163,21 @@ def pinned_generate(ctx: StageContext, model: str | None, release_pin: Callable[
 def start_sandbox(kind: AgentKind, ctx: StageContext) -> JobSandbox:
     """The job's sandbox over its workspace, started (or taken ready from the pool); stopped by a cancel,
     the deadline or the stage's end, or given back to the pool for the next job (lifetime ``reuse``)."""
+
     def hold(held: JobSandbox) -> None:
         ctx.on_cleanup(held.stop)
         ctx.on_interrupt(lambda _reason: held.stop())  # unblocks a tool call the cancel must not wait for
 
     try:
         held = open_job_sandbox(
-            kind.sandbox_spec(ctx.task, ctx.settings), ctx.workspace, ctx.settings,
-            python="python" in kind.tools, lifetime=lifetime_for(getattr(kind, "name", ""), ctx.settings),
-            pool=sandbox_pool(ctx.settings), hold=hold,
-        )  # fmt: skip
+            kind.sandbox_spec(ctx.task, ctx.settings),
+            ctx.workspace,
+            ctx.settings,
+            python="python" in kind.tools,
+            lifetime=lifetime_for(getattr(kind, "name", ""), ctx.settings),
+            pool=sandbox_pool(ctx.settings),
+            hold=hold,
+        )
         log.info("job %s: sandbox %s", ctx.job_id, "ready from the pool" if held.pooled else "started for it")
         return held
     except SandboxError:
@@ -174,6 +187,7 @@ def start_sandbox(kind: AgentKind, ctx: StageContext) -> JobSandbox:
 
 def tool_runner(sandbox: Sandbox | None, ctx: StageContext) -> RunTool:
     """Run a tool in the job's sandbox; an interruption that killed the sandbox says so, not "sandbox failed"."""
+
     def run_tool(name: str, args: dict[str, Any], timeout: float | None) -> ToolResult:
         if sandbox is None:
             return ToolResult.error(f"tool {name} needs a sandbox, and this task has none")

@@ -123,7 +123,10 @@ class ChatRenderer:
         messages = [self._as_data(m) for m in messages]
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt,
+                messages,
+                tools=self.tools,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
                 **self.template_kwargs,
             )
         except Exception as exc:  # jinja raises its own errors (raise_exception in templates)
@@ -174,7 +177,7 @@ class ChatRenderer:
                 "the chat template does not render an assistant reply verbatim before the observation"
             )
         rest = rests[0]
-        text = rest[len(stop_text):] if stop_text and rest.startswith(stop_text) else rest
+        text = rest[len(stop_text) :] if stop_text and rest.startswith(stop_text) else rest
         return Delta(self.encode(text), text)
 
     def _after_stand_in(self, mark: str, observation: list[dict[str, Any]]) -> str | None:
@@ -184,7 +187,7 @@ class ChatRenderer:
         exchange = [STAND_IN_USER, {"role": "assistant", "content": mark}]
         after = self.render([*exchange, *observation], add_generation_prompt=True)
         cut = after.find(mark)
-        return None if cut < 0 else after[cut + len(mark):]
+        return None if cut < 0 else after[cut + len(mark) :]
 
 
 def tool_instructions_json(tools: list[dict[str, Any]], call_format: str) -> str:

@@ -113,9 +113,15 @@ class JobSandbox:
 
 
 def open_job_sandbox(
-    spec: SandboxSpec, workspace: Path, settings: Settings, *, python: bool, lifetime: str,
-    pool: SandboxPool | None, hold: Callable[[JobSandbox], None] = lambda _held: None,
-) -> JobSandbox:  # fmt: skip
+    spec: SandboxSpec,
+    workspace: Path,
+    settings: Settings,
+    *,
+    python: bool,
+    lifetime: str,
+    pool: SandboxPool | None,
+    hold: Callable[[JobSandbox], None] = lambda _held: None,
+) -> JobSandbox:
     """The job's sandbox over ``workspace``, started: a ready one from ``pool`` if it has one, else a new one.
 
     ``hold`` gets the job's hold before anything starts, so a cancel during a start can stop it.

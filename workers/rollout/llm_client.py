@@ -229,15 +229,19 @@ class LLMClient:
         base = url.rstrip("/")
         if base not in self._no_generate_route:
             try:
-                return self._post(base + GENERATE_PATH, generate_body(prompt_token_ids, sampling, model),
-                                  _parse_generate, backend_id)  # fmt: skip
+                return self._post(
+                    base + GENERATE_PATH, generate_body(prompt_token_ids, sampling, model), _parse_generate, backend_id
+                )
             except _RouteMissing:
-                log.warning("backend %s has no %s (started without --enable-scale-out?): using /v1/completions, "
-                            "which reports no weight versions", backend_id, GENERATE_PATH)  # fmt: skip
+                log.warning(
+                    "backend %s has no %s (started without --enable-scale-out?): using /v1/completions, "
+                    "which reports no weight versions",
+                    backend_id,
+                    GENERATE_PATH,
+                )
                 with self._routes_lock:
                     self._no_generate_route.add(base)
-        return self._post(base + COMPLETIONS_PATH, request_body(prompt_token_ids, sampling, model),
-                          _parse, backend_id)  # fmt: skip
+        return self._post(base + COMPLETIONS_PATH, request_body(prompt_token_ids, sampling, model), _parse, backend_id)
 
     def _post(self, endpoint: str, body: dict[str, Any], parse: Any, backend_id: str) -> Completion:
         started = time.perf_counter()
@@ -332,7 +336,7 @@ def _token_ids_from_strings(tokens: Any) -> list[int] | None:
     for token in tokens:
         if not isinstance(token, str) or not token.startswith(_TOKEN_ID_PREFIX):
             return None
-        ids.append(int(token[len(_TOKEN_ID_PREFIX):]))
+        ids.append(int(token[len(_TOKEN_ID_PREFIX) :]))
     return ids
 
 

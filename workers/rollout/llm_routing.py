@@ -23,6 +23,7 @@ from workers.rollout.llm_client import (
 
 log = logging.getLogger(__name__)
 
+
 def complete_routed(
     pool: BackendPool,
     client: LLMClient,
@@ -72,8 +73,9 @@ def complete_routed(
             raise NoBackendAvailable(f"{exc} (it failed this call: {last_error})") from last_error
         try:
             with log_context.bind(backend=pin.backend_id):  # every record of this call names its backend
-                return client.complete(pin.url, prompt_token_ids, sampling, model=pin.model or None,
-                                       backend_id=pin.backend_id)  # fmt: skip
+                return client.complete(
+                    pin.url, prompt_token_ids, sampling, model=pin.model or None, backend_id=pin.backend_id
+                )
         except BackendUnavailable as exc:
             failed.append(pin.backend_id)
             _record_failover(pool, job_id, pin.backend_id)
@@ -86,8 +88,7 @@ def complete_routed(
             _record_failover(pool, job_id, pin.backend_id)
             last_error = exc
             still_open = True
-            log.warning("job %s: backend %s sent an unusable response (%s); failing over", job_id,
-                        pin.backend_id, exc)
+            log.warning("job %s: backend %s sent an unusable response (%s); failing over", job_id, pin.backend_id, exc)
         except BackendRequestError as exc:
             if exc.status != 404:
                 raise

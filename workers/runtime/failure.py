@@ -48,8 +48,13 @@ def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: Bas
         return
     job_id, stage = parse_rq_job_id(job.id)
     if runner_returned(job.id):
-        log.warning("job %s: rq failed to record the end of the %s attempt (%s: %s); the job's record "
-                    "stands", job_id, stage, exc_type.__name__, exc_value)  # fmt: skip
+        log.warning(
+            "job %s: rq failed to record the end of the %s attempt (%s: %s); the job's record stands",
+            job_id,
+            stage,
+            exc_type.__name__,
+            exc_value,
+        )
         job.retries_left = 0
         return
     # The process's own store and settings: its workspaces are where the stage runner put them.
@@ -67,7 +72,13 @@ def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: Bas
         _fail(store, metrics, job_id, stage, error)
         return
     if job.retries_left:
-        log.warning("job %s: %s worker lost (%s); re-queued, %d retries left", job_id, stage, exc_type.__name__, job.retries_left)
+        log.warning(
+            "job %s: %s worker lost (%s); re-queued, %d retries left",
+            job_id,
+            stage,
+            exc_type.__name__,
+            job.retries_left,
+        )
         connection.hincrby(store.keys.job(job_id), lost_field(stage), 1)
         metrics.error(stage, "worker_lost")
         return

@@ -42,6 +42,7 @@ from workers.runtime.state import WorkerState, init_state
 
 log = logging.getLogger("rollouts.worker")
 
+
 class WorkerProcess:
     def __init__(
         self,
@@ -110,7 +111,9 @@ class WorkerProcess:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
         if self._signals > 1:
-            log.warning("%s: second signal, exiting now; in-flight jobs will be re-queued by rq", self.state.process_name)
+            log.warning(
+                "%s: second signal, exiting now; in-flight jobs will be re-queued by rq", self.state.process_name
+            )
             raise SystemExit(1)
         log.info("%s: %s received, draining", self.state.process_name, signal.Signals(signum).name)
         self.state.draining.set()
@@ -262,8 +265,10 @@ class WorkerProcess:
                 log.exception("maintenance of queue %s failed", queue.name)
         try:
             if not self.state.redis.set(
-                self.state.store.keys.maintenance_lock, self.state.process_name,
-                nx=True, ex=max(1, int(self.settings.maintenance_interval_s)),
+                self.state.store.keys.maintenance_lock,
+                self.state.process_name,
+                nx=True,
+                ex=max(1, int(self.settings.maintenance_interval_s)),
             ):
                 return  # another process did the fleet-wide upkeep this interval
         except Exception:

@@ -26,6 +26,7 @@ log = logging.getLogger("rollouts.worker")
 
 BATCH = 500  # entries looked at per queue per maintenance pass, so a long registry never stalls it
 
+
 def prune_failed_registry(queue: Queue, store: JobStore, batch: int = BATCH) -> int:
     """Remove the failed-registry entries of `queue` that no job record backs; returns how many."""
     registry = queue.failed_job_registry

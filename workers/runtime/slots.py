@@ -43,9 +43,7 @@ class SlotWorker(SimpleWorker):
 
     def __init__(self, *args: Any, poll_interval: float, heartbeat_ttl: int, **kwargs: Any) -> None:
         # JSON payloads naming only stage entry points (shared/jobs/rq_payloads.py), never pickles.
-        super().__init__(
-            *args, maintenance_interval=_NEVER, serializer=JOB_SERIALIZER, job_class=StageJob, **kwargs
-        )
+        super().__init__(*args, maintenance_interval=_NEVER, serializer=JOB_SERIALIZER, job_class=StageJob, **kwargs)
         self._poll_interval = max(1, int(poll_interval))
         self._heartbeat_ttl = heartbeat_ttl
         self._busy_lock = threading.Lock()

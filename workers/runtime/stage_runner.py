@@ -196,8 +196,11 @@ def _perform(stage: Stage, ctx: StageContext, workspaces: Path) -> Performed:
     except Exception as exc:  # noqa: BLE001 - whatever a stage raises fails the job with its type and message
         log.warning("job %s: %s failed: %s: %s", ctx.job_id, stage.name, type(exc).__name__, exc)
         message = str(exc) + _disk_full_note(exc, workspaces)
-        return {}, None, {"stage": stage.name, "type": type(exc).__name__, "message": message,
-                          "traceback": traceback.format_exc()}  # fmt: skip
+        return (
+            {},
+            None,
+            {"stage": stage.name, "type": type(exc).__name__, "message": message, "traceback": traceback.format_exc()},
+        )
 
 
 def _disk_full_note(exc: BaseException, workspaces: Path) -> str:
@@ -323,11 +326,14 @@ def _wait_for_backend(st: WorkerState, ctx: StageContext, error: dict[str, Any])
     job_id, stage = ctx.job_id, ctx.stage
     plan = plan_wait(st.store, job_id, stage, ctx.attempt, time.time())
     if plan.expired:
-        message = (f"no LLM backend was open to this job for {plan.waited_s:.0f} s "
-                   f"(backend_wait_s = {st.settings.backend_wait_s:g}); last: {error['message']}")  # fmt: skip
+        message = (
+            f"no LLM backend was open to this job for {plan.waited_s:.0f} s "
+            f"(backend_wait_s = {st.settings.backend_wait_s:g}); last: {error['message']}"
+        )
         guard = (attempts_field(stage), ctx.attempt)
-        return _finish(st, job_id, stage, JobStatus.FAILED, {**error, "message": message}, ctx.partial, guard,
-                       ctx.request.group_id)  # fmt: skip
+        return _finish(
+            st, job_id, stage, JobStatus.FAILED, {**error, "message": message}, ctx.partial, guard, ctx.request.group_id
+        )
     refused = park(st.store, job_id, stage, ctx.attempt, plan)
     if refused is not None:
         return _lost_race(refused)  # cancelled or deleted meanwhile, or a newer attempt owns it

@@ -123,15 +123,24 @@ class Sandbox(ABC):
         """How to start ``python -m workers.toolserver`` inside the sandbox."""
         s = self.settings
         return [
-            self.toolserver_python, "-m", "workers.toolserver",
-            "--socket", str(self.socket_path),
-            "--workspace", self.workdir,
-            "--state-dir", str(self.runtime_dir / "toolserver"),
-            "--output-cap", str(s.tool_output_cap_bytes),
-            "--hard-output-cap", str(s.tool_hard_output_bytes),
-            "--default-timeout", str(s.tool_default_timeout_s),
-            "--max-timeout", str(s.tool_max_timeout_s),
-        ]  # fmt: skip
+            self.toolserver_python,
+            "-m",
+            "workers.toolserver",
+            "--socket",
+            str(self.socket_path),
+            "--workspace",
+            self.workdir,
+            "--state-dir",
+            str(self.runtime_dir / "toolserver"),
+            "--output-cap",
+            str(s.tool_output_cap_bytes),
+            "--hard-output-cap",
+            str(s.tool_hard_output_bytes),
+            "--default-timeout",
+            str(s.tool_default_timeout_s),
+            "--max-timeout",
+            str(s.tool_max_timeout_s),
+        ]
 
     @property
     def launcher_reaps(self) -> bool:

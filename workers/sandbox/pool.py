@@ -124,8 +124,7 @@ class SandboxPool:
         # The job's files are where eval reads them; the shell and kernel start off the job's time.
         with self._cond:
             self._starting[profile] += 1  # on its way back: the refill counts it
-        threading.Thread(target=self._rewarm, args=(sandbox, profile), name="sandbox-pool-rewarm",
-                         daemon=True).start()  # fmt: skip
+        threading.Thread(target=self._rewarm, args=(sandbox, profile), name="sandbox-pool-rewarm", daemon=True).start()
         return True
 
     def _rewarm(self, sandbox: Sandbox, profile: SandboxProfile) -> None:
@@ -205,7 +204,7 @@ class SandboxPool:
         except OSError:
             return
         for entry in entries:
-            pid = entry.name[len(prefix):].split("-", 1)[0] if entry.name.startswith(prefix) else ""
+            pid = entry.name[len(prefix) :].split("-", 1)[0] if entry.name.startswith(prefix) else ""
             if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
                 shutil.rmtree(entry.path, ignore_errors=True)
 
@@ -305,8 +304,9 @@ class SandboxPool:
             for box in to_stop:
                 self._forget(box)
             for profile in to_start:
-                threading.Thread(target=self._start_into, args=(profile,), name="sandbox-pool-start",
-                                 daemon=True).start()  # fmt: skip
+                threading.Thread(
+                    target=self._start_into, args=(profile,), name="sandbox-pool-start", daemon=True
+                ).start()
             with self._cond:
                 if self._closed:
                     return

@@ -137,8 +137,11 @@ def _start_slirp(pid: int, rootless: bool, log: IO[bytes]) -> tuple[subprocess.P
     try:
         proc = subprocess.Popen(
             slirp_command(pid, ready_w, exit_r, userns),
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=passed,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            pass_fds=passed,
+        )
     finally:
         for fd in passed:
             os.close(fd)

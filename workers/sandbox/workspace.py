@@ -50,11 +50,20 @@ def copy_workspace(source: Path, destination: Path) -> None:
 
 def _git(git_dir: Path, work_tree: Path, *args: str, stdin: bytes | None = None) -> bytes:
     cmd = [
-        "git", f"--git-dir={git_dir}", f"--work-tree={work_tree}",
-        "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "core.autocrlf=false",
+        "git",
+        f"--git-dir={git_dir}",
+        f"--work-tree={work_tree}",
+        "-c",
+        "core.hooksPath=/dev/null",
+        "-c",
+        "core.fsmonitor=false",
+        "-c",
+        "core.autocrlf=false",
         *args,
-    ]  # fmt: skip
-    done = subprocess.run(cmd, input=stdin, capture_output=True, cwd=work_tree, env={**os.environ, **_GIT_ENV}, check=False)
+    ]
+    done = subprocess.run(
+        cmd, input=stdin, capture_output=True, cwd=work_tree, env={**os.environ, **_GIT_ENV}, check=False
+    )
     if done.returncode != 0:
         raise WorkspaceError(f"git {args[0]} failed: {done.stderr.decode(errors='replace').strip()}")
     return done.stdout

@@ -144,7 +144,9 @@ class PersistentBash:
             status = self._exit_status()
             self.restart()
             return BashOutcome(
-                sink.text(), status, truncated=sink.truncated,
+                sink.text(),
+                status,
+                truncated=sink.truncated,
                 note="[the shell exited; a new shell was started]",
             )
         if overflow:

@@ -94,7 +94,11 @@ class PythonKernel:
             connection_file=str(self.state_dir / "kernel.json"),
         )
         manager.kernel_spec.argv = [  # this interpreter, never a kernel found on PATH
-            sys.executable, str(_KERNEL_SCRIPT), "-f", "{connection_file}"]
+            sys.executable,
+            str(_KERNEL_SCRIPT),
+            "-f",
+            "{connection_file}",
+        ]
         env = {**self.env, "IPYTHONDIR": str(self.state_dir / "ipython"), "JPY_PARENT_PID": ""}
         manager.start_kernel(
             cwd=str(self.cwd),
@@ -189,7 +193,7 @@ class PythonKernel:
         frames = iopub.recv_multipart()
         session = self.client.session
         try:
-            signature, header, parent, metadata, content = frames[frames.index(_DELIM) + 1:][:5]
+            signature, header, parent, metadata, content = frames[frames.index(_DELIM) + 1 :][:5]
         except ValueError:
             raise ValueError("malformed IOPub message") from None
         if session.auth is not None:
@@ -202,9 +206,7 @@ class PythonKernel:
             return "", {}
         return session.unpack(header)["msg_type"], session.unpack(content)
 
-    def _collect(
-        self, msg_id: str, deadline: float, collector: _Collector, check_overflow: bool = True
-    ) -> str:
+    def _collect(self, msg_id: str, deadline: float, collector: _Collector, check_overflow: bool = True) -> str:
         """Gather iopub output of one execution until the kernel is idle, dies, or runs out of time/room."""
         assert self.client is not None and self.manager is not None
         while True:

@@ -34,9 +34,12 @@ class ToolBox:
         self.workspace = Workspace(workspace)
         self.bash = PersistentBash(workspace, env, state_dir / "bash", limits.output_cap, limits.hard_output_cap)
         self.python = PythonKernel(
-            workspace, env, state_dir / "python",
-            output_cap=limits.output_cap, hard_output_cap=limits.hard_output_cap,
-        )  # fmt: skip
+            workspace,
+            env,
+            state_dir / "python",
+            output_cap=limits.output_cap,
+            hard_output_cap=limits.hard_output_cap,
+        )
         self._locks = {"bash": threading.Lock(), "python": threading.Lock(), "files": threading.Lock()}
 
     def start(self) -> None:

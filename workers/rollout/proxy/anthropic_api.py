@@ -44,8 +44,13 @@ def chat_request(request: MessagesRequest) -> wire.ChatRequest:
     messages = [{"role": "system", "content": system}] if system else []
     for i, message in enumerate(request.messages):
         messages.extend(_messages_of(message, f"messages[{i}]"))
-    return wire.ChatRequest(model=request.model, messages=messages, tools=chat_tools(request.tools),
-                            max_tokens=request.max_tokens, stop=request.stop_sequences)  # fmt: skip
+    return wire.ChatRequest(
+        model=request.model,
+        messages=messages,
+        tools=chat_tools(request.tools),
+        max_tokens=request.max_tokens,
+        stop=request.stop_sequences,
+    )
 
 
 def _messages_of(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
@@ -92,8 +97,13 @@ def _assistant(content: list[Any], where: str) -> dict[str, Any]:
                 raise wire.ProxyError(400, "a tool_use block has an id and a name", at)
             if not isinstance(block.get("input"), dict):
                 raise wire.ProxyError(400, "a tool_use block's input is an object", f"{at}.input")
-            calls.append({"id": block["id"], "type": "function",
-                          "function": {"name": block["name"], "arguments": block["input"]}})  # fmt: skip
+            calls.append(
+                {
+                    "id": block["id"],
+                    "type": "function",
+                    "function": {"name": block["name"], "arguments": block["input"]},
+                }
+            )
         else:
             raise wire.ProxyError(400, "an assistant message's blocks are text and tool_use", f"{at}.type")
     message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -123,12 +133,16 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     out = []
     for i, tool in enumerate(tools):
         if tool.get("type") not in (None, "custom") or not isinstance(tool.get("name"), str):
-            raise wire.ProxyError(400, "only client tools (name, description, input_schema) are supported",
-                                  f"tools[{i}]")  # fmt: skip
+            raise wire.ProxyError(
+                400, "only client tools (name, description, input_schema) are supported", f"tools[{i}]"
+            )
         if not isinstance(tool.get("input_schema"), dict):
             raise wire.ProxyError(400, "a tool has an input_schema object", f"tools[{i}].input_schema")
-        function = {"name": tool["name"], "description": tool.get("description") or "",
-                    "parameters": tool["input_schema"]}  # fmt: skip
+        function = {
+            "name": tool["name"],
+            "description": tool.get("description") or "",
+            "parameters": tool["input_schema"],
+        }
         out.append({"type": "function", "function": function})
     return out
 
@@ -141,14 +155,25 @@ def message_of(chat: dict[str, Any], request: MessagesRequest) -> dict[str, Any]
     if reply.get("content"):
         content.append({"type": "text", "text": reply["content"]})
     for call in reply.get("tool_calls") or []:
-        content.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
-                        "input": json.loads(call["function"]["arguments"])})  # fmt: skip
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call["id"],
+                "name": call["function"]["name"],
+                "input": json.loads(call["function"]["arguments"]),
+            }
+        )
     stop_reason, stop_sequence = _stop(choice, request)
     return {
-        "id": f"msg_{chat['id'].removeprefix('chatcmpl-')}", "type": "message", "role": "assistant",
-        "model": chat["model"], "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
+        "id": f"msg_{chat['id'].removeprefix('chatcmpl-')}",
+        "type": "message",
+        "role": "assistant",
+        "model": chat["model"],
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
         "usage": {"input_tokens": chat["usage"]["prompt_tokens"], "output_tokens": chat["usage"]["completion_tokens"]},
-    }  # fmt: skip
+    }
 
 
 def _stop(choice: dict[str, Any], request: MessagesRequest) -> tuple[str, str | None]:
@@ -167,8 +192,13 @@ def events(message: dict[str, Any]) -> list[str]:
     message_delta (stop_reason, output tokens), message_stop."""
     sequence: list[dict[str, Any]] = []
     usage = message["usage"]
-    opening = {**message, "content": [], "stop_reason": None, "stop_sequence": None,
-               "usage": {"input_tokens": usage["input_tokens"], "output_tokens": 0}}  # fmt: skip
+    opening = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": usage["input_tokens"], "output_tokens": 0},
+    }
     sequence.append({"type": "message_start", "message": opening})
     for index, block in enumerate(message["content"]):
         if block["type"] == "text":
@@ -179,8 +209,12 @@ def events(message: dict[str, Any]) -> list[str]:
         sequence.append({"type": "content_block_start", "index": index, "content_block": start})
         sequence.append({"type": "content_block_delta", "index": index, "delta": delta})
         sequence.append({"type": "content_block_stop", "index": index})
-    sequence.append({"type": "message_delta", "delta": {"stop_reason": message["stop_reason"],
-                                                        "stop_sequence": message["stop_sequence"]},
-                     "usage": {"output_tokens": usage["output_tokens"]}})  # fmt: skip
+    sequence.append(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
+            "usage": {"output_tokens": usage["output_tokens"]},
+        }
+    )
     sequence.append({"type": "message_stop"})
     return [f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in sequence]

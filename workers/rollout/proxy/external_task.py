@@ -55,11 +55,15 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
             held = start_sandbox(kind, ctx)
             sandbox = held.sandbox
         session = ProxySession(
-            load_tokenizer(pin), get_parser(ctx.task.get("tool_parser") or ctx.settings.agent_tool_parser),
-            pinned_generate(ctx, pin.model, release_pin), tool_runner(sandbox, ctx), config,
-            sampling_for(ctx.request.sampling, config.max_tokens_per_turn), pin.model,
+            load_tokenizer(pin),
+            get_parser(ctx.task.get("tool_parser") or ctx.settings.agent_tool_parser),
+            pinned_generate(ctx, pin.model, release_pin),
+            tool_runner(sandbox, ctx),
+            config,
+            sampling_for(ctx.request.sampling, config.max_tokens_per_turn),
+            pin.model,
             template_kwargs=ctx.request.chat_template_kwargs,
-        )  # fmt: skip
+        )
         secret = deployment_secret(st.redis, st.store.keys, ctx.settings)
         task = {"messages": kind.messages(ctx.task), "tools": kind.tool_schemas(), "model": pin.model}
         server = ThreadServer(build_app(session, ctx.job_id, secret, lambda: task), ctx.settings.agent_proxy_host)

@@ -26,8 +26,10 @@ def _one(message: Any, where: str) -> dict[str, Any]:
     role = message.get("role")
     if role not in ROLES:
         raise ProxyError(400, f"role must be one of {', '.join(ROLES)}", f"{where}.role")
-    out: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": _text(message.get("content"),
-                                                                                                 f"{where}.content")}
+    out: dict[str, Any] = {
+        "role": "system" if role == "developer" else role,
+        "content": _text(message.get("content"), f"{where}.content"),
+    }
     if isinstance(message.get("name"), str):
         out["name"] = message["name"]
     if role == "assistant" and message.get("tool_calls"):
@@ -68,5 +70,8 @@ def _call(call: Any, where: str) -> dict[str, Any]:
 
 def wire_tool_call(call_id: str, name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
     """A tool call as OpenAI returns it: arguments as a JSON string."""
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments or {}, ensure_ascii=False)}}  # fmt: skip
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments or {}, ensure_ascii=False)},
+    }

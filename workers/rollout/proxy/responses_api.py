@@ -63,8 +63,9 @@ def chat_request(request: ResponsesRequest, earlier: list[dict[str, Any]]) -> tu
     messages = [*system, *earlier, *input_messages(request.input)]
     if not messages:
         raise wire.ProxyError(400, "input has no items", "input")
-    call = wire.ChatRequest(model=request.model, messages=messages, tools=chat_tools(request.tools),
-                            max_tokens=request.max_output_tokens)  # fmt: skip
+    call = wire.ChatRequest(
+        model=request.model, messages=messages, tools=chat_tools(request.tools), max_tokens=request.max_output_tokens
+    )
     return call, len(system)
 
 
@@ -94,8 +95,12 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             text = output if isinstance(output, str) else _text(output, f"{where}.output")
             messages.append({"role": "tool", "content": text, "tool_call_id": item["call_id"]})
         else:
-            raise wire.ProxyError(400, f"input items of type {kind!r} are not supported here; supported: message, "
-                                  "function_call, function_call_output", f"{where}.type")  # fmt: skip
+            raise wire.ProxyError(
+                400,
+                f"input items of type {kind!r} are not supported here; supported: message, "
+                "function_call, function_call_output",
+                f"{where}.type",
+            )
     return messages
 
 
@@ -115,10 +120,14 @@ def _text(content: Any, where: str) -> str:
         raise wire.ProxyError(400, "content is a string or a list of text parts", where)
     parts = []
     for i, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") \
-                or not isinstance(part.get("text"), str):  # fmt: skip
-            raise wire.ProxyError(400, "only text content parts (input_text, output_text) are supported",
-                                  f"{where}[{i}]")  # fmt: skip
+        if (
+            not isinstance(part, dict)
+            or part.get("type") not in ("input_text", "output_text", "text")
+            or not isinstance(part.get("text"), str)
+        ):
+            raise wire.ProxyError(
+                400, "only text content parts (input_text, output_text) are supported", f"{where}[{i}]"
+            )
         parts.append(part["text"])
     return "".join(parts)
 
@@ -133,8 +142,11 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
             raise wire.ProxyError(400, "only function tools are supported", f"tools[{i}].type")
         if not isinstance(tool.get("name"), str):
             raise wire.ProxyError(400, "a function tool has a name", f"tools[{i}].name")
-        function = {"name": tool["name"], "description": tool.get("description") or "",
-                    "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}  # fmt: skip
+        function = {
+            "name": tool["name"],
+            "description": tool.get("description") or "",
+            "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
+        }
         out.append({"type": "function", "function": function})
     return out
 
@@ -145,28 +157,54 @@ def response_of(chat: dict[str, Any], request: ResponsesRequest, response_id: st
     message = choice["message"]
     output: list[dict[str, Any]] = []
     if message.get("content"):
-        output.append({"type": "message", "id": f"msg_{response_id}", "role": "assistant", "status": "completed",
-                       "content": [{"type": "output_text", "text": message["content"], "annotations": [],
-                                    "logprobs": []}]})  # fmt: skip
+        output.append(
+            {
+                "type": "message",
+                "id": f"msg_{response_id}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": message["content"], "annotations": [], "logprobs": []}],
+            }
+        )
     for k, call in enumerate(message.get("tool_calls") or []):
-        output.append({"type": "function_call", "id": f"fc_{response_id}_{k}", "call_id": call["id"],
-                       "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-                       "status": "completed"})  # fmt: skip
+        output.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{response_id}_{k}",
+                "call_id": call["id"],
+                "name": call["function"]["name"],
+                "arguments": call["function"]["arguments"],
+                "status": "completed",
+            }
+        )
     cut = choice["finish_reason"] == "length"
     usage = chat["usage"]
     return {
-        "id": response_id, "object": "response", "created_at": time.time(), "model": chat["model"],
+        "id": response_id,
+        "object": "response",
+        "created_at": time.time(),
+        "model": chat["model"],
         "status": "incomplete" if cut else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-        "error": None, "instructions": request.instructions, "output": output,
-        "parallel_tool_calls": True, "tool_choice": "auto", "tools": request.tools or [],
-        "max_output_tokens": request.max_output_tokens, "previous_response_id": request.previous_response_id,
-        "text": {"format": {"type": "text"}}, "truncation": "disabled", "metadata": {},
-        "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
-                  "total_tokens": usage["total_tokens"],
-                  "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-                  "output_tokens_details": {"reasoning_tokens": 0}},
-    }  # fmt: skip
+        "error": None,
+        "instructions": request.instructions,
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": request.tools or [],
+        "max_output_tokens": request.max_output_tokens,
+        "previous_response_id": request.previous_response_id,
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "metadata": {},
+        "usage": {
+            "input_tokens": usage["prompt_tokens"],
+            "output_tokens": usage["completion_tokens"],
+            "total_tokens": usage["total_tokens"],
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+    }
 
 
 def conversation_after(call: wire.ChatRequest, skip: int, chat: dict[str, Any]) -> list[dict[str, Any]]:
@@ -192,19 +230,48 @@ def events(response: dict[str, Any]) -> list[str]:
             emit("response.output_item.added", output_index=index, item=opened)
             empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             emit("response.content_part.added", item_id=item["id"], output_index=index, content_index=0, part=empty)
-            emit("response.output_text.delta", item_id=item["id"], output_index=index, content_index=0, delta=text,
-                 logprobs=[])  # fmt: skip
-            emit("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=text,
-                 logprobs=[])  # fmt: skip
-            emit("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
-                 part=item["content"][0])  # fmt: skip
+            emit(
+                "response.output_text.delta",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+            emit(
+                "response.output_text.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=text,
+                logprobs=[],
+            )
+            emit(
+                "response.content_part.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part=item["content"][0],
+            )
         else:
-            emit("response.output_item.added", output_index=index, item={**item, "status": "in_progress",
-                                                                         "arguments": ""})  # fmt: skip
-            emit("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                 delta=item["arguments"])  # fmt: skip
-            emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                 name=item["name"], arguments=item["arguments"])  # fmt: skip
+            emit(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "status": "in_progress", "arguments": ""},
+            )
+            emit(
+                "response.function_call_arguments.delta",
+                item_id=item["id"],
+                output_index=index,
+                delta=item["arguments"],
+            )
+            emit(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                name=item["name"],
+                arguments=item["arguments"],
+            )
         emit("response.output_item.done", output_index=index, item=item)
     emit("response.incomplete" if response["status"] == "incomplete" else "response.completed", response=response)
     return [f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in sequence]

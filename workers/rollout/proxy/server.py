@@ -41,8 +41,12 @@ def build_app(session: ProxySession, job_id: str, secret: bytes, task: Callable[
     async def authorized(request: Request) -> None:
         key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
         if key is None:
-            raise wire.ProxyError(401, "this job's key is required: Authorization: Bearer <agent.api_key> "
-                                  "(or x-api-key: <agent.api_key>)", None, "authentication_error")  # fmt: skip
+            raise wire.ProxyError(
+                401,
+                "this job's key is required: Authorization: Bearer <agent.api_key> (or x-api-key: <agent.api_key>)",
+                None,
+                "authentication_error",
+            )
         if not key_opens(secret, job_id, key):
             raise wire.ProxyError(403, "this key does not open this job", None, "permission_error")
 
@@ -52,8 +56,10 @@ def build_app(session: ProxySession, job_id: str, secret: bytes, task: Callable[
 
     @app.exception_handler(Exception)
     async def _failed(request: Request, exc: Exception) -> JSONResponse:  # an infrastructure failure, said so
-        failed = _error(request, wire.ProxyError(502, f"the service failed this call: {type(exc).__name__}: {exc}",
-                                                 None, "server_error"))  # fmt: skip
+        failed = _error(
+            request,
+            wire.ProxyError(502, f"the service failed this call: {type(exc).__name__}: {exc}", None, "server_error"),
+        )
         failed.headers[JOB_HEADER] = job_id  # answered outside NamesJob (Starlette's outermost error middleware)
         return failed
 
@@ -163,8 +169,9 @@ class ThreadServer:
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}"
         config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, access_log=False)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True,
-                                        name=f"agent-proxy-{self.port}")  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True, name=f"agent-proxy-{self.port}"
+        )
 
     def start(self, timeout_s: float = 30.0) -> ThreadServer:
         """Start serving; returns once uvicorn has started (or raises if it could not)."""

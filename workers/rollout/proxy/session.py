@@ -43,9 +43,17 @@ class _Segment:
 class ProxySession:
     """The state of one job's external agent; every public method is one HTTP call."""
 
-    def __init__(self, tokenizer: Any, parser: ToolParser, generate: Generate, run_tool: RunTool,
-                 config: LoopConfig, sampling: Sampling, model: str,
-                 template_kwargs: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tokenizer: Any,
+        parser: ToolParser,
+        generate: Generate,
+        run_tool: RunTool,
+        config: LoopConfig,
+        sampling: Sampling,
+        model: str,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self.tokenizer, self.parser, self.generate, self._run_tool = tokenizer, parser, generate, run_tool
         self.config, self.sampling, self.model = config, sampling, model
         self.template_kwargs = template_kwargs or {}
@@ -71,9 +79,12 @@ class ProxySession:
             messages = canonical(request.messages)
             savepoint = self._savepoint()
             segment = self._extend_chat(messages, request.tools)
-            completion = self._generate_or_undo(savepoint, segment.record,
-                                                request.max_completion_tokens or request.max_tokens,
-                                                wire.stops_of(request.stop))  # fmt: skip
+            completion = self._generate_or_undo(
+                savepoint,
+                segment.record,
+                request.max_completion_tokens or request.max_tokens,
+                wire.stops_of(request.stop),
+            )
             prompt_tokens = len(segment.record.token_ids)
             ends_on_token = completion.ends_on_stop_token(self._special_ids)
             assert segment.renderer is not None
@@ -82,8 +93,9 @@ class ProxySession:
             message, finish_reason = self._message(content, turn, completion)
             segment.conversation = [*messages, canonical([message])[0]]
             counts = wire.usage(prompt_tokens, len(completion.token_ids))
-            return wire.chat_response(f"chatcmpl-{self._calls}", self.model, message, finish_reason, counts,
-                                      completion.stop_reason)  # fmt: skip
+            return wire.chat_response(
+                f"chatcmpl-{self._calls}", self.model, message, finish_reason, counts, completion.stop_reason
+            )
 
     def complete(self, request: wire.CompletionRequest) -> dict[str, Any]:
         """A text_completion for `request`: the prompt continued, its tokens appended to the record."""
@@ -91,14 +103,16 @@ class ProxySession:
             self._check_open(request.model)
             savepoint = self._savepoint()
             segment = self._extend_text(request.prompt)
-            completion = self._generate_or_undo(savepoint, segment.record, request.max_tokens,
-                                                wire.stops_of(request.stop))  # fmt: skip
+            completion = self._generate_or_undo(
+                savepoint, segment.record, request.max_tokens, wire.stops_of(request.stop)
+            )
             prompt_tokens = len(segment.record.token_ids)
             text = self._decode(completion.token_ids)
             self._record(segment.record, completion, text)
             counts = wire.usage(prompt_tokens, len(completion.token_ids))
-            return wire.text_response(f"cmpl-{self._calls}", self.model, text, completion.finish_reason or "stop",
-                                      counts)  # fmt: skip
+            return wire.text_response(
+                f"cmpl-{self._calls}", self.model, text, completion.finish_reason or "stop", counts
+            )
 
     def run_tool(self, name: str, arguments: Any) -> dict[str, Any]:
         """Run one of the job's tools in its sandbox; the run is recorded under `extra.tool_runs`."""
@@ -115,8 +129,9 @@ class ProxySession:
             except StageInterrupted as exc:
                 raise wire.ProxyError(409, f"this job's rollout has ended ({exc.reason})", None, "conflict") from exc
             except Exception as exc:  # the sandbox failed: said so, the job goes on
-                raise wire.ProxyError(502, f"the tool could not run: {type(exc).__name__}: {exc}", None,
-                                      "server_error") from exc  # fmt: skip
+                raise wire.ProxyError(
+                    502, f"the tool could not run: {type(exc).__name__}: {exc}", None, "server_error"
+                ) from exc
             self.tool_runs.append({"name": name, "arguments": arguments, **result.to_dict()})
             return result.to_dict()
 
@@ -149,15 +164,22 @@ class ProxySession:
     def _extend_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> _Segment:
         segment = self._open
         n = len(segment.conversation) if segment is not None else 0
-        extends = (segment is not None and segment.renderer is not None and (tools or None) == segment.tools
-                   and n > 0 and len(messages) > n and messages[:n] == segment.conversation)  # fmt: skip
+        extends = (
+            segment is not None
+            and segment.renderer is not None
+            and (tools or None) == segment.tools
+            and n > 0
+            and len(messages) > n
+            and messages[:n] == segment.conversation
+        )
         try:
             if extends:
                 assert segment is not None and segment.renderer is not None
                 delta = segment.renderer.observation(segment.stop_text, messages[n:])
                 self._fits(segment.record, len(delta.token_ids))
-                segment.record.append(Turn(role=OBSERVATION, start=0, end=0, text=delta.text, messages=messages[n:]),
-                                      delta.token_ids)  # fmt: skip
+                segment.record.append(
+                    Turn(role=OBSERVATION, start=0, end=0, text=delta.text, messages=messages[n:]), delta.token_ids
+                )
                 return segment
             renderer = self._renderer(tools or None)
             prompt = renderer.prompt(renderer.prepare(messages))
@@ -172,8 +194,12 @@ class ProxySession:
         if key not in self._renderers:
             if len(self._renderers) >= 8:  # an agent that changes its tools every call: keep a few
                 self._renderers.pop(next(iter(self._renderers)))
-            self._renderers[key] = ChatRenderer(self.tokenizer, tools, tool_instructions_json(tools or [],
-                                                self.parser.call_format), template_kwargs=self.template_kwargs)
+            self._renderers[key] = ChatRenderer(
+                self.tokenizer,
+                tools,
+                tool_instructions_json(tools or [], self.parser.call_format),
+                template_kwargs=self.template_kwargs,
+            )
         return self._renderers[key]
 
     def _extend_text(self, prompt: str | list[int]) -> _Segment:
@@ -181,12 +207,12 @@ class ProxySession:
         held = segment.record.token_ids if segment is not None and segment.renderer is None else None
         if isinstance(prompt, list):
             if held is not None and len(prompt) > len(held) and prompt[: len(held)] == held:
-                return self._observe(segment, prompt[len(held):], self._decode(prompt[len(held):]))  # type: ignore[arg-type]
+                return self._observe(segment, prompt[len(held) :], self._decode(prompt[len(held) :]))  # type: ignore[arg-type]
             return self._new_segment(_Segment(self._fresh_record(), None, None), prompt, self._decode(prompt))
         if held is not None:
             before = self._decode(held)
             if len(prompt) > len(before) and prompt.startswith(before):
-                suffix = prompt[len(before):]
+                suffix = prompt[len(before) :]
                 return self._observe(segment, self._encode(suffix, special=False), suffix)  # type: ignore[arg-type]
         return self._new_segment(_Segment(self._fresh_record(), None, None), self._encode(prompt, special=True), prompt)
 
@@ -197,8 +223,11 @@ class ProxySession:
 
     def _new_segment(self, segment: _Segment, token_ids: list[int], text: str) -> _Segment:
         if len(token_ids) >= self.config.max_context_tokens:
-            raise wire.ProxyError(400, f"the prompt has {len(token_ids)} tokens; the job's context is "
-                                  f"{self.config.max_context_tokens}", "messages")  # fmt: skip
+            raise wire.ProxyError(
+                400,
+                f"the prompt has {len(token_ids)} tokens; the job's context is {self.config.max_context_tokens}",
+                "messages",
+            )
         if self._open is not None:
             self._open.record.stop_reason = "new_segment"
             self._segments.append(self._open.record)
@@ -208,15 +237,20 @@ class ProxySession:
 
     def _fits(self, record: Trajectory, more: int) -> None:
         if len(record.token_ids) + more >= self.config.max_context_tokens:
-            raise wire.ProxyError(400, f"this call's new messages ({more} tokens) do not fit the job's context of "
-                                  f"{self.config.max_context_tokens} tokens", "messages")  # fmt: skip
+            raise wire.ProxyError(
+                400,
+                f"this call's new messages ({more} tokens) do not fit the job's context of "
+                f"{self.config.max_context_tokens} tokens",
+                "messages",
+            )
 
     # --- a call that fails leaves the record as it was ---------------------------------
     def _savepoint(self) -> tuple[_Segment | None, int, int]:
         return self._open, len(self._segments), len(self._open.record.turns) if self._open is not None else 0
 
-    def _generate_or_undo(self, savepoint: tuple[_Segment | None, int, int], record: Trajectory, asked: int | None,
-                          stops: tuple[str, ...]) -> Completion:  # fmt: skip
+    def _generate_or_undo(
+        self, savepoint: tuple[_Segment | None, int, int], record: Trajectory, asked: int | None, stops: tuple[str, ...]
+    ) -> Completion:
         """Generate; if that fails, take back what this call added (a new segment, or the observation), so
         the agent's retry of the same call extends the record exactly once."""
         try:
@@ -244,8 +278,9 @@ class ProxySession:
     def _generate(self, record: Trajectory, asked: int | None, stops: tuple[str, ...]) -> Completion:
         turns = sum(s.counts.turns for s in self._segments) + record.counts.turns
         if turns >= self.config.max_turns:
-            raise wire.ProxyError(409, f"the job's {self.config.max_turns} turns are used up; POST finish", None,
-                                  "conflict")  # fmt: skip
+            raise wire.ProxyError(
+                409, f"the job's {self.config.max_turns} turns are used up; POST finish", None, "conflict"
+            )
         left = self.config.max_context_tokens - len(record.token_ids)
         cap = min(asked or self.config.max_tokens_per_turn, self.config.max_tokens_per_turn, left)
         seed = None if self.sampling.seed is None else (self.sampling.seed + turns) % 2**63
@@ -259,22 +294,32 @@ class ProxySession:
         except StageInterrupted as exc:  # cancelled or out of time mid-generation: the rollout is over
             raise wire.ProxyError(409, f"this job's rollout has ended ({exc.reason})", None, "conflict") from exc
         except Exception as exc:  # no backend, or it failed: the agent's call fails, not the job
-            raise wire.ProxyError(502, f"the model could not answer: {type(exc).__name__}: {exc}", None,
-                                  "server_error") from exc  # fmt: skip
+            raise wire.ProxyError(
+                502, f"the model could not answer: {type(exc).__name__}: {exc}", None, "server_error"
+            ) from exc
         finally:
             self._llm_s += time.perf_counter() - t0
         if len(completion.token_ids) > cap or len(completion.logprobs) != len(completion.token_ids):
-            raise wire.ProxyError(502, f"backend {completion.backend_id} broke the token contract", None, "server_error")
+            raise wire.ProxyError(
+                502, f"backend {completion.backend_id} broke the token contract", None, "server_error"
+            )
         return completion
 
     def _record(self, record: Trajectory, completion: Completion, content: str) -> Turn:
         turn = Turn(
-            role=ASSISTANT, start=0, end=0, text=self._decode(completion.token_ids),
-            backend_id=completion.backend_id, model=completion.model, policy_version=completion.policy_version,
+            role=ASSISTANT,
+            start=0,
+            end=0,
+            text=self._decode(completion.token_ids),
+            backend_id=completion.backend_id,
+            model=completion.model,
+            policy_version=completion.policy_version,
             weight_versions=[asdict(span) for span in completion.weight_versions],
-            finish_reason=completion.finish_reason, stop_reason=completion.stop_reason,
-            latency_s=completion.latency_s, cached_tokens=completion.cached_tokens,
-        )  # fmt: skip
+            finish_reason=completion.finish_reason,
+            stop_reason=completion.stop_reason,
+            latency_s=completion.latency_s,
+            cached_tokens=completion.cached_tokens,
+        )
         record.append(turn, completion.token_ids, completion.logprobs)
         record.final_text = content
         return turn
@@ -288,8 +333,9 @@ class ProxySession:
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None}
         for call in parsed.calls:
             counts.tool_calls += 1
-            turn.tool_calls.append(ToolCallRecord(name=call.name, arguments=call.arguments, raw=call.raw,
-                                                  error=call.error))  # fmt: skip
+            turn.tool_calls.append(
+                ToolCallRecord(name=call.name, arguments=call.arguments, raw=call.raw, error=call.error)
+            )
         if any(call.error is not None for call in parsed.calls):
             counts.malformed_tool_calls += sum(call.error is not None for call in parsed.calls)
             return {"role": "assistant", "content": content}, self._finish_reason(completion, False)

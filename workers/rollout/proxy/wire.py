@@ -21,7 +21,9 @@ from shared.errors import RolloutsError
 class ProxyError(RolloutsError):
     """A refused call: its HTTP status, and the OpenAI error body naming the field."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
@@ -64,19 +66,38 @@ def stops_of(stop: str | list[str] | None) -> tuple[str, ...]:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def chat_response(call_id: str, model: str, message: dict[str, Any], finish_reason: str,
-                  counts: dict[str, int], stop_reason: int | str | None = None) -> dict[str, Any]:  # fmt: skip
+def chat_response(
+    call_id: str,
+    model: str,
+    message: dict[str, Any],
+    finish_reason: str,
+    counts: dict[str, int],
+    stop_reason: int | str | None = None,
+) -> dict[str, Any]:
     """A chat.completion object for one choice; `stop_reason` is vLLM's (the stop string or token id that ended it)."""
     return {
-        "id": call_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None,
-                     "stop_reason": stop_reason}],
+        "id": call_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": finish_reason,
+                "logprobs": None,
+                "stop_reason": stop_reason,
+            }
+        ],
         "usage": counts,
-    }  # fmt: skip
+    }
 
 
 def chat_chunks(response: dict[str, Any]) -> list[str]:
@@ -85,8 +106,12 @@ def chat_chunks(response: dict[str, Any]) -> list[str]:
     The generation is complete before the first chunk (the backend is called token-in/token-out),
     so the chunks are: the role, the content, each tool call, the finish reason with usage.
     """
-    base = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"],
-            "model": response["model"]}  # fmt: skip
+    base = {
+        "id": response["id"],
+        "object": "chat.completion.chunk",
+        "created": response["created"],
+        "model": response["model"],
+    }
     choice = response["choices"][0]
     message = choice["message"]
     deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
@@ -95,18 +120,26 @@ def chat_chunks(response: dict[str, Any]) -> list[str]:
     for index, call in enumerate(message.get("tool_calls") or []):
         deltas.append({"tool_calls": [{"index": index, **call}]})
     chunks = [{**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]} for delta in deltas]
-    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
-                   "usage": response["usage"]})  # fmt: skip
+    chunks.append(
+        {
+            **base,
+            "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
+            "usage": response["usage"],
+        }
+    )
     return [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks] + ["data: [DONE]\n\n"]
 
 
 def text_response(call_id: str, model: str, text: str, finish_reason: str, counts: dict[str, int]) -> dict[str, Any]:
     """A text_completion object for one choice."""
     return {
-        "id": call_id, "object": "text_completion", "created": int(time.time()), "model": model,
+        "id": call_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
         "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
         "usage": counts,
-    }  # fmt: skip
+    }
 
 
 def text_chunks(response: dict[str, Any]) -> list[str]:
@@ -115,7 +148,10 @@ def text_chunks(response: dict[str, Any]) -> list[str]:
     head = {k: response[k] for k in ("id", "object", "created", "model")}
     chunks = [
         {**head, "choices": [{"index": 0, "text": choice["text"], "finish_reason": None, "logprobs": None}]},
-        {**head, "choices": [{"index": 0, "text": "", "finish_reason": choice["finish_reason"], "logprobs": None}],
-         "usage": response["usage"]},
-    ]  # fmt: skip
+        {
+            **head,
+            "choices": [{"index": 0, "text": "", "finish_reason": choice["finish_reason"], "logprobs": None}],
+            "usage": response["usage"],
+        },
+    ]
     return [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks] + ["data: [DONE]\n\n"]
