@@ -43,7 +43,9 @@ class HangWatch:
             self._last_answer = time.monotonic()
 
     def hung(self) -> str | None:
-        """Why the server counts as hung now, or None."""
+        """Why the server counts as hung now, or None (always None with `hang_after_s` 0: the check is off)."""
+        if self.hang_after_s <= 0:
+            return None
         with self._lock:
             last, problem = self._last_answer, self._last_problem
         if time.monotonic() - last < self.hang_after_s:

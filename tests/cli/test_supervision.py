@@ -263,3 +263,10 @@ def test_a_hung_process_is_killed_once_silent_long_enough_and_its_restart_starts
         stopping.set()
         double.released.set()
         double.shutdown()
+
+
+def test_a_hang_timeout_of_zero_turns_the_check_off() -> None:
+    """vllm_hang_timeout_s=0: the stack does not start the watch, and its hung() never calls anything hung."""
+    watch = HangWatch("http://127.0.0.1:9", hang_after_s=0, stopping=threading.Event())
+    watch._last_answer -= 3600  # an hour of silence
+    assert watch.hung() is None
