@@ -1,5 +1,4 @@
 """URL slugs."""
-
 import re
 
 
