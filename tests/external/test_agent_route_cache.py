@@ -81,6 +81,16 @@ def remembered(client: TestClient, job_id: str, endpoint: Endpoint) -> None:
     assert routes(client).get(job_id) == endpoint.url
 
 
+def remembered_endpoint(
+    stack: ExitStack, client: TestClient, redis: Redis, tokenizer: Any, scripted: ScriptedLLM, job_id: str
+) -> Endpoint:
+    """The job's endpoint (stopped with `stack`), registered as its worker's address and remembered by the API."""
+    (endpoint,) = endpoints(stack, tokenizer, scripted, job_id)
+    register(redis, job_id, endpoint)
+    remembered(client, job_id, endpoint)
+    return endpoint
+
+
 def endpoints(stack: ExitStack, tokenizer: Any, scripted: ScriptedLLM, *job_ids: str) -> list[Endpoint]:
     """Each job's endpoint served on a port of its own, as a rollout worker serves it (stopped with `stack`)."""
     return [
@@ -110,9 +120,7 @@ def test_a_missed_move_fails_over_once_the_old_worker_is_gone(
     with ExitStack() as stack:
         (second,) = endpoints(stack, tokenizer, scripted, job_id)
         with ExitStack() as old:
-            (first,) = endpoints(old, tokenizer, scripted, job_id)
-            register(redis, job_id, first)
-            remembered(client, job_id, first)
+            first = remembered_endpoint(old, client, redis, tokenizer, scripted, job_id)
         redis.set(Keys().agent_proxy(job_id), second.url)  # no event: the API still remembers the old address
         assert routes(client).get(job_id) == first.url
         assert chat(client, job_id).status_code == 200  # refused connection: looked up again, sent to the new one
@@ -143,9 +151,7 @@ def test_a_cancelled_job_is_refused_though_its_worker_still_serves(
 ) -> None:
     job_id = serving_job(client, redis)
     with ExitStack() as stack:
-        (endpoint,) = endpoints(stack, tokenizer, scripted, job_id)
-        register(redis, job_id, endpoint)
-        remembered(client, job_id, endpoint)
+        endpoint = remembered_endpoint(stack, client, redis, tokenizer, scripted, job_id)
         assert client.delete(f"/v1/jobs/{job_id}").status_code == 200
         wait_for(lambda: routes(client).get(job_id) is None, "the cancel dropped the route")
         ended = chat(client, job_id)
@@ -158,9 +164,7 @@ def test_a_wrong_key_is_refused_before_a_remembered_route_is_used(
 ) -> None:
     job_id, other = serving_job(client, redis), serving_job(client, redis)
     with ExitStack() as stack:
-        (endpoint,) = endpoints(stack, tokenizer, scripted, job_id)
-        register(redis, job_id, endpoint)
-        remembered(client, job_id, endpoint)
+        endpoint = remembered_endpoint(stack, client, redis, tokenizer, scripted, job_id)
         assert chat(client, job_id, key=job_key(SECRET, other)).status_code == 403
         assert chat(client, job_id, key="rk-" + "0" * 64).status_code == 403
         assert client.post(f"/v1/jobs/{job_id}/agent/v1/chat/completions", json=CHAT).status_code == 401
@@ -172,9 +176,7 @@ def test_a_gone_worker_is_a_503_and_an_ended_job_a_409(
 ) -> None:
     job_id = serving_job(client, redis)
     with ExitStack() as stack:
-        (endpoint,) = endpoints(stack, tokenizer, scripted, job_id)
-        register(redis, job_id, endpoint)
-        remembered(client, job_id, endpoint)
+        remembered_endpoint(stack, client, redis, tokenizer, scripted, job_id)
     gone = chat(client, job_id)  # the status still says rollout: the worker died without a word
     assert gone.status_code == 503 and "cannot be reached" in gone.json()["error"]["message"]
     assert routes(client).get(job_id) is None
@@ -187,9 +189,7 @@ def test_nothing_is_remembered_while_the_events_subscription_is_down(
 ) -> None:
     job_id = serving_job(client, redis)
     with ExitStack() as stack:
-        (endpoint,) = endpoints(stack, tokenizer, scripted, job_id)
-        register(redis, job_id, endpoint)
-        remembered(client, job_id, endpoint)
+        endpoint = remembered_endpoint(stack, client, redis, tokenizer, scripted, job_id)
         redis.execute_command("CLIENT", "KILL", "TYPE", "pubsub")  # the API would miss a cancel now
         wait_for(lambda: routes(client).get(job_id) is None, "the lost subscription dropped every route")
         assert chat(client, job_id).status_code == 200  # served from a Redis lookup meanwhile
@@ -203,9 +203,7 @@ def test_a_superseded_attempts_409_is_not_the_jobs(
 ) -> None:
     job_id = serving_job(client, redis)
     with ExitStack() as stack:
-        (old,) = endpoints(stack, tokenizer, scripted, job_id)
-        register(redis, job_id, old)
-        remembered(client, job_id, old)
+        old = remembered_endpoint(stack, client, redis, tokenizer, scripted, job_id)
         old.session.end("superseded")  # its worker heard another attempt took the job; still up, refusing
         redis.delete(Keys().agent_proxy(job_id))  # and unregistered; the new attempt has not registered yet
         waiting = chat(client, job_id)
@@ -220,9 +218,7 @@ def test_an_unexpected_failure_on_the_worker_is_its_502_relayed_once(
 ) -> None:
     job_id = serving_job(client, redis)
     with ExitStack() as stack:
-        (endpoint,) = endpoints(stack, tokenizer, scripted, job_id)
-        register(redis, job_id, endpoint)
-        remembered(client, job_id, endpoint)
+        endpoint = remembered_endpoint(stack, client, redis, tokenizer, scripted, job_id)
         calls: list[Any] = []
 
         def failing_chat(call: Any) -> Any:  # a test double: the session failing in a way it never planned for
