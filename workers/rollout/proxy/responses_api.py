@@ -224,54 +224,25 @@ def events(response: dict[str, Any]) -> list[str]:
     emit("response.created", response=opening)
     emit("response.in_progress", response=opening)
     for index, item in enumerate(response["output"]):
+        at = {"item_id": item["id"], "output_index": index}  # where each event of this item points
         if item["type"] == "message":
-            text = item["content"][0]["text"]
-            opened = {**item, "status": "in_progress", "content": []}
-            emit("response.output_item.added", output_index=index, item=opened)
+            text, part_at = item["content"][0]["text"], {**at, "content_index": 0}
+            emit(
+                "response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []}
+            )
             empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            emit("response.content_part.added", item_id=item["id"], output_index=index, content_index=0, part=empty)
-            emit(
-                "response.output_text.delta",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                delta=text,
-                logprobs=[],
-            )
-            emit(
-                "response.output_text.done",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                text=text,
-                logprobs=[],
-            )
-            emit(
-                "response.content_part.done",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                part=item["content"][0],
-            )
+            emit("response.content_part.added", **part_at, part=empty)
+            emit("response.output_text.delta", **part_at, delta=text, logprobs=[])
+            emit("response.output_text.done", **part_at, text=text, logprobs=[])
+            emit("response.content_part.done", **part_at, part=item["content"][0])
         else:
             emit(
                 "response.output_item.added",
                 output_index=index,
                 item={**item, "status": "in_progress", "arguments": ""},
             )
-            emit(
-                "response.function_call_arguments.delta",
-                item_id=item["id"],
-                output_index=index,
-                delta=item["arguments"],
-            )
-            emit(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=index,
-                name=item["name"],
-                arguments=item["arguments"],
-            )
+            emit("response.function_call_arguments.delta", **at, delta=item["arguments"])
+            emit("response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])
         emit("response.output_item.done", output_index=index, item=item)
     emit("response.incomplete" if response["status"] == "incomplete" else "response.completed", response=response)
     return [f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in sequence]
