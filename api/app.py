@@ -37,9 +37,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             streams = getattr(app.state, "batches_async_redis", None)  # made on first long-poll/SSE
             if streams is not None:
                 await streams.aclose()
-            agent_routes = getattr(app.state, "agent_routes", None)  # made on an external agent's first call
-            if agent_routes is not None:
-                await agent_routes.stop()
+            external_agent_routes = getattr(
+                app.state, "external_agent_routes", None
+            )  # made on an external agent's first call
+            if external_agent_routes is not None:
+                await external_agent_routes.stop()
             agent_http = getattr(app.state, "agent_http", None)  # made on an external agent's first call
             if agent_http is not None:
                 await agent_http.close()

@@ -1,6 +1,6 @@
 """Time to fill a DAPO batch: asynchronous replenishment vs synchronous rounds.
 
-Both modes draw from the same prompt pool, in the same order, with the same
+Both modes draw the same prompts, in the same order, with the same
 per-sample rollout times (seeded lognormal, long-tailed), half of the prompts
 uninformative (every sample gets the same reward). Target: 32 informative
 groups of 4 samples, 32 groups in flight at most.
@@ -43,18 +43,18 @@ class Setup:
     target: int = 32
     n_samples: int = 4
     in_flight: int = 32
-    pool_size: int = 256
+    prompt_count: int = 256
     uninformative: float = 0.5
     median_s: float = 1.0
     sigma: float = 1.0
     max_s: float = 30.0
 
 
-def make_pool(setup: Setup, seed: int) -> list[dict[str, Any]]:
-    """Prompts in pool order; an informative prompt alternates rewards over its samples."""
+def make_prompts(setup: Setup, seed: int) -> list[dict[str, Any]]:
+    """Prompts in prompts order; an informative prompt alternates rewards over its samples."""
     rng = Random(seed)
-    pool = []
-    for index in range(setup.pool_size):
+    prompts = []
+    for index in range(setup.prompt_count):
         task: dict[str, Any] = {
             "kind": "dapo_sim",
             "id": f"s{seed}-p{index}",
@@ -64,8 +64,8 @@ def make_pool(setup: Setup, seed: int) -> list[dict[str, Any]]:
             task["reward"] = float(rng.random() < 0.5)
         else:
             task["rewards"] = [float((index + i) % 2) for i in range(setup.n_samples)]
-        pool.append(task)
-    return pool
+        prompts.append(task)
+    return prompts
 
 
 def group_seconds(task: dict[str, Any], n_samples: int) -> float:
@@ -78,30 +78,30 @@ def informative(task: dict[str, Any], n_samples: int) -> bool:
 
 
 # --- discrete-event model -------------------------------------------------------------
-def simulate_async(pool: list[dict[str, Any]], setup: Setup) -> float:
+def simulate_async(prompts: list[dict[str, Any]], setup: Setup) -> float:
     running: list[tuple[float, int]] = []
     cursor, used = 0, 0
-    for cursor in range(min(setup.in_flight, len(pool))):
-        heapq.heappush(running, (group_seconds(pool[cursor], setup.n_samples), cursor))
+    for cursor in range(min(setup.in_flight, len(prompts))):
+        heapq.heappush(running, (group_seconds(prompts[cursor], setup.n_samples), cursor))
     cursor += 1
     while running:
         now, k = heapq.heappop(running)
-        used += informative(pool[k], setup.n_samples)
+        used += informative(prompts[k], setup.n_samples)
         if used >= setup.target:
             return now
-        if cursor < len(pool):
-            heapq.heappush(running, (now + group_seconds(pool[cursor], setup.n_samples), cursor))
+        if cursor < len(prompts):
+            heapq.heappush(running, (now + group_seconds(prompts[cursor], setup.n_samples), cursor))
             cursor += 1
-    raise RuntimeError("pool exhausted")
+    raise RuntimeError("prompts exhausted")
 
 
-def simulate_sync(pool: list[dict[str, Any]], setup: Setup) -> tuple[float, int]:
+def simulate_sync(prompts: list[dict[str, Any]], setup: Setup) -> tuple[float, int]:
     """(seconds, rounds)."""
     now, used, start, rounds = 0.0, 0, 0, 0
     while used < setup.target:
-        round_ = pool[start : start + setup.in_flight]
+        round_ = prompts[start : start + setup.in_flight]
         if not round_:
-            raise RuntimeError("pool exhausted")
+            raise RuntimeError("prompts exhausted")
         now += max(group_seconds(task, setup.n_samples) for task in round_)
         used += sum(informative(task, setup.n_samples) for task in round_)
         start += setup.in_flight
@@ -110,10 +110,10 @@ def simulate_sync(pool: list[dict[str, Any]], setup: Setup) -> tuple[float, int]
 
 
 # --- live -------------------------------------------------------------------------------
-def run_async(client: RolloutClient, pool: list[dict[str, Any]], setup: Setup) -> dict[str, float]:
+def run_async(client: RolloutClient, prompts: list[dict[str, Any]], setup: Setup) -> dict[str, float]:
     started = time.monotonic()
     batch = client.submit_batch(
-        pool, n_samples=setup.n_samples, min_informative_groups=setup.target, max_groups_in_flight=setup.in_flight
+        prompts, n_samples=setup.n_samples, min_informative_groups=setup.target, max_groups_in_flight=setup.in_flight
     )
     first = None
     for _ in client.iter_groups(batch.id, results=False):
@@ -124,11 +124,11 @@ def run_async(client: RolloutClient, pool: list[dict[str, Any]], setup: Setup) -
     return {"seconds": elapsed, "first_group_s": first or 0.0, "groups": final.counts.launched}
 
 
-def run_sync(client: RolloutClient, pool: list[dict[str, Any]], setup: Setup) -> dict[str, float]:
+def run_sync(client: RolloutClient, prompts: list[dict[str, Any]], setup: Setup) -> dict[str, float]:
     started = time.monotonic()
     used, start, rounds, first = 0, 0, 0, None
     while used < setup.target:
-        round_ = pool[start : start + setup.in_flight]
+        round_ = prompts[start : start + setup.in_flight]
         batch = client.submit_batch(round_, n_samples=setup.n_samples, max_groups_in_flight=setup.in_flight)
         final = client.wait_batch(batch.id)
         first = first if first is not None else time.monotonic() - started
@@ -156,11 +156,11 @@ def live(setup: Setup, repeats: int) -> list[dict[str, Any]]:
             stack.wait_for_workers(timeout=120)
             with RolloutClient(stack.api_url) as client:
                 for seed in range(repeats):
-                    pool = make_pool(setup, seed)
+                    prompts = make_prompts(setup, seed)
                     for mode, runner in (("async", run_async), ("sync", run_sync)):
                         settle(stack.api_url)
-                        result = runner(client, pool, setup)
-                        model = simulate_async(pool, setup) if mode == "async" else simulate_sync(pool, setup)[0]
+                        result = runner(client, prompts, setup)
+                        model = simulate_async(prompts, setup) if mode == "async" else simulate_sync(prompts, setup)[0]
                         rows.append({"seed": seed, "mode": mode, "model_s": model, **result})
                         print(rows[-1], flush=True)
     return rows
@@ -169,9 +169,9 @@ def live(setup: Setup, repeats: int) -> list[dict[str, Any]]:
 def simulate(setup: Setup, seeds: int) -> None:
     asyncs, syncs, rounds = [], [], []
     for seed in range(seeds):
-        pool = make_pool(setup, seed)
-        asyncs.append(simulate_async(pool, setup))
-        sync_s, sync_rounds = simulate_sync(pool, setup)
+        prompts = make_prompts(setup, seed)
+        asyncs.append(simulate_async(prompts, setup))
+        sync_s, sync_rounds = simulate_sync(prompts, setup)
         syncs.append(sync_s)
         rounds.append(sync_rounds)
     ratios = sorted(s / a for s, a in zip(syncs, asyncs))

@@ -9,19 +9,37 @@ object so a whole fleet is configured in one place.
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
+from dotenv import dotenv_values
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 STAGES: tuple[str, ...] = ("init", "rollout", "eval")
 SANDBOX_LIFETIMES: tuple[str, ...] = ("single-use", "reuse")
 
+# Settings that were renamed: the old name is still read (environment, config file or keyword), with a
+# deprecation line, so a deployment's config keeps working for a release after the rename.
+RENAMED: dict[str, str] = {
+    "agent_proxy_host": "external_agent_host",
+    "agent_key_secret": "external_agent_secret",
+}
+
+log = logging.getLogger("rollouts.config")
+
 # A list setting reads from the environment as comma-separated words.
 WordList = Annotated[list[str], NoDecode]
+
+
+def _config_file_values() -> dict[str, str | None]:
+    """The shared config file's lines (ROLLOUTS_CONFIG, as the settings read it), for names no field has."""
+    path = Settings.model_config.get("env_file")
+    return dotenv_values(path) if isinstance(path, str) and Path(path).is_file() else {}
 
 
 def _default_vllm_env() -> Path:
@@ -371,12 +389,13 @@ class Settings(BaseSettings):
     agent_time_reserve_s: float = Field(
         default=10.0, ge=0, description="Stop cleanly (time_budget) when less than this is left of the stage."
     )
-    agent_key_secret: str | None = Field(
+    external_agent_secret: str | None = Field(
         default=None,
         min_length=16,
-        description="Secret the per-job keys of external agents derive from; unset: one made once and kept in Redis.",
+        description="Secret the per-job credentials of external agents derive from; unset: one made once and kept "
+        "in Redis.",
     )
-    agent_proxy_host: str = Field(
+    external_agent_host: str = Field(
         default="127.0.0.1",
         description="Where a rollout worker serves an external agent's job (the API forwards there): an address the "
         "API's node reaches.",
@@ -388,6 +407,27 @@ class Settings(BaseSettings):
         default="WARNING", description="rq's own logs (a line or two per job at INFO): quiet unless asked for."
     )
     log_json: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_renamed(cls, data: Any) -> Any:
+        """An old setting name still counts (a new name given too wins), and says what it is called now."""
+        if not isinstance(data, dict):
+            return data
+        config_file = _config_file_values()
+        for old, new in RENAMED.items():
+            env = f"ROLLOUTS_{old.upper()}"
+            value = data.pop(old, None)
+            for source in (os.environ, config_file):
+                if value is None:
+                    value = next((v for k, v in source.items() if k.upper() == env), None)
+            if value is None:
+                continue
+            message = f"setting {old} (ROLLOUTS_{old.upper()}) is deprecated: it is called {new} now"
+            warnings.warn(message, DeprecationWarning, stacklevel=2)
+            log.warning(message)
+            data.setdefault(new, value)
+        return data
 
     @field_validator("api_tokens", "admin_tokens", "task_modules", "checkpoint_roots", mode="before")
     @classmethod

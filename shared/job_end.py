@@ -2,7 +2,7 @@
 
 The mover (the API's cancel route, a stage worker, rq's failure callback) calls `job_ended` right
 after its move applied: the job's LLM backend pin goes and its batch group records it. The job's
-workspace is on the workers' storage; workers/runtime/terminal.py removes it, and calls this.
+workspace is on the workers' storage; workers/runtime/job_end.py removes it, and calls this.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 import weakref
 
 from shared.backend_pool import BackendPool
-from shared.batches.hook import UNKNOWN, Unknown, on_job_terminal
+from shared.batches.replenish import UNKNOWN, Unknown, batch_job_ended
 from shared.jobs.store import JobStore
 
 log = logging.getLogger("rollouts.jobs")
@@ -24,7 +24,7 @@ def job_ended(store: JobStore, job_id: str, group_id: str | Unknown | None = UNK
     A caller that knows the job's group id passes it, so a job of no batch costs no batch read.
     """
     release_pin(store, job_id)
-    on_job_terminal(store, job_id, group_id)
+    batch_job_ended(store, job_id, group_id)
 
 
 def release_pin(store: JobStore, job_id: str) -> None:

@@ -39,12 +39,12 @@ class Keys:
         return f"{self.prefix}:idx:group:{group_id}"
 
     @property
-    def agent_key_secret(self) -> str:
-        """String: the deployment's secret the per-job agent keys are derived from (unless configured)."""
+    def external_agent_secret(self) -> str:
+        """String: the deployment's secret the per-job credentials of external agents derive from (unless configured)."""
         return f"{self.prefix}:agent:secret"
 
-    def agent_proxy(self, job_id: str) -> str:
-        """String: where the rollout worker serves this job's external agent (URL), while it does."""
+    def external_agent_endpoint(self, job_id: str) -> str:
+        """String: where the rollout worker serves this job's external agent (URL), while it does (stored as `proxy`: the name it had)."""
         return f"{self.prefix}:agent:proxy:{job_id}"
 
     @property
@@ -167,8 +167,8 @@ class BatchKeys:
         """Hash: status, counters, pool cursor, settings and the request (msgpack) of one batch."""
         return f"{self.prefix}:batch:{batch_id}"
 
-    def pool(self, batch_id: str) -> str:
-        """List: the prompt pool, one msgpack item per prompt, in order."""
+    def batch_prompts(self, batch_id: str) -> str:
+        """List: the batch's prompts, one msgpack item per prompt, in order (stored as `pool`: the name it had)."""
         return f"{self.prefix}:batch:{batch_id}:pool"
 
     def group_prefix(self, batch_id: str) -> str:

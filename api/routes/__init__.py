@@ -1,11 +1,11 @@
 """Every router the app mounts; a new area of the API adds its router here."""
 
-from api.routes import agent, backends, batches, health, jobs, metrics, status, viewer, weights
+from api.routes import backends, batches, external_agent, health, jobs, metrics, status, viewer, weights
 
 ROUTERS = [
     health.router,
     jobs.router,
-    agent.router,
+    external_agent.router,
     status.router,
     backends.router,
     batches.router,

@@ -23,8 +23,8 @@ from api.deps import require_admin, require_auth, submitter_access
 from api.errors import Refusal
 from api.json_body import load_json_body
 from api.negotiation import respond
-from shared.batches.hook import batch_store, cancel_groups, start_batch
-from shared.batches.pool import load_pool
+from shared.batches.prompts import load_prompts
+from shared.batches.replenish import batch_store, cancel_groups, start_batch
 from shared.batches.spec import BatchRequest
 from shared.batches.status import BatchStatus
 from shared.batches.store import BatchStore, group_views
@@ -73,7 +73,7 @@ def get_async_redis(request: Request) -> AsyncRedis:
 @router.post(
     "",
     status_code=status.HTTP_202_ACCEPTED,
-    summary="Create a batch: a prompt pool, n samples per prompt, a target (every prompt, or DAPO)",
+    summary="Create a batch: a list of prompts, n samples per prompt, a target (every prompt, or DAPO)",
     responses={
         400: {"description": "Malformed JSON"},
         403: {
@@ -102,11 +102,13 @@ async def create_batch(
         raise NotPermitted(
             "a file on the server: only an admin names one; send the prompts instead", ("body", "prompts_path")
         )
-    pool = await run_in_threadpool(load_pool, batch, settings.prompt_files_root, settings.prompt_file_max_bytes, access)
-    if batch.min_informative_groups is not None and batch.min_informative_groups > len(pool):
-        message = f"{batch.min_informative_groups} groups asked for, but the pool has {len(pool)} prompts"
+    prompts = await run_in_threadpool(
+        load_prompts, batch, settings.prompt_files_root, settings.prompt_file_max_bytes, access
+    )
+    if batch.min_informative_groups is not None and batch.min_informative_groups > len(prompts):
+        message = f"{batch.min_informative_groups} groups asked for, but the batch has {len(prompts)} prompts"
         raise ValidationError(message, ("body", "min_informative_groups"))
-    batch_id = await run_in_threadpool(start_batch, batches, batch, pool)
+    batch_id = await run_in_threadpool(start_batch, batches, batch, prompts)
     head = await run_in_threadpool(batches.head, batch_id)
     return respond(request, batch_view(head), status_code=status.HTTP_202_ACCEPTED)
 

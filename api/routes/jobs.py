@@ -13,7 +13,7 @@ from api.deps import require_admin, require_auth, submitter_access
 from api.errors import Refusal, validation_response
 from api.json_body import load_json_body
 from api.negotiation import respond
-from api.routes import agent
+from api.routes import external_agent
 from api.schemas import Cancelled, JobList, JobSummary, JobView, Submitted
 from shared.config import STAGES
 from shared.errors import ValidationError
@@ -87,9 +87,9 @@ async def submit_jobs(
     # Built by hand (the shape is `Submitted`): this is the hot path a trainer hits per job.
     payload = {"job_ids": [s.job_id for s in submitted], "created": [s.created for s in submitted]}
     if any(spec.get("agent") == "external" for spec in specs):
-        secret = await run_in_threadpool(agent.secret_of, request)
+        secret = await run_in_threadpool(external_agent.secret_of, request)
         payload["agent"] = [
-            agent.endpoint(request, s.job_id, secret) if spec.get("agent") == "external" else None
+            external_agent.endpoint(request, s.job_id, secret) if spec.get("agent") == "external" else None
             for s, spec in zip(submitted, specs, strict=True)
         ]
     return respond(request, payload, status_code=status.HTTP_202_ACCEPTED)
@@ -138,7 +138,7 @@ def get_job(job_id: str, request: Request, store: JobStore = Depends(get_store))
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with id {job_id!r}")
     view = job_view(store.with_outputs(record))
     if (record.get("spec") or {}).get("agent") == "external":
-        view["agent"] = agent.endpoint(request, job_id, agent.secret_of(request))
+        view["agent"] = external_agent.endpoint(request, job_id, external_agent.secret_of(request))
     return respond(request, view)
 
 

@@ -25,7 +25,7 @@ log = logging.getLogger("train_grpo")
 @dataclass(frozen=True)
 class Config:
     steps: int = 8  # the choice is learnt in 2-6 steps (docs/TRAINING.md); 8 keeps 3 seeds under 20 min on 2 cores
-    prompts_per_step: int = 8  # groups in flight; the pool holds twice as many for DAPO's replenishment
+    prompts_per_step: int = 8  # groups in flight; the batch holds twice as many for DAPO's replenishment
     min_informative: int = 6  # DAPO target: informative groups trained on per step
     group_size: int = 4  # small groups, many prompts: products differ in difficulty, and the curve is per step
     lr: float = 5e-4

@@ -89,7 +89,7 @@ if tonumber(redis.call('HGET', batch, 'used')) >= tonumber(redis.call('HGET', ba
 else
   reserved = reserve(batch, inflight, launching, ARGV[1], now, tonumber(ARGV[8]))
   if tonumber(redis.call('HGET', batch, 'in_flight')) <= 0 then
-    -- Nothing left to run and the target is not met: the pool ran out.
+    -- Nothing left to run and the target is not met: the prompts ran out.
     finish(batch, stream, 'exhausted', 'pool exhausted', now)
   end
 end

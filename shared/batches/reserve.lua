@@ -1,4 +1,4 @@
--- Shared by fill.lua and record.lua (prepended to both): reserve the next prompts of the pool
+-- Shared by fill.lua and record.lua (prepended to both): reserve the next prompts of the batch
 -- while fewer than max_in_flight groups run. A reserved group is in flight at once and listed
 -- in `launching` until its jobs are confirmed submitted; the sweep re-submits it after a crash.
 local function reserve(batch, inflight, launching, group_prefix, now, ttl)

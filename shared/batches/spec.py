@@ -1,6 +1,6 @@
 """What a trainer submits to create a batch, validated once at the API.
 
-A batch is a prompt pool, `n_samples` jobs per prompt (one GRPO group) and a
+A batch is a list of prompts, `n_samples` jobs per prompt (one GRPO group) and a
 target: every prompt (`all`), or `min_informative_groups` groups whose rewards
 are not all equal (DAPO dynamic sampling). The pool is copied into Redis at
 creation, so no process (and no file the workers cannot see) owns it.
@@ -29,7 +29,7 @@ class BatchRequest(BaseModel):
         description="The pool, inline: each item a task (with `kind`) or {task, sampling?, limits?, metadata?}.",
     )
     prompts_path: str | None = Field(
-        default=None, description="A JSONL file on the server's filesystem, one pool item per line."
+        default=None, description="A JSONL file on the server's filesystem, one prompt item per line."
     )
     n_samples: int = Field(default=8, ge=1, le=1024, description="Jobs per prompt: the GRPO group size.")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
@@ -73,7 +73,7 @@ class BatchRequest(BaseModel):
         if (self.prompts is None) == (self.prompts_path is None):
             raise ValueError("give exactly one of prompts and prompts_path")
         if self.prompts is not None and not self.prompts:
-            raise ValueError("prompts: the pool is empty")
+            raise ValueError("prompts: no prompt given")
         return self
 
     @property
@@ -81,8 +81,8 @@ class BatchRequest(BaseModel):
         return "all" if self.min_informative_groups is None else "dapo"
 
 
-class PoolItem(BaseModel):
-    """One prompt of the pool; its sampling and limits, when given, replace the batch's."""
+class PromptItem(BaseModel):
+    """One prompt of a batch; its sampling and limits, when given, replace the batch's."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -92,8 +92,8 @@ class PoolItem(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-def normalise_pool_item(item: Any) -> dict[str, Any]:
-    """A bare task (has `kind`) becomes {"task": item}; anything else must already be a PoolItem."""
+def normalise_prompt_item(item: Any) -> dict[str, Any]:
+    """A bare task (has `kind`) becomes {"task": item}; anything else must already be a PromptItem."""
     if isinstance(item, dict) and "task" not in item and "kind" in item:
         return {"task": item}
     return item

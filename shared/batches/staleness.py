@@ -5,7 +5,7 @@ weights at most k updates older than the model's current ones. Versions are orde
 update call (shared/weights/versions.py: sequence 1, 2, ...; the start-up weights are 0), and each
 turn records the versions vLLM reported for its tokens (`weight_versions`, else `policy_version`).
 A stale sample is recorded as `stale`: its group is not delivered, the batch counts it
-(`counts.stale`) and, being short of its target, launches the next prompt of the pool instead.
+(`counts.stale`) and, being short of its target, launches the next prompt instead.
 """
 
 from __future__ import annotations

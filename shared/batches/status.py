@@ -1,4 +1,4 @@
-"""A batch's statuses: running until its target is met (completed), its prompt pool cannot meet it
+"""A batch's statuses: running until its target is met (completed), its prompts cannot meet it
 (exhausted), or it is cancelled. The batch Lua scripts write and compare the same words; a test
 holds them to these."""
 

@@ -1,6 +1,6 @@
 """Batch state in Redis: create, reserve and launch groups, record finished jobs, close, read.
 
-Nothing about a batch lives in a process's memory. The pool, the cursor, the
+Nothing about a batch lives in a process's memory. The prompts, the cursor, the
 counters and the groups are Redis keys; each decision (which prompt runs next,
 whether a group is informative, whether the target is met) is one Lua script,
 so any process that sees a job end (a stage worker, the API's cancel, the
@@ -54,7 +54,7 @@ class Recorded:
 
     @property
     def closed_batch(self) -> bool:
-        """This group's completion closed the batch (target met or pool exhausted)."""
+        """This group's completion closed the batch (target met or prompts ran out)."""
         return self.group_complete and not self.late and self.batch_status != BatchStatus.RUNNING
 
 
@@ -77,17 +77,17 @@ class BatchStore:
     # --- create and launch --------------------------------------------------------
     def groups_in_flight(self, request: BatchRequest, target: int) -> int:
         """The in-flight level: the request's, capped by the settings' maximum; by default the
-        settings' default or the target, whichever is less (a pool of 1M prompts must not reserve
+        settings' default or the target, whichever is less (a batch of 1M prompts must not reserve
         1M groups and submit 1M x n jobs at once)."""
         if request.max_groups_in_flight is not None:
             return max(1, min(request.max_groups_in_flight, self.settings.batch_max_groups_in_flight))
         settings = self.settings
         return max(1, min(target, settings.batch_default_groups_in_flight, settings.batch_max_groups_in_flight))
 
-    def create(self, request: BatchRequest, pool: list[dict[str, Any]]) -> str:
-        """Store the batch and its pool (hook.start_batch then launches the first groups)."""
+    def create(self, request: BatchRequest, prompts: list[dict[str, Any]]) -> str:
+        """Store the batch and its prompts (replenish.start_batch then launches the first groups)."""
         batch_id = secrets.token_hex(8)
-        target = request.min_informative_groups or len(pool)
+        target = request.min_informative_groups or len(prompts)
         max_in_flight = self.groups_in_flight(request, target)
         settings = request.model_dump(mode="json", exclude={"prompts"})
         now = time.time()
@@ -96,7 +96,7 @@ class BatchStore:
             "status": BatchStatus.RUNNING.value,
             "mode": request.mode,
             "n": request.n_samples,
-            "pool_size": len(pool),
+            "pool_size": len(prompts),
             "target": target,
             "max_in_flight": max_in_flight,
             "on_target": request.on_target,
@@ -106,11 +106,11 @@ class BatchStore:
             "request": pack(settings),
             **{name: 0 for name in _COUNTERS},
         }
-        keys = [self.keys.batch(batch_id), self.keys.pool(batch_id)]
+        keys = [self.keys.batch(batch_id), self.keys.batch_prompts(batch_id)]
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(keys[0], mapping=fields)
-            for start in range(0, len(pool), 1000):
-                pipe.rpush(keys[1], *[pack(item) for item in pool[start : start + 1000]])
+            for start in range(0, len(prompts), 1000):
+                pipe.rpush(keys[1], *[pack(item) for item in prompts[start : start + 1000]])
             pipe.xadd(self.keys.stream(batch_id), {"type": "start"})
             for key in (*keys, self.keys.stream(batch_id)):
                 pipe.expire(key, self.ttl)
@@ -137,7 +137,7 @@ class BatchStore:
         n, request = int(n_raw), unpack(request_raw)
         with self.redis.pipeline(transaction=False) as pipe:
             for k in prompt_indices:
-                pipe.lindex(self.keys.pool(batch_id), k)
+                pipe.lindex(self.keys.batch_prompts(batch_id), k)
             items = [unpack(raw) for raw in pipe.execute()]
         specs = [
             self._job_spec(batch_id, request, k, item, i)
@@ -233,7 +233,7 @@ class BatchStore:
     def prompts(self, batch_id: str, indices: list[int]) -> list[dict[str, Any] | None]:
         with self.redis.pipeline(transaction=False) as pipe:
             for k in indices:
-                pipe.lindex(self.keys.pool(batch_id), k)
+                pipe.lindex(self.keys.batch_prompts(batch_id), k)
             return [unpack(raw) for raw in pipe.execute()]
 
 

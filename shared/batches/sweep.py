@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from shared.batches.hook import batch_store, cancel_groups, launch, record_job
+from shared.batches.replenish import batch_store, cancel_groups, launch, record_job
 from shared.batches.status import BatchStatus
 from shared.batches.store import BatchStore, closes_groups
 from shared.jobs.status import TERMINAL

@@ -46,7 +46,7 @@ def batch_view(head: dict[str, Any]) -> dict[str, Any]:
 def exhausted_reason(head: dict[str, Any]) -> str:
     """Why a DAPO batch stopped short, in numbers: a trainer needs to know it was the data, not the service."""
     return (
-        f"the prompt pool ran out before the target: {head['used']} of {head['target']} groups informative "
+        f"the batch's prompts ran out before the target: {head['used']} of {head['target']} groups informative "
         f"after {head['launched']} of {head['pool_size']} prompts ({head['uniform']} groups had one reward "
         f"for every sample, {head['failed']} failed, {head.get('stale', 0)} stale)"
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.batches.hook import record_job
+from shared.batches.replenish import record_job
 from shared.batches.store import BatchStore
 
 TERMINAL = ("done", "failed", "cancelled", "timed_out")

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from shared.batches.hook import batch_store
+from shared.batches.replenish import batch_store
 from shared.batches.store import BatchStore
 from shared.config import Settings
 from tests.batches.driving import finish_group

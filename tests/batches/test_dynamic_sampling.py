@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from redis import Redis
 
-from shared.batches.hook import batch_store, launch, record_job, start_batch
+from shared.batches.replenish import batch_store, launch, record_job, start_batch
 from shared.batches.spec import BatchRequest, parse_group_id
 from shared.batches.store import BatchStore
 from shared.batches.sweep import sweep

@@ -1,4 +1,4 @@
-"""Fixtures of the external-agent tests: one job's ProxySession served on its own port, as a rollout worker serves it."""
+"""Fixtures of the external-agent tests: one job's ExternalAgentSession served on its own port, as a rollout worker serves it."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from shared.agent_keys import job_key
+from shared.external_agent_credentials import job_credential
 from shared.kinds.agentic import DEFAULT_TOOLS
 from shared.tool_schemas import TOOL_SCHEMAS
 from tests.support.sandboxes import running_sandbox
 from tests.support.trajectory_checks import Served
 from workers.rollout.agent_loop import LoopConfig
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
+from workers.rollout.external_agent.server import ThreadServer, build_app
+from workers.rollout.external_agent.session import ExternalAgentSession
 from workers.rollout.llm_client import Completion, LLMClient, Sampling
-from workers.rollout.proxy.server import ThreadServer, build_app
-from workers.rollout.proxy.session import ProxySession
 from workers.rollout.tool_parsers import get_parser
 from workers.sandbox import Sandbox
 
@@ -37,9 +37,9 @@ def tokenizer(tiny_model: Path) -> Any:
 
 @dataclass
 class Endpoint:
-    """One job's endpoint: its session, the URL it is served at, its key, and every backend call it made."""
+    """One job's endpoint: its session, the URL it is served at, its credential, and every backend call it made."""
 
-    session: ProxySession
+    session: ExternalAgentSession
     url: str
     key: str
     served: list[Served] = field(default_factory=list)
@@ -83,7 +83,7 @@ def serve(
         return sandbox.call(name, args, timeout)
 
     defaults = {"max_turns": 8, "max_context_tokens": 4000, "max_tokens_per_turn": 32, "allowed_tools": DEFAULT_TOOLS}
-    session = ProxySession(
+    session = ExternalAgentSession(
         tokenizer,
         get_parser("hermes"),
         generate,
@@ -94,6 +94,6 @@ def serve(
     )
     task = {"messages": TASK, "tools": TOOLS, "model": model}
     server = ThreadServer(build_app(session, job_id, SECRET, lambda: task), "127.0.0.1").start()
-    yield Endpoint(session, server.url, job_key(SECRET, job_id), served)
+    yield Endpoint(session, server.url, job_credential(SECRET, job_id), served)
     server.stop()
     client.close()

@@ -1,4 +1,4 @@
-"""The API's side of external agents: the endpoint handed out at submit, the key checks, the job's state, forwarding."""
+"""The API's side of external agents: the endpoint handed out at submit, the credential checks, the job's state, forwarding."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from redis import Redis
 
 from rollouts_client import Job
-from shared.agent_keys import job_key
+from shared.external_agent_credentials import job_credential
 from shared.keys import Keys
 from tests.external.conftest import SECRET, TOOLS, serve
 from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
@@ -20,7 +20,7 @@ MATH = {"task": {"kind": "math", "problem": "What is 2 + 3?", "answer": "5"}, "a
 
 @pytest.fixture()
 def client(make_client) -> TestClient:
-    return make_client(agent_key_secret=SECRET.decode())
+    return make_client(external_agent_secret=SECRET.decode())
 
 
 def submit(client: TestClient, *jobs: dict[str, Any]) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def test_submit_hands_out_each_external_jobs_base_url_and_key(client: TestClient
     assert body["agent"][1] is None
     endpoint = body["agent"][0]
     assert endpoint["base_url"].endswith(f"/v1/jobs/{external}/agent")
-    assert endpoint["api_key"] == job_key(SECRET, external) != job_key(SECRET, builtin)
+    assert endpoint["api_key"] == job_credential(SECRET, external) != job_credential(SECRET, builtin)
     assert client.get(f"/v1/jobs/{external}").json()["agent"] == endpoint
     assert client.get(f"/v1/jobs/{builtin}").json().get("agent") is None
     typed = Job.from_api(client.get(f"/v1/jobs/{external}").json())  # the trainer's typed client reads it too
@@ -62,24 +62,26 @@ def test_keys_and_the_jobs_state_decide_before_anything_is_forwarded(client: Tes
     url = f"/v1/jobs/{one}/agent/v1/chat/completions"
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
     assert client.post(url, json=body).status_code == 401
-    other = client.post(url, json=body, headers={"Authorization": f"Bearer {job_key(SECRET, two)}"})
+    other = client.post(url, json=body, headers={"Authorization": f"Bearer {job_credential(SECRET, two)}"})
     assert other.status_code == 403 and other.json()["error"]["type"] == "permission_error"
-    mine = {"Authorization": f"Bearer {job_key(SECRET, one)}"}
+    mine = {"Authorization": f"Bearer {job_credential(SECRET, one)}"}
     waiting = client.post(url, json=body, headers=mine)  # queued: no worker serves it yet
     assert waiting.status_code == 503 and waiting.headers["retry-after"] == "1"
     assert client.delete(f"/v1/jobs/{one}").status_code == 200
     ended = client.post(url, json=body, headers=mine)
     assert ended.status_code == 409 and "cancelled" in ended.json()["error"]["message"]
     redis.hset(Keys().job(two), "status", "rollout")  # serving, but its worker is gone
-    redis.set(Keys().agent_proxy(two), "http://127.0.0.1:9")
+    redis.set(Keys().external_agent_endpoint(two), "http://127.0.0.1:9")
     gone = client.post(
         f"/v1/jobs/{two}/agent/v1/chat/completions",
         json=body,
-        headers={"Authorization": f"Bearer {job_key(SECRET, two)}"},
+        headers={"Authorization": f"Bearer {job_credential(SECRET, two)}"},
     )
     assert gone.status_code == 503 and "cannot be reached" in gone.json()["error"]["message"]
     ghost = "0" * 32
-    missing = client.get(f"/v1/jobs/{ghost}/agent/task", headers={"Authorization": f"Bearer {job_key(SECRET, ghost)}"})
+    missing = client.get(
+        f"/v1/jobs/{ghost}/agent/task", headers={"Authorization": f"Bearer {job_credential(SECRET, ghost)}"}
+    )
     assert missing.status_code == 404
 
 
@@ -91,8 +93,8 @@ def test_anthropic_calls_are_keyed_by_x_api_key_and_refused_in_anthropics_shape(
     body = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
     refusals = [
         (client.post(url, json=body), 401, "authentication_error"),
-        (client.post(url, json=body, headers={"x-api-key": job_key(SECRET, two)}), 403, "permission_error"),
-        (client.post(url, json=body, headers={"x-api-key": job_key(SECRET, one)}), 503, "overloaded_error"),
+        (client.post(url, json=body, headers={"x-api-key": job_credential(SECRET, two)}), 403, "permission_error"),
+        (client.post(url, json=body, headers={"x-api-key": job_credential(SECRET, one)}), 503, "overloaded_error"),
     ]
     for response, status, kind in refusals:
         assert response.status_code == status
@@ -101,7 +103,7 @@ def test_anthropic_calls_are_keyed_by_x_api_key_and_refused_in_anthropics_shape(
     responses = client.post(
         f"/v1/jobs/{one}/agent/v1/responses",
         json={"model": "tiny", "input": "hi"},
-        headers={"x-api-key": job_key(SECRET, two)},
+        headers={"x-api-key": job_credential(SECRET, two)},
     )
     assert responses.status_code == 403 and responses.json()["error"]["type"] == "permission_error", "OpenAI's shape"
 
@@ -120,7 +122,7 @@ def test_a_serving_jobs_calls_are_forwarded_to_its_worker(
     keys = Keys()
     redis.hset(keys.job(job_id), "status", "rollout")  # as the rollout stage's take leaves it
     for endpoint in serve(tokenizer, scripted.url, SCRIPTED_MODEL, None, job_id=job_id):
-        redis.set(keys.agent_proxy(job_id), endpoint.url)  # as the rollout stage registers it
+        redis.set(keys.external_agent_endpoint(job_id), endpoint.url)  # as the rollout stage registers it
         base, headers = f"/v1/jobs/{job_id}/agent", {"Authorization": f"Bearer {endpoint.key}"}
         assert client.get(f"{base}/task", headers=headers).json()["tools"] == TOOLS
         body = {"model": SCRIPTED_MODEL, "messages": [{"role": "user", "content": "[script:hi]"}], "stream": True}
@@ -150,11 +152,11 @@ def test_a_serving_jobs_calls_are_forwarded_to_its_worker(
 def test_redis_away_is_a_503_not_a_500(make_client) -> None:
     from cli.embedded_redis import free_port
 
-    client = make_client(agent_key_secret=SECRET.decode(), redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    client = make_client(external_agent_secret=SECRET.decode(), redis_url=f"redis://127.0.0.1:{free_port()}/0")
     job_id = "1" * 32
     response = client.post(
         f"/v1/jobs/{job_id}/agent/v1/chat/completions",
         json={},
-        headers={"Authorization": f"Bearer {job_key(SECRET, job_id)}"},
+        headers={"Authorization": f"Bearer {job_credential(SECRET, job_id)}"},
     )
     assert response.status_code == 503 and "retry-after" in response.headers

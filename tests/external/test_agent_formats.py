@@ -24,7 +24,7 @@ import pytest
 from tests.external.conftest import TOOLS, Endpoint, renderer_for, serve
 from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
 from tests.support.trajectory_checks import assert_decodes_to_conversation, assert_exact_against_backend
-from workers.rollout.proxy import anthropic_api, responses_api
+from workers.rollout.external_agent import anthropic_api, responses_api
 
 GOOD = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
 SYSTEM = "You are a careful assistant."
@@ -230,7 +230,7 @@ def test_a_messages_stop_reason_names_the_agents_stop_sequence(
 
 def test_anthropic_refusals_are_anthropic_errors_naming_the_field(endpoint: Endpoint) -> None:
     hi = [{"role": "user", "content": "[script:hi]"}]
-    with pytest.raises(anthropic.PermissionDeniedError):  # another job's key
+    with pytest.raises(anthropic.PermissionDeniedError):  # another job's credential
         claude(endpoint, key="not-this-jobs-key").messages.create(model=SCRIPTED_MODEL, max_tokens=8, messages=hi)
     with pytest.raises(anthropic.BadRequestError) as wrong_model:
         claude(endpoint).messages.create(model="not-the-jobs-model", max_tokens=8, messages=hi)

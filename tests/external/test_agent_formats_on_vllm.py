@@ -19,8 +19,8 @@ from tests.external.conftest import Endpoint, renderer_for, serve
 from tests.external.test_agent_formats import ANTHROPIC_TOOLS, SYSTEM, common_token_ids, run_openai_agents
 from tests.support.trajectory_checks import assert_decodes_to_conversation, assert_exact_against_backend
 from tests.support.vllm_server import SERVED_NAME
+from workers.rollout.external_agent import anthropic_api
 from workers.rollout.llm_client import Sampling
-from workers.rollout.proxy import anthropic_api
 
 pytestmark = pytest.mark.vllm
 

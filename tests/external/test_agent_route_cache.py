@@ -1,7 +1,7 @@
-"""The API's remembered route to a job's worker (api/agent_routes.py) fails safe: real redis-server, real endpoints.
+"""The API's remembered route to a job's worker (api/external_agent_routes.py) fails safe: real redis-server, real endpoints.
 
 Each test first has the route remembered (a call through the API while its events subscription is
-live), then changes the world under it: the job moves to another endpoint, is cancelled, the key is
+live), then changes the world under it: the job moves to another endpoint, is cancelled, the credential is
 wrong, the worker goes, the address answers for another job, the subscription drops.
 """
 
@@ -16,8 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 from redis import Redis
 
-from api.agent_routes import RouteCache
-from shared.agent_keys import job_key
+from api.external_agent_routes import RouteCache
+from shared.external_agent_credentials import job_credential
 from shared.keys import Keys
 from tests.external.conftest import SECRET, Endpoint, serve
 from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
@@ -28,7 +28,7 @@ CHAT = {"model": SCRIPTED_MODEL, "messages": [{"role": "user", "content": "[scri
 
 @pytest.fixture()
 def client(make_client) -> TestClient:
-    return make_client(agent_key_secret=SECRET.decode())
+    return make_client(external_agent_secret=SECRET.decode())
 
 
 @pytest.fixture()
@@ -48,12 +48,12 @@ def serving_job(client: TestClient, redis: Redis) -> str:
 
 def register(redis: Redis, job_id: str, endpoint: Endpoint) -> None:
     """As the rollout stage registers a new attempt: the address, then the event."""
-    redis.set(Keys().agent_proxy(job_id), endpoint.url)
+    redis.set(Keys().external_agent_endpoint(job_id), endpoint.url)
     redis.publish(Keys().job_events, f"{job_id} serving")
 
 
 def routes(client: TestClient) -> RouteCache:
-    cache: RouteCache = client.app.state.agent_routes  # type: ignore[attr-defined]
+    cache: RouteCache = client.app.state.external_agent_routes  # type: ignore[attr-defined]
     return cache
 
 
@@ -69,7 +69,7 @@ def chat(client: TestClient, job_id: str, key: str | None = None) -> Any:
     return client.post(
         f"/v1/jobs/{job_id}/agent/v1/chat/completions",
         json=CHAT,
-        headers={"Authorization": f"Bearer {key or job_key(SECRET, job_id)}"},
+        headers={"Authorization": f"Bearer {key or job_credential(SECRET, job_id)}"},
     )
 
 
@@ -121,7 +121,9 @@ def test_a_missed_move_fails_over_once_the_old_worker_is_gone(
         (second,) = endpoints(stack, tokenizer, scripted, job_id)
         with ExitStack() as old:
             first = remembered_endpoint(old, client, redis, tokenizer, scripted, job_id)
-        redis.set(Keys().agent_proxy(job_id), second.url)  # no event: the API still remembers the old address
+        redis.set(
+            Keys().external_agent_endpoint(job_id), second.url
+        )  # no event: the API still remembers the old address
         assert routes(client).get(job_id) == first.url
         assert chat(client, job_id).status_code == 200  # refused connection: looked up again, sent to the new one
         assert len(second.served) == 1 and routes(client).get(job_id) == second.url
@@ -139,7 +141,7 @@ def test_an_address_now_answering_for_another_job_is_never_relayed(
         assert chat(client, mine).status_code == 200
         assert (len(my_endpoint.served), len(other_endpoint.served)) == (3, 0)
         assert routes(client).get(mine) == my_endpoint.url
-        redis.set(Keys().agent_proxy(mine), other_endpoint.url)  # Redis itself points at the wrong server
+        redis.set(Keys().external_agent_endpoint(mine), other_endpoint.url)  # Redis itself points at the wrong server
         routes(client).drop(mine)
         refused = chat(client, mine)
         assert refused.status_code == 503 and "answers for another" in refused.json()["error"]["message"]
@@ -165,7 +167,7 @@ def test_a_wrong_key_is_refused_before_a_remembered_route_is_used(
     job_id, other = serving_job(client, redis), serving_job(client, redis)
     with ExitStack() as stack:
         endpoint = remembered_endpoint(stack, client, redis, tokenizer, scripted, job_id)
-        assert chat(client, job_id, key=job_key(SECRET, other)).status_code == 403
+        assert chat(client, job_id, key=job_credential(SECRET, other)).status_code == 403
         assert chat(client, job_id, key="rk-" + "0" * 64).status_code == 403
         assert client.post(f"/v1/jobs/{job_id}/agent/v1/chat/completions", json=CHAT).status_code == 401
         assert len(endpoint.served) == 2
@@ -205,11 +207,11 @@ def test_a_superseded_attempts_409_is_not_the_jobs(
     with ExitStack() as stack:
         old = remembered_endpoint(stack, client, redis, tokenizer, scripted, job_id)
         old.session.end("superseded")  # its worker heard another attempt took the job; still up, refusing
-        redis.delete(Keys().agent_proxy(job_id))  # and unregistered; the new attempt has not registered yet
+        redis.delete(Keys().external_agent_endpoint(job_id))  # and unregistered; the new attempt has not registered yet
         waiting = chat(client, job_id)
         assert waiting.status_code == 503 and waiting.headers["retry-after"] == "1", waiting.text
         (new,) = endpoints(stack, tokenizer, scripted, job_id)
-        redis.set(Keys().agent_proxy(job_id), new.url)
+        redis.set(Keys().external_agent_endpoint(job_id), new.url)
         assert chat(client, job_id).status_code == 200 and len(new.served) == 1
 
 

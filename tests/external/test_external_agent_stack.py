@@ -25,7 +25,7 @@ from tests.external.test_agent_formats import ANTHROPIC_TOOLS, SYSTEM, common_to
 from tests.support.trajectory_checks import assert_decodes_to_conversation
 from tests.support.waiting import client_for, wait_for, wait_status
 from tests.vllm.test_rollouts_on_vllm import recomputed_logprobs
-from workers.rollout.proxy import anthropic_api
+from workers.rollout.external_agent import anthropic_api
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import external_agent

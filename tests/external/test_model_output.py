@@ -2,7 +2,7 @@
 
 The tiny random model almost never writes a tool call, so these replies are scripted by the
 suite's test double of a vLLM backend (tests/support/scripted_llm.py); every other property of
-the endpoint is tested against real vLLM (test_proxy_on_vllm.py).
+the endpoint is tested against real vLLM (test_external_agent_on_vllm.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 In-process: the stages run through their rq entry points against the session's redis-server, the
 way a slot runs them, and the supervisor's cancel check is called directly. The kind holds its pin
 past the end of its rollout on purpose (like a rollout cut off mid-generation, or whose worker
-died): the terminal hook, not the kind, must release it.
+died): the job end, not the kind, must release it.
 """
 
 from __future__ import annotations

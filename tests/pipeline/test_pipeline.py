@@ -42,7 +42,7 @@ def test_a_job_goes_through_every_stage_and_back(make_stack, trace_dir):
         ["eval", "start"],
         ["eval", "end"],
     ]
-    # The terminal hook removes the workspace right after the status moves (a busy machine shows the gap).
+    # The job end removes the workspace right after the status moves (a busy machine shows the gap).
     wait_for(lambda: not (stack.settings.workspaces / job_id).exists(), what="the workspace to go with its job")
     # the trajectory and evaluation went to the results store; the embedded Redis is bounded
     service = api.get("/v1/status").json()
@@ -91,7 +91,7 @@ def test_a_stage_that_raises_fails_its_job_and_the_others_go_on(make_stack, trac
     assert "Traceback" in failed["error"]["traceback"] and "kinds.py" in failed["error"]["traceback"]
     assert failed["partial"] == {"progress": "rollout started"}
     assert "eval" not in failed["timings"]
-    # The terminal hook removes the workspace right after the status moves (a busy machine shows the gap).
+    # The job end removes the workspace right after the status moves (a busy machine shows the gap).
     wait_for(lambda: not (stack.settings.workspaces / bad).exists(), what="the failed job's workspace to go")
     for job_id in good:
         assert wait_status(api, job_id)["status"] == "done"

@@ -53,7 +53,7 @@ def test_a_job_whose_worker_dies_with_no_retries_left_fails_with_a_reason(make_s
 
     assert record["status"] == "failed"
     assert record["error"]["type"] == "worker_lost" and record["error"]["stage"] == "rollout"
-    # The terminal hook removes the workspace just after the status move that the API shows.
+    # The job end removes the workspace just after the status move that the API shows.
     wait_for(lambda: not (stack.settings.workspaces / job_id).exists(), timeout=30, what="the workspace to go")
 
 

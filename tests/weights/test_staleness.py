@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from redis import Redis
 
-from shared.batches.hook import batch_store, start_batch
+from shared.batches.replenish import batch_store, start_batch
 from shared.batches.spec import BatchRequest
 from shared.batches.staleness import is_stale, turn_versions
 from shared.batches.store import BatchStore

@@ -9,7 +9,7 @@ from typing import Any
 
 from shared.metrics import MetricsRecorder
 from shared.tasks import StageContext, TaskKind
-from workers.rollout.proxy.external_task import run_external_agent
+from workers.rollout.external_agent.stage import run_external_agent
 from workers.runtime.stage_runner import Stage, run_stage
 
 

@@ -11,7 +11,7 @@ failure only when
 - rq's own bookkeeping failed after the runner returned (the runner already recorded what the
   attempt did): nothing more is done.
 Either way a job is never silently lost, and what it held (backend pin, workspace)
-goes through the terminal hook (workers/runtime/terminal.py).
+goes through the job end (workers/runtime/job_end.py).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from shared.jobs.record_fields import lost_field
 from shared.jobs.status import TERMINAL, JobStatus
 from shared.jobs.store import JobStore
 from shared.metrics import MetricsRecorder
+from workers.runtime.job_end import Ended, worker_job_ended
 from workers.runtime.stage_runner import runner_returned
 from workers.runtime.state import state
-from workers.runtime.terminal import Ended, on_terminal
 
 log = logging.getLogger("rollouts.worker")
 
@@ -101,4 +101,4 @@ def _fail(store: JobStore, metrics: MetricsRecorder, job_id: str, stage: str, er
         ended = Ended(moved.previous, moved=False)
     else:
         return  # past this stage: the stage that has the job owns its state
-    on_terminal(store, job_id, ended, metrics)
+    worker_job_ended(store, job_id, ended, metrics)

@@ -9,7 +9,7 @@ It never lets an exception escape: a task's error becomes a `failed` record with
 interruption becomes `cancelled`, `timed_out` or a hand-back to the same queue. rq's own retry is
 left for the one case the runner cannot see: its process dying mid-job. Each path returns an
 Outcome; one that ended the job carries `Ended`, and `run_stage` hands that to the terminal hook
-(workers/runtime/terminal.py) in one place.
+(workers/runtime/job_end.py) in one place.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from rq.timeouts import JobTimeoutException
 
 from shared import log_context
 from shared.backend_pool import NoBackendAvailable
-from shared.batches.hook import UNKNOWN, Unknown
+from shared.batches.replenish import UNKNOWN, Unknown
 from shared.config import STAGES
 from shared.errors import ResultsUnavailable, StoredResultError
 from shared.jobs.backend_wait import park, plan_wait
@@ -44,8 +44,8 @@ from shared.jobs.status import NEXT_STAGE, STAGE_ENTRY_FROM, TERMINAL, AttemptRe
 from shared.jobs.store import STORED_PARTS
 from shared.metrics import MetricsRecorder
 from shared.tasks import InterruptReason, StageContext, StageInterrupted, TaskKind, get_kind
+from workers.runtime.job_end import Ended, worker_job_ended
 from workers.runtime.state import WorkerState, log, state
-from workers.runtime.terminal import Ended, on_terminal
 
 
 class Stage:
@@ -88,7 +88,7 @@ def run_stage(stage: Stage, job_id: str) -> str:
     with log_context.bind(job_id=job_id, stage=stage.name):
         outcome = _attempt(st, stage, job_id)
         if outcome.ended is not None:
-            on_terminal(st.store, job_id, outcome.ended, st.metrics)
+            worker_job_ended(st.store, job_id, outcome.ended, st.metrics)
     st.metrics.stage_attempt(stage.name, outcome.result, time.monotonic() - started)
     _returned.rq_id = current.id if current is not None else None
     return outcome.result

@@ -34,7 +34,7 @@ class WorkerState:
     draining: threading.Event = field(default_factory=threading.Event)
 
     def workspace(self, job_id: str) -> Path:
-        """Where the job's state lives across stages; removed only by workers/runtime/terminal.py."""
+        """Where the job's state lives across stages; removed only by workers/runtime/job_end.py."""
         return self.settings.workspaces / job_id
 
 

@@ -11,7 +11,7 @@ An entry (job id -> the worker's endpoint URL) is only ever a hint that fails sa
 - the caller (api/routes/agent.py) drops it when the worker cannot be reached, answers 409, or
   does not name the job in its answer (`x-rollouts-job`: another server now holds the address).
 
-The key is always checked by the API before a cached route is used, and by the worker again.
+The credential is always checked by the API before a cached route is used, and by the worker again.
 """
 
 from __future__ import annotations

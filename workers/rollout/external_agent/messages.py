@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from workers.rollout.proxy.wire import ProxyError
+from workers.rollout.external_agent.wire import ExternalAgentError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -22,10 +22,10 @@ def canonical(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _one(message: Any, where: str) -> dict[str, Any]:
     if not isinstance(message, dict):
-        raise ProxyError(400, "a message is an object with a role and content", where)
+        raise ExternalAgentError(400, "a message is an object with a role and content", where)
     role = message.get("role")
     if role not in ROLES:
-        raise ProxyError(400, f"role must be one of {', '.join(ROLES)}", f"{where}.role")
+        raise ExternalAgentError(400, f"role must be one of {', '.join(ROLES)}", f"{where}.role")
     out: dict[str, Any] = {
         "role": "system" if role == "developer" else role,
         "content": _text(message.get("content"), f"{where}.content"),
@@ -49,22 +49,24 @@ def _text(content: Any, where: str) -> str:
         parts = []
         for i, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ProxyError(400, "only text content parts are supported", f"{where}[{i}]")
+                raise ExternalAgentError(400, "only text content parts are supported", f"{where}[{i}]")
             parts.append(part["text"])
         return "".join(parts)
-    raise ProxyError(400, "content is a string or a list of text parts", where)
+    raise ExternalAgentError(400, "content is a string or a list of text parts", where)
 
 
 def _call(call: Any, where: str) -> dict[str, Any]:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise ProxyError(400, "a tool call has a function with a name", where)
+        raise ExternalAgentError(400, "a tool call has a function with a name", where)
     arguments = function.get("arguments")
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except ValueError:
-            raise ProxyError(400, "function.arguments is a JSON object", f"{where}.function.arguments") from None
+            raise ExternalAgentError(
+                400, "function.arguments is a JSON object", f"{where}.function.arguments"
+            ) from None
     return {"id": call.get("id"), "type": "function", "function": {"name": function["name"], "arguments": arguments}}
 
 

@@ -1,9 +1,9 @@
 """The event-driven half of dynamic sampling: called wherever a job reaches a terminal status.
 
-Whoever moves a job to a terminal status calls `on_job_terminal`, through
+Whoever moves a job to a terminal status calls `batch_job_ended`, through
 shared/job_end.py's `job_ended`: the stage runner (done, failed, timed_out)
-and rq's failure callback (worker lost for good), via the workers' terminal
-hook, and the jobs API's cancel; a batch's own cancels record their jobs
+and rq's failure callback (worker lost for good), via the workers' job end
+(workers/runtime/job_end.py), and the jobs API's cancel; a batch's own cancels record their jobs
 directly (`cancel_groups`). For a job of a batch group
 it records the sample; when that completes the group, the Lua script has
 already decided the outcome and reserved the next prompts, and this side
@@ -37,9 +37,9 @@ def batch_store(jobs: JobStore) -> BatchStore:
     return store
 
 
-def start_batch(batches: BatchStore, request: BatchRequest, pool: list[dict[str, Any]]) -> str:
+def start_batch(batches: BatchStore, request: BatchRequest, prompts: list[dict[str, Any]]) -> str:
     """Store a new batch, reserve its first groups and submit their jobs."""
-    batch_id = batches.create(request, pool)
+    batch_id = batches.create(request, prompts)
     launch(batches, batch_id, batches.fill(batch_id))
     return batch_id
 
@@ -62,7 +62,7 @@ def launch(batches: BatchStore, batch_id: str, prompt_indices: list[int]) -> Non
         cancel_groups(batches, batch_id, prompt_indices)
 
 
-def on_job_terminal(jobs: JobStore, job_id: str, group_id: str | Unknown | None = UNKNOWN) -> None:
+def batch_job_ended(jobs: JobStore, job_id: str, group_id: str | Unknown | None = UNKNOWN) -> None:
     """Never raises: a terminal move must not fail because of a batch; the sweep repairs a miss.
 
     A caller that knows the job's group id passes it, so the common case (no batch) costs no read.

@@ -1,4 +1,4 @@
-"""Read and check a batch's prompt pool: inline items or a JSONL file the server can read.
+"""Read and check a batch's prompts: inline items or a JSONL file the server can read.
 
 Every item is checked before anything is stored, as a job of its own is (validate_job: its
 shape, its kind, the kind's own checks), so a batch never starts with a prompt that would fail
@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from shared.batches.spec import BatchRequest, PoolItem, normalise_pool_item
+from shared.batches.spec import BatchRequest, PromptItem, normalise_prompt_item
 from shared.errors import Loc, ValidationError
 from shared.tasks import Access, validate_job
 from shared.tasks.validation import ADMIN
@@ -23,17 +23,17 @@ from shared.tasks.validation import ADMIN
 MAX_POOL = 1_000_000
 MAX_PROBLEMS = 20
 MAX_FILE_BYTES = 256 * 1024 * 1024  # the default of ROLLOUTS_PROMPT_FILE_MAX_BYTES
-# A pool item is a job less what the batch decides itself (group, sample index, idempotency key).
-_ITEM_FIELDS = frozenset(PoolItem.model_fields)
+# A prompt item is a job less what the batch decides itself (group, sample index, idempotency key).
+_ITEM_FIELDS = frozenset(PromptItem.model_fields)
 
 
-def load_pool(
+def load_prompts(
     request: BatchRequest,
     files_root: Path | None = None,
     max_file_bytes: int = MAX_FILE_BYTES,
     access: Access = ADMIN,
 ) -> list[dict[str, Any]]:
-    """The pool items as plain dicts, or a ValidationError naming (up to MAX_PROBLEMS) problems.
+    """The prompt items as plain dicts, or a ValidationError naming (up to MAX_PROBLEMS) problems.
 
     `files_root` (ROLLOUTS_PROMPT_FILES_ROOT), when set, is the only tree `prompts_path` may name;
     it must be a regular file (never a FIFO, which would block, or a device such as /dev/zero, which
@@ -107,7 +107,7 @@ def _read_regular(path: Path, max_bytes: int) -> bytes:
 
 def _check(loc: Loc, item: Any, access: Access) -> dict[str, Any]:
     """The item as stored (its own sampling and limits only where it set them); ValidationError if refused."""
-    item = normalise_pool_item(item)
+    item = normalise_prompt_item(item)
     if isinstance(item, dict):
         extra = [
             ValidationError("Extra inputs are not permitted", (*loc, str(name)))

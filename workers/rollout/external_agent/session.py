@@ -23,9 +23,9 @@ from shared.tool_schemas import validate_call
 from shared.trajectory import ASSISTANT, OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
 from workers.rollout.agent_loop import FINISH_TOOL, Generate, LoopConfig, RunTool
 from workers.rollout.chat_delta import ChatRenderer, ChatTemplateError, tool_instructions_json
+from workers.rollout.external_agent import wire
+from workers.rollout.external_agent.messages import canonical, wire_tool_call
 from workers.rollout.llm_client import BackendRequestError, Completion, Sampling
-from workers.rollout.proxy import wire
-from workers.rollout.proxy.messages import canonical, wire_tool_call
 from workers.rollout.tool_parsers import ParsedCall, ParseResult, ToolParser
 
 
@@ -40,7 +40,7 @@ class _Segment:
     stop_text: str = ""  # the end-of-turn token text the model generated last
 
 
-class ProxySession:
+class ExternalAgentSession:
     """The state of one job's external agent; every public method is one HTTP call."""
 
     def __init__(
@@ -118,18 +118,20 @@ class ProxySession:
         """Run one of the job's tools in its sandbox; the run is recorded under `extra.tool_runs`."""
         allowed = [t for t in self.config.allowed_tools if t != FINISH_TOOL]
         if name not in allowed:
-            raise wire.ProxyError(404, f"no tool {name!r} in this job; its tools: {', '.join(allowed)}", "name")
+            raise wire.ExternalAgentError(404, f"no tool {name!r} in this job; its tools: {', '.join(allowed)}", "name")
         problem = validate_call(name, arguments)
         if problem is not None:
-            raise wire.ProxyError(400, problem, "arguments")
+            raise wire.ExternalAgentError(400, problem, "arguments")
         with self._lock:
             self._check_open(None)
             try:
                 result = self._run_tool(name, arguments, self.config.tool_timeout_s)
             except StageInterrupted as exc:
-                raise wire.ProxyError(409, f"this job's rollout has ended ({exc.reason})", None, "conflict") from exc
+                raise wire.ExternalAgentError(
+                    409, f"this job's rollout has ended ({exc.reason})", None, "conflict"
+                ) from exc
             except Exception as exc:  # the sandbox failed: said so, the job goes on
-                raise wire.ProxyError(
+                raise wire.ExternalAgentError(
                     502, f"the tool could not run: {type(exc).__name__}: {exc}", None, "server_error"
                 ) from exc
             self.tool_runs.append({"name": name, "arguments": arguments, **result.to_dict()})
@@ -184,7 +186,7 @@ class ProxySession:
             renderer = self._renderer(tools or None)
             prompt = renderer.prompt(renderer.prepare(messages))
         except ChatTemplateError as exc:
-            raise wire.ProxyError(400, str(exc), "messages") from exc
+            raise wire.ExternalAgentError(400, str(exc), "messages") from exc
         return self._new_segment(_Segment(self._fresh_record(), renderer, tools or None), prompt.token_ids, prompt.text)
 
     def _renderer(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
@@ -223,7 +225,7 @@ class ProxySession:
 
     def _new_segment(self, segment: _Segment, token_ids: list[int], text: str) -> _Segment:
         if len(token_ids) >= self.config.max_context_tokens:
-            raise wire.ProxyError(
+            raise wire.ExternalAgentError(
                 400,
                 f"the prompt has {len(token_ids)} tokens; the job's context is {self.config.max_context_tokens}",
                 "messages",
@@ -237,7 +239,7 @@ class ProxySession:
 
     def _fits(self, record: Trajectory, more: int) -> None:
         if len(record.token_ids) + more >= self.config.max_context_tokens:
-            raise wire.ProxyError(
+            raise wire.ExternalAgentError(
                 400,
                 f"this call's new messages ({more} tokens) do not fit the job's context of "
                 f"{self.config.max_context_tokens} tokens",
@@ -278,7 +280,7 @@ class ProxySession:
     def _generate(self, record: Trajectory, asked: int | None, stops: tuple[str, ...]) -> Completion:
         turns = sum(s.counts.turns for s in self._segments) + record.counts.turns
         if turns >= self.config.max_turns:
-            raise wire.ProxyError(
+            raise wire.ExternalAgentError(
                 409, f"the job's {self.config.max_turns} turns are used up; POST finish", None, "conflict"
             )
         left = self.config.max_context_tokens - len(record.token_ids)
@@ -290,17 +292,19 @@ class ProxySession:
         try:
             completion = self.generate(list(record.token_ids), sampling)
         except BackendRequestError as exc:
-            raise wire.ProxyError(400, f"the model refused the request: {exc.message}", None) from exc
+            raise wire.ExternalAgentError(400, f"the model refused the request: {exc.message}", None) from exc
         except StageInterrupted as exc:  # cancelled or out of time mid-generation: the rollout is over
-            raise wire.ProxyError(409, f"this job's rollout has ended ({exc.reason})", None, "conflict") from exc
+            raise wire.ExternalAgentError(
+                409, f"this job's rollout has ended ({exc.reason})", None, "conflict"
+            ) from exc
         except Exception as exc:  # no backend, or it failed: the agent's call fails, not the job
-            raise wire.ProxyError(
+            raise wire.ExternalAgentError(
                 502, f"the model could not answer: {type(exc).__name__}: {exc}", None, "server_error"
             ) from exc
         finally:
             self._llm_s += time.perf_counter() - t0
         if len(completion.token_ids) > cap or len(completion.logprobs) != len(completion.token_ids):
-            raise wire.ProxyError(
+            raise wire.ExternalAgentError(
                 502, f"backend {completion.backend_id} broke the token contract", None, "server_error"
             )
         return completion
@@ -362,9 +366,9 @@ class ProxySession:
     # --- small pieces --------------------------------------------------------------
     def _check_open(self, model: str | None) -> None:
         if self.closed is not None:
-            raise wire.ProxyError(409, f"this job's rollout has ended ({self.closed})", None, "conflict")
+            raise wire.ExternalAgentError(409, f"this job's rollout has ended ({self.closed})", None, "conflict")
         if model is not None and model != self.model:
-            raise wire.ProxyError(400, f"this job samples from model {self.model!r}, not {model!r}", "model")
+            raise wire.ExternalAgentError(400, f"this job samples from model {self.model!r}, not {model!r}", "model")
 
     def _close(self, reason: str, detail: str | None = None) -> None:
         self.closed = reason
@@ -390,5 +394,7 @@ class ProxySession:
         back = self._decode(ids)
         bos = self.tokenizer.bos_token
         if back != text and not (special and bos and back == bos + text):
-            raise wire.ProxyError(400, "the prompt does not survive encode/decode with the model's tokenizer", "prompt")
+            raise wire.ExternalAgentError(
+                400, "the prompt does not survive encode/decode with the model's tokenizer", "prompt"
+            )
         return ids

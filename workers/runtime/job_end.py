@@ -1,6 +1,6 @@
-"""The workers' one hook for a job that is over: done, failed, cancelled, timed out, or gone.
+"""The workers' part of a job's end: done, failed, cancelled, timed out, or gone.
 
-The stage runner and rq's failure callback each call `on_terminal` from one place, with an
+The stage runner and rq's failure callback each call `worker_job_ended` from one place, with an
 `Ended` saying how the job ended. Only here is a workspace removed. A superseded attempt never
 gets here: the job, and its workspace, belong to the newer attempt.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.batches.hook import UNKNOWN, Unknown
+from shared.batches.replenish import UNKNOWN, Unknown
 from shared.job_end import job_ended, release_pin
 from shared.jobs.store import JobStore
 from shared.metrics import MetricsRecorder
@@ -33,7 +33,7 @@ class Ended:
     group_id: str | Unknown | None = UNKNOWN
 
 
-def on_terminal(store: JobStore, job_id: str, ended: Ended, metrics: MetricsRecorder | None = None) -> None:
+def worker_job_ended(store: JobStore, job_id: str, ended: Ended, metrics: MetricsRecorder | None = None) -> None:
     """Metrics and the batch (when this worker moved the job), the backend pin, then the workspace."""
     if ended.moved:
         if ended.error is not None and metrics is not None:

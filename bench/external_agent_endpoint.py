@@ -8,11 +8,11 @@ generates the same tokens) goes round-robin, in one process, to:
   and tokenizes too, and computes the logprobs the record needs);
 - **generate**: the same prompt's token ids (rendered once) through LLMClient to vLLM's
   `/inference/v1/generate`: what the endpoint itself sends, without the endpoint;
-- **worker**: the job's ProxySession on its rollout worker's port (workers/rollout/proxy/): render
+- **worker**: the job's ExternalAgentSession on its rollout worker's port (workers/rollout/external_agent/): render
   with ChatRenderer, token ids to `/inference/v1/generate` through LLMClient, parse tool calls,
   record the turn; each call is a fresh conversation, so each starts a new segment (a full prompt
   render, the dearer case);
-- **api**: the same through the API's forwarding route (api/routes/agent.py: key check, the job's
+- **api**: the same through the API's forwarding route (api/routes/external_agent.py: key check, the job's
   worker address remembered after the first call, an HTTP hop), the API a process of its own as
   `rollouts api` runs it. The job is a real submitted `agent: external` job whose record is
   pointed at the endpoint above, as the rollout stage's take and registration leave it.
@@ -20,14 +20,14 @@ generates the same tokens) goes round-robin, in one process, to:
 The endpoint runs in this process (as it runs in a rollout worker's), so it shares the GIL with
 the measuring loop; vLLM and the API are processes of their own.
 
-With `--before REF`, a second API process runs the code of git ref REF (bench/agent_hop.py's
+With `--before REF`, a second API process runs the code of git ref REF (bench/external_agent_hop.py's
 export) beside this one, as **api@REF**, forwarding to the same worker endpoint: the route before
 and after a change, in one run.
 
 Reports p50 and p90 latency of each and the p50 differences from vllm (goals: worker - vllm < 2 ms,
 api - worker < 2 ms).
 
-    .venv/bin/python -m bench.agent_proxy [--calls 200] [--max-tokens 8] [--before REF]
+    .venv/bin/python -m bench.external_agent_endpoint [--calls 200] [--max-tokens 8] [--before REF]
 """
 
 from __future__ import annotations
@@ -43,20 +43,20 @@ from pathlib import Path
 
 import httpx
 
-from bench.agent_hop import export_ref
+from bench.external_agent_hop import export_ref
 from cli.embedded_redis import EmbeddedRedis, free_port
 from cli.tiny_model import tiny_model_dir
 from cli.vllm_server import VLLMServer
-from shared.agent_keys import job_key
 from shared.config import Settings
+from shared.external_agent_credentials import job_credential
 from shared.keys import Keys
 from shared.kinds.agentic import DEFAULT_TOOLS
 from workers.rollout.agent_loop import LoopConfig
 from workers.rollout.chat_delta import ChatRenderer
+from workers.rollout.external_agent.server import ThreadServer, build_app
+from workers.rollout.external_agent.session import ExternalAgentSession
 from workers.rollout.llm_client import LLMClient, Sampling
 from workers.rollout.llm_services import _load_tokenizer
-from workers.rollout.proxy.server import ThreadServer, build_app
-from workers.rollout.proxy.session import ProxySession
 from workers.rollout.tool_parsers import get_parser
 
 SECRET = "bench-secret-0123456789abcdef"
@@ -90,9 +90,9 @@ def main() -> None:
     parser.add_argument("--before", metavar="REF", help="also run the API of this git ref, side by side")
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
+    work = Path(tempfile.mkdtemp(prefix="bench-external-agent-"))
     model = tiny_model_dir(Path.home() / ".cache" / "rollouts" / "test-models", 0, 4096)
-    settings = Settings(redis_url=None, state_dir=work / "state", agent_key_secret=SECRET)
+    settings = Settings(redis_url=None, state_dir=work / "state", external_agent_secret=SECRET)
     vllm = VLLMServer.from_settings(
         settings,
         model,
@@ -113,7 +113,7 @@ def main() -> None:
         config = LoopConfig(
             max_turns=10**6, max_context_tokens=4000, max_tokens_per_turn=args.max_tokens, allowed_tools=DEFAULT_TOOLS
         )
-        session = ProxySession(
+        session = ExternalAgentSession(
             _load_tokenizer(str(model)),
             get_parser("hermes"),
             lambda ids, s: client.complete(vllm.url, ids, s, "tiny"),
@@ -127,7 +127,7 @@ def main() -> None:
             **os.environ,
             "ROLLOUTS_REDIS_URL": redis.url,
             "ROLLOUTS_STATE_DIR": str(work / "state"),
-            "ROLLOUTS_AGENT_KEY_SECRET": SECRET,
+            "ROLLOUTS_EXTERNAL_AGENT_SECRET": SECRET,
             "ROLLOUTS_LOG_LEVEL": "WARNING",
         }
         api_urls: dict[str, tuple[str, Path | None]] = {"api": (api_url, None)}
@@ -158,8 +158,8 @@ def main() -> None:
 
         with Redis.from_url(redis.url) as r:  # as the rollout stage's take and registration leave the record
             r.hset(Keys().job(job_id), "status", "rollout")
-            r.set(Keys().agent_proxy(job_id), worker.url)
-        key = {"Authorization": f"Bearer {job_key(SECRET.encode(), job_id)}"}
+            r.set(Keys().external_agent_endpoint(job_id), worker.url)
+        key = {"Authorization": f"Bearer {job_credential(SECRET.encode(), job_id)}"}
         body = {
             "model": "tiny",
             "messages": MESSAGES,

@@ -1,8 +1,8 @@
 """The rollout stage of a job whose agent runs elsewhere (`"agent": "external"`).
 
 The stage does what it does for the built-in loop (pin a backend, load its tokenizer, start the
-sandbox), then serves the job's ProxySession on a port of its own and says where in Redis
-(`Keys.agent_proxy`), so the API can forward the agent's calls. It holds its slot until the agent
+sandbox), then serves the job's ExternalAgentSession on a port of its own and says where in Redis
+(`Keys.external_agent_endpoint`), so the API can forward the agent's calls. It holds its slot until the agent
 calls finish, the stage's time budget runs out (`time_budget`, then evaluation as usual) or the
 job is cancelled; then it collects like any agentic rollout and hands the record to eval.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.agent_keys import deployment_secret
+from shared.external_agent_credentials import deployment_secret
 from shared.tasks.context import StageContext, StageInterrupted
 from workers.rollout.agent_loop import FINISH_TOOL
 from workers.rollout.agent_task import (
@@ -22,10 +22,10 @@ from workers.rollout.agent_task import (
     start_sandbox,
     tool_runner,
 )
+from workers.rollout.external_agent.server import ThreadServer, build_app
+from workers.rollout.external_agent.session import ExternalAgentSession
 from workers.rollout.job_sandbox import JobSandbox
 from workers.rollout.llm_services import llm_services, load_tokenizer
-from workers.rollout.proxy.server import ThreadServer, build_app
-from workers.rollout.proxy.session import ProxySession
 from workers.rollout.tool_parsers import get_parser
 from workers.sandbox import Sandbox
 
@@ -40,9 +40,9 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
     llm = llm_services()
     sandbox: Sandbox | None = None
     held: JobSandbox | None = None
-    session: ProxySession | None = None
+    session: ExternalAgentSession | None = None
     server: ThreadServer | None = None
-    proxy_key = st.store.keys.agent_proxy(ctx.job_id)
+    endpoint_key = st.store.keys.external_agent_endpoint(ctx.job_id)
 
     def release_pin() -> None:
         if ctx.interrupted != "superseded":
@@ -54,7 +54,7 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
         if any(name != FINISH_TOOL for name in kind.tools):
             held = start_sandbox(kind, ctx)
             sandbox = held.sandbox
-        session = ProxySession(
+        session = ExternalAgentSession(
             load_tokenizer(pin),
             get_parser(ctx.task.get("tool_parser") or ctx.settings.agent_tool_parser),
             pinned_generate(ctx, pin.model, release_pin),
@@ -66,9 +66,9 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
         )
         secret = deployment_secret(st.redis, st.store.keys, ctx.settings)
         task = {"messages": kind.messages(ctx.task), "tools": kind.tool_schemas(), "model": pin.model}
-        server = ThreadServer(build_app(session, ctx.job_id, secret, lambda: task), ctx.settings.agent_proxy_host)
+        server = ThreadServer(build_app(session, ctx.job_id, secret, lambda: task), ctx.settings.external_agent_host)
         server.start()
-        st.redis.set(proxy_key, server.url, ex=max(1, int(ctx.remaining) + 60))
+        st.redis.set(endpoint_key, server.url, ex=max(1, int(ctx.remaining) + 60))
         st.redis.publish(st.store.keys.job_events, f"{ctx.job_id} serving")  # API processes drop their old route
         _hold(session, ctx, config.time_reserve_s)
         ctx.check()
@@ -85,7 +85,7 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
         raise
     finally:
         if server is not None:
-            _unregister(st.redis, proxy_key, server.url)
+            _unregister(st.redis, endpoint_key, server.url)
             server.stop()
         release_pin()
         if held is not None:
@@ -93,7 +93,7 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
     return trajectory.to_dict()
 
 
-def _hold(session: ProxySession, ctx: StageContext, reserve_s: float) -> None:
+def _hold(session: ExternalAgentSession, ctx: StageContext, reserve_s: float) -> None:
     """Wait for finish; end the session on the time budget (a clean stop) or an interruption."""
     while not session.finished.wait(min(WAIT_STEP_S, max(0.0, ctx.remaining - reserve_s))):
         if ctx.interrupted is not None:
@@ -104,7 +104,7 @@ def _hold(session: ProxySession, ctx: StageContext, reserve_s: float) -> None:
             return
 
 
-def _keep_partial(ctx: StageContext, session: ProxySession | None, reason: str, detail: str | None) -> None:
+def _keep_partial(ctx: StageContext, session: ExternalAgentSession | None, reason: str, detail: str | None) -> None:
     """Leave the record so far in the job's partial result (cancelled, timed out, failed)."""
     if session is None:
         return

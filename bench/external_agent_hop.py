@@ -1,6 +1,6 @@
 """What the API's forwarding route adds per call and costs the API in CPU, against an instant worker.
 
-bench/agent_proxy.py measures the whole path with a real vLLM; on a 2-core machine its API - worker
+bench/external_agent_endpoint.py measures the whole path with a real vLLM; on a 2-core machine its API - worker
 difference is mostly scheduling noise between the processes (vLLM keeps both cores busy). Here
 the worker is instant (a process answering a fixed chat-sized body and naming the job, as a
 worker's endpoint does), so what remains is the route itself: its latency over calling the worker
@@ -8,7 +8,7 @@ directly, and the API process's CPU time per call (from /proc). With `--before R
 process runs the code of git ref REF (exported to a temporary directory) side by side, calls
 interleaved, so two versions of the route are compared in one run.
 
-    .venv/bin/python -m bench.agent_hop [--calls 600] [--before REF]
+    .venv/bin/python -m bench.external_agent_hop [--calls 600] [--before REF]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import httpx
 from redis import Redis
 
 from cli.embedded_redis import EmbeddedRedis, free_port
-from shared.agent_keys import JOB_HEADER, job_key
+from shared.external_agent_credentials import JOB_HEADER, job_credential
 from shared.keys import Keys
 
 SECRET = "bench-secret-0123456789abcdef"
@@ -96,7 +96,7 @@ def main() -> None:
         **os.environ,
         "ROLLOUTS_REDIS_URL": redis.url,
         "ROLLOUTS_STATE_DIR": str(work / "state"),
-        "ROLLOUTS_AGENT_KEY_SECRET": SECRET,
+        "ROLLOUTS_EXTERNAL_AGENT_SECRET": SECRET,
         "ROLLOUTS_LOG_LEVEL": "WARNING",
     }
     sources = {"api": ROOT}
@@ -126,15 +126,16 @@ def main() -> None:
         worker_port = free_port()
         processes.append(
             subprocess.Popen(
-                [sys.executable, "-m", "bench.agent_hop", "--serve-instant", str(worker_port), job_id], cwd=ROOT
+                [sys.executable, "-m", "bench.external_agent_hop", "--serve-instant", str(worker_port), job_id],
+                cwd=ROOT,
             )
         )
         worker = f"http://127.0.0.1:{worker_port}"
         _wait(http, f"{worker}/healthz")  # a GET: 405, but it answers
         with Redis.from_url(redis.url) as r:  # as the rollout stage's take and registration leave the record
             r.hset(Keys().job(job_id), "status", "rollout")
-            r.set(Keys().agent_proxy(job_id), worker)
-        headers = {"Authorization": f"Bearer {job_key(SECRET.encode(), job_id)}"}
+            r.set(Keys().external_agent_endpoint(job_id), worker)
+        headers = {"Authorization": f"Bearer {job_credential(SECRET.encode(), job_id)}"}
         body = {"model": "tiny", "messages": [{"role": "user", "content": "What is 1 + 1? " * 20}], "max_tokens": 8}
         targets = {
             "worker": f"{worker}/v1/chat/completions",

@@ -1,7 +1,7 @@
 """What goes over the wire to an external agent: OpenAI's chat/completions shapes, the subset we honour.
 
 Requests are parsed leniently (OpenAI's other fields are accepted and ignored, as vLLM does);
-what the service cannot honour is refused with a `ProxyError` naming the field. Sampling is the
+what the service cannot honour is refused with a `ExternalAgentError` naming the field. Sampling is the
 job's (the trainer's choice, the same for every call); a request may only ask for fewer tokens
 or add stop strings.
 """
@@ -14,11 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.agent_errors import openai_error
 from shared.errors import RolloutsError
+from shared.external_agent_errors import openai_error
 
 
-class ProxyError(RolloutsError):
+class ExternalAgentError(RolloutsError):
     """A refused call: its HTTP status, and the OpenAI error body naming the field."""
 
     def __init__(

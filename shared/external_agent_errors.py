@@ -1,6 +1,6 @@
 """The error bodies an external agent's client reads: OpenAI's, and Anthropic's for `/v1/messages` calls.
 
-Shared by the API's forwarding route (api/routes/agent.py) and the job's endpoint (workers/rollout/proxy/),
+Shared by the API's forwarding route (api/routes/external_agent.py) and the job's endpoint (workers/rollout/external_agent/),
 so a refusal has the same shape whichever of them refuses.
 """
 

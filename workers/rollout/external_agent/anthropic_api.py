@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.agent_errors import anthropic_error
-from workers.rollout.proxy import wire
+from shared.external_agent_errors import anthropic_error
+from workers.rollout.external_agent import wire
 
 
 class MessagesRequest(BaseModel):
@@ -33,7 +33,7 @@ class MessagesRequest(BaseModel):
     stream: bool = False
 
 
-def error_body(error: wire.ProxyError) -> dict[str, Any]:
+def error_body(error: wire.ExternalAgentError) -> dict[str, Any]:
     """Anthropic's error body for a refused call."""
     return anthropic_error(error.message, error.kind, error.param)
 
@@ -57,12 +57,12 @@ def _messages_of(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: tool_result blocks become tool messages, in their order."""
     role = message.get("role")
     if role not in ("user", "assistant"):
-        raise wire.ProxyError(400, "role must be one of user, assistant", f"{where}.role")
+        raise wire.ExternalAgentError(400, "role must be one of user, assistant", f"{where}.role")
     content = message.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
-        raise wire.ProxyError(400, "content is a string or a list of content blocks", f"{where}.content")
+        raise wire.ExternalAgentError(400, "content is a string or a list of content blocks", f"{where}.content")
     if role == "assistant":
         return [_assistant(content, f"{where}.content")]
     out: list[dict[str, Any]] = []
@@ -76,12 +76,12 @@ def _messages_of(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
                 out.append({"role": "user", "content": block["text"]})
         elif kind == "tool_result":
             if not isinstance(block.get("tool_use_id"), str):
-                raise wire.ProxyError(400, "a tool_result names its tool_use_id", f"{at}.tool_use_id")
+                raise wire.ExternalAgentError(400, "a tool_result names its tool_use_id", f"{at}.tool_use_id")
             result = block.get("content", "")
             text = _text(result, f"{at}.content")
             out.append({"role": "tool", "content": text, "tool_call_id": block["tool_use_id"]})
         else:
-            raise wire.ProxyError(400, "a user message's blocks are text and tool_result", f"{at}.type")
+            raise wire.ExternalAgentError(400, "a user message's blocks are text and tool_result", f"{at}.type")
     return out
 
 
@@ -94,9 +94,9 @@ def _assistant(content: list[Any], where: str) -> dict[str, Any]:
             text += block["text"]
         elif kind == "tool_use":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                raise wire.ProxyError(400, "a tool_use block has an id and a name", at)
+                raise wire.ExternalAgentError(400, "a tool_use block has an id and a name", at)
             if not isinstance(block.get("input"), dict):
-                raise wire.ProxyError(400, "a tool_use block's input is an object", f"{at}.input")
+                raise wire.ExternalAgentError(400, "a tool_use block's input is an object", f"{at}.input")
             calls.append(
                 {
                     "id": block["id"],
@@ -105,7 +105,7 @@ def _assistant(content: list[Any], where: str) -> dict[str, Any]:
                 }
             )
         else:
-            raise wire.ProxyError(400, "an assistant message's blocks are text and tool_use", f"{at}.type")
+            raise wire.ExternalAgentError(400, "an assistant message's blocks are text and tool_use", f"{at}.type")
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         message["tool_calls"] = calls
@@ -117,11 +117,11 @@ def _text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise wire.ProxyError(400, "a string or a list of text blocks", where)
+        raise wire.ExternalAgentError(400, "a string or a list of text blocks", where)
     parts = []
     for i, block in enumerate(content):
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-            raise wire.ProxyError(400, "only text blocks are supported here", f"{where}[{i}]")
+            raise wire.ExternalAgentError(400, "only text blocks are supported here", f"{where}[{i}]")
         parts.append(block["text"])
     return "".join(parts)
 
@@ -133,11 +133,11 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     out = []
     for i, tool in enumerate(tools):
         if tool.get("type") not in (None, "custom") or not isinstance(tool.get("name"), str):
-            raise wire.ProxyError(
+            raise wire.ExternalAgentError(
                 400, "only client tools (name, description, input_schema) are supported", f"tools[{i}]"
             )
         if not isinstance(tool.get("input_schema"), dict):
-            raise wire.ProxyError(400, "a tool has an input_schema object", f"tools[{i}].input_schema")
+            raise wire.ExternalAgentError(400, "a tool has an input_schema object", f"tools[{i}].input_schema")
         function = {
             "name": tool["name"],
             "description": tool.get("description") or "",

@@ -1,13 +1,13 @@
 """An external agent's endpoint: `/v1/jobs/{id}/agent/...`, forwarded to the rollout worker serving the job.
 
-The agent authenticates with its job's key (shared/agent_keys.py), not an API token: the key opens
+The agent authenticates with its job's credential (shared/external_agent_credentials.py), not an API token: the credential opens
 this one job and nothing else (as `Authorization: Bearer` or, for Anthropic clients, `x-api-key`).
-The API checks it, finds where the job's rollout worker serves it (Keys.agent_proxy, remembered by
-this process while it holds: api/agent_routes.py) and forwards the call there unchanged, streaming
+The API checks it, finds where the job's rollout worker serves it (Keys.external_agent_endpoint, remembered by
+this process while it holds: api/external_agent_routes.py) and forwards the call there unchanged, streaming
 the answer back; only an answer that names the job (`x-rollouts-job`) is relayed. Refusals are
 OpenAI's error body (Anthropic's on `v1/messages`), so the agent's client shows the message:
 
-- no key 401, another job's key 403, no such job 404;
+- no credential 401, another job's credential 403, no such job 404;
 - the rollout has ended (eval, done, failed, cancelled, timed out) 409;
 - the rollout has not started serving yet (queued, init, sandbox starting) 503 with Retry-After.
 """
@@ -25,9 +25,15 @@ from redis.asyncio import Redis as AsyncRedis
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from api.agent_routes import RouteCache
-from shared.agent_errors import anthropic_error, openai_error
-from shared.agent_keys import JOB_HEADER, deployment_secret, job_key, key_opens, presented_key
+from api.external_agent_routes import RouteCache
+from shared.external_agent_credentials import (
+    JOB_HEADER,
+    credential_opens,
+    deployment_secret,
+    job_credential,
+    presented_credential,
+)
+from shared.external_agent_errors import anthropic_error, openai_error
 from shared.jobs.status import JobStatus
 from shared.jobs.store import JobStore
 from shared.redis_conn import connect_for_requests_async
@@ -43,18 +49,18 @@ _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 @dataclass(frozen=True)
 class _Lookup:
     status: str | None
-    proxy_url: str | None
+    endpoint_url: str | None
 
 
 def endpoint(request: Request, job_id: str, secret: bytes) -> dict[str, str]:
     """What the trainer hands its agent: the job's base URL and key."""
     settings = request.app.state.settings
     api = (settings.api_url or str(request.base_url)).rstrip("/")
-    return {"base_url": f"{api}/v1/jobs/{job_id}/agent", "api_key": job_key(secret, job_id)}
+    return {"base_url": f"{api}/v1/jobs/{job_id}/agent", "api_key": job_credential(secret, job_id)}
 
 
 def secret_of(request: Request) -> bytes:
-    """The deployment's key secret, read once per API process (it never changes while Redis keeps it)."""
+    """The deployment's credential secret, read once per API process (it never changes while Redis keeps it)."""
     secret = getattr(request.app.state, "agent_secret", None)
     if secret is None:
         store: JobStore = request.app.state.store
@@ -63,8 +69,8 @@ def secret_of(request: Request) -> bytes:
 
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"description": "No key"},
-    403: {"description": "Another job's key"},
+    401: {"description": "No credential"},
+    403: {"description": "Another job's credential"},
     404: {"description": "No such job"},
     409: {"description": "The job's rollout has ended"},
     503: {"description": "The job's rollout is not serving yet (Retry-After), or its worker cannot be reached"},
@@ -89,23 +95,23 @@ async def get(job_id: str, path: str, request: Request) -> Response:
 
 
 async def forward(job_id: str, path: str, request: Request) -> Response:
-    """Check the key and the job's state, then forward the call to the worker serving the job.
+    """Check the credential and the job's state, then forward the call to the worker serving the job.
 
-    A route this process remembers (api/agent_routes.py) skips the Redis lookup; any doubt about it
+    A route this process remembers (api/external_agent_routes.py) skips the Redis lookup; any doubt about it
     (the worker gone, not naming the job, or saying the rollout ended) drops it and looks again."""
     anthropic = path.rstrip("/") == "v1/messages"
-    key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    key = presented_credential(request.headers.get("authorization"), request.headers.get("x-api-key"))
     if key is None:
         return _refusal(
             401,
-            "the job's key is required: Authorization: Bearer <agent.api_key> (or x-api-key)",
+            "the job's credential is required: Authorization: Bearer <agent.api_key> (or x-api-key)",
             "authentication_error",
             anthropic=anthropic,
         )
     state = request.app.state
     secret = getattr(state, "agent_secret", None) or await run_in_threadpool(secret_of, request)
-    if not key_opens(secret, job_id, key):
-        return _refusal(403, "this key does not open this job", "permission_error", anthropic=anthropic)
+    if not credential_opens(secret, job_id, key):
+        return _refusal(403, "this credential does not open this job", "permission_error", anthropic=anthropic)
     call = _Call(request, path, job_id, await request.body())
     routes = _routes(request)
     cached = routes.get(job_id)
@@ -126,7 +132,7 @@ async def forward(job_id: str, path: str, request: Request) -> Response:
         return _refusal(404, f"no job with id {job_id!r}", "not_found_error", anthropic=anthropic)
     if found.status not in _NOT_STARTED:
         return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict", anthropic=anthropic)
-    if found.proxy_url is None:
+    if found.endpoint_url is None:
         return _refusal(
             503,
             f"this job's rollout is not serving yet (status {found.status}); retry shortly",
@@ -134,7 +140,7 @@ async def forward(job_id: str, path: str, request: Request) -> Response:
             retry_after=1,
             anthropic=anthropic,
         )
-    answer = await _send(call, found.proxy_url)
+    answer = await _send(call, found.endpoint_url)
     if not isinstance(answer, aiohttp.ClientResponse):
         return await _unreachable(request, job_id, answer, anthropic)
     if not _names_job(answer, job_id):  # the address is held by a server that is not this job's endpoint
@@ -147,7 +153,7 @@ async def forward(job_id: str, path: str, request: Request) -> Response:
             anthropic=anthropic,
         )
     if answer.status != 409:
-        routes.put(job_id, found.proxy_url, epoch)
+        routes.put(job_id, found.endpoint_url, epoch)
     return await _relay(answer)
 
 
@@ -170,7 +176,7 @@ async def _lookup(request: Request, job_id: str) -> _Lookup:
     state = request.app.state
     async with _redis(request).pipeline(transaction=False) as pipe:
         pipe.hget(state.keys.job(job_id), "status")
-        pipe.get(state.keys.agent_proxy(job_id))
+        pipe.get(state.keys.external_agent_endpoint(job_id))
         status, url = await pipe.execute()
     return _Lookup(_text(status), _text(url))
 
@@ -186,9 +192,9 @@ def _redis(request: Request) -> AsyncRedis:
 def _routes(request: Request) -> RouteCache:
     """This process's route cache, subscribed to the jobs' events on first use."""
     state = request.app.state
-    routes: RouteCache | None = getattr(state, "agent_routes", None)
+    routes: RouteCache | None = getattr(state, "external_agent_routes", None)
     if routes is None:
-        routes = state.agent_routes = RouteCache(_redis(request), state.keys.job_events)
+        routes = state.external_agent_routes = RouteCache(_redis(request), state.keys.job_events)
         routes.start()
     return routes
 

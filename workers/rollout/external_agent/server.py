@@ -1,8 +1,8 @@
-"""The HTTP face of one job's ProxySession, served by its rollout worker on a port of its own.
+"""The HTTP face of one job's ExternalAgentSession, served by its rollout worker on a port of its own.
 
-The API forwards the agent's calls here (api/routes/agent.py) after checking the job's key; the
+The API forwards the agent's calls here (api/routes/external_agent.py) after checking the job's credential; the
 key is checked here again, since this port is reachable on the worker's network too. Routes stay
-thin: parse, call the session, answer; a ProxyError becomes the called format's error body
+thin: parse, call the session, answer; a ExternalAgentError becomes the called format's error body
 (OpenAI's, or Anthropic's on /v1/messages) with its status. The Responses and Messages routes
 translate to the session's one chat call (responses_api.py, anthropic_api.py): one record, one rule.
 """
@@ -22,9 +22,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.agent_keys import JOB_HEADER, key_opens, presented_key
-from workers.rollout.proxy import anthropic_api, responses_api, wire
-from workers.rollout.proxy.session import ProxySession
+from shared.external_agent_credentials import JOB_HEADER, credential_opens, presented_credential
+from workers.rollout.external_agent import anthropic_api, responses_api, wire
+from workers.rollout.external_agent.session import ExternalAgentSession
 
 
 class FinishRequest(BaseModel):
@@ -33,32 +33,34 @@ class FinishRequest(BaseModel):
     answer: str | None = None
 
 
-def build_app(session: ProxySession, job_id: str, secret: bytes, task: Callable[[], dict[str, Any]]) -> FastAPI:
+def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: Callable[[], dict[str, Any]]) -> FastAPI:
     """The app of one job: chat/completions, completions, models, the task, tools, finish."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     app.add_middleware(NamesJob, job_id=job_id)
 
     async def authorized(request: Request) -> None:
-        key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
+        key = presented_credential(request.headers.get("authorization"), request.headers.get("x-api-key"))
         if key is None:
-            raise wire.ProxyError(
+            raise wire.ExternalAgentError(
                 401,
-                "this job's key is required: Authorization: Bearer <agent.api_key> (or x-api-key: <agent.api_key>)",
+                "this job's credential is required: Authorization: Bearer <agent.api_key> (or x-api-key: <agent.api_key>)",
                 None,
                 "authentication_error",
             )
-        if not key_opens(secret, job_id, key):
-            raise wire.ProxyError(403, "this key does not open this job", None, "permission_error")
+        if not credential_opens(secret, job_id, key):
+            raise wire.ExternalAgentError(403, "this credential does not open this job", None, "permission_error")
 
-    @app.exception_handler(wire.ProxyError)
-    async def _refused(request: Request, exc: wire.ProxyError) -> JSONResponse:
+    @app.exception_handler(wire.ExternalAgentError)
+    async def _refused(request: Request, exc: wire.ExternalAgentError) -> JSONResponse:
         return _error(request, exc)
 
     @app.exception_handler(Exception)
     async def _failed(request: Request, exc: Exception) -> JSONResponse:  # an infrastructure failure, said so
         failed = _error(
             request,
-            wire.ProxyError(502, f"the service failed this call: {type(exc).__name__}: {exc}", None, "server_error"),
+            wire.ExternalAgentError(
+                502, f"the service failed this call: {type(exc).__name__}: {exc}", None, "server_error"
+            ),
         )
         failed.headers[JOB_HEADER] = job_id  # answered outside NamesJob (Starlette's outermost error middleware)
         return failed
@@ -120,7 +122,7 @@ def build_app(session: ProxySession, job_id: str, secret: bytes, task: Callable[
 
 class NamesJob:
     """Names the job in every answer (`x-rollouts-job`): the API relays only answers from the job's own
-    endpoint, so a remembered address now held by another server fails safe (api/agent_routes.py)."""
+    endpoint, so a remembered address now held by another server fails safe (api/external_agent_routes.py)."""
 
     def __init__(self, app: ASGIApp, job_id: str) -> None:
         self.app = app
@@ -135,7 +137,7 @@ class NamesJob:
         await self.app(scope, receive, named if scope["type"] == "http" else send)
 
 
-def _error(request: Request, error: wire.ProxyError) -> JSONResponse:
+def _error(request: Request, error: wire.ExternalAgentError) -> JSONResponse:
     """The refusal in the called format's own error body: Anthropic's on /v1/messages, OpenAI's elsewhere."""
     anthropic = request.url.path.rstrip("/").endswith("/v1/messages")
     return JSONResponse(anthropic_api.error_body(error) if anthropic else error.body(), status_code=error.status)
@@ -146,7 +148,7 @@ def _parse(model: type[BaseModel], body: bytes) -> Any:
         return model.model_validate_json(body)
     except ValidationError as exc:  # name the first field it refused (invalid JSON: no field)
         first = exc.errors()[0]
-        raise wire.ProxyError(400, f"{first['msg']}", ".".join(str(p) for p in first["loc"]) or None) from None
+        raise wire.ExternalAgentError(400, f"{first['msg']}", ".".join(str(p) for p in first["loc"]) or None) from None
 
 
 def _sse(lines: list[str]) -> StreamingResponse:
@@ -170,7 +172,7 @@ class ThreadServer:
         config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, access_log=False)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True, name=f"agent-proxy-{self.port}"
+            target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True, name=f"external-agent-{self.port}"
         )
 
     def start(self, timeout_s: float = 30.0) -> ThreadServer:

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.rollout.proxy import wire
+from workers.rollout.external_agent import wire
 
 _KEPT_RESPONSES = 256  # previous_response_id reaches this many of the job's latest responses
 
@@ -48,7 +48,9 @@ class ResponseHistory:
 
     def conversation(self, response_id: str) -> list[dict[str, Any]]:
         if response_id not in self._kept:
-            raise wire.ProxyError(400, f"Previous response with id '{response_id}' not found.", "previous_response_id")
+            raise wire.ExternalAgentError(
+                400, f"Previous response with id '{response_id}' not found.", "previous_response_id"
+            )
         return list(self._kept[response_id])
 
     def keep(self, response_id: str, conversation: list[dict[str, Any]]) -> None:
@@ -62,7 +64,7 @@ def chat_request(request: ResponsesRequest, earlier: list[dict[str, Any]]) -> tu
     system = [{"role": "system", "content": request.instructions}] if request.instructions else []
     messages = [*system, *earlier, *input_messages(request.input)]
     if not messages:
-        raise wire.ProxyError(400, "input has no items", "input")
+        raise wire.ExternalAgentError(400, "input has no items", "input")
     call = wire.ChatRequest(
         model=request.model, messages=messages, tools=chat_tools(request.tools), max_tokens=request.max_output_tokens
     )
@@ -80,7 +82,9 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
-                raise wire.ProxyError(400, "role must be one of user, assistant, system, developer", f"{where}.role")
+                raise wire.ExternalAgentError(
+                    400, "role must be one of user, assistant, system, developer", f"{where}.role"
+                )
             messages.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
         elif kind == "function_call":
             call = _function_call(item, where)
@@ -90,12 +94,12 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
-                raise wire.ProxyError(400, "a function_call_output names its call_id", f"{where}.call_id")
+                raise wire.ExternalAgentError(400, "a function_call_output names its call_id", f"{where}.call_id")
             output = item.get("output")
             text = output if isinstance(output, str) else _text(output, f"{where}.output")
             messages.append({"role": "tool", "content": text, "tool_call_id": item["call_id"]})
         else:
-            raise wire.ProxyError(
+            raise wire.ExternalAgentError(
                 400,
                 f"input items of type {kind!r} are not supported here; supported: message, "
                 "function_call, function_call_output",
@@ -107,7 +111,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _function_call(item: dict[str, Any], where: str) -> dict[str, Any]:
     for name in ("call_id", "name", "arguments"):
         if not isinstance(item.get(name), str):
-            raise wire.ProxyError(400, f"a function_call has a string {name}", f"{where}.{name}")
+            raise wire.ExternalAgentError(400, f"a function_call has a string {name}", f"{where}.{name}")
     function = {"name": item["name"], "arguments": item["arguments"]}
     return {"id": item["call_id"], "type": "function", "function": function}
 
@@ -117,7 +121,7 @@ def _text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise wire.ProxyError(400, "content is a string or a list of text parts", where)
+        raise wire.ExternalAgentError(400, "content is a string or a list of text parts", where)
     parts = []
     for i, part in enumerate(content):
         if (
@@ -125,7 +129,7 @@ def _text(content: Any, where: str) -> str:
             or part.get("type") not in ("input_text", "output_text", "text")
             or not isinstance(part.get("text"), str)
         ):
-            raise wire.ProxyError(
+            raise wire.ExternalAgentError(
                 400, "only text content parts (input_text, output_text) are supported", f"{where}[{i}]"
             )
         parts.append(part["text"])
@@ -139,9 +143,9 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     out = []
     for i, tool in enumerate(tools):
         if tool.get("type") != "function":
-            raise wire.ProxyError(400, "only function tools are supported", f"tools[{i}].type")
+            raise wire.ExternalAgentError(400, "only function tools are supported", f"tools[{i}].type")
         if not isinstance(tool.get("name"), str):
-            raise wire.ProxyError(400, "a function tool has a name", f"tools[{i}].name")
+            raise wire.ExternalAgentError(400, "a function tool has a name", f"tools[{i}].name")
         function = {
             "name": tool["name"],
             "description": tool.get("description") or "",
