@@ -16,7 +16,7 @@ from cli.tracking import follow, read_jobs, submit_all, summary_table, write_res
 from shared.config import STAGES, get_settings
 from shared.logs import setup_logging
 from shared.redis_conn import redact_url
-from shared.tasks import get_spec, load_task_modules
+from shared.tasks import UnknownKind, get_spec, load_task_modules
 
 
 def stop_on_sigterm() -> None:
@@ -215,7 +215,7 @@ def _needs_llm(jobs: list[dict], task_modules: list[str]) -> bool:
         try:
             if get_spec(str(kind)).uses_llm:
                 return True
-        except KeyError:
+        except UnknownKind:
             continue  # the API rejects unknown kinds with a clear message
     return False
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rollouts_client.models import Group
+from rollouts_client.models import Group, JobStatus
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -137,7 +137,7 @@ def groups_to_tensors(
         if used_only and not group.used:
             continue
         for sample in group.samples:
-            if sample.status != "done":
+            if sample.status != JobStatus.DONE:
                 continue
             if sample.trajectory is None:
                 raise ValueError(f"group {group.group_id}: fetch groups with results=True to get trajectories")
