@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared.external_agent_credentials import deployment_secret
-from shared.tasks.context import StageContext, StageInterrupted
+from shared.tasks.context import InterruptReason, StageContext, StageInterrupted
 from workers.rollout.agent_loop import FINISH_TOOL
 from workers.rollout.agent_task import (
     AgentKind,
@@ -45,7 +45,7 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
     endpoint_key = st.store.keys.external_agent_endpoint(ctx.job_id)
 
     def release_pin() -> None:
-        if ctx.interrupted != "superseded":
+        if ctx.interrupted != InterruptReason.SUPERSEDED:
             llm.pool.release(ctx.job_id)
 
     try:
