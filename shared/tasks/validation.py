@@ -1,6 +1,6 @@
 """The one check a job passes before anything is stored: its schema, its kind, the kind's own checks.
 
-The jobs API and a batch's prompt pool both call `validate_job`, so a job is refused for the same
+The jobs API and a batch's prompts both call `validate_job`, so a job is refused for the same
 reasons, at the same locations and in the same words, wherever it comes from.
 """
 

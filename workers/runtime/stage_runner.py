@@ -8,7 +8,7 @@ defines and passes in from its rq entry point.
 It never lets an exception escape: a task's error becomes a `failed` record with the traceback, an
 interruption becomes `cancelled`, `timed_out` or a hand-back to the same queue. rq's own retry is
 left for the one case the runner cannot see: its process dying mid-job. Each path returns an
-Outcome; one that ended the job carries `Ended`, and `run_stage` hands that to the terminal hook
+Outcome; one that ended the job carries `Ended`, and `run_stage` hands that to the job end
 (workers/runtime/job_end.py) in one place.
 """
 
