@@ -37,17 +37,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             streams = getattr(app.state, "batches_async_redis", None)  # made on first long-poll/SSE
             if streams is not None:
                 await streams.aclose()
-            external_agent_routes = getattr(
-                app.state, "external_agent_routes", None
-            )  # made on an external agent's first call
-            if external_agent_routes is not None:
-                await external_agent_routes.stop()
+            events = getattr(app.state, "job_events", None)  # made on first use: an agent's call, a long poll
+            if events is not None:
+                await events.stop()
             agent_http = getattr(app.state, "agent_http", None)  # made on an external agent's first call
             if agent_http is not None:
                 await agent_http.close()
-            agent_redis = getattr(app.state, "agent_redis", None)  # likewise
-            if agent_redis is not None:
-                await agent_redis.aclose()
+            fail_fast = getattr(app.state, "fail_fast_async_redis", None)  # likewise
+            if fail_fast is not None:
+                await fail_fast.aclose()
 
     # The /docs and /redoc pages load their scripts from the API itself (fastapi-offline ships them):
     # clusters and laptops without internet still get readable docs.

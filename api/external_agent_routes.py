@@ -3,7 +3,7 @@
 An entry (job id -> the worker's endpoint URL) is only ever a hint that fails safe:
 
 - it is filled from a Redis lookup that found the job serving, and only while this process is
-  subscribed to the jobs' events channel; a lookup that raced an event is not kept (`epoch`);
+  subscribed to the jobs' events (api/job_events.py); a lookup that raced an event is not kept (`epoch`);
 - the job's events drop it: a cancel (published by `JobStore.cancel`) and a rollout that starts
   serving the job, e.g. on another worker after a restart (published by the rollout stage);
 - while the subscription is down nothing is cached and every call looks the job up as before;
@@ -16,31 +16,19 @@ The credential is always checked by the API before a cached route is used, and b
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import time
 
-from redis.asyncio import Redis as AsyncRedis
-from redis.exceptions import RedisError
-
-log = logging.getLogger(__name__)
-
 MAX_AGE_S = 5.0
-RESUBSCRIBE_S = 1.0
 
 
 class RouteCache:
-    """job id -> worker URL, valid while the events subscription is live."""
+    """job id -> worker URL, valid while the events subscription (api/job_events.py) is live."""
 
-    def __init__(self, redis: AsyncRedis, channel: str, max_age_s: float = MAX_AGE_S) -> None:
-        self._redis = redis
-        self._channel = channel
+    def __init__(self, max_age_s: float = MAX_AGE_S) -> None:
         self._max_age_s = max_age_s
         self._routes: dict[str, tuple[str, float]] = {}
         self._live = False
         self._epoch = 0  # bumped by every event and by losing the subscription
-        self._task: asyncio.Task[None] | None = None
 
     @property
     def live(self) -> bool:
@@ -67,46 +55,13 @@ class RouteCache:
     def drop(self, job_id: str) -> None:
         self._routes.pop(job_id, None)
 
-    def start(self) -> None:
-        """Subscribe in the background (on the running loop); until subscribed nothing is cached."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._listen())
-
-    async def stop(self) -> None:
-        self._disable()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
-
-    def _disable(self) -> None:
-        self._live = False
+    def on_event(self, job_id: str, word: str) -> None:
         self._epoch += 1
-        self._routes.clear()
+        self.drop(job_id)
 
-    def _on_event(self, data: bytes | str) -> None:
-        text = data.decode() if isinstance(data, bytes) else data
-        self._epoch += 1
-        self.drop(text.partition(" ")[0])
-
-    async def _listen(self) -> None:
-        while True:
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self._channel)
-                self._live = True
-                while True:
-                    message = await pubsub.get_message(timeout=0.2)
-                    if message is not None and message.get("type") == "message":
-                        self._on_event(message["data"])
-                    elif pubsub.connection is None:  # the connection went away without an error
-                        raise ConnectionError("events subscription closed")
-            except (RedisError, OSError) as exc:  # Redis away: serve from Redis lookups until subscribed again
-                log.warning("agent route cache off, the events subscription failed (%s); retrying", exc)
-                self._disable()
-                await asyncio.sleep(RESUBSCRIBE_S)
-            finally:  # anything else ends the task: nothing is remembered again, every call asks Redis
-                self._disable()
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+    def on_live(self, live: bool) -> None:
+        """Subscribed: routes may be remembered from now on. Not: forget them all, every call asks Redis."""
+        self._live = live
+        if not live:
+            self._epoch += 1
+            self._routes.clear()

@@ -53,6 +53,12 @@ class Keys:
         return f"{self.prefix}:events"
 
     @property
+    def job_ends(self) -> str:
+        """Pub/sub: "<job id> <status>" when a job ends done, failed or timed out (the API's long polls listen;
+        workers do not subscribe, so a job's end wakes no worker; cancels go on `job_events`)."""
+        return f"{self.prefix}:events:ends"
+
+    @property
     def maintenance_lock(self) -> str:
         """String: held by the one process trimming indexes right now."""
         return f"{self.prefix}:lock:maintenance"

@@ -21,11 +21,11 @@ from typing import Any
 import aiohttp
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from redis.asyncio import Redis as AsyncRedis
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from api.external_agent_routes import RouteCache
+from api.job_events import fail_fast_redis, job_events
 from shared.external_agent_credentials import (
     JOB_HEADER,
     credential_opens,
@@ -36,7 +36,6 @@ from shared.external_agent_credentials import (
 from shared.external_agent_errors import anthropic_error, openai_error
 from shared.jobs.status import JobStatus
 from shared.jobs.store import JobStore
-from shared.redis_conn import connect_for_requests_async
 
 router = APIRouter(prefix="/v1/jobs/{job_id}/agent", tags=["agent"])
 
@@ -174,19 +173,11 @@ async def _unreachable(request: Request, job_id: str, error: Exception, anthropi
 async def _lookup(request: Request, job_id: str) -> _Lookup:
     """The job's status and where it is served: one Redis round trip, on the loop."""
     state = request.app.state
-    async with _redis(request).pipeline(transaction=False) as pipe:
+    async with fail_fast_redis(request).pipeline(transaction=False) as pipe:
         pipe.hget(state.keys.job(job_id), "status")
         pipe.get(state.keys.external_agent_endpoint(job_id))
         status, url = await pipe.execute()
     return _Lookup(_text(status), _text(url))
-
-
-def _redis(request: Request) -> AsyncRedis:
-    state = request.app.state
-    if getattr(state, "agent_redis", None) is None:
-        state.agent_redis = connect_for_requests_async(state.settings)
-    redis: AsyncRedis = state.agent_redis
-    return redis
 
 
 def _routes(request: Request) -> RouteCache:
@@ -194,8 +185,8 @@ def _routes(request: Request) -> RouteCache:
     state = request.app.state
     routes: RouteCache | None = getattr(state, "external_agent_routes", None)
     if routes is None:
-        routes = state.external_agent_routes = RouteCache(_redis(request), state.keys.job_events)
-        routes.start()
+        routes = state.external_agent_routes = RouteCache()
+        job_events(request).add(routes)
     return routes
 
 

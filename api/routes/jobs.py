@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
@@ -11,6 +12,8 @@ from starlette.concurrency import run_in_threadpool
 from api.admission import require_room
 from api.deps import require_admin, require_auth, submitter_access
 from api.errors import Refusal, validation_response
+from api.job_end_waits import JobEndWaits
+from api.job_events import job_events
 from api.json_body import load_json_body
 from api.negotiation import respond
 from api.routes import external_agent
@@ -203,12 +206,22 @@ _SUMMARY_FIELDS = (
 )
 
 
+MAX_WAIT_S = 60.0
+
+
 @router.get("", response_model=JobList, summary="List jobs, newest first, by status or GRPO group")
-def list_jobs(
+async def list_jobs(
     request: Request,
     status_filter: str | None = Query(default=None, alias="status", description="One of the job statuses."),
     group_id: str | None = Query(default=None, max_length=128),
     ids: str | None = Query(default=None, description="Comma-separated job ids: fetch exactly these (for polling)."),
+    wait_s: float = Query(
+        default=0.0,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="With `ids`: answer once any of them has ended, or after this many seconds (a long poll: "
+        "a job's end is pushed to the waiting request, no polling needed).",
+    ),
     limit: int = Query(default=100, ge=1),
     offset: int = Query(default=0, ge=0, le=MAX_OFFSET, description="Jobs to skip (at most 10**9)."),
     cursor: str | None = Query(
@@ -225,21 +238,65 @@ def list_jobs(
     page_max = request.app.state.settings.list_page_max
     if limit > page_max:
         raise ValidationError(f"at most {page_max}", ("query", "limit"))
+    if wait_s and ids is None:
+        raise ValidationError("a long poll waits for given jobs: give ids too", ("query", "wait_s"))
     if ids is not None:
         wanted = [i for i in ids.split(",") if i]
         if len(wanted) > page_max:
             raise ValidationError(f"at most {page_max} per request", ("query", "ids"))
-        job_ids, next_cursor = wanted, None
-    else:
-        if cursor is not None and offset:
-            raise ValidationError("give cursor or offset, not both", ("query", "offset"))
-        job_ids, next_cursor = store.list_page(status_filter, group_id, limit, offset=offset, after=cursor)
+        jobs = await _summaries_once_one_ends(request, store, wanted, wait_s)
+        return respond(request, {"jobs": jobs, "limit": limit, "offset": offset, "next_cursor": None})
+    if cursor is not None and offset:
+        raise ValidationError("give cursor or offset, not both", ("query", "offset"))
+    job_ids, next_cursor = await run_in_threadpool(
+        store.list_page, status_filter, group_id, limit, offset=offset, after=cursor
+    )
+    jobs = await run_in_threadpool(_summaries, store, job_ids)
+    return respond(request, {"jobs": jobs, "limit": limit, "offset": offset, "next_cursor": next_cursor})
+
+
+async def _summaries_once_one_ends(
+    request: Request, store: JobStore, job_ids: list[str], wait_s: float
+) -> list[dict[str, Any]]:
+    """The jobs' summaries, at once if any has ended (or gone) or no wait was asked, else once one ends or
+    `wait_s` has passed. Registered before the first read, so an end between read and wait still wakes it."""
+    jobs = await run_in_threadpool(_summaries, store, job_ids)
+    if not wait_s or _any_ended(jobs, job_ids):
+        return jobs
+    deadline = time.monotonic() + wait_s
+    waits = _job_end_waits(request)
+    with waits.watching(job_ids) as ended:
+        while (left := deadline - time.monotonic()) > 0:
+            jobs = await run_in_threadpool(_summaries, store, job_ids)
+            if _any_ended(jobs, job_ids):
+                break
+            ended.clear()
+            await waits.wait(ended, left)
+    return await run_in_threadpool(_summaries, store, job_ids) if left <= 0 else jobs
+
+
+def _any_ended(jobs: list[dict[str, Any]], job_ids: list[str]) -> bool:
+    """Some job has ended, or is gone (expired, or never there): a waiting client must hear of it now."""
+    return len(jobs) < len(job_ids) or any(job["status"] in TERMINAL for job in jobs)
+
+
+def _job_end_waits(request: Request) -> JobEndWaits:
+    """This process's long polls, listening to the jobs' events (subscribed on first use)."""
+    state = request.app.state
+    waits: JobEndWaits | None = getattr(state, "job_end_waits", None)
+    if waits is None:
+        waits = state.job_end_waits = JobEndWaits()
+        job_events(request).add(waits)
+    return waits
+
+
+def _summaries(store: JobStore, job_ids: list[str]) -> list[dict[str, Any]]:
+    """One pipelined read; a job that is gone (never there, or expired) is left out."""
     with store.redis.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
             pipe.hmget(store.keys.job(job_id), _SUMMARY_FIELDS)
         rows = pipe.execute()
-    jobs = [_summary(row) for row in rows if row[0] is not None]
-    return respond(request, {"jobs": jobs, "limit": limit, "offset": offset, "next_cursor": next_cursor})
+    return [_summary(row) for row in rows if row[0] is not None]
 
 
 def _summary_waiting(values: dict[str, bytes | None], status: str) -> bool:

@@ -390,9 +390,7 @@ class JobStore:
             new_status,
             repr(now),
             self.settings.job_ttl_s if new_status in TERMINAL else 0,
-            # Only cancels are published: running workers must hear of them at once, and no
-            # one listens for the rest (a PUBLISH wakes every worker process).
-            self.keys.job_events if new_status == JobStatus.CANCELLED else "",
+            self._channel_for(new_status),
             guard[0] if guard else "",
             str(guard[1]) if guard else "",
         ]
@@ -401,6 +399,13 @@ class JobStore:
         if new_status in TERMINAL:
             args.extend(("finished_at", repr(now)))
         return args
+
+    def _channel_for(self, new_status: str) -> str:
+        """Where a move is published: cancels where running workers hear them at once; the other ends where
+        only the API's long polls listen (a PUBLISH on the workers' channel wakes every worker process)."""
+        if new_status == JobStatus.CANCELLED:
+            return self.keys.job_events
+        return self.keys.job_ends if new_status in TERMINAL else ""
 
     def set_fields(self, job_id: str, fields: dict[str, Any]) -> None:
         """Set fields of a live record without touching its status (timings, partial output)."""
