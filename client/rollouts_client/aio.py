@@ -62,6 +62,7 @@ class AsyncRolloutClient(ApiMethods, Awaiting):
         await self.close()
 
     async def close(self) -> None:
+        """Close the connections (an `async with` block does it on leaving)."""
         await self.http.aclose()
 
     @classmethod

@@ -64,6 +64,7 @@ class RolloutClient(ApiMethods, Blocking):
         self.close()
 
     def close(self) -> None:
+        """Close the connections (a `with` block does it on leaving)."""
         self.http.close()
 
     @classmethod

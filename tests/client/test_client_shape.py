@@ -27,6 +27,7 @@ def without_return(method: Callable[..., Any]) -> inspect.Signature:
 
 def test_both_clients_have_the_same_public_methods_and_each_is_defined_once() -> None:
     assert public(RolloutClient) == public(AsyncRolloutClient) == set(DEFINED)
+    assert inspect.iscoroutinefunction(AsyncRolloutClient.close) and RolloutClient.close.__doc__
 
 
 @pytest.mark.parametrize("name", sorted(DEFINED))
