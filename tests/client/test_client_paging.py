@@ -108,3 +108,91 @@ def test_iter_events_gives_up_with_the_api_error_when_503s_persist() -> None:
         pytest.raises(ApiError),
     ):
         list(client.iter_events("b"))
+
+
+class Dropping(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A body that sends its events, then fails as a cut connection does (or ends, `drop=False`);
+    records whether the client closed it."""
+
+    def __init__(self, body: bytes, drop: bool = True) -> None:
+        self.body, self.drop, self.closed = body, drop, False
+
+    def __iter__(self):
+        yield self.body
+        if self.drop:
+            raise httpx.ReadError("connection reset")
+
+    async def __aiter__(self):
+        yield self.body
+        if self.drop:
+            raise httpx.ReadError("connection reset")
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def dropping_script() -> tuple[list[Dropping], Callable[[httpx.Request], httpx.Response]]:
+    bodies = [
+        Dropping(sse(("group", "1-0", group(0)))),
+        Dropping(sse(("group", "2-0", group(1)), ("end", "3-0", {"status": "completed"})), drop=False),
+    ]
+    script = list(bodies)
+    last_ids: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        last_ids.append(request.headers["Last-Event-ID"])
+        return httpx.Response(200, stream=script.pop(0))
+
+    handle.last_ids = last_ids  # type: ignore[attr-defined]
+    return bodies, handle
+
+
+def test_iter_events_resumes_after_a_connection_cut_mid_stream_sync_and_async() -> None:
+    bodies, handle = dropping_script()
+    transport = httpx.MockTransport(handle)
+    with RolloutClient("http://api", msgpack=False, retry=NO_WAIT, transport=transport) as client:
+        assert [g.prompt_index for g in client.iter_events("b")] == [0, 1]
+    assert handle.last_ids == ["0-0", "1-0"] and all(b.closed for b in bodies)  # type: ignore[attr-defined]
+
+    bodies, handle = dropping_script()
+
+    async def run() -> list[int]:
+        transport = httpx.MockTransport(handle)
+        async with AsyncRolloutClient("http://api", msgpack=False, retry=NO_WAIT, transport=transport) as client:
+            return [g.prompt_index async for g in client.iter_events("b")]
+
+    assert asyncio.run(run()) == [0, 1]
+    assert handle.last_ids == ["0-0", "1-0"] and all(b.closed for b in bodies)  # type: ignore[attr-defined]
+
+
+def test_iter_events_gives_up_with_the_transport_error_when_it_cannot_reconnect_sync_and_async() -> None:
+    def handle(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    with (
+        RolloutClient("http://api", msgpack=False, retry=NO_WAIT, transport=httpx.MockTransport(handle)) as client,
+        pytest.raises(httpx.ConnectError),
+    ):
+        list(client.iter_events("b"))
+
+    async def run() -> None:
+        transport = httpx.MockTransport(handle)
+        async with AsyncRolloutClient("http://api", msgpack=False, retry=NO_WAIT, transport=transport) as client:
+            [g async for g in client.iter_events("b")]
+
+    with pytest.raises(httpx.ConnectError):
+        asyncio.run(run())
+
+
+def test_leaving_iter_events_early_closes_its_stream() -> None:
+    body = Dropping(sse(("group", "1-0", group(0)), ("group", "2-0", group(1))), drop=False)
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, stream=body))
+    with RolloutClient("http://api", msgpack=False, transport=transport) as client:
+        events = client.iter_events("b")
+        assert next(events).prompt_index == 0
+        assert not body.closed
+        events.close()  # what a `break` out of the loop does
+    assert body.closed
