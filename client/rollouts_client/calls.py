@@ -45,6 +45,7 @@ from rollouts_client.wire import (
 )
 
 LIST_CHUNK = 500  # job ids per GET /v1/jobs?ids=... (job_summaries)
+MAX_WAIT_S = 60.0  # the longest long poll the service takes (GET /v1/jobs?ids=...&wait_s=)
 LONG_POLL_S = 20.0  # how long one groups() request waits for a group
 STREAM_READ_S = 60.0  # the longest quiet on an event stream before it counts as dropped
 
@@ -87,13 +88,22 @@ def get_job(client: Session, job_id: str) -> Call[Job]:
     return Job.from_api(decode((yield from request(client, "GET", f"/v1/jobs/{job_id}"))))
 
 
-def job_summaries(client: Session, job_ids: list[str]) -> Call[list[Job]]:
-    """Status and reward of many jobs in few requests (no trajectories)."""
+def job_summaries(client: Session, job_ids: list[str], wait_s: float = 0.0) -> Call[list[Job]]:
+    """Status and reward of many jobs in few requests (no trajectories).
+
+    `wait_s` (ids that fit one request, LIST_CHUNK): a long poll, answered once one of them has ended
+    or after `wait_s` seconds (the service pushes the end; at most MAX_WAIT_S)."""
+    if wait_s and len(job_ids) > LIST_CHUNK:
+        raise ValueError(f"a long poll takes at most {LIST_CHUNK} job ids, not {len(job_ids)}")
     out: list[Job] = []
     for start in range(0, len(job_ids), LIST_CHUNK):
         chunk = job_ids[start : start + LIST_CHUNK]
-        params = {"ids": ",".join(chunk), "limit": len(chunk)}
-        page = decode((yield from request(client, "GET", "/v1/jobs", params=params)))
+        params: dict[str, Any] = {"ids": ",".join(chunk), "limit": len(chunk)}
+        options: dict[str, Any] = {}
+        if wait_s:
+            params["wait_s"] = min(wait_s, MAX_WAIT_S)
+            options["timeout"] = params["wait_s"] + 30  # the answer may take the whole wait
+        page = decode((yield from request(client, "GET", "/v1/jobs", params=params, **options)))
         out.extend(Job.from_api(j) for j in page["jobs"])
     return out
 
@@ -125,16 +135,24 @@ def iter_jobs(
 def wait_jobs(
     client: Session, job_ids: list[str], timeout: float | None = None, poll_s: float = 0.5
 ) -> Call[list[Job]]:
-    """Block until every job is terminal; the full records, in the order given. WaitTimeout past `timeout`."""
+    """Block until every job is terminal; the full records, in the order given. WaitTimeout past `timeout`.
+
+    Up to LIST_CHUNK jobs are waited for with the service's long poll (each end is seen as it happens);
+    more, or a service that answers a long poll at once, are polled every `poll_s`."""
     deadline = None if timeout is None else time.monotonic() + timeout
     pending = list(dict.fromkeys(job_ids))
     while pending:
-        pending = [j.id for j in (yield from job_summaries(client, pending)) if not j.finished]
+        left = MAX_WAIT_S if deadline is None else max(0.0, deadline - time.monotonic())
+        wait_s = min(MAX_WAIT_S / 2, left) if len(pending) <= LIST_CHUNK else 0.0
+        asked = time.monotonic()
+        still = [j.id for j in (yield from job_summaries(client, pending, wait_s)) if not j.finished]
+        ended, pending = len(still) < len(pending), still
         if not pending:
             break
         if deadline is not None and time.monotonic() >= deadline:
             raise WaitTimeout(f"{len(pending)} of {len(job_ids)} jobs still running after {timeout}s")
-        yield Sleep(poll_s)
+        if not ended and time.monotonic() - asked < poll_s:  # no long poll here: poll, don't spin
+            yield Sleep(poll_s)
     return (yield Gather([get_job(client, job_id) for job_id in job_ids]))
 
 

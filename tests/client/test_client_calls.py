@@ -191,3 +191,38 @@ def test_an_upload_sends_the_bytes_as_the_body_and_the_rest_as_the_query_sync_an
             b"\x08more",
         ),
     ]
+
+
+def summary(job_id: str, status: str) -> dict[str, object]:
+    return {"id": job_id, "status": status, "kind": "demo", "created_at": 0.0, "updated_at": 0.0}
+
+
+@pytest.mark.parametrize("make", [RolloutClient, AsyncRolloutClient])
+def test_wait_jobs_long_polls_and_falls_back_to_polling_where_the_service_answers_at_once(
+    make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service that pushes: one request per end. One that ignores `wait_s` (older, or its events
+    down): the client sleeps `poll_s` between requests instead of spinning."""
+    polls: list[tuple[str | None, float | None]] = []
+    slept: list[float] = []
+    statuses = iter(["running", "running", "done"])
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/jobs":
+            polls.append((request.url.params.get("wait_s"), request.extensions["timeout"]["read"]))
+            return httpx.Response(200, json={"jobs": [summary("j1", next(statuses))], "limit": 1, "offset": 0})
+        return httpx.Response(200, json={**summary("j1", "done"), "timings": {}, "attempts": {}})
+
+    monkeypatch.setattr("time.sleep", slept.append)
+
+    async def no_wait(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr("asyncio.sleep", no_wait)
+    client = make("http://api", transport=httpx.MockTransport(answer))
+    waited = client.wait_jobs(["j1"], timeout=100, poll_s=0.25)
+    jobs = asyncio.run(waited) if asyncio.iscoroutine(waited) else waited
+    assert [job.status for job in jobs] == ["done"]
+    assert [float(wait) for wait, _ in polls] == [30.0, 30.0, 30.0]  # long polls, each within the timeout
+    assert all(read > 30 for _, read in polls), "the request's read timeout outlasts its wait"
+    assert slept == [0.25, 0.25], "answered at once with nothing ended: poll_s between, no spinning"

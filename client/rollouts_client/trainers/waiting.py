@@ -1,25 +1,32 @@
 """Submitting jobs and waiting for them, shared by every row a trainer process runs at once.
 
-The service has no per-job push, so one waiter per event loop asks for the summaries of *all* the
-jobs its callers wait on in one request (`GET /v1/jobs?ids=`), at an interval that starts at
-`poll_min_s` and doubles to `poll_max_s` while nothing ends: a trainer with 512 rows in flight
-sends one request per interval, not 512, and none spin. A job that ends resolves its caller's
-future; its full record is then read once.
+One waiter per event loop holds one long poll for *all* the jobs its callers wait on
+(`GET /v1/jobs?ids=...&wait_s=`): the service answers it as soon as one of them ends, so an end is
+seen when it happens and a trainer with 512 rows in flight holds one request, not 512. A row that
+joins cuts the poll short (after `poll_min_s`, so rows joining together are asked for together). A
+service that answers at once with nothing ended (no push: an older service, or its events down) is
+polled every `poll_min_s`, doubling to `poll_max_s`. A job that ends resolves its caller's future;
+its full record is then read once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import time
 import weakref
 from typing import Any, ClassVar
 
 from rollouts_client.aio import AsyncRolloutClient
+from rollouts_client.calls import LIST_CHUNK
 from rollouts_client.errors import ApiError, WaitTimeout
 from rollouts_client.models import Job
 from rollouts_client.trainers.records import FAILED, JobFailed
 from rollouts_client.trainers.rows import RowError
 from rollouts_client.trainers.settings import BridgeSettings
+
+LONG_POLL_S = 20.0  # one long poll's wait; a row that joins cuts it short
 
 # How the API names a field of the n-th job of a list: body[3].task.kind
 _LISTED_FIELD = re.compile(r"^body\[(\d+)\](.*)$")
@@ -33,10 +40,13 @@ class JobWaiter:
         self.poll_min_s, self.poll_max_s = poll_min_s, poll_max_s
         self.pending: dict[str, list[asyncio.Future[Job]]] = {}
         self.task: asyncio.Task[None] | None = None
+        self.joined = asyncio.Event()  # a job id the running poll does not ask for
 
     async def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """The job's full record once it is terminal; WaitTimeout past `timeout` (the job goes on)."""
         future: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
+        if job_id not in self.pending:
+            self.joined.set()
         self.pending.setdefault(job_id, []).append(future)
         if self.task is None or self.task.done():
             self.task = asyncio.create_task(self._poll())
@@ -54,12 +64,18 @@ class JobWaiter:
     async def _poll(self) -> None:
         interval = self.poll_min_s
         while self.pending:
+            ids = list(self.pending)
+            self.joined.clear()
+            asked = time.monotonic()
             try:
-                summaries = await self.client.job_summaries(list(self.pending))
+                summaries = await self._summaries_unless_joined(ids)
             except Exception as exc:  # noqa: BLE001 - the client retried with backoff: every waiter gets the error
                 for job_id in list(self.pending):
                     self._settle(job_id, error=exc)
                 return
+            if summaries is None:  # a row joined: ask again for all, with the rows that join with it
+                await asyncio.sleep(self.poll_min_s)
+                continue
             listed = {s.id: s for s in summaries}
             # ended, or not listed (yet: it joined after the request went out): the full record says which
             candidates = [j for j in self.pending if j not in listed or listed[j].finished]
@@ -72,8 +88,23 @@ class JobWaiter:
                     ended += 1
                     self._settle(job_id, job=job)
             interval = self.poll_min_s if ended else min(interval * 2, self.poll_max_s)
-            if self.pending:
+            if self.pending and not ended and time.monotonic() - asked < interval:  # answered at once: no push
                 await asyncio.sleep(interval)
+
+    async def _summaries_unless_joined(self, ids: list[str]) -> list[Job] | None:
+        """The long poll's answer, or None when a job joined first (the poll is then cancelled)."""
+        wait_s = LONG_POLL_S if len(ids) <= LIST_CHUNK else 0.0
+        poll = asyncio.ensure_future(self.client.job_summaries(ids, wait_s))
+        joined = asyncio.ensure_future(self.joined.wait())
+        try:
+            await asyncio.wait({poll, joined}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (poll, joined):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+        return poll.result() if poll.done() and not poll.cancelled() else None
 
     def _settle(self, job_id: str, job: Job | None = None, error: BaseException | None = None) -> None:
         for future in self.pending.pop(job_id, []):
