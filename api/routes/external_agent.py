@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.external_agent_routes import RouteCache
 from shared.external_agent_credentials import (
+    CONVERSATION_HEADER,
     JOB_HEADER,
     credential_opens,
     deployment_secret,
@@ -41,7 +42,7 @@ from shared.redis_conn import connect_for_requests_async
 router = APIRouter(prefix="/v1/jobs/{job_id}/agent", tags=["agent"])
 
 _NOT_STARTED = (JobStatus.QUEUED, JobStatus.INIT, JobStatus.ROLLOUT)
-_FORWARDED_HEADERS = ("authorization", "x-api-key", "content-type", "accept")
+_FORWARDED_HEADERS = ("authorization", "x-api-key", "content-type", "accept", CONVERSATION_HEADER)
 # The call never left: safe to send again elsewhere. Anything else may have reached the worker.
 _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
