@@ -157,6 +157,7 @@ def test_a_call_beyond_the_conversation_limit_is_refused_and_leaves_the_record_a
     record = endpoint.session.record()
     assert [Trajectory.from_dict(s).conversation for s in record.segments] == ["c0", "c1"]
     assert record.conversation == "c1" and len(endpoint.served) == 4
+    assert all(s["segments"] == [] for s in record.to_dict()["segments"]), "the record read mid-run left nothing"
 
 
 def test_a_malformed_conversation_id_is_refused_naming_the_header(endpoint: Endpoint) -> None:

@@ -185,14 +185,19 @@ class ExternalAgentSession:
                 self._close(reason, detail)
 
     def record(self) -> Trajectory:
-        """The final record: the last call's segment, with every other one in `segments` (in opening order)."""
+        """The final record: the last call's segment, with every other one in `segments` (in opening order).
+        A copy of the segment's record, so one asked for mid-run leaves nothing behind in a segment that is
+        not the last one later."""
         with self._lock:
-            last = self._last.record if self._last is not None else self._empty_record()
-            last.segments = [s.record.to_dict() for s in self._segments if s is not self._last]
-            last.answer = self.answer
-            last.stop_reason = last.stop_reason or self.closed
-            last.timings = {"llm_s": self._llm_s, "total_s": time.perf_counter() - self._started}
-            last.extra = {**last.extra, "tool_runs": list(self.tool_runs)}
+            top = self._last.record if self._last is not None else self._empty_record()
+            last = replace(
+                top,
+                segments=[s.record.to_dict() for s in self._segments if s is not self._last],
+                answer=self.answer,
+                stop_reason=top.stop_reason or self.closed,
+                timings={"llm_s": self._llm_s, "total_s": time.perf_counter() - self._started},
+                extra={**top.extra, "tool_runs": list(self.tool_runs)},
+            )
             last.validate()
             return last
 
