@@ -400,6 +400,12 @@ class Settings(BaseSettings):
         description="Where a rollout worker serves an external agent's job (the API forwards there): an address the "
         "API's node reaches.",
     )
+    external_agent_max_conversations: int = Field(
+        default=32,
+        gt=0,
+        description="Conversations one external agent's job may hold (sub-agents, parallel agents, rewritten "
+        "histories); a call that would start one more is refused (409).",
+    )
 
     # --- Logging -----------------------------------------------------------
     log_level: str = "INFO"

@@ -86,6 +86,9 @@ class Turn:
     # observation turns only: the chat messages these tokens render
     messages: list[dict[str, Any]] = field(default_factory=list)
     duration_s: float | None = None  # tool time (observation turns)
+    # external agents' assistant turns: the call's index among all the job's recorded calls (every
+    # conversation), so the order of calls across conversations survives the split into segments
+    call: int | None = None
 
     @property
     def length(self) -> int:
@@ -138,6 +141,9 @@ class Trajectory:
     # An external agent's earlier segments, oldest first, each a whole record of its own (to_dict());
     # this record is the last one. Empty for the built-in loop.
     segments: list[dict[str, Any]] = field(default_factory=list)
+    # An external agent's conversation this segment belongs to (`c0`, `c1`, ... or the id the agent
+    # named in `x-rollouts-conversation`); None for the built-in loop.
+    conversation: str | None = None
     schema_version: int = SCHEMA_VERSION
 
     # --- building ---------------------------------------------------------------

@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from api.external_agent_routes import RouteCache
 from api.job_events import fail_fast_redis, job_events
 from shared.external_agent_credentials import (
+    CONVERSATION_HEADER,
     JOB_HEADER,
     credential_opens,
     deployment_secret,
@@ -40,7 +41,7 @@ from shared.jobs.store import JobStore
 router = APIRouter(prefix="/v1/jobs/{job_id}/agent", tags=["agent"])
 
 _NOT_STARTED = (JobStatus.QUEUED, JobStatus.INIT, JobStatus.ROLLOUT)
-_FORWARDED_HEADERS = ("authorization", "x-api-key", "content-type", "accept")
+_FORWARDED_HEADERS = ("authorization", "x-api-key", "content-type", "accept", CONVERSATION_HEADER)
 # The call never left: safe to send again elsewhere. Anything else may have reached the worker.
 _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 

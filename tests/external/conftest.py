@@ -67,6 +67,7 @@ def serve(
     sandbox: Sandbox | None,
     job_id: str = JOB,
     sampling: Sampling | None = None,
+    max_conversations: int = 32,
     **config: Any,
 ) -> Iterator[Endpoint]:
     """A session on `backend_url` (every call kept as Served), served over HTTP as the rollout stage serves it."""
@@ -91,6 +92,7 @@ def serve(
         LoopConfig(**{**defaults, **config}),
         sampling or Sampling(max_tokens=32, temperature=1.0, seed=7),
         model,
+        max_conversations=max_conversations,
     )
     task = {"messages": TASK, "tools": TOOLS, "model": model}
     server = ThreadServer(build_app(session, job_id, SECRET, lambda: task), "127.0.0.1").start()

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from redis import Redis
 
 from rollouts_client import Job
-from shared.external_agent_credentials import job_credential
+from shared.external_agent_credentials import CONVERSATION_HEADER, job_credential
 from shared.keys import Keys
 from tests.external.conftest import SECRET, TOOLS, serve
 from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
@@ -142,9 +142,15 @@ def test_a_serving_jobs_calls_are_forwarded_to_its_worker(
             f"{base}/v1/responses", json={"model": SCRIPTED_MODEL, "input": "[script:hi]"}, headers=headers
         )
         assert answer.json()["output"][0]["content"][0]["text"] == "Hello there."
+        named = client.post(
+            f"{base}/v1/chat/completions",
+            json={**body, "stream": False},
+            headers={**headers, CONVERSATION_HEADER: "sub"},
+        )
+        assert named.status_code == 200 and endpoint.session.record().conversation == "sub", "the header reached it"
         assert client.post(f"{base}/finish", headers=headers).status_code == 200
         assert client.post(f"{base}/v1/chat/completions", json=body, headers=headers).status_code == 409
-        assert len(endpoint.served) == 3
+        assert len(endpoint.served) == 4
         redis.hset(keys.job(job_id), "status", "eval")
     assert client.get(f"/v1/jobs/{job_id}/agent/task", headers=headers).status_code == 409
 

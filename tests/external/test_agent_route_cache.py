@@ -223,7 +223,9 @@ def test_an_unexpected_failure_on_the_worker_is_its_502_relayed_once(
         endpoint = remembered_endpoint(stack, client, redis, tokenizer, scripted, job_id)
         calls: list[Any] = []
 
-        def failing_chat(call: Any) -> Any:  # a test double: the session failing in a way it never planned for
+        def failing_chat(
+            call: Any, conversation: str | None = None
+        ) -> Any:  # a test double: the session failing in a way it never planned for
             calls.append(call)
             raise RuntimeError("disk full")
 

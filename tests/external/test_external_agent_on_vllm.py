@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from cli.vllm_server import VLLMServer
-from shared.external_agent_credentials import job_credential
+from shared.external_agent_credentials import CONVERSATION_HEADER, job_credential
 from shared.trajectory import ASSISTANT, Trajectory
 from tests.external.conftest import SECRET, TASK, TOOLS, Endpoint, serve
 from tests.support.trajectory_checks import assert_decodes_to_conversation, assert_exact_against_backend
@@ -43,6 +43,7 @@ def test_calls_that_extend_the_conversation_build_one_token_exact_record(endpoin
     httpx.post(f"{endpoint.url}/finish", json={"answer": "5"}, headers={"Authorization": f"Bearer {endpoint.key}"})
     record = endpoint.session.record()
     assert record.segments == [] and record.stop_reason == "finish" and record.answer == "5"
+    assert record.conversation == "c0" and [t.call for t in record.turns if t.role == ASSISTANT] == [0, 1, 2]
     assert [t.role for t in record.turns] == [
         "prompt",
         "assistant",
@@ -57,15 +58,20 @@ def test_calls_that_extend_the_conversation_build_one_token_exact_record(endpoin
     assert Trajectory.from_dict(record.to_dict()) == record
 
 
-def test_a_call_that_does_not_extend_the_last_starts_a_new_segment(endpoint: Endpoint, tokenizer: Any) -> None:
-    llm = agent(endpoint)
-    first = llm.chat.completions.create(model=SERVED_NAME, messages=TASK, tools=TOOLS)
+def test_a_call_that_does_not_extend_its_named_conversation_starts_a_new_segment(
+    endpoint: Endpoint, tokenizer: Any
+) -> None:
+    llm, named = agent(endpoint), {CONVERSATION_HEADER: "main"}  # a harness that compacts its history names it
+    first = llm.chat.completions.create(model=SERVED_NAME, messages=TASK, tools=TOOLS, extra_headers=named)
     edited = [*TASK, {"role": "assistant", "content": "I edited what the model said."}, NUDGE]
-    llm.chat.completions.create(model=SERVED_NAME, messages=edited, tools=TOOLS)
+    llm.chat.completions.create(model=SERVED_NAME, messages=edited, tools=TOOLS, extra_headers=named)
     record = endpoint.session.record()
     assert len(record.segments) == 1, "the edited history cannot extend the record: a new segment"
     earlier = Trajectory.from_dict(record.segments[0])
     assert earlier.stop_reason == "new_segment"
+    assert earlier.conversation == record.conversation == "main", "one conversation, a chain of two segments"
+    assert [t.call for t in earlier.turns if t.role == ASSISTANT] == [0]
+    assert [t.call for t in record.turns if t.role == ASSISTANT] == [1]
     assert earlier.final_text == (first.choices[0].message.content or "") or earlier.counts.tool_calls
     assert_exact_against_backend(earlier, endpoint.served[:1])
     assert_exact_against_backend(record, endpoint.served[1:])

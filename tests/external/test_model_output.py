@@ -14,6 +14,7 @@ from typing import Any
 import openai
 import pytest
 
+from shared.external_agent_credentials import CONVERSATION_HEADER
 from tests.external.conftest import TOOLS, Endpoint, serve
 from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
 from tests.support.trajectory_checks import assert_decodes_to_conversation, assert_exact_against_backend
@@ -103,3 +104,31 @@ def test_a_call_whose_generation_fails_leaves_the_record_as_it_was(endpoint: End
         llm.chat.completions.create(model=SCRIPTED_MODEL, messages=messages[:1], tools=TOOLS)
     after = endpoint.session.record().to_dict()
     assert {**after, "timings": None} == {**before, "timings": None}, "no dangling observation or segment"
+
+
+def test_a_failed_call_of_one_conversation_leaves_every_conversation_as_it_was(
+    endpoint: Endpoint, scripted: ScriptedLLM
+) -> None:
+    llm = openai.OpenAI(base_url=f"{endpoint.url}/v1", api_key=endpoint.key, max_retries=0)
+    asked: dict[str, list[dict[str, Any]]] = {}
+    for name in ("a", "b"):
+        messages = [{"role": "user", "content": f"Agent {name}: list the files. [script:good]"}]
+        reply = llm.chat.completions.create(
+            model=SCRIPTED_MODEL, messages=messages, tools=TOOLS, extra_headers={CONVERSATION_HEADER: name}
+        )
+        asked[name] = [
+            *messages,
+            reply.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "Go on."},
+        ]
+    before = endpoint.session.record().to_dict()
+    scripted.stop()  # the backend goes away
+    for name, messages in (("a", asked["a"][:1]), ("b", asked["b"])):  # a's new segment, b's next turn
+        with pytest.raises(openai.APIStatusError) as failed:
+            llm.chat.completions.create(
+                model=SCRIPTED_MODEL, messages=messages, tools=TOOLS, extra_headers={CONVERSATION_HEADER: name}
+            )
+        assert failed.value.status_code == 502
+    after = endpoint.session.record().to_dict()
+    assert {**after, "timings": None} == {**before, "timings": None}, "no segment closed, no observation left"
+    assert [s["stop_reason"] for s in after["segments"]] == [None], "a's segment is open again"

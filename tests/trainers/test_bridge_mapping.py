@@ -54,8 +54,10 @@ def test_per_token_rewards_from_the_evaluation_are_cut_to_the_response():
 
 
 def test_earlier_segments_train_on_the_last_or_are_refused():
-    segmented = record(segments=[record()])
-    assert split_record(job(segmented)).earlier_segments == 1
+    segmented = record(segments=[record(conversation="c1")], conversation="c0")
+    split = split_record(job(segmented))
+    assert split.earlier_segments == 1 and split.conversation == "c0", "the last call's segment, named"
+    assert split_record(job(record())).conversation is None, "a record of the built-in loop names none"
     with pytest.raises(SegmentedRecord, match="1 earlier segment"):
         split_record(job(segmented), on_segments="raise")
 

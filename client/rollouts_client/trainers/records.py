@@ -27,7 +27,8 @@ class JobFailed(RuntimeError):
 
 
 class SegmentedRecord(ValueError):
-    """A record with earlier segments (an external agent rewrote its history), refused by `on_segments: raise`."""
+    """A record with other segments (an external agent rewrote its history or held several conversations), refused
+    by `on_segments: raise`."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ class Split:
     num_turns: int
     stop_reason: str
     weight_versions: list[dict[str, Any]] = field(default_factory=list)  # one per assistant turn
-    earlier_segments: int = 0
+    earlier_segments: int = 0  # every other segment of the record (other conversations' included)
+    conversation: str | None = None  # an external agent's conversation of the trained segment (the last call's)
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -54,7 +56,8 @@ def split_record(job: Job, on_segments: str = "last") -> Split:
     segments = record.get("segments") or []
     if segments and on_segments == "raise":
         raise SegmentedRecord(
-            f"job {job.id}: the record has {len(segments)} earlier segment(s) (the agent rewrote its history); "
+            f"job {job.id}: the record has {len(segments)} earlier segment(s) (the agent rewrote its history or "
+            "held several conversations); "
             "a trainer row holds one sequence, so it is refused (on_segments: raise)"
         )
     tokens, mask, logprobs = record["token_ids"], record["loss_mask"], record["logprobs"]
@@ -80,6 +83,7 @@ def split_record(job: Job, on_segments: str = "last") -> Split:
             if t.get("role") == "assistant"
         ],
         earlier_segments=len(segments),
+        conversation=record.get("conversation"),
         timings={k: float(v) for k, v in (record.get("timings") or {}).items() if isinstance(v, (int, float))},
     )
 

@@ -83,6 +83,7 @@ class RolloutsAgentLoop(AgentLoopBase):
                 "rollouts_weight_versions": split.weight_versions,
                 "rollouts_stop_reason": split.stop_reason,
                 "rollouts_earlier_segments": split.earlier_segments,
+                "rollouts_conversation": split.conversation,
                 "rollouts_response_truncated": truncated,
                 "rollouts_bridge_s": time.perf_counter() - started - job_seconds(job, started_at),
             },

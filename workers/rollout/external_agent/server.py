@@ -9,6 +9,7 @@ translate to the session's one chat call (responses_api.py, anthropic_api.py): o
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -22,9 +23,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.external_agent_credentials import JOB_HEADER, credential_opens, presented_credential
+from shared.external_agent_credentials import CONVERSATION_HEADER, JOB_HEADER, credential_opens, presented_credential
 from workers.rollout.external_agent import anthropic_api, responses_api, wire
 from workers.rollout.external_agent.session import ExternalAgentSession
+
+_CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:/@-]{1,128}")
 
 
 class FinishRequest(BaseModel):
@@ -72,13 +75,13 @@ def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: C
     @app.post("/v1/chat/completions", dependencies=guard)
     async def chat(request: Request) -> Any:
         call = _parse(wire.ChatRequest, await request.body())
-        response = session.chat(call)
+        response = session.chat(call, _conversation(request))
         return _sse(wire.chat_chunks(response)) if call.stream else JSONResponse(response)
 
     @app.post("/v1/completions", dependencies=guard)
     async def completions(request: Request) -> Any:
         call = _parse(wire.CompletionRequest, await request.body())
-        response = session.complete(call)
+        response = session.complete(call, _conversation(request))
         return _sse(wire.text_chunks(response)) if call.stream else JSONResponse(response)
 
     history = responses_api.ResponseHistory()  # previous_response_id, per job
@@ -88,7 +91,7 @@ def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: C
         call = _parse(responses_api.ResponsesRequest, await request.body())
         earlier = history.conversation(call.previous_response_id) if call.previous_response_id else []
         chat_call, skip = responses_api.chat_request(call, earlier)
-        chat = session.chat(chat_call)
+        chat = session.chat(chat_call, _conversation(request))
         response = responses_api.response_of(chat, call, f"resp_{uuid.uuid4().hex}")
         if call.store:
             history.keep(response["id"], responses_api.conversation_after(chat_call, skip, chat))
@@ -97,7 +100,8 @@ def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: C
     @app.post("/v1/messages", dependencies=guard)
     async def messages(request: Request) -> Any:
         call = _parse(anthropic_api.MessagesRequest, await request.body())
-        message = anthropic_api.message_of(session.chat(anthropic_api.chat_request(call)), call)
+        chat = session.chat(anthropic_api.chat_request(call), _conversation(request))
+        message = anthropic_api.message_of(chat, call)
         return _sse(anthropic_api.events(message)) if call.stream else JSONResponse(message)
 
     @app.get("/v1/models", dependencies=guard)
@@ -141,6 +145,18 @@ def _error(request: Request, error: wire.ExternalAgentError) -> JSONResponse:
     """The refusal in the called format's own error body: Anthropic's on /v1/messages, OpenAI's elsewhere."""
     anthropic = request.url.path.rstrip("/").endswith("/v1/messages")
     return JSONResponse(anthropic_api.error_body(error) if anthropic else error.body(), status_code=error.status)
+
+
+def _conversation(request: Request) -> str | None:
+    """The conversation the call names (`x-rollouts-conversation`), if any: 1 to 128 printable ASCII characters."""
+    name = request.headers.get(CONVERSATION_HEADER)
+    if name is None:
+        return None
+    if not _CONVERSATION_ID.fullmatch(name):
+        raise wire.ExternalAgentError(
+            400, "a conversation id is 1 to 128 letters, digits or ._:/@- characters", CONVERSATION_HEADER
+        )
+    return name
 
 
 def _parse(model: type[BaseModel], body: bytes) -> Any:

@@ -1,13 +1,20 @@
 """One external agent's rollout: each OpenAI call rendered, generated and recorded token-exactly.
 
 The agent sends whole conversations; the service keeps the token record. A call whose messages
-are the previous call's messages plus the assistant message it got back (and then tool or user
-messages) extends the record by the chat template's delta only (chat_delta.py), exactly as the
-built-in loop does, so nothing already recorded is re-tokenized. Any other call (history edited,
-tools changed, a fresh conversation) closes the current segment (`stop_reason: new_segment`) and
-starts a new one from a fresh prompt; the closed segments are kept in the record's `segments`.
+are an open conversation's last call's messages plus the assistant message it got back (and then
+tool or user messages) extends that conversation's record by the chat template's delta only
+(chat_delta.py), exactly as the built-in loop does, so nothing already recorded is re-tokenized.
 
-Calls of one job are serialized: the record is a sequence.
+A job may hold several conversations at once (sub-agents, parallel tool agents): a call extends
+the open conversation whose last call it extends (most recently called first), or the one it names
+in `x-rollouts-conversation`; a named conversation it does not extend gets a new segment (the old
+one closed with `stop_reason: new_segment`); any other call starts a new conversation (`c0`, `c1`,
+...). Every segment names its conversation and every assistant turn its call's index across the
+job, so the order of calls survives the split; the result is the last call's segment, with all
+the others in `segments` in the order they opened.
+
+Calls of one job are serialized (one lock): the records are sequences, and a call that fails is
+taken back whole before the next one looks at them.
 """
 
 from __future__ import annotations
@@ -36,8 +43,29 @@ class _Segment:
     record: Trajectory
     renderer: ChatRenderer | None  # None for a text (/v1/completions) segment
     tools: list[dict[str, Any]] | None
-    conversation: list[dict[str, Any]] = field(default_factory=list)
+    conversation: list[dict[str, Any]] = field(default_factory=list)  # the messages of its last call
     stop_text: str = ""  # the end-of-turn token text the model generated last
+
+
+@dataclass
+class _Savepoint:
+    """What a call may change, to take it back if its generation fails."""
+
+    open: dict[str, _Segment]
+    segments: int
+    turns: list[tuple[_Segment, int]]
+
+
+def _extends(segment: _Segment, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bool:
+    """Whether `messages` are the segment's last call's messages (with its answer) followed by new ones."""
+    n = len(segment.conversation)
+    return (
+        segment.renderer is not None
+        and (tools or None) == segment.tools
+        and n > 0
+        and len(messages) > n
+        and messages[:n] == segment.conversation
+    )
 
 
 class ExternalAgentSession:
@@ -53,6 +81,7 @@ class ExternalAgentSession:
         sampling: Sampling,
         model: str,
         template_kwargs: dict[str, Any] | None = None,
+        max_conversations: int = 32,
     ) -> None:
         self.tokenizer, self.parser, self.generate, self._run_tool = tokenizer, parser, generate, run_tool
         self.config, self.sampling, self.model = config, sampling, model
@@ -61,8 +90,11 @@ class ExternalAgentSession:
         self.finished = threading.Event()
         self.answer: str | None = None
         self.tool_runs: list[dict[str, Any]] = []
-        self._segments: list[Trajectory] = []
-        self._open: _Segment | None = None
+        self.max_conversations = max_conversations
+        self._segments: list[_Segment] = []  # every segment, in the order they opened
+        self._open: dict[str, _Segment] = {}  # each conversation's open segment, least recently called first
+        self._last: _Segment | None = None  # the segment of the last recorded call: the result's top record
+        self._recorded = 0  # calls recorded, every conversation: the next call's index
         self._calls = 0
         self._call_ids = 0
         self._renderers: dict[str, ChatRenderer] = {}
@@ -72,13 +104,14 @@ class ExternalAgentSession:
         self._llm_s = 0.0
 
     # --- the calls -----------------------------------------------------------------
-    def chat(self, request: wire.ChatRequest) -> dict[str, Any]:
-        """A chat.completion for `request`, its tokens appended to the record."""
+    def chat(self, request: wire.ChatRequest, conversation: str | None = None) -> dict[str, Any]:
+        """A chat.completion for `request`, its tokens appended to its conversation's record (`conversation`:
+        the id the agent named, else the open conversation it extends, else a new one)."""
         with self._lock:
             self._check_open(request.model)
             messages = canonical(request.messages)
             savepoint = self._savepoint()
-            segment = self._extend_chat(messages, request.tools)
+            segment = self._extend_chat(messages, request.tools, conversation)
             completion = self._generate_or_undo(
                 savepoint,
                 segment.record,
@@ -89,26 +122,27 @@ class ExternalAgentSession:
             ends_on_token = completion.ends_on_stop_token(self._special_ids)
             assert segment.renderer is not None
             content, segment.stop_text = segment.renderer.split_generation(completion.token_ids, ends_on_token)
-            turn = self._record(segment.record, completion, content)
-            message, finish_reason = self._message(content, turn, completion)
+            turn = self._record(segment, completion, content)
+            message, finish_reason = self._message(segment.record, content, turn, completion)
             segment.conversation = [*messages, canonical([message])[0]]
             counts = wire.usage(prompt_tokens, len(completion.token_ids))
             return wire.chat_response(
                 f"chatcmpl-{self._calls}", self.model, message, finish_reason, counts, completion.stop_reason
             )
 
-    def complete(self, request: wire.CompletionRequest) -> dict[str, Any]:
-        """A text_completion for `request`: the prompt continued, its tokens appended to the record."""
+    def complete(self, request: wire.CompletionRequest, conversation: str | None = None) -> dict[str, Any]:
+        """A text_completion for `request`: the prompt continued, its tokens appended to its conversation's
+        record (a prompt that starts with an open text conversation's record extends it)."""
         with self._lock:
             self._check_open(request.model)
             savepoint = self._savepoint()
-            segment = self._extend_text(request.prompt)
+            segment = self._extend_text(request.prompt, conversation)
             completion = self._generate_or_undo(
                 savepoint, segment.record, request.max_tokens, wire.stops_of(request.stop)
             )
             prompt_tokens = len(segment.record.token_ids)
             text = self._decode(completion.token_ids)
-            self._record(segment.record, completion, text)
+            self._record(segment, completion, text)
             counts = wire.usage(prompt_tokens, len(completion.token_ids))
             return wire.text_response(
                 f"cmpl-{self._calls}", self.model, text, completion.finish_reason or "stop", counts
@@ -151,32 +185,31 @@ class ExternalAgentSession:
                 self._close(reason, detail)
 
     def record(self) -> Trajectory:
-        """The final record: the last segment, with the earlier ones in `segments`."""
+        """The final record: the last call's segment, with every other one in `segments` (in opening order).
+        A copy of the segment's record, so one asked for mid-run leaves nothing behind in a segment that is
+        not the last one later."""
         with self._lock:
-            last = self._open.record if self._open is not None else self._empty_record()
-            last.segments = [s.to_dict() for s in self._segments]
-            last.answer = self.answer
-            last.stop_reason = last.stop_reason or self.closed
-            last.timings = {"llm_s": self._llm_s, "total_s": time.perf_counter() - self._started}
-            last.extra = {**last.extra, "tool_runs": list(self.tool_runs)}
+            top = self._last.record if self._last is not None else self._empty_record()
+            last = replace(
+                top,
+                segments=[s.record.to_dict() for s in self._segments if s is not self._last],
+                answer=self.answer,
+                stop_reason=top.stop_reason or self.closed,
+                timings={"llm_s": self._llm_s, "total_s": time.perf_counter() - self._started},
+                extra={**top.extra, "tool_runs": list(self.tool_runs)},
+            )
             last.validate()
             return last
 
     # --- extending the record ---------------------------------------------------------
-    def _extend_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> _Segment:
-        segment = self._open
-        n = len(segment.conversation) if segment is not None else 0
-        extends = (
-            segment is not None
-            and segment.renderer is not None
-            and (tools or None) == segment.tools
-            and n > 0
-            and len(messages) > n
-            and messages[:n] == segment.conversation
-        )
+    def _extend_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, named: str | None
+    ) -> _Segment:
+        segment = next((s for s in self._candidates(named) if _extends(s, messages, tools)), None)
         try:
-            if extends:
-                assert segment is not None and segment.renderer is not None
+            if segment is not None:
+                assert segment.renderer is not None
+                n = len(segment.conversation)
                 delta = segment.renderer.observation(segment.stop_text, messages[n:])
                 self._fits(segment.record, len(delta.token_ids))
                 segment.record.append(
@@ -187,7 +220,15 @@ class ExternalAgentSession:
             prompt = renderer.prompt(renderer.prepare(messages))
         except ChatTemplateError as exc:
             raise wire.ExternalAgentError(400, str(exc), "messages") from exc
-        return self._new_segment(_Segment(self._fresh_record(), renderer, tools or None), prompt.token_ids, prompt.text)
+        return self._new_segment(
+            _Segment(self._fresh_record(), renderer, tools or None), prompt.token_ids, prompt.text, named
+        )
+
+    def _candidates(self, named: str | None) -> list[_Segment]:
+        """The open segments a call may extend: the named conversation's, else all, most recently called first."""
+        if named is not None:
+            return [self._open[named]] if named in self._open else []
+        return list(reversed(self._open.values()))
 
     def _renderer(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
         """The renderer for a conversation with `tools`, built once per tool list (building one reads the
@@ -204,38 +245,59 @@ class ExternalAgentSession:
             )
         return self._renderers[key]
 
-    def _extend_text(self, prompt: str | list[int]) -> _Segment:
-        segment = self._open
-        held = segment.record.token_ids if segment is not None and segment.renderer is None else None
-        if isinstance(prompt, list):
-            if held is not None and len(prompt) > len(held) and prompt[: len(held)] == held:
-                return self._observe(segment, prompt[len(held) :], self._decode(prompt[len(held) :]))  # type: ignore[arg-type]
-            return self._new_segment(_Segment(self._fresh_record(), None, None), prompt, self._decode(prompt))
-        if held is not None:
+    def _extend_text(self, prompt: str | list[int], named: str | None) -> _Segment:
+        for segment in self._candidates(named):
+            if segment.renderer is not None:
+                continue
+            held = segment.record.token_ids
+            if isinstance(prompt, list):
+                if len(prompt) > len(held) and prompt[: len(held)] == held:
+                    return self._observe(segment, prompt[len(held) :], self._decode(prompt[len(held) :]))
+                continue
             before = self._decode(held)
             if len(prompt) > len(before) and prompt.startswith(before):
                 suffix = prompt[len(before) :]
-                return self._observe(segment, self._encode(suffix, special=False), suffix)  # type: ignore[arg-type]
-        return self._new_segment(_Segment(self._fresh_record(), None, None), self._encode(prompt, special=True), prompt)
+                return self._observe(segment, self._encode(suffix, special=False), suffix)
+        fresh = _Segment(self._fresh_record(), None, None)
+        if isinstance(prompt, list):
+            return self._new_segment(fresh, prompt, self._decode(prompt), named)
+        return self._new_segment(fresh, self._encode(prompt, special=True), prompt, named)
 
     def _observe(self, segment: _Segment, token_ids: list[int], text: str) -> _Segment:
         self._fits(segment.record, len(token_ids))
         segment.record.append(Turn(role=OBSERVATION, start=0, end=0, text=text), token_ids)
         return segment
 
-    def _new_segment(self, segment: _Segment, token_ids: list[int], text: str) -> _Segment:
+    def _new_segment(self, segment: _Segment, token_ids: list[int], text: str, named: str | None) -> _Segment:
+        """Open `segment` in the named conversation (closing its open segment as `new_segment`), else in a new one."""
         if len(token_ids) >= self.config.max_context_tokens:
             raise wire.ExternalAgentError(
                 400,
                 f"the prompt has {len(token_ids)} tokens; the job's context is {self.config.max_context_tokens}",
                 "messages",
             )
-        if self._open is not None:
-            self._open.record.stop_reason = "new_segment"
-            self._segments.append(self._open.record)
+        name = named if named is not None else self._new_conversation_id()
+        if name not in self._open and len(self._open) >= self.max_conversations:
+            raise wire.ExternalAgentError(
+                409,
+                f"this job already holds {len(self._open)} conversations, its limit "
+                "(external_agent_max_conversations); continue one of them (x-rollouts-conversation names it)",
+                None,
+                "conflict",
+            )
+        earlier = self._open.get(name)
+        if earlier is not None:
+            earlier.record.stop_reason = "new_segment"
+        segment.record.conversation = name
         segment.record.append(Turn(role=PROMPT, start=0, end=0, text=text), token_ids)
-        self._open = segment
+        self._open[name] = segment
+        self._segments.append(segment)
         return segment
+
+    def _new_conversation_id(self) -> str:
+        """`c0`, `c1`, ...: the first not taken (an agent may have named one so)."""
+        taken = {s.record.conversation for s in self._segments}
+        return next(f"c{i}" for i in range(len(taken) + 1) if f"c{i}" not in taken)
 
     def _fits(self, record: Trajectory, more: int) -> None:
         if len(record.token_ids) + more >= self.config.max_context_tokens:
@@ -247,11 +309,13 @@ class ExternalAgentSession:
             )
 
     # --- a call that fails leaves the record as it was ---------------------------------
-    def _savepoint(self) -> tuple[_Segment | None, int, int]:
-        return self._open, len(self._segments), len(self._open.record.turns) if self._open is not None else 0
+    def _savepoint(self) -> _Savepoint:
+        return _Savepoint(
+            dict(self._open), len(self._segments), [(s, len(s.record.turns)) for s in self._open.values()]
+        )
 
     def _generate_or_undo(
-        self, savepoint: tuple[_Segment | None, int, int], record: Trajectory, asked: int | None, stops: tuple[str, ...]
+        self, savepoint: _Savepoint, record: Trajectory, asked: int | None, stops: tuple[str, ...]
     ) -> Completion:
         """Generate; if that fails, take back what this call added (a new segment, or the observation), so
         the agent's retry of the same call extends the record exactly once."""
@@ -261,24 +325,22 @@ class ExternalAgentSession:
             self._undo(savepoint)
             raise
 
-    def _undo(self, savepoint: tuple[_Segment | None, int, int]) -> None:
-        opened, segments, turns = savepoint
-        if self._open is not opened:  # this call started a segment: drop it, reopen the one it closed
-            self._open = opened
-            del self._segments[segments:]
-            if opened is not None:
-                opened.record.stop_reason = None
-            return
-        if opened is None or len(opened.record.turns) == turns:
-            return
-        record = opened.record
-        dropped, end = record.turns[turns:], record.turns[turns].start
-        del record.turns[turns:], record.token_ids[end:], record.loss_mask[end:], record.logprobs[end:]
-        record.counts.observation_tokens -= sum(t.length for t in dropped)
+    def _undo(self, savepoint: _Savepoint) -> None:
+        del self._segments[savepoint.segments :]  # a segment this call started: dropped
+        for segment in savepoint.open.values():  # the one it closed (if any): open again
+            segment.record.stop_reason = None
+        self._open = savepoint.open
+        for segment, turns in savepoint.turns:  # the observation it appended (if any): taken back
+            record = segment.record
+            if len(record.turns) == turns:
+                continue
+            dropped, end = record.turns[turns:], record.turns[turns].start
+            del record.turns[turns:], record.token_ids[end:], record.loss_mask[end:], record.logprobs[end:]
+            record.counts.observation_tokens -= sum(t.length for t in dropped)
 
     # --- generating and recording ------------------------------------------------------
     def _generate(self, record: Trajectory, asked: int | None, stops: tuple[str, ...]) -> Completion:
-        turns = sum(s.counts.turns for s in self._segments) + record.counts.turns
+        turns = self._recorded  # every conversation's turns
         if turns >= self.config.max_turns:
             raise wire.ExternalAgentError(
                 409, f"the job's {self.config.max_turns} turns are used up; POST finish", None, "conflict"
@@ -309,7 +371,8 @@ class ExternalAgentSession:
             )
         return completion
 
-    def _record(self, record: Trajectory, completion: Completion, content: str) -> Turn:
+    def _record(self, segment: _Segment, completion: Completion, content: str) -> Turn:
+        """Append the generation as the call's assistant turn; its conversation becomes the most recent."""
         turn = Turn(
             role=ASSISTANT,
             start=0,
@@ -323,17 +386,24 @@ class ExternalAgentSession:
             stop_reason=completion.stop_reason,
             latency_s=completion.latency_s,
             cached_tokens=completion.cached_tokens,
+            call=self._recorded,
         )
-        record.append(turn, completion.token_ids, completion.logprobs)
-        record.final_text = content
+        segment.record.append(turn, completion.token_ids, completion.logprobs)
+        segment.record.final_text = content
+        self._recorded += 1
+        self._last = segment
+        name = segment.record.conversation
+        assert name is not None
+        self._open[name] = self._open.pop(name)  # most recently called: tried first next time
         return turn
 
-    def _message(self, content: str, turn: Turn, completion: Completion) -> tuple[dict[str, Any], str]:
+    def _message(
+        self, record: Trajectory, content: str, turn: Turn, completion: Completion
+    ) -> tuple[dict[str, Any], str]:
         """The assistant message: tool calls parsed with the model's parser. As vLLM does, a reply with a
         malformed call comes back whole as text, without tool_calls; the turn records the malformed call."""
         parsed = self._parse(content)
-        assert self._open is not None
-        counts = self._open.record.counts
+        counts = record.counts
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None}
         for call in parsed.calls:
             counts.tool_calls += 1
@@ -372,8 +442,8 @@ class ExternalAgentSession:
 
     def _close(self, reason: str, detail: str | None = None) -> None:
         self.closed = reason
-        if self._open is not None:
-            self._open.record.stop_reason, self._open.record.stop_detail = reason, detail
+        for segment in self._open.values():  # every open conversation ends with the rollout
+            segment.record.stop_reason, segment.record.stop_detail = reason, detail
         self.finished.set()
 
     def _fresh_record(self) -> Trajectory:

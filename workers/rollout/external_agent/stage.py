@@ -63,6 +63,7 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
             sampling_for(ctx.request.sampling, config.max_tokens_per_turn),
             pin.model,
             template_kwargs=ctx.request.chat_template_kwargs,
+            max_conversations=ctx.settings.external_agent_max_conversations,
         )
         secret = deployment_secret(st.redis, st.store.keys, ctx.settings)
         task = {"messages": kind.messages(ctx.task), "tools": kind.tool_schemas(), "model": pin.model}
