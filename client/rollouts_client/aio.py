@@ -293,6 +293,12 @@ class AsyncRolloutClient:
     async def current_weights(self, model: str) -> dict[str, Any]:
         return decode(await self.request("GET", weights_path(model)))
 
+    async def declare_weights(
+        self, model: str, version: str, backends: list[str], *, owner: str = "trainer"
+    ) -> dict[str, Any]:
+        body = {"version": version, "backends": list(backends), "owner": owner}
+        return decode(await self.request("POST", f"{weights_path(model)}/declare", json=body))
+
     async def deregister_backend(self, backend_id: str) -> bool:
         response = await self.request("DELETE", f"/v1/backends/{backend_id}")
         if response.status_code == 404:

@@ -327,6 +327,15 @@ class RolloutClient:
         """The last version applied to `model` through the service: {model, version, seq, path, applied_at}."""
         return decode(self.request("GET", weights_path(model)))
 
+    def declare_weights(
+        self, model: str, version: str, backends: list[str], *, owner: str = "trainer"
+    ) -> dict[str, Any]:
+        """Record that `backends` (a trainer's own servers, updated in place by it) now serve `version` (admin);
+        nothing is loaded. {model, version, seq, backends}. ApiError 422 for a version that goes backwards or
+        a backend of another model, 404 for a backend that is not registered."""
+        body = {"version": version, "backends": list(backends), "owner": owner}
+        return decode(self.request("POST", f"{weights_path(model)}/declare", json=body))
+
     def deregister_backend(self, backend_id: str) -> bool:
         """Remove a backend from the pool; False when it was not registered."""
         response = self.request("DELETE", f"/v1/backends/{backend_id}")

@@ -38,6 +38,9 @@ def complete_routed(
 ) -> Completion:
     """Generate one turn on the trajectory's pinned backend, failing over up to ``failovers`` times.
 
+    A backend whose trainer declared its weight version (a trainer's own server, updated in place
+    by it) has the turn labelled with that version, read before the call (docs/TRAINERS.md).
+
     ``model``: the trajectory's model; only backends serving it are picked (its token ids mean
     nothing to another model). The request names the pinned backend's registered model, so a
     server with several models (LoRA adapters) never answers with another one.
