@@ -21,11 +21,13 @@ import pytest
 from cli.stack import Stack
 from cli.vllm_server import VLLMServer
 from rollouts_client.trainers.engines import TrainerEngines
+from shared.backend_pool import backend_id_for
 from shared.config import Settings
 from tests.support.holding_proxy import HoldingProxy
 from tests.support.vllm_server import SERVED_NAME
 from tests.support.waiting import client_for, wait_for, wait_status
 from tests.trainers.conftest import run_driver
+from tests.trainers.test_verl_agent_loop import agent_loops, parity, row
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -179,3 +181,20 @@ def test_skyrls_generator_registers_skyrls_servers_stamps_its_step_and_deregiste
         assert {t["policy_version"] for t in assistant_turns(record)} == {"step-6"}
     assert owned.backends() == []  # the driver's exit deregistered SkyRL's server
     assert owned.api.get(f"/v1/models/{SERVED_NAME}/weights").json()["path"] == "trainer:skyrl-owned"
+
+
+def test_verls_agent_loop_registers_verls_servers_and_deregisters_at_exit(owned: Owned, tmp_path: Path) -> None:
+    """verl's own AgentLoopWorker runs the loop with `engines: trainer`. verl 0.9.1 gives run() no step
+    without a rollout-trace backend (none is installed here), so nothing is declared: the jobs carry no
+    policy version of the trainer's (docs/TRAINERS.md), and still run on verl's server only."""
+    loops = agent_loops(
+        tmp_path, "engines", engines="trainer", model=SERVED_NAME, engine_urls=[owned.proxy.url], run_id="verl-owned"
+    )
+    batches = {"owned": {"rows": [row(0, "p0", parity("2+2?"))], "loops": loops}}
+    out = run_driver("verl_driver.py", owned.model_dir, batches, owned.stack.api_url, tmp_path)["owned"]
+    assert "error" not in out, out
+    [job_id] = out["extra"]["rollouts_job_id"]
+    record = owned.api.get(f"/v1/jobs/{job_id}").json()
+    assert record["request"]["metadata"]["policy_version"] is None, record["request"]
+    assert {t["backend_id"] for t in assistant_turns(record)} == {backend_id_for(owned.proxy.url)}
+    assert owned.backends() == []  # the driver's exit deregistered verl's server
