@@ -15,7 +15,7 @@ from shared.backend_pool import Backend, BackendPool, NotAModelServer, check_ser
 from shared.config import Settings
 from shared.keys import Keys
 from shared.weights.update import catch_up
-from shared.weights.versions import WeightVersions, stale_reason
+from shared.weights.versions import TRAINER_OWNER, WeightVersions, stale_reason
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,10 @@ class BackendView(BaseModel):
     registered_at: float
     last_heartbeat: float
     unhealthy_reason: str
+    weight_version: str = Field(
+        description="The version its owner declared it serves (POST /v1/models/{model}/weights/declare); "
+        "empty for a backend whose weights the service loads"
+    )
 
     @classmethod
     def of(cls, backend: Backend) -> BackendView:
@@ -115,14 +119,19 @@ def register_backend(
 ) -> BackendView:
     """Refused (422) unless the URL is an OpenAI-compatible server that serves the named model. One that reports
     a weight version other than the model's current one is registered unhealthy (`stale weights`), and the
-    current weights are loaded into it after the answer; it rejoins the pool once they are in."""
+    current weights are loaded into it after the answer; it rejoins the pool once they are in. A backend
+    labelled `owner: trainer` (a trainer's own server, docs/TRAINERS.md) is never compared or loaded."""
     timeout = pool.settings.llm_probe_timeout_s
     try:
         root = check_serves_model(body.url, body.model, timeout, pool.settings.backend_key)
     except NotAModelServer as exc:
         raise exc.within("body") from None
-    stale = stale_reason(
-        WeightVersions(pool.redis, pool.keys), body.model, body.url, timeout, pool.settings.backend_key
+    stale = (
+        ""
+        if body.labels.get("owner") == TRAINER_OWNER  # its trainer loads its weights: the service never does
+        else stale_reason(
+            WeightVersions(pool.redis, pool.keys), body.model, body.url, timeout, pool.settings.backend_key
+        )
     )
     backend = pool.register(
         body.url,

@@ -9,10 +9,12 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, sta
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 from redis import Redis
+from redis.exceptions import LockError
 
 from api.deps import get_redis, require_admin, require_auth
 from api.routes.backends import get_pool
 from shared.backend_pool import BackendPool
+from shared.errors import ValidationError
 from shared.weights import (
     Checkpoint,
     NoBackendsForModel,
@@ -21,6 +23,7 @@ from shared.weights import (
     WeightVersions,
     update_model,
 )
+from shared.weights.versions import VersionBackwards
 
 router = APIRouter(prefix="/v1/models", tags=["weights"])
 
@@ -79,6 +82,37 @@ class WeightUpdateResult(BaseModel):
     seq: int = Field(description="The version's place in the model's order (1, 2, ...); 0: no backend took it")
     backends: list[BackendUpdate]
     seconds: float
+
+
+class VersionDeclaration(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[!-~]+$",
+        description="The label of the weights the trainer loaded into its servers (e.g. its step, `step-12`); "
+        "new to the model, or its current one (a retry); an older one is refused",
+    )
+    backends: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")]] = Field(
+        min_length=1,
+        max_length=1024,
+        description="Ids of the registered backends of the model that now serve these weights",
+    )
+    owner: str = Field(
+        default="trainer",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[!-~]+$",
+        description="Who updated them (a trainer run id); kept as the version's origin",
+    )
+
+
+class VersionDeclared(BaseModel):
+    model: str
+    version: str
+    seq: int = Field(description="The version's place in the model's order: what max_staleness counts in")
+    backends: list[str]
 
 
 class CurrentWeights(BaseModel):
@@ -187,6 +221,47 @@ def _result(report: UpdateReport) -> WeightUpdateResult:
             for o in report.backends
         ],
     )
+
+
+@router.post(
+    "/{model:path}/weights/declare",
+    response_model=VersionDeclared,
+    dependencies=[Depends(require_admin)],
+    summary="Record that a trainer's own backends of the model now serve a version (nothing is loaded)",
+    responses={
+        404: {"description": "A named backend is not registered"},
+        409: {"description": "A service weight update of the model is running"},
+    },
+)
+def declare_weights(
+    model: ModelName, body: VersionDeclaration, redis: Redis = Depends(get_redis), pool: BackendPool = Depends(get_pool)
+) -> VersionDeclared:
+    """For a trainer that runs its own vLLM servers and updates their weights in place (verl, SkyRL): the
+    version becomes the model's current one and the named backends' label, so every later turn they sample
+    records it and `max_staleness` counts from it. Refused before anything is written: a backend that is
+    not registered (404) or serves another model (422, `body.backends`), a version that goes backwards
+    (422, `body.version`)."""
+    for backend_id in body.backends:
+        backend = pool.get(backend_id)
+        if backend is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"body.backends: no backend {backend_id!r}")
+        if backend.model != model:
+            raise ValidationError(
+                f"backend {backend_id!r} serves model {backend.model!r}, not {model!r}", ("body", "backends")
+            )
+    versions = WeightVersions(redis, pool.keys)
+    try:
+        with redis.lock(pool.keys.weight_lock(model), timeout=30, blocking_timeout=5):
+            try:
+                seq = versions.declare(model, body.version, body.owner)
+            except VersionBackwards as exc:
+                raise ValidationError(str(exc), ("body", "version")) from None
+            declared = [b for b in body.backends if pool.declare_version(b, body.version)]
+    except LockError:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, detail=f"an update of model {model!r} is running: declare again after it"
+        ) from None
+    return VersionDeclared(model=model, version=body.version, seq=seq, backends=declared)
 
 
 @router.get(

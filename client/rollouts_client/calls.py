@@ -377,6 +377,16 @@ def current_weights(client: Session, model: str) -> Call[dict[str, Any]]:
     return decode((yield from request(client, "GET", weights_path(model))))
 
 
+def declare_weights(
+    client: Session, model: str, version: str, backends: list[str], *, owner: str = "trainer"
+) -> Call[dict[str, Any]]:
+    """Record that `backends` (a trainer's own servers, updated in place by it) now serve `version` (admin);
+    nothing is loaded. {model, version, seq, backends}. ApiError 422 for a version that goes backwards or
+    a backend of another model, 404 for a backend that is not registered."""
+    body = {"version": version, "backends": list(backends), "owner": owner}
+    return decode((yield from request(client, "POST", f"{weights_path(model)}/declare", json=body)))
+
+
 def deregister_backend(client: Session, backend_id: str) -> Call[bool]:
     """Remove a backend from the pool; False when it was not registered."""
     response = yield from request(client, "DELETE", f"/v1/backends/{backend_id}")
@@ -421,6 +431,7 @@ class ApiMethods:
     update_weights = call(update_weights)
     upload_weights = call(upload_weights)
     current_weights = call(current_weights)
+    declare_weights = call(declare_weights)
     deregister_backend = call(deregister_backend)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

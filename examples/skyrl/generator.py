@@ -28,7 +28,10 @@ class RolloutsExp(BasePPOExp):
     """SkyRL's PPO experiment whose generator is the service."""
 
     def get_generator(self, cfg, tokenizer, inference_engine_client):
+        # ROLLOUTS_TRAINER_ENGINES=trainer: SkyRL's own servers (the client's server_urls, serving its
+        # model_name) sample, registered in the service's pool; otherwise the service's backends do.
         return RolloutsGenerator(
+            inference_engine_client,
             run_id=os.environ.get("ROLLOUTS_RUN_ID", "default"),
             on_failure="retry",
             max_attempts=3,

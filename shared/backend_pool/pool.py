@@ -56,6 +56,9 @@ class Backend:
     registered_at: float = 0.0
     last_heartbeat: float = 0.0
     unhealthy_reason: str = ""
+    # The version its owner (a trainer that updates the weights in place) declared it serves; "" when
+    # the service loads its weights (then vLLM's own labels name the version).
+    weight_version: str = ""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -71,6 +74,7 @@ class Backend:
             "registered_at": self.registered_at,
             "last_heartbeat": self.last_heartbeat,
             "unhealthy_reason": self.unhealthy_reason,
+            "weight_version": self.weight_version,
         }
 
 
@@ -221,6 +225,8 @@ class BackendPool:
             pipe.hsetnx(key, "registered_at", now)
             # A restarted launcher re-registering must not undo an operator's drain.
             pipe.hsetnx(key, "draining", 0)
+            # A (re-)registered server serves the weights it started with until its owner declares others.
+            pipe.hdel(key, "weight_version")
             pipe.hset(
                 key,
                 mapping={
@@ -253,6 +259,14 @@ class BackendPool:
         if _text(fields[1]) != "1" and _text(fields[2]).startswith("missed heartbeats"):
             self.set_health(backend_id, True)
         return True
+
+    def declare_version(self, backend_id: str, version: str) -> bool:
+        """Record the weight version a trainer-owned backend now serves (nothing is loaded). False: unknown id."""
+        return bool(self._hset_if_exists(keys=[self.keys.backend(backend_id)], args=["weight_version", version]))
+
+    def declared_version(self, backend_id: str) -> str:
+        """The version declared for the backend ("" for a service-owned one): what its turns are labelled with."""
+        return _text(self.redis.hget(self.keys.backend(backend_id), "weight_version"))
 
     def deregister(self, backend_id: str) -> bool:
         """Remove a backend; its trajectories re-pin at their next call. False: unknown id."""
@@ -326,6 +340,7 @@ class BackendPool:
             registered_at=float(f.get("registered_at") or 0),
             last_heartbeat=float(f.get("last_heartbeat") or 0),
             unhealthy_reason=f.get("unhealthy_reason", ""),
+            weight_version=f.get("weight_version", ""),
         )
 
     # --- selection --------------------------------------------------------

@@ -20,6 +20,11 @@ from redis import Redis
 from shared.backend_pool import STALE_WEIGHTS, served_weight_version
 from shared.keys import Keys
 
+# `path` of a version a trainer declared for the servers it owns and updates itself: nothing to load.
+TRAINER_PATH = "trainer:"
+# The `owner` label of a backend whose weights its trainer loads (never the service).
+TRAINER_OWNER = "trainer"
+
 
 class VersionBackwards(RuntimeError):
     """The version was applied before, and a newer one since: loading it again would go back in time."""
@@ -86,6 +91,12 @@ class WeightVersions:
         )
         return seq
 
+    def declare(self, model: str, version: str, owner: str) -> int:
+        """Make `version` current without loading anything: `owner` (a trainer run) updated its own servers.
+        VersionBackwards for a version applied before a newer one; returns its number."""
+        self.check_forward(model, version)
+        return self.record(model, version, f"{TRAINER_PATH}{owner}")
+
     def seqs(self, model: str, versions: Iterable[str | None]) -> list[int]:
         """Sequence number of each version; 0 for the start-up weights and any label never applied."""
         names = list(versions)
@@ -98,10 +109,11 @@ class WeightVersions:
 def stale_reason(versions: WeightVersions, model: str, url: str, timeout_s: float, key: str | None = None) -> str:
     """Why a server registering for `model` must not be routed to yet: it reports (vLLM's GET /weight_info) a
     version other than the model's current one, e.g. restarted on the base weights after updates. "" when it
-    matches, when the model was never updated, or when the server does not say (not a vLLM, no dev routes)."""
-    current = versions.current(model).version
-    if current is None:
-        return ""
+    matches, when the model was never updated, when its versions are declared by a trainer, or when the server does not say (not a vLLM, no dev routes)."""
+    current_weights = versions.current(model)
+    current = current_weights.version
+    if current is None or current_weights.path.startswith(TRAINER_PATH):
+        return ""  # a trainer updates its own servers: the service has nothing to load into this one
     served = served_weight_version(url, timeout_s, key)
     if served is None or served == current:
         return ""

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from rollouts_client.models import Job
+from rollouts_client.trainers.engines import engine_url, engines_for
 from rollouts_client.trainers.records import SegmentedRecord, split_record
 from rollouts_client.trainers.rows import RowError, group_id, idempotency_key, sampling_from, task_from
 from rollouts_client.trainers.settings import BridgeSettings
@@ -94,3 +95,27 @@ def test_settings_refuse_unknown_names_and_values():
         BridgeSettings.from_mapping({"on_fail": "retry"})
     with pytest.raises(ValueError, match="on_failure"):
         BridgeSettings(on_failure="ignore")
+
+
+def test_engine_settings_need_a_model_take_lists_and_refuse_unknown_modes(monkeypatch):
+    with pytest.raises(ValueError, match="engines: one of"):
+        BridgeSettings.from_mapping({"engines": "ray"})
+    with pytest.raises(ValueError, match="model: required"):
+        BridgeSettings.from_mapping({"engines": "trainer"})
+    settings = BridgeSettings.from_mapping({"engines": "trainer", "model": "m", "engine_urls": ["10.0.0.5:8000"]})
+    assert settings.engine_urls == ("10.0.0.5:8000",) and hash(settings)
+    monkeypatch.setenv("ROLLOUTS_TRAINER_ENGINES", "trainer")
+    monkeypatch.setenv("ROLLOUTS_TRAINER_ENGINE_URLS", "http://a:1, b:2,")
+    from_env = BridgeSettings(model="m")
+    assert from_env.engines == "trainer" and from_env.engine_urls == ("http://a:1", "b:2")
+
+
+def test_engine_addresses_as_trainers_list_them_become_urls():
+    assert engine_url("10.0.0.5:8000") == "http://10.0.0.5:8000"
+    assert engine_url("[fe80::1]:8000") == "http://[fe80::1]:8000"
+    assert engine_url("fe80::1:8000") == "http://[fe80::1]:8000"
+    assert engine_url("https://node7:8000/") == "https://node7:8000"
+    with pytest.raises(ValueError, match="engine_urls"):
+        engine_url(" ")
+    with pytest.raises(ValueError, match="engine_urls"):
+        engines_for(BridgeSettings(model="m", engines="trainer", engine_urls=None), "skyrl", None)

@@ -9,6 +9,7 @@ costs one re-pin, not the trajectory.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from shared import log_context
 from shared.backend_pool import NOT_SERVING_MODEL, BackendPool, NoBackendAvailable
@@ -19,6 +20,7 @@ from workers.rollout.llm_client import (
     Completion,
     LLMClient,
     Sampling,
+    WeightSpan,
 )
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,9 @@ def complete_routed(
     model: str | None = None,
 ) -> Completion:
     """Generate one turn on the trajectory's pinned backend, failing over up to ``failovers`` times.
+
+    A backend whose trainer declared its weight version (a trainer's own server, updated in place
+    by it) has the turn labelled with that version, read before the call (docs/TRAINERS.md).
 
     ``model``: the trajectory's model; only backends serving it are picked (its token ids mean
     nothing to another model). The request names the pinned backend's registered model, so a
@@ -72,10 +77,12 @@ def complete_routed(
             # waits for one (the stage runner) rather than failing for its backend's death.
             raise NoBackendAvailable(f"{exc} (it failed this call: {last_error})") from last_error
         try:
+            declared = pool.declared_version(pin.backend_id)  # read before: an update during the call is newer
             with log_context.bind(backend=pin.backend_id):  # every record of this call names its backend
-                return client.complete(
+                completion = client.complete(
                     pin.url, prompt_token_ids, sampling, model=pin.model or None, backend_id=pin.backend_id
                 )
+            return _labelled(completion, declared)
         except BackendUnavailable as exc:
             failed.append(pin.backend_id)
             _record_failover(pool, job_id, pin.backend_id)
@@ -99,6 +106,14 @@ def complete_routed(
             log.warning("job %s: %s; failing over", job_id, last_error)
     assert last_error is not None
     raise last_error
+
+
+def _labelled(completion: Completion, declared: str) -> Completion:
+    """A trainer-owned backend's turn carries the version its trainer declared, not vLLM's own label: a
+    trainer that updates weights in place leaves vLLM's label at its start-up value (or reports none)."""
+    if not declared:
+        return completion
+    return replace(completion, weight_versions=(WeightSpan(declared, 0, len(completion.token_ids)),))
 
 
 def _record_failover(pool: BackendPool, job_id: str, backend_id: str) -> None:

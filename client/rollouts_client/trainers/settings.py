@@ -10,6 +10,12 @@ from rollouts_client.wire import RetryPolicy
 
 ON_FAILURE = ("retry", "raise")
 ON_SEGMENTS = ("last", "raise")
+ENGINES = ("service", "trainer")
+
+
+def _engine_urls_from_env() -> tuple[str, ...] | None:
+    given = os.environ.get("ROLLOUTS_TRAINER_ENGINE_URLS", "")
+    return tuple(u.strip() for u in given.split(",") if u.strip()) or None
 
 
 @dataclass(frozen=True)
@@ -21,6 +27,12 @@ class BridgeSettings:
     all ("retry") or raised at once ("raise"); either way it never becomes a reward.
     `on_segments`: a record whose external agent rewrote its history holds earlier segments;
     "last" trains on the last segment (the one evaluated), "raise" refuses the record.
+    `engines`: "service" (the service's own backends; a trainer updates them with POST
+    /v1/models/{model}/weights) or "trainer" (the trainer's own vLLM servers, updated in place by it:
+    the bridge registers them in the pool, declares the trainer's step as their weight version and
+    deregisters them at exit; rollouts_client/trainers/engines.py). `engine_urls`: those servers
+    (unset: ROLLOUTS_TRAINER_ENGINE_URLS, comma-separated, else what the trainer says: SkyRL's
+    inference client's `server_urls`, verl's server manager's addresses); `model` is then required.
     `run_id` (unset: ROLLOUTS_RUN_ID, else "default") names the run in the jobs' idempotency keys: a restarted trainer with the same run id
     finds its jobs instead of submitting them again.
     """
@@ -37,12 +49,24 @@ class BridgeSettings:
     poll_min_s: float = 0.05
     poll_max_s: float = 0.1
     retry: RetryPolicy = field(default_factory=RetryPolicy)  # transport errors and 503s, with backoff
+    engines: str = field(default_factory=lambda: os.environ.get("ROLLOUTS_TRAINER_ENGINES", "service"))
+    engine_urls: tuple[str, ...] | None = field(default_factory=_engine_urls_from_env)
+    engine_heartbeat_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.on_failure not in ON_FAILURE:
             raise ValueError(f"on_failure: one of {ON_FAILURE}, not {self.on_failure!r}")
         if self.on_segments not in ON_SEGMENTS:
             raise ValueError(f"on_segments: one of {ON_SEGMENTS}, not {self.on_segments!r}")
+        if self.engines not in ENGINES:
+            raise ValueError(f"engines: one of {ENGINES}, not {self.engines!r}")
+        if self.engine_urls is not None:  # a YAML or JSON list: kept as a tuple (settings are hashable)
+            urls = [self.engine_urls] if isinstance(self.engine_urls, str) else self.engine_urls
+            object.__setattr__(self, "engine_urls", tuple(str(u) for u in urls))
+        if self.engines == "trainer" and not self.model:
+            raise ValueError("model: required with engines: trainer (the name the trainer's servers serve)")
+        if self.engine_heartbeat_s <= 0:
+            raise ValueError("engine_heartbeat_s: positive")
         if self.max_attempts < 1:
             raise ValueError("max_attempts: at least 1")
         if not 0 < self.poll_min_s <= self.poll_max_s:

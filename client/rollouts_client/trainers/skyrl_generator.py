@@ -3,9 +3,11 @@
 Use it where SkyRL takes a generator (`GeneratorInterface`): the trainer calls `generate(input)`
 once per step; every trajectory of the input becomes one job, all sent in one request. Jobs of
 one `instance_id` share a group (`group_id`), `repetition_id` is their `sample_index`, and
-`batch_metadata.global_step` is stamped on each job (`metadata.global_step`, the trainer's
-policy version; the turns' `policy_version` is what the backends report). Results are taken
-as they end and returned in input order.
+`batch_metadata.global_step` is stamped on each job (`metadata.global_step`, and as the trainer's
+policy version `metadata.policy_version`, `step-<n>`; the turns' `policy_version` is what sampled
+them). With `engines: trainer` the generator first registers SkyRL's own servers (the inference
+client's `server_urls`) and declares the step as their weight version, so every turn records it
+(rollouts_client/trainers/engines.py). Results are taken as they end and returned in input order.
 
 The row mapping is the verl loop's: `env_extras[i]["rollouts_task"]` is the service task (its
 kind renders the prompt; SkyRL's `prompts` are not sent). SkyRL 0.3.0 needs Python 3.12 to import
@@ -14,12 +16,15 @@ kind renders the prompt; SkyRL's `prompts` are not sent). SkyRL 0.3.0 needs Pyth
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from typing import Any
 
 from skyrl.train.generators.base import GeneratorInput, GeneratorInterface, GeneratorOutput, TrajectoryID
 
 from rollouts_client.models import Job
+from rollouts_client.trainers.engines import engines_for, step_version
 from rollouts_client.trainers.records import Split, job_seconds, split_record
 from rollouts_client.trainers.rows import (
     TASK_FIELD,
@@ -36,12 +41,22 @@ from rollouts_client.trainers.waiting import ServiceSession
 class RolloutsGenerator(GeneratorInterface):
     """Generates a SkyRL batch through the service; `settings` as BridgeSettings' names."""
 
-    def __init__(self, **settings: Any) -> None:
+    def __init__(self, inference_engine_client: Any = None, **settings: Any) -> None:
+        """`inference_engine_client`: SkyRL's (a RemoteInferenceClient), whose `server_urls` are the servers
+        registered with `engines: trainer` when `engine_urls` is not set, and whose `model_name` is then the
+        `model` when none is given; unused otherwise."""
+        engines = settings.get("engines") or os.environ.get("ROLLOUTS_TRAINER_ENGINES", "service")
+        if engines == "trainer" and not settings.get("model") and inference_engine_client is not None:
+            settings["model"] = getattr(inference_engine_client, "model_name", None)
         self.settings = BridgeSettings.from_mapping(settings)
+        self.server_urls = list(getattr(inference_engine_client, "server_urls", None) or []) or None
+        self.engines = None
 
     async def generate(self, input_batch: GeneratorInput) -> GeneratorOutput:
         started, started_at = time.perf_counter(), time.time()
         bodies, keys = self.job_bodies(input_batch)
+        if self.settings.engines == "trainer":
+            await self._declare_step(input_batch)
         session = ServiceSession.shared(self.settings)
         results = await session.run_jobs(bodies, keys, [self._row_name(i) for i in range(len(bodies))])
         splits = [split_record(job, self.settings.on_segments) for job, _ in results]
@@ -70,6 +85,18 @@ class RolloutsGenerator(GeneratorInterface):
             image_grid_thw=None,
         )
 
+    async def _declare_step(self, input_batch: GeneratorInput) -> None:
+        """The trainer's servers are in the pool and labelled with this step's weights before any job runs."""
+        if self.engines is None:
+            self.engines = await asyncio.to_thread(engines_for, self.settings, "skyrl", self.server_urls)
+        metadata = input_batch.get("batch_metadata")
+        await asyncio.to_thread(self.engines.declare, metadata.global_step if metadata is not None else None)
+
+    def close(self) -> None:
+        """Deregister the trainer's servers now (`engines: trainer`; else nothing): also done at exit."""
+        if self.engines is not None:
+            self.engines.close()
+
     def job_bodies(self, input_batch: GeneratorInput) -> tuple[list[dict[str, Any]], list[str]]:
         """One job per trajectory; RowError naming the row and the field before any is submitted."""
         extras = input_batch.get("env_extras") or [None] * len(input_batch["prompts"])
@@ -97,6 +124,7 @@ class RolloutsGenerator(GeneratorInterface):
                     "instance_id": trajectory.instance_id,
                     "repetition_id": trajectory.repetition_id,
                     "run_id": self.settings.run_id,
+                    "policy_version": None if step is None else step_version(step),
                 },
             }
             if self.settings.model:

@@ -11,17 +11,30 @@ verl's contract (0.9.1): `AgentLoopWorker._run_agent_loop` awaits exactly one Ag
 row and pads it as one (prompt, response) pair, so a record with earlier segments is trained on
 its last segment (`on_segments: last`, the count in extra_fields) or refused (`raise`), never
 concatenated.
+
+The trainer's own servers (`engines: trainer`): verl 0.9.1 runs its vLLM servers itself and loads each
+step's weights into them in place. The loop registers them in the pool (`engine_urls`, else the
+addresses verl's load balancer routes to: `server_manager._load_balancer.get_all_servers()`, the
+`LLMServerManager: [...]` line verl prints at start) and declares the step as their weight version.
+verl 0.9.1 does not pass the step to `run()`: `batch.meta_info["global_steps"]` reaches
+`AgentLoopWorker.generate_sequences` and, from there, only verl's rollout-trace attributes around
+`run()` (set when `actor_rollout_ref.rollout.trace.backend` is configured). With a trace backend the
+loop reads it there; without one it declares nothing, and the driver declares the step instead
+(`TrainerEngines.declare(self.global_steps)` once per step: docs/TRAINERS.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections import Counter
 from typing import Any, ClassVar
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.utils import rollout_trace
 
+from rollouts_client.trainers.engines import engines_for, step_version
 from rollouts_client.trainers.records import job_seconds, split_record
 from rollouts_client.trainers.rows import (
     KEY_FIELD,
@@ -55,6 +68,9 @@ class RolloutsAgentLoop(AgentLoopBase):
         started, started_at = time.perf_counter(), time.time()
         row = self._row_name(kwargs)
         body = self.job_body(sampling_params, kwargs, row)
+        if self.settings.engines == "trainer":
+            step = await self._declare_step()
+            body["metadata"]["policy_version"] = None if step is None else step_version(step)
         session = ServiceSession.shared(self.settings)
         job, attempts = await session.run_job(body, self._key(kwargs), row)
         split = split_record(job, self.settings.on_segments)
@@ -88,6 +104,19 @@ class RolloutsAgentLoop(AgentLoopBase):
                 "rollouts_bridge_s": time.perf_counter() - started - job_seconds(job, started_at),
             },
         )
+
+    async def _declare_step(self) -> int | None:
+        """Register verl's own servers (`engine_urls`, else the addresses verl's load balancer routes to) and
+        declare the step when verl says it; the step, None when verl does not say (see the module's doc)."""
+        discovered = None
+        if not self.settings.engine_urls:
+            balancer = getattr(self.server_manager, "_load_balancer", None)  # verl 0.9.1's LLMServerClient
+            if balancer is not None:
+                discovered = list(await balancer.get_all_servers.remote())
+        engines = await asyncio.to_thread(engines_for, self.settings, "verl", discovered)
+        step = verl_step()
+        await asyncio.to_thread(engines.declare, step)
+        return step
 
     def job_body(self, sampling_params: dict[str, Any], row_fields: dict[str, Any], row: str) -> dict[str, Any]:
         """The job for one row; RowError (naming the row and the field) before anything is sent."""
@@ -135,6 +164,17 @@ class RolloutsAgentLoop(AgentLoopBase):
         index = plain(row_fields.get("index"))
         source = plain(row_fields.get("data_source"))
         return f"{index}" + (f" ({source})" if source else "")
+
+
+def verl_step() -> int | None:
+    """The training step of the batch this row belongs to, where verl 0.9.1 lets a loop see it: its rollout
+    trace attributes (set around `run()` from `batch.meta_info["global_steps"]` when a trace backend is
+    configured). None otherwise, and for validation (the step's weights were declared when it trained)."""
+    attributes = rollout_trace._trace_attributes.get() or {}
+    step = attributes.get("step")
+    if step is None or attributes.get("validate") or int(step) < 0:
+        return None
+    return int(step)
 
 
 def register_agent_loop(name: str = AGENT_NAME) -> None:
