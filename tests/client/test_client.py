@@ -123,7 +123,8 @@ def test_closing_an_event_stream_ends_the_server_side_read(stack, client):
     redis = Redis.from_url(stack.redis_url)
 
     def blocked_stream_reads() -> int:
-        return sum(1 for c in redis.client_list() if c.get("cmd") == "xread")
+        # Blocked now (flag b): an idle pooled connection keeps "xread" as its last command.
+        return sum(1 for c in redis.client_list() if c.get("cmd") == "xread" and "b" in c.get("flags", ""))
 
     http = httpx.Client(base_url=stack.api_url, timeout=30)
     with http.stream("GET", f"/v1/batches/{batch.id}/events") as response:
