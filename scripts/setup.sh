@@ -82,6 +82,23 @@ if [ ! -f "$agents_stamp" ]; then
   touch "$agents_stamp"
 fi
 
+# mini-swe-agent, for the test that runs its `mini` CLI against a job's endpoint
+# (tests/external/harnesses.py): an environment of its own, since it brings litellm and its
+# dependency tree. litellm pinned too: mini-swe-agent asks only for a floor.
+MINI_ENV=${ROLLOUTS_MINI_SWE_AGENT_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/rollouts/mini-swe-agent}
+MINI_PACKAGES=(mini-swe-agent==2.4.6 litellm==1.110.2)
+mini_stamp="$MINI_ENV/.installed-$(echo "${MINI_PACKAGES[*]}" | sha1sum | cut -c1-12)"
+if [ ! -f "$mini_stamp" ]; then
+  echo "setup: installing ${MINI_PACKAGES[*]} into $MINI_ENV"
+  rm -rf "$MINI_ENV"
+  "$PY" -m venv "$MINI_ENV"
+  quietly "$MINI_ENV/pip-install.log" "$MINI_ENV/bin/pip" install "${MINI_PACKAGES[@]}"
+  quietly "$MINI_ENV/import-check.log" env MSWEA_SILENT_STARTUP=1 LITELLM_LOCAL_MODEL_COST_MAP=True \
+    "$MINI_ENV/bin/python" -c "import minisweagent.run.mini, minisweagent.models.litellm_model" \
+    || { echo "setup: mini-swe-agent does not import in $MINI_ENV" >&2; exit 1; }
+  touch "$mini_stamp"
+fi
+
 # The trainers the client's bridges are tested with (verl, SkyRL), in an environment of their own:
 # their torch/transformers pins are not the project's. Exact versions, --no-deps (the list is what
 # their imported code paths need), cached per user and per requirements file like the vLLM env.
