@@ -99,6 +99,25 @@ if [ ! -f "$mini_stamp" ]; then
   touch "$mini_stamp"
 fi
 
+# Codex CLI and Claude Code from the npm registry, for the tests that run them non-interactively
+# against a job's endpoint (tests/external/harnesses.py). Each package ships its native binary as
+# a platform package; no install script is needed (npm 11 runs none unless approved).
+NPM_PREFIX=${ROLLOUTS_NPM_PREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/rollouts/npm}
+NPM_PACKAGES=(@openai/codex@0.171.0 @anthropic-ai/claude-code@2.1.332)
+npm_stamp="$NPM_PREFIX/.installed-$(echo "${NPM_PACKAGES[*]}" | sha1sum | cut -c1-12)"
+if [ ! -f "$npm_stamp" ]; then
+  command -v npm >/dev/null 2>&1 || { echo "setup: npm is needed for ${NPM_PACKAGES[*]}" >&2; exit 1; }
+  echo "setup: installing ${NPM_PACKAGES[*]} into $NPM_PREFIX"
+  rm -rf "$NPM_PREFIX"
+  mkdir -p "$NPM_PREFIX"
+  quietly "$NPM_PREFIX/npm-install.log" npm install --prefix "$NPM_PREFIX" --no-audit --no-fund "${NPM_PACKAGES[@]}"
+  quietly "$NPM_PREFIX/version-check.log" "$NPM_PREFIX/node_modules/.bin/codex" --version \
+    || { echo "setup: codex does not run from $NPM_PREFIX" >&2; exit 1; }
+  quietly "$NPM_PREFIX/version-check.log" "$NPM_PREFIX/node_modules/.bin/claude" --version \
+    || { echo "setup: claude does not run from $NPM_PREFIX" >&2; exit 1; }
+  touch "$npm_stamp"
+fi
+
 # The trainers the client's bridges are tested with (verl, SkyRL), in an environment of their own:
 # their torch/transformers pins are not the project's. Exact versions, --no-deps (the list is what
 # their imported code paths need), cached per user and per requirements file like the vLLM env.

@@ -1,7 +1,7 @@
 """Run the unmodified harnesses from the package registries against a job's endpoint, each to its own end.
 
-Each is installed by scripts/setup.sh where it cannot clash with the project (mini-swe-agent in a
-virtualenv of its own). Each is run as a
+Each is installed by scripts/setup.sh where it cannot clash with the project: mini-swe-agent in a
+virtualenv of its own, Codex CLI and Claude Code from npm in their own prefixes. Each is run as a
 user runs it, non-interactively, with only its documented settings (flags, config file, env vars)
 pointing it at the job's endpoint and turning off everything that would leave the machine.
 """
@@ -17,6 +17,9 @@ from typing import Any
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rollouts"
 MINI_ENV = Path(os.environ.get("ROLLOUTS_MINI_SWE_AGENT_ENV", CACHE / "mini-swe-agent"))
+NPM_PREFIX = Path(os.environ.get("ROLLOUTS_NPM_PREFIX", CACHE / "npm"))
+CODEX = NPM_PREFIX / "node_modules/.bin/codex"
+CLAUDE = NPM_PREFIX / "node_modules/.bin/claude"
 HERE = Path(__file__).resolve().parent
 
 
@@ -79,3 +82,65 @@ def run_mini_swe_agent(
     ran = _run(command, env, workdir, timeout_s=600)
     assert ran.returncode == 0 and trajectory.exists(), ran.tail()
     return json.loads(trajectory.read_text())
+
+
+def codex_config(base_url: str, model: str) -> str:
+    """Codex CLI's config.toml: the job's endpoint as a custom provider on the Responses wire API, and
+    off what would leave the machine or send a tool the endpoint refuses (docs/TRAJECTORY.md)."""
+    return f"""\
+model = "{model}"
+model_provider = "rollouts"
+check_for_update_on_startup = false
+web_search = "disabled"
+
+[model_providers.rollouts]
+name = "rollouts job"
+base_url = "{base_url}/v1"
+env_key = "ROLLOUTS_JOB_KEY"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+
+[analytics]
+enabled = false
+
+[features]
+goals = false
+
+[agents]
+enabled = false
+"""
+
+
+def run_codex(base_url: str, key: str, model: str, prompt: str, workdir: Path) -> list[dict[str, Any]]:
+    """`codex exec` (non-interactive) on the job's endpoint; returns its JSONL events (`--json`)."""
+    assert CODEX.exists(), f"no Codex CLI at {CODEX}: run scripts/setup.sh"
+    home = workdir / "codex-home"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(codex_config(base_url, model))
+    command = [str(CODEX), "exec", "--skip-git-repo-check", "--json", prompt]
+    ran = _run(command, {"CODEX_HOME": str(home), "ROLLOUTS_JOB_KEY": key}, workdir, timeout_s=900)
+    assert ran.returncode == 0, ran.tail()
+    return [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
+
+
+def run_claude_code(
+    base_url: str, key: str, model: str, prompt: str, workdir: Path, max_turns: int = 2
+) -> dict[str, Any]:
+    """`claude -p` (non-interactive) on the job's endpoint; returns its result (`--output-format json`)."""
+    assert CLAUDE.exists(), f"no Claude Code at {CLAUDE}: run scripts/setup.sh"
+    env = {
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": key,
+        "CLAUDE_CONFIG_DIR": str(workdir / "claude-config"),
+        # no telemetry, error reports, update checks or other calls that are not the model's
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "CLAUDE_CODE_MAX_RETRIES": "0",  # a refusal is the test's to see, not the harness's to retry
+    }
+    command = [str(CLAUDE), "-p", prompt, "--model", model, "--max-turns", str(max_turns), "--output-format", "json"]
+    ran = _run(command, env, workdir, timeout_s=900)
+    assert ran.returncode == 0, ran.tail()
+    return json.loads(ran.stdout.strip().splitlines()[-1])

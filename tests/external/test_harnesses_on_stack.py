@@ -10,6 +10,7 @@ record is token-exact (it decodes to what the harness sent and its logprobs are 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,15 @@ from cli.vllm_server import VLLMServer
 from shared.config import Settings
 from shared.trajectory import ASSISTANT, Trajectory
 from tests.external.conftest import renderer_for
-from tests.external.harnesses import run_mini_swe_agent
+from tests.external.harnesses import run_claude_code, run_codex, run_mini_swe_agent
 from tests.external.test_agent_formats import common_token_ids
 from tests.support.trajectory_checks import assert_decodes_to_conversation
 from tests.support.vllm_server import LONG_CONTEXT
 from tests.support.waiting import client_for, wait_status
 from tests.vllm.test_rollouts_on_vllm import recomputed_logprobs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from external_agent import wait_until_serving
 
 pytestmark = pytest.mark.vllm
 
@@ -107,6 +111,51 @@ def test_mini_swe_agent_runs_to_its_own_end_and_each_call_is_a_token_exact_segme
         assert segment.counts.turns == 1
         assert_decodes_to_conversation(segment, renderer, task[: 2 + k])  # what the harness sent, token for token
         assert_logprobs_are_vllms(segment, long_context_vllm_server)
+
+
+def finish(stack: Stack, endpoint: dict[str, str]) -> None:
+    """What the harness cannot know to do: end the rollout, so the job goes to evaluation."""
+    headers = {"Authorization": f"Bearer {endpoint['api_key']}"}
+    assert client_for(stack).post(f"{endpoint['base_url']}/finish", headers=headers).status_code == 200
+
+
+def test_codex_exec_runs_its_turn_to_its_end_on_the_responses_route(
+    stack: Stack, long_context_vllm_server: VLLMServer, tokenizer: Any, tmp_path: Path
+) -> None:
+    # stopping on common tokens: a turn cut at max_output_tokens is `incomplete`, which Codex takes as a failure
+    job_id, endpoint = submit(stack, {"max_tokens": 32, "seed": 5, "stop_token_ids": common_token_ids(tokenizer)})
+    wait_until_serving(endpoint)
+    events = run_codex(endpoint["base_url"], endpoint["api_key"], "tiny", "What is 2 + 3?", tmp_path)
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "thread.started" and kinds[-1] == "turn.completed", kinds
+    usage = events[-1]["usage"]
+    finish(stack, endpoint)
+    trajectory = evaluated_record(stack, job_id)
+    assert trajectory.segments == [] and trajectory.stop_reason == "finish" and trajectory.counts.turns >= 1
+    # what Codex was told it used is the record: its ~25k-token prompt and the tokens the model wrote
+    assert usage["input_tokens"] + usage["output_tokens"] == len(trajectory.token_ids)
+    prompt = tokenizer.decode(trajectory.token_ids[: trajectory.turns[1].start])
+    assert "What is 2 + 3?" in prompt and "exec_command" in prompt, "its own prompt and tools, as it sent them"
+    assert_logprobs_are_vllms(trajectory, long_context_vllm_server)
+
+
+def test_claude_code_print_mode_runs_to_its_end_on_the_messages_route(
+    stack: Stack, long_context_vllm_server: VLLMServer, tokenizer: Any, tmp_path: Path
+) -> None:
+    job_id, endpoint = submit(stack, {"max_tokens": 32, "seed": 5, "stop_token_ids": common_token_ids(tokenizer)})
+    wait_until_serving(endpoint)
+    result = run_claude_code(endpoint["base_url"], endpoint["api_key"], "tiny", "What is 2 + 3?", tmp_path)
+    assert result["is_error"] is False and result["terminal_reason"] == "completed", result
+    finish(stack, endpoint)
+    trajectory = evaluated_record(stack, job_id)
+    assert trajectory.segments == [] and trajectory.stop_reason == "finish"
+    assert trajectory.counts.turns == result["num_turns"]
+    usage = result["usage"]
+    assert usage["input_tokens"] + usage["output_tokens"] == len(trajectory.token_ids)
+    assert trajectory.final_text == result["result"], "its answer is the record's last turn"
+    prompt = tokenizer.decode(trajectory.token_ids[: trajectory.turns[1].start])
+    assert "What is 2 + 3?" in prompt and '"name": "Bash"' in prompt, "its own prompt and tools, as it sent them"
+    assert_logprobs_are_vllms(trajectory, long_context_vllm_server)
 
 
 BASH_TOOL = {  # mini-swe-agent's tool (minisweagent.models.utils.actions_toolcall.BASH_TOOL), as it sends it
