@@ -112,22 +112,36 @@ enabled = false
 """
 
 
-def run_codex(base_url: str, key: str, model: str, prompt: str, workdir: Path) -> list[dict[str, Any]]:
-    """`codex exec` (non-interactive) on the job's endpoint; returns its JSONL events (`--json`)."""
+def run_codex(
+    base_url: str, key: str, model: str, prompt: str, workdir: Path, sandbox: str = "read-only"
+) -> list[dict[str, Any]]:
+    """`codex exec` (non-interactive) on the job's endpoint; returns its JSONL events (`--json`).
+
+    Its read-only `sandbox` (the default) runs commands under bwrap through a helper it links under
+    CODEX_HOME, which it refuses to do under /tmp (where the tests' directories are): a command then
+    fails with `bwrap: execvp codex-linux-sandbox`, so a test that has it run one asks for
+    `danger-full-access` (the command runs in the test's own directory)."""
     assert CODEX.exists(), f"no Codex CLI at {CODEX}: run scripts/setup.sh"
     home = workdir / "codex-home"
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text(codex_config(base_url, model))
-    command = [str(CODEX), "exec", "--skip-git-repo-check", "--json", prompt]
+    command = [str(CODEX), "exec", "--skip-git-repo-check", "--json", "--sandbox", sandbox, prompt]
     ran = _run(command, {"CODEX_HOME": str(home), "ROLLOUTS_JOB_KEY": key}, workdir, timeout_s=900)
     assert ran.returncode == 0, ran.tail()
     return [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
 
 
 def run_claude_code(
-    base_url: str, key: str, model: str, prompt: str, workdir: Path, max_turns: int = 2
+    base_url: str,
+    key: str,
+    model: str,
+    prompt: str,
+    workdir: Path,
+    max_turns: int = 2,
+    allowed_tools: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """`claude -p` (non-interactive) on the job's endpoint; returns its result (`--output-format json`)."""
+    """`claude -p` (non-interactive) on the job's endpoint; returns its result (`--output-format json`).
+    `allowed_tools` run without asking (`--allowedTools`, e.g. "Bash(ls:*)"); nobody is there to ask."""
     assert CLAUDE.exists(), f"no Claude Code at {CLAUDE}: run scripts/setup.sh"
     env = {
         "ANTHROPIC_BASE_URL": base_url,
@@ -141,6 +155,7 @@ def run_claude_code(
         "CLAUDE_CODE_MAX_RETRIES": "0",  # a refusal is the test's to see, not the harness's to retry
     }
     command = [str(CLAUDE), "-p", prompt, "--model", model, "--max-turns", str(max_turns), "--output-format", "json"]
+    command += ["--allowedTools", *allowed_tools] if allowed_tools else []
     ran = _run(command, env, workdir, timeout_s=900)
     assert ran.returncode == 0, ran.tail()
     return json.loads(ran.stdout.strip().splitlines()[-1])
