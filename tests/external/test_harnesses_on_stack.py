@@ -86,11 +86,18 @@ def assert_logprobs_are_vllms(trajectory: Trajectory, server: VLLMServer) -> Non
     assert worst < 1e-3, f"the record is not what the model saw: max |logprob diff| {worst}"
 
 
+def finish(stack: Stack, endpoint: dict[str, str]) -> None:
+    """What the harness cannot know to do: end the rollout, so the job goes to evaluation."""
+    headers = {"Authorization": f"Bearer {endpoint['api_key']}"}
+    assert client_for(stack).post(f"{endpoint['base_url']}/finish", headers=headers).status_code == 200
+
+
 def test_mini_swe_agent_runs_to_its_own_end_and_each_call_is_a_token_exact_segment(
     stack: Stack, long_context_vllm_server: VLLMServer, tokenizer: Any, tmp_path: Path
 ) -> None:
     stopping = {"max_tokens": 48, "seed": 5, "stop_token_ids": common_token_ids(tokenizer)}
     job_id, endpoint = submit(stack, stopping)
+    wait_until_serving(endpoint)
     saved = run_mini_swe_agent(endpoint["base_url"], endpoint["api_key"], "tiny", "What is 2 + 3?", tmp_path)
     # its own end: the tiny model never calls bash, so each reply is a format error; the third in a row ends the run
     assert saved["info"]["exit_status"] == "RepeatedFormatError", saved["info"]
@@ -98,8 +105,7 @@ def test_mini_swe_agent_runs_to_its_own_end_and_each_call_is_a_token_exact_segme
     calls = saved["info"]["model_stats"]["api_calls"]
     errors = [m for m in messages if m.get("extra", {}).get("interrupt_type") == "FormatError"]
     assert calls == len(errors) == 3 and all(m["extra"]["response"] for m in errors)
-    finish = {"Authorization": f"Bearer {endpoint['api_key']}"}
-    assert client_for(stack).post(f"{endpoint['base_url']}/finish", headers=finish).status_code == 200
+    finish(stack, endpoint)
     trajectory = evaluated_record(stack, job_id)
     # mini-swe-agent drops a reply it could not parse and sends its format-error message instead, so no call
     # extends the record before it: each call is a segment of its own, in call order, the last one the record
@@ -111,12 +117,6 @@ def test_mini_swe_agent_runs_to_its_own_end_and_each_call_is_a_token_exact_segme
         assert segment.counts.turns == 1
         assert_decodes_to_conversation(segment, renderer, task[: 2 + k])  # what the harness sent, token for token
         assert_logprobs_are_vllms(segment, long_context_vllm_server)
-
-
-def finish(stack: Stack, endpoint: dict[str, str]) -> None:
-    """What the harness cannot know to do: end the rollout, so the job goes to evaluation."""
-    headers = {"Authorization": f"Bearer {endpoint['api_key']}"}
-    assert client_for(stack).post(f"{endpoint['base_url']}/finish", headers=headers).status_code == 200
 
 
 def test_codex_exec_runs_its_turn_to_its_end_on_the_responses_route(
@@ -131,7 +131,7 @@ def test_codex_exec_runs_its_turn_to_its_end_on_the_responses_route(
     usage = events[-1]["usage"]
     finish(stack, endpoint)
     trajectory = evaluated_record(stack, job_id)
-    assert trajectory.segments == [] and trajectory.stop_reason == "finish" and trajectory.counts.turns >= 1
+    assert trajectory.segments == [] and trajectory.stop_reason == "finish" and trajectory.counts.turns == 1
     # what Codex was told it used is the record: its ~25k-token prompt and the tokens the model wrote
     assert usage["input_tokens"] + usage["output_tokens"] == len(trajectory.token_ids)
     prompt = tokenizer.decode(trajectory.token_ids[: trajectory.turns[1].start])
