@@ -82,6 +82,42 @@ if [ ! -f "$agents_stamp" ]; then
   touch "$agents_stamp"
 fi
 
+# mini-swe-agent, for the test that runs its `mini` CLI against a job's endpoint
+# (tests/external/harnesses.py): an environment of its own, since it brings litellm and its
+# dependency tree. litellm pinned too: mini-swe-agent asks only for a floor.
+MINI_ENV=${ROLLOUTS_MINI_SWE_AGENT_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/rollouts/mini-swe-agent}
+MINI_PACKAGES=(mini-swe-agent==2.4.6 litellm==1.110.2)
+mini_stamp="$MINI_ENV/.installed-$(echo "${MINI_PACKAGES[*]}" | sha1sum | cut -c1-12)"
+if [ ! -f "$mini_stamp" ]; then
+  echo "setup: installing ${MINI_PACKAGES[*]} into $MINI_ENV"
+  rm -rf "$MINI_ENV"
+  "$PY" -m venv "$MINI_ENV"
+  quietly "$MINI_ENV/pip-install.log" "$MINI_ENV/bin/pip" install "${MINI_PACKAGES[@]}"
+  quietly "$MINI_ENV/import-check.log" env MSWEA_SILENT_STARTUP=1 LITELLM_LOCAL_MODEL_COST_MAP=True \
+    "$MINI_ENV/bin/python" -c "import minisweagent.run.mini, minisweagent.models.litellm_model" \
+    || { echo "setup: mini-swe-agent does not import in $MINI_ENV" >&2; exit 1; }
+  touch "$mini_stamp"
+fi
+
+# Codex CLI and Claude Code from the npm registry, for the tests that run them non-interactively
+# against a job's endpoint (tests/external/harnesses.py). Each package ships its native binary as
+# a platform package; no install script is needed (npm 11 runs none unless approved).
+NPM_PREFIX=${ROLLOUTS_NPM_PREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/rollouts/npm}
+NPM_PACKAGES=(@openai/codex@0.171.0 @anthropic-ai/claude-code@2.1.332)
+npm_stamp="$NPM_PREFIX/.installed-$(echo "${NPM_PACKAGES[*]}" | sha1sum | cut -c1-12)"
+if [ ! -f "$npm_stamp" ]; then
+  command -v npm >/dev/null 2>&1 || { echo "setup: npm is needed for ${NPM_PACKAGES[*]}" >&2; exit 1; }
+  echo "setup: installing ${NPM_PACKAGES[*]} into $NPM_PREFIX"
+  rm -rf "$NPM_PREFIX"
+  mkdir -p "$NPM_PREFIX"
+  quietly "$NPM_PREFIX/npm-install.log" npm install --prefix "$NPM_PREFIX" --no-audit --no-fund "${NPM_PACKAGES[@]}"
+  quietly "$NPM_PREFIX/version-check.log" "$NPM_PREFIX/node_modules/.bin/codex" --version \
+    || { echo "setup: codex does not run from $NPM_PREFIX" >&2; exit 1; }
+  quietly "$NPM_PREFIX/version-check.log" "$NPM_PREFIX/node_modules/.bin/claude" --version \
+    || { echo "setup: claude does not run from $NPM_PREFIX" >&2; exit 1; }
+  touch "$npm_stamp"
+fi
+
 # The trainers the client's bridges are tested with (verl, SkyRL), in an environment of their own:
 # their torch/transformers pins are not the project's. Exact versions, --no-deps (the list is what
 # their imported code paths need), cached per user and per requirements file like the vLLM env.

@@ -14,7 +14,12 @@ from redis import Redis
 from api.app import create_app
 from cli.embedded_redis import EmbeddedRedis
 from shared.config import Settings
-from tests.support.vllm_server import start_vllm_servers, tiny_model, vllm_server  # noqa: F401 - fixtures
+from tests.support.vllm_server import (  # noqa: F401 - fixtures
+    long_context_vllm_server,
+    start_vllm_servers,
+    tiny_model,
+    vllm_server,
+)
 
 # Run as a foreground terminal would: a suite launched in the background by a non-interactive
 # shell inherits SIGINT ignored, and every child it starts would too (`rollouts up` could not
@@ -23,7 +28,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-VLLM_FIXTURES = {"vllm_server", "start_vllm_servers"}
+VLLM_FIXTURES = {"vllm_server", "start_vllm_servers", "long_context_vllm_server"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -187,6 +187,23 @@ def test_responses_streaming_is_the_responses_event_sequence(endpoint: Endpoint)
     assert endpoint.session.record().segments == []
 
 
+def test_a_system_message_among_the_messages_stays_a_system_message(endpoint: Endpoint, tokenizer: Any) -> None:
+    """Claude Code sends its environment as a system message after the first user message."""
+    environment = [{"type": "text", "text": "# Environment\n - Platform: linux\n"}]
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "List the files. [script:hi]"}]},
+        {"role": "system", "content": environment},
+    ]
+    reply = claude(endpoint).messages.create(
+        model=SCRIPTED_MODEL, system=SYSTEM, messages=messages, tools=ANTHROPIC_TOOLS, max_tokens=100
+    )
+    assert reply.content[0].text == "Hello there." and reply.stop_reason == "end_turn"
+    task = [*task_messages("hi"), {"role": "system", "content": environment[0]["text"]}]
+    record = endpoint.session.record()
+    assert_exact_against_backend(record, endpoint.served)
+    assert_decodes_to_conversation(record, renderer_for(tokenizer, anthropic_api.chat_tools(ANTHROPIC_TOOLS)), task)
+
+
 def test_a_reply_cut_at_max_tokens_says_so_in_each_format(endpoint: Endpoint) -> None:
     cut = claude(endpoint).messages.create(
         model=SCRIPTED_MODEL, max_tokens=2, messages=[{"role": "user", "content": "[script:hi]"}]
@@ -251,6 +268,14 @@ def test_anthropic_refusals_are_anthropic_errors_naming_the_field(endpoint: Endp
                 "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
             },
             "messages.0.content.0.type",
+        ),
+        (
+            {
+                "model": SCRIPTED_MODEL,
+                "max_tokens": 8,
+                "messages": [*hi, {"role": "system", "content": [{"type": "image", "source": {}}]}],
+            },
+            "messages.1.content.0",
         ),
         (
             {

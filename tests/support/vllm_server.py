@@ -22,6 +22,9 @@ from cli.vllm_server import VLLMServer
 from shared.config import Settings
 
 SERVED_NAME = "tiny"
+# The context of the long-context server: Claude Code's and Codex CLI's first requests are ~50 kB of
+# system prompt and tool schemas, a token a byte with the tiny model's tokenizer.
+LONG_CONTEXT = 98304
 
 
 def tiny_model_path() -> Path:
@@ -34,23 +37,35 @@ def tiny_model_path() -> Path:
     return tiny_model_dir(cache, seed=0, max_model_len=4096)
 
 
+def long_context_model_path() -> Path:
+    """The same tiny model (same seed) built with room for LONG_CONTEXT tokens, for the harnesses' big prompts."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rollouts" / "test-models"
+    return tiny_model_dir(cache, seed=0, max_model_len=LONG_CONTEXT)
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     return tiny_model_path()
 
 
 def start_server(
-    model: Path, log_dir: Path, served_name: str = SERVED_NAME, args: list[str] | None = None
+    model: Path,
+    log_dir: Path,
+    served_name: str = SERVED_NAME,
+    args: list[str] | None = None,
+    max_model_len: int = 4096,
 ) -> VLLMServer:
-    """Start one vLLM server on a free loopback port and wait until it serves; float32, as the trainer computes."""
+    """Start one vLLM server on a free loopback port and wait until it serves; float32, as the trainer computes.
+    A prompt is prefilled in one step (vLLM refuses a model length over its batched-token budget)."""
     port = free_port()
+    batched = ["--max-num-batched-tokens", str(max_model_len)] if max_model_len > 8192 else []  # 8192: vLLM's own
     server = VLLMServer.from_settings(
         Settings(),
         model,
         port,
         served_name=served_name,
         log_path=log_dir / f"vllm-{port}.log",
-        args=["--dtype", "float32", "--max-model-len", "4096", *(args or [])],
+        args=["--dtype", "float32", "--max-model-len", str(max_model_len), *batched, *(args or [])],
     )
     server.start()
     try:
@@ -64,6 +79,14 @@ def start_server(
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     server = start_server(tiny_model, tmp_path_factory.mktemp("vllm-logs"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def long_context_vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """A server of the tiny model with a LONG_CONTEXT window, for harnesses whose first prompt is tens of kB."""
+    server = start_server(long_context_model_path(), tmp_path_factory.mktemp("vllm-logs"), max_model_len=LONG_CONTEXT)
     yield server
     server.stop()
 

@@ -54,11 +54,14 @@ def chat_request(request: MessagesRequest) -> wire.ChatRequest:
 
 
 def _messages_of(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
-    """One Anthropic message as chat messages: tool_result blocks become tool messages, in their order."""
+    """One Anthropic message as chat messages: tool_result blocks become tool messages, in their order.
+    A system message among the messages (Claude Code sends its environment so) stays a system message there."""
     role = message.get("role")
-    if role not in ("user", "assistant"):
-        raise wire.ExternalAgentError(400, "role must be one of user, assistant", f"{where}.role")
+    if role not in ("user", "assistant", "system"):
+        raise wire.ExternalAgentError(400, "role must be one of user, assistant, system", f"{where}.role")
     content = message.get("content")
+    if role == "system":
+        return [{"role": "system", "content": _text(content, f"{where}.content")}]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
