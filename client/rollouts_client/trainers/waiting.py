@@ -3,7 +3,7 @@
 One waiter per event loop holds one long poll for *all* the jobs its callers wait on
 (`GET /v1/jobs?ids=...&wait_s=`): the service answers it as soon as one of them ends, so an end is
 seen when it happens and a trainer with 512 rows in flight holds one request, not 512. A row that
-joins cuts the poll short (after `poll_min_s`, so rows joining together are asked for together). A
+joins cuts the poll short (the rows joining in the same turn of the loop are asked for together). A
 service that answers at once with nothing ended (no push: an older service, or its events down) is
 polled every `poll_min_s`, doubling to `poll_max_s`. A job that ends resolves its caller's future;
 its full record is then read once.
@@ -41,6 +41,7 @@ class JobWaiter:
         self.pending: dict[str, list[asyncio.Future[Job]]] = {}
         self.task: asyncio.Task[None] | None = None
         self.joined = asyncio.Event()  # a job id the running poll does not ask for
+        self.fetches: set[asyncio.Future[None]] = set()  # ended jobs' records being read (kept from the GC)
 
     async def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """The job's full record once it is terminal; WaitTimeout past `timeout` (the job goes on)."""
@@ -63,33 +64,44 @@ class JobWaiter:
 
     async def _poll(self) -> None:
         interval = self.poll_min_s
+        fetching: set[str] = set()  # ended, its record being read: not asked for again
         while self.pending:
-            ids = list(self.pending)
+            ids = [j for j in self.pending if j not in fetching]
             self.joined.clear()
             asked = time.monotonic()
             try:
-                summaries = await self._summaries_unless_joined(ids)
+                summaries = await self._summaries_unless_joined(ids) if ids else None
             except Exception as exc:  # noqa: BLE001 - the client retried with backoff: every waiter gets the error
                 for job_id in list(self.pending):
                     self._settle(job_id, error=exc)
                 return
-            if summaries is None:  # a row joined: ask again for all, with the rows that join with it
-                await asyncio.sleep(self.poll_min_s)
+            if summaries is None:  # a row joined (or only records are being read): ask again, all at once
+                await asyncio.sleep(0 if ids else self.poll_min_s)
                 continue
             listed = {s.id: s for s in summaries}
             # ended, or not listed (yet: it joined after the request went out): the full record says which
-            candidates = [j for j in self.pending if j not in listed or listed[j].finished]
-            fetched = await asyncio.gather(*(self.client.get_job(j) for j in candidates), return_exceptions=True)
-            ended = 0
-            for job_id, job in zip(candidates, fetched):
-                if isinstance(job, BaseException):
-                    self._settle(job_id, error=job)
-                elif job.finished:
-                    ended += 1
-                    self._settle(job_id, job=job)
-            interval = self.poll_min_s if ended else min(interval * 2, self.poll_max_s)
-            if self.pending and not ended and time.monotonic() - asked < interval:  # answered at once: no push
+            candidates = [j for j in ids if j not in listed or listed[j].finished]
+            for job_id in candidates:  # read beside the next poll, so no end waits for another's record
+                fetching.add(job_id)
+                self.fetches.add(task := asyncio.ensure_future(self._fetch(job_id, fetching)))
+                task.add_done_callback(self.fetches.discard)
+            interval = self.poll_min_s if candidates else min(interval * 2, self.poll_max_s)
+            if self.pending and not candidates and time.monotonic() - asked < interval:  # answered at once: no push
                 await asyncio.sleep(interval)
+
+    async def _fetch(self, job_id: str, fetching: set[str]) -> None:
+        """Read an ended job's record and resolve its waiters; one not ended after all is polled again."""
+        try:
+            job = await self.client.get_job(job_id)
+        except Exception as exc:  # noqa: BLE001 - the client retried: this job's waiters get the error
+            self._settle(job_id, error=exc)
+        else:
+            if job.finished:
+                self._settle(job_id, job=job)
+        finally:
+            fetching.discard(job_id)
+            if job_id in self.pending:  # not ended after all (a summary ahead of its record): poll it again
+                self.joined.set()
 
     async def _summaries_unless_joined(self, ids: list[str]) -> list[Job] | None:
         """The long poll's answer, or None when a job joined first (the poll is then cancelled)."""
