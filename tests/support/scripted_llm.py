@@ -60,6 +60,7 @@ class ScriptedLLM:
     holds: dict[str, threading.Event] = field(default_factory=dict)
     breaks: dict[str, int] = field(default_factory=dict)
     received: int = 0
+    streams_done: int = 0  # streams that have sent their last token
     _server: ThreadingHTTPServer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -135,7 +136,9 @@ class ScriptedLLM:
             }
             yield f"data: {json.dumps({'request_id': whole['request_id'], 'choices': [chunk]})}\n\n"
             if position == 0 and name in self.holds:
-                self.holds[name].wait()
+                self.holds[name].wait(timeout=60)  # a safety net only: the test sets it (or fails: streams_done)
+        with self._lock:
+            self.streams_done += 1  # counted before the end is sent: whoever reads the end sees it counted
         yield f"data: {json.dumps({'request_id': whole['request_id'], 'choices': [], 'usage': whole['usage']})}\n\n"
         yield "data: [DONE]\n\n"
 
