@@ -91,7 +91,7 @@ def _wait_healthy(http: httpx.Client, url: str, timeout_s: float = 60) -> None:
         time.sleep(0.2)
 
 
-def first_chunk(http: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[float, float]:
+def first_chunk(http: httpx.Client, url: str, headers: dict[str, str], body: dict[str, Any]) -> tuple[float, float]:
     """Seconds to the first `data:` line of a streamed call, and to its end."""
     t0 = time.perf_counter()
     first = None
