@@ -27,7 +27,14 @@ and after a change, in one run.
 Reports p50 and p90 latency of each and the p50 differences from vllm (goals: worker - vllm < 2 ms,
 api - worker < 2 ms).
 
+Then time to first chunk, streamed (`stream: true`, `--stream-tokens` tokens a call, `--stream-calls`
+rounds, round-robin): vLLM's own streaming chat completion against the job's endpoint streaming the
+same request (its generation streamed from `/inference/v1/generate`), at the worker and through the
+API; the time until the first `data:` line, and until the stream's end (goal: first chunk within
+1.5x of vLLM's own).
+
     .venv/bin/python -m bench.external_agent_endpoint [--calls 200] [--max-tokens 8] [--before REF]
+        [--stream-calls 100] [--stream-tokens 64]
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -83,11 +91,49 @@ def _wait_healthy(http: httpx.Client, url: str, timeout_s: float = 60) -> None:
         time.sleep(0.2)
 
 
+def first_chunk(http: httpx.Client, url: str, headers: dict[str, str], body: dict[str, Any]) -> tuple[float, float]:
+    """Seconds to the first `data:` line of a streamed call, and to its end."""
+    t0 = time.perf_counter()
+    first = None
+    with http.stream("POST", url, json={**body, "stream": True}, headers=headers) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if first is None and line.startswith("data:"):
+                first = time.perf_counter() - t0
+    assert first is not None, url
+    return first, time.perf_counter() - t0
+
+
+def first_chunks(
+    http: httpx.Client, targets: dict[str, tuple[str, dict[str, str]]], body: dict[str, Any], calls: int
+) -> None:
+    """Time to first chunk of each target's stream, round-robin, after 5 rounds of warm-up; p50 and p99."""
+    firsts: dict[str, list[float]] = {name: [] for name in targets}
+    ends: dict[str, list[float]] = {name: [] for name in targets}
+    names = list(targets)
+    for i in range(calls + 5):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            first, end = first_chunk(http, *targets[name], body)
+            if i >= 5:
+                firsts[name].append(first)
+                ends[name].append(end)
+    base = statistics.median(firsts["vllm"])
+    print(f"time to first chunk, {calls} streamed calls each, {body['max_tokens']} tokens a call, round-robin")
+    for name in names:
+        p50 = statistics.median(firsts[name])
+        print(
+            f"{name:>10}: first chunk p50 {p50 * 1e3:7.2f} ms  p99 {percentile(firsts[name], 99) * 1e3:7.2f} ms  "
+            f"({p50 / base:.2f}x vllm)  stream end p50 {statistics.median(ends[name]) * 1e3:7.2f} ms"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--before", metavar="REF", help="also run the API of this git ref, side by side")
+    parser.add_argument("--stream-calls", type=int, default=100, help="rounds of the time-to-first-chunk run (0: none)")
+    parser.add_argument("--stream-tokens", type=int, default=64, help="tokens a streamed call generates")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-external-agent-"))
@@ -111,7 +157,10 @@ def main() -> None:
         client = LLMClient(request_timeout_s=300, max_retries=0)
         sampling = Sampling(max_tokens=args.max_tokens, temperature=0.0, extra={"ignore_eos": True})
         config = LoopConfig(
-            max_turns=10**6, max_context_tokens=4000, max_tokens_per_turn=args.max_tokens, allowed_tools=DEFAULT_TOOLS
+            max_turns=10**6,
+            max_context_tokens=4000,
+            max_tokens_per_turn=max(args.max_tokens, args.stream_tokens),
+            allowed_tools=DEFAULT_TOOLS,
         )
         session = ExternalAgentSession(
             _load_tokenizer(str(model)),
@@ -121,6 +170,7 @@ def main() -> None:
             config,
             sampling,
             "tiny",
+            generate_stream=lambda ids, s, on_tokens: client.stream(vllm.url, ids, s, on_tokens, "tiny"),
         )
         api_url = f"http://127.0.0.1:{free_port()}"
         env = {
@@ -200,6 +250,9 @@ def main() -> None:
                 f"{name:>10}: p50 {p50 * 1e3:7.2f} ms  p90 {percentile(times[name], 90) * 1e3:7.2f} ms  "
                 f"p50 - vllm {(p50 - base) * 1e3:+6.2f} ms"
             )
+        if args.stream_calls:
+            streamed = {name: target for name, target in targets.items() if name != "generate"}
+            first_chunks(http, streamed, {**body, "max_tokens": args.stream_tokens}, args.stream_calls)
     finally:
         for server in servers:
             server.stop()

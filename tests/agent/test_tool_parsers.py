@@ -98,3 +98,35 @@ def test_json_that_hits_a_decoder_limit_is_a_malformed_call(text: str) -> None:
 def test_llama3_json_decoder_limits_are_malformed_calls(body: str) -> None:
     result = get_parser("llama3_json").parse(body)
     assert len(result.calls) == 1 and "not valid JSON" in (result.calls[0].error or "")
+
+
+STREAMED_REPLIES = [
+    "Hello there.",
+    'Let me look.  \n<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>\nThen more.',
+    'Broken: <tool_call>{"name": "bash"',  # unclosed: the reply comes back whole, as text
+    '<tool_call>{"name": "bash", "arguments": {}}</tool_call>',
+    "\n\nLeading whitespace, then <tool_call>{bad json}</tool_call>",
+    '{"name": "bash", "parameters": {"command": "ls"}}',
+    '<|python_tag|>{"name": "bash", "parameters": {}}',
+    "  plain words for llama3",
+]
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3_json"])
+@pytest.mark.parametrize("reply", STREAMED_REPLIES)
+def test_what_a_parser_streams_of_an_unfinished_reply_always_begins_the_finished_replys_content(
+    name: str, reply: str
+) -> None:
+    """The session streams `streamable(text so far)`: it must never be taken back, whatever follows. The content an
+    agent gets is the parsed content, or the whole reply when a call is malformed (session.py, as vLLM does)."""
+    parser = get_parser(name)
+    parsed = parser.parse(reply)
+    content = reply if any(call.error for call in parsed.calls) else parsed.content
+    sent = ""
+    for end in range(len(reply) + 1):
+        shown = parser.streamable(reply[:end])
+        assert shown.startswith(sent) or not shown, (reply[:end], shown, sent)
+        sent = max(sent, shown, key=len)
+        assert content.startswith(sent), (reply[:end], sent, content)
+    if parsed.calls:
+        assert {"hermes": "<tool_call>", "llama3_json": "{"}[name] not in sent, "a call's text is never streamed"

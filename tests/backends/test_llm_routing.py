@@ -4,7 +4,7 @@ what is sent, and how timeouts, garbage and a backend that lost the model fail o
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -195,3 +195,102 @@ def test_a_backend_that_no_longer_serves_the_model_is_failed_over_and_marked(poo
 def test_no_backend_at_all_is_still_no_backend_available(pool: BackendPool) -> None:
     with scripted_client(lambda request: httpx.Response(500)) as client, pytest.raises(NoBackendAvailable):
         complete_routed(pool, client, "job-1", [1], Sampling(max_tokens=1))
+
+
+def stream_body(token_ids: list[int], break_after: int | None = None) -> Iterator[bytes]:
+    """A GenerateTokensStreamResponse stream as vLLM 0.32 sends it: a chunk a token, the finish and weight versions
+    on the last, a usage chunk, [DONE]; with `break_after`, the connection drops after that many tokens."""
+    for position, token in enumerate(token_ids):
+        if position == break_after:
+            raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+        last = position == len(token_ids) - 1
+        choice = {
+            "index": 0,
+            "token_ids": [token],
+            "logprobs": {"content": [{"token_id": token, "logprob": -0.5}]},
+            "finish_reason": "length" if last else None,
+            "stop_reason": None,
+            "weight_versions": [{"version": "7", "start": 0, "end": len(token_ids)}] if last else None,
+        }
+        yield f"data: {json.dumps({'request_id': 'r', 'choices': [choice]})}\n\n".encode()
+    usage = {"prompt_tokens": 2, "completion_tokens": len(token_ids), "total_tokens": 2 + len(token_ids)}
+    yield f"data: {json.dumps({'request_id': 'r', 'choices': [], 'usage': usage})}\n\n".encode()
+    yield b"data: [DONE]\n\n"
+
+
+class StreamingBackends(Backends):
+    """Two scripted backends that stream [7, 8]; the first one called misbehaves as `bad` says."""
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        answer = super().__call__(request)
+        if request.url.host == self.bad_host:
+            return answer
+        return httpx.Response(200, content=stream_body([7, 8]), headers={"content-type": "text/event-stream"})
+
+
+def test_a_streamed_call_is_the_completion_an_unstreamed_one_is(pool: BackendPool) -> None:
+    pool.register("http://a:8000", "policy-v1")
+    bodies: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        if body["stream"]:
+            return httpx.Response(200, content=stream_body([5, 6, 9]))
+        return httpx.Response(200, json=completion([5, 6, 9]))
+
+    chunks: list[list[int]] = []
+    with scripted_client(handler) as client:
+        whole = complete_routed(pool, client, "job-1", [1, 2], Sampling(max_tokens=3), model="policy-v1")
+        streamed = complete_routed(
+            pool, client, "job-1", [1, 2], Sampling(max_tokens=3), model="policy-v1", on_tokens=chunks.append
+        )
+    assert chunks == [[5], [6], [9]], "each chunk's tokens are handed on as they come"
+    assert bodies[1]["stream"] and bodies[1]["stream_options"] == {"include_usage": True}
+    assert {**bodies[1], "stream": False, "stream_options": None} == {**bodies[0], "stream_options": None}
+    for name in ("token_ids", "logprobs", "finish_reason", "stop_reason", "weight_versions", "model", "prompt_tokens"):
+        assert getattr(streamed, name) == getattr(whole, name), name
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(lambda r: httpx.Response(200, content=stream_body([3, 4], break_after=0)), id="dies-at-once"),
+        pytest.param(
+            lambda r: httpx.Response(200, content=[b'data: {"error": {"message": "engine dead", "code": 500}}\n\n']),
+            id="error-chunk",
+        ),
+        pytest.param(lambda r: httpx.Response(503, json={"error": {"message": "overloaded"}}), id="503"),
+    ],
+)
+def test_a_stream_that_fails_before_its_first_token_fails_over(pool: BackendPool, bad: Handler) -> None:
+    for host in ("a", "b"):
+        pool.register(f"http://{host}:8000", "policy-v1")
+    backends = StreamingBackends(bad)
+    chunks: list[list[int]] = []
+    with scripted_client(backends) as client:
+        turn = complete_routed(pool, client, "job-1", [1, 2], Sampling(max_tokens=2), on_tokens=chunks.append)
+    assert turn.token_ids == [7, 8] and chunks == [[7], [8]], "only the other backend's tokens were handed on"
+
+
+def test_a_stream_that_breaks_after_its_first_token_is_raised_not_failed_over(pool: BackendPool) -> None:
+    for host in ("a", "b"):
+        pool.register(f"http://{host}:8000", "policy-v1")
+    backends = StreamingBackends(lambda r: httpx.Response(200, content=stream_body([3, 4, 5], break_after=2)))
+    chunks: list[list[int]] = []
+    with (
+        scripted_client(backends) as client,
+        pytest.raises(BackendUnavailable, match="the stream broke"),
+    ):
+        complete_routed(pool, client, "job-1", [1, 2], Sampling(max_tokens=3), on_tokens=chunks.append)
+    assert chunks == [[3], [4]] and len(backends.requests) == 1, "no second backend: the caller has its tokens"
+
+
+def test_a_stream_without_a_finish_is_a_bad_response(pool: BackendPool) -> None:
+    pool.register("http://a:8000", "policy-v1")
+    cut = [line for line in stream_body([5]) if b"finish_reason" not in line]
+    with (
+        scripted_client(lambda r: httpx.Response(200, content=cut)) as client,
+        pytest.raises(BadBackendResponse, match="without a finish reason"),
+    ):
+        complete_routed(pool, client, "job-1", [1], Sampling(max_tokens=1), on_tokens=lambda ids: None)

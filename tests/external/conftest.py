@@ -18,7 +18,7 @@ from workers.rollout.agent_loop import LoopConfig
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.external_agent.server import ThreadServer, build_app
 from workers.rollout.external_agent.session import ExternalAgentSession
-from workers.rollout.llm_client import Completion, LLMClient, Sampling
+from workers.rollout.llm_client import Completion, LLMClient, Sampling, TokenSink
 from workers.rollout.tool_parsers import get_parser
 from workers.sandbox import Sandbox
 
@@ -70,12 +70,16 @@ def serve(
     max_conversations: int = 32,
     **config: Any,
 ) -> Iterator[Endpoint]:
-    """A session on `backend_url` (every call kept as Served), served over HTTP as the rollout stage serves it."""
+    """A session on `backend_url` (every call kept as Served; streamed calls streamed from the backend), served over
+    HTTP as the rollout stage serves it."""
     client = LLMClient(request_timeout_s=300, max_retries=0)
     served: list[Served] = []
 
-    def generate(prompt: list[int], sampling: Sampling) -> Completion:
-        completion = client.complete(backend_url, prompt, sampling, model)
+    def generate(prompt: list[int], sampling: Sampling, on_tokens: TokenSink | None = None) -> Completion:
+        if on_tokens is None:
+            completion = client.complete(backend_url, prompt, sampling, model)
+        else:
+            completion = client.stream(backend_url, prompt, sampling, on_tokens, model)
         served.append(Served(prompt, completion.token_ids, completion.logprobs, sampling.max_tokens))
         return completion
 
@@ -93,6 +97,7 @@ def serve(
         sampling or Sampling(max_tokens=32, temperature=1.0, seed=7),
         model,
         max_conversations=max_conversations,
+        generate_stream=generate,
     )
     task = {"messages": TASK, "tools": TOOLS, "model": model}
     server = ThreadServer(build_app(session, job_id, SECRET, lambda: task), "127.0.0.1").start()

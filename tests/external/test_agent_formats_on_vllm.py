@@ -12,6 +12,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import pytest
 
 from cli.vllm_server import VLLMServer
@@ -81,3 +82,39 @@ def test_the_openai_agents_sdk_on_vllm_is_one_token_exact_record(stopping_endpoi
     assert record.final_text == ran["final_output"] or ran["tool_calls"]
     assert_exact_against_backend(record, stopping_endpoint.served)
     assert all(call.max_tokens <= 32 for call in stopping_endpoint.served)
+
+
+@pytest.fixture()
+def greedy_pair(tokenizer: Any, vllm_server: VLLMServer) -> Iterator[tuple[Endpoint, Endpoint]]:
+    """Two jobs sampling greedily from the same vLLM: one is called streamed, the other not."""
+    sampling = Sampling(max_tokens=24, temperature=0.0, seed=7)
+    for streamed in serve(tokenizer, vllm_server.url, SERVED_NAME, None, job_id="job-streamed", sampling=sampling):
+        for whole in serve(tokenizer, vllm_server.url, SERVED_NAME, None, job_id="job-whole", sampling=sampling):
+            yield streamed, whole
+
+
+@pytest.mark.parametrize("stop", [None, ["e", "a"]])
+def test_a_streamed_conversation_on_vllm_records_what_an_unstreamed_one_does(
+    greedy_pair: tuple[Endpoint, Endpoint], stop: list[str] | None
+) -> None:
+    """vLLM streams token ids and logprobs: the same calls streamed and not give the same replies and records,
+    stop strings and max_tokens included."""
+    streamed, whole = greedy_pair
+    clients = [openai.OpenAI(base_url=f"{e.url}/v1", api_key=e.key, max_retries=0) for e in greedy_pair]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Count."}]
+    for _ in range(3):
+        asked = {"model": SERVED_NAME, "messages": messages, "max_tokens": 16, "stop": stop}
+        chunks = list(clients[0].chat.completions.create(**asked, stream=True))
+        reply = clients[1].chat.completions.create(**asked)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == (reply.choices[0].message.content or "")
+        assert chunks[-1].choices[0].finish_reason == reply.choices[0].finish_reason
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Go on."}]
+    one, other = streamed.session.record(), whole.session.record()
+    assert one.segments == other.segments == [] and one.counts.turns == 3
+    assert (one.token_ids, one.loss_mask) == (other.token_ids, other.loss_mask)
+    assert one.logprobs == other.logprobs
+    assert [(t.finish_reason, t.stop_reason) for t in one.turns] == [
+        (t.finish_reason, t.stop_reason) for t in other.turns
+    ]
+    assert_exact_against_backend(one, streamed.served)

@@ -16,6 +16,11 @@ Logprobs are deterministic made-up values. Every request and response is kept in
 `exchanges` so tests compare the trajectory with exactly what was served. A script
 with an event in `gates` holds every request until the test sets it (`received`
 counts requests as they arrive, held or not).
+
+`stream: true` answers as vLLM's generate stream does (one GenerateTokensStreamResponse chunk a
+token, the finish on the last, a usage chunk, `[DONE]`). For the streaming tests, a script may
+hold its stream after the first token until an event in `holds` is set, and may break off (the
+connection closed, as a dying server leaves it) after `breaks[script]` tokens.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -51,7 +57,10 @@ class ScriptedLLM:
     version: str = "1"  # the weight version every reply reports
     exchanges: list[Exchange] = field(default_factory=list)
     gates: dict[str, threading.Event] = field(default_factory=dict)
+    holds: dict[str, threading.Event] = field(default_factory=dict)
+    breaks: dict[str, int] = field(default_factory=dict)
     received: int = 0
+    streams_done: int = 0  # streams that have sent their last token
     _server: ThreadingHTTPServer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -104,6 +113,35 @@ class ScriptedLLM:
             },
         }
 
+    def stream(self, body: dict[str, Any]) -> Iterator[str]:
+        """The reply of `complete` as vLLM streams it, chunk by chunk (a LookupError before the first)."""
+        whole = self.complete(body)
+        script = MARKER.search(self.tokenizer.decode([int(t) for t in body["token_ids"]], skip_special_tokens=False))
+        return self._chunks(whole, script.group(1) if script is not None else "")
+
+    def _chunks(self, whole: dict[str, Any], name: str) -> Iterator[str]:
+        choice = whole["choices"][0]
+        ids, content = choice["token_ids"], choice["logprobs"]["content"]
+        for position, (token, entry) in enumerate(zip(ids, content)):
+            if position == self.breaks.get(name, -1):
+                return  # the connection closes mid-stream, without [DONE]
+            last = position == len(ids) - 1
+            chunk = {
+                "index": 0,
+                "token_ids": [token],
+                "logprobs": {"content": [entry]},
+                "finish_reason": choice["finish_reason"] if last else None,
+                "stop_reason": None,
+                "weight_versions": choice["weight_versions"] if last else None,
+            }
+            yield f"data: {json.dumps({'request_id': whole['request_id'], 'choices': [chunk]})}\n\n"
+            if position == 0 and name in self.holds:
+                self.holds[name].wait(timeout=60)  # a safety net only: the test sets it (or fails: streams_done)
+        with self._lock:
+            self.streams_done += 1  # counted before the end is sent: whoever reads the end sees it counted
+        yield f"data: {json.dumps({'request_id': whole['request_id'], 'choices': [], 'usage': whole['usage']})}\n\n"
+        yield "data: [DONE]\n\n"
+
     def start(self) -> ScriptedLLM:
         llm = self
 
@@ -118,6 +156,15 @@ class ScriptedLLM:
                     return
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 try:
+                    if body.get("stream"):
+                        chunks = llm.stream(body)
+                        self.send_response(200)
+                        self.send_header("Content-Type", "text/event-stream")
+                        self.end_headers()
+                        for chunk in chunks:
+                            self.wfile.write(chunk.encode())
+                            self.wfile.flush()
+                        return
                     self.send_json(200, llm.complete(body))
                 except LookupError as exc:
                     self.send_json(400, {"error": {"message": str(exc), "type": "BadRequestError"}})

@@ -39,6 +39,8 @@ FINISH_TOOL = "finish"
 _CONTEXT_ERROR = re.compile(r"maximum (?:context length is|model length of) (\d+)")
 
 Generate = Callable[[list[int], Sampling], Completion]
+# The same, streamed: the third argument takes each chunk's new token ids as the backend generates them.
+StreamGenerate = Callable[[list[int], Sampling, Callable[[list[int]], None]], Completion]
 RunTool = Callable[[str, dict[str, Any], "float | None"], ToolResult]
 
 

@@ -18,7 +18,7 @@ from workers.rollout.agent_loop import FINISH_TOOL, AgentLoop, Generate, LoopCon
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.interruptible import call_interruptibly
 from workers.rollout.job_sandbox import JobSandbox, lifetime_for, open_job_sandbox, sandbox_pool
-from workers.rollout.llm_client import Completion, Sampling
+from workers.rollout.llm_client import Completion, Sampling, TokenSink
 from workers.rollout.llm_routing import complete_routed
 from workers.rollout.llm_services import llm_services, load_tokenizer
 from workers.rollout.tool_parsers import get_parser
@@ -144,16 +144,19 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
 
 
 def pinned_generate(ctx: StageContext, model: str | None, release_pin: Callable[[], None]) -> Generate:
-    """Generation for this job: routed to its pinned backend (failover included), interruptible."""
+    """Generation for this job: routed to its pinned backend (failover included), interruptible; streamed
+    when given `on_tokens` (a StreamGenerate too)."""
     llm = llm_services()
     group_id = ctx.request.group_id
 
-    def generate(prompt: list[int], sampling: Sampling) -> Completion:
+    def generate(prompt: list[int], sampling: Sampling, on_tokens: TokenSink | None = None) -> Completion:
         # A cancel or the deadline does not wait for a generation in flight; if one is left
         # running, it releases the pin it may have re-taken (failover) when it ends.
         return call_interruptibly(
             ctx,
-            lambda: complete_routed(llm.pool, llm.client, ctx.job_id, prompt, sampling, group_id=group_id, model=model),
+            lambda: complete_routed(
+                llm.pool, llm.client, ctx.job_id, prompt, sampling, group_id=group_id, model=model, on_tokens=on_tokens
+            ),
             on_abandoned=release_pin,
         )
 

@@ -26,14 +26,22 @@ Connection errors and 5xx are retried with exponential backoff; a 4xx raises
 ``BackendRequestError`` with the backend's message. A 2xx whose body is not a completion with
 token IDs and logprobs that line up raises ``BadBackendResponse``; ``complete_routed`` treats
 that like an unavailable backend and fails over.
+
+``LLMClient.stream`` is the same call with ``stream: true`` on the generate route: each chunk's new
+token ids (and their logprobs) go to a callback as vLLM samples them, and the Completion it returns
+is the one ``complete`` would have returned (the same ids, logprobs, finish and weight versions).
+Only the start is retried: once the backend has answered 200, a broken stream is
+``BackendUnavailable`` at once (tokens may already be with the caller). A backend without the
+generate route answers through /v1/completions in one piece, handed to the callback at the end.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +55,8 @@ log = logging.getLogger(__name__)
 _TOKEN_ID_PREFIX = "token_id:"
 GENERATE_PATH = "/inference/v1/generate"
 COMPLETIONS_PATH = "/v1/completions"
+
+TokenSink = Callable[[list[int]], None]  # takes each chunk's new token ids, as the backend streams them
 
 
 class _RouteMissing(Exception):
@@ -243,6 +253,76 @@ class LLMClient:
                     self._no_generate_route.add(base)
         return self._post(base + COMPLETIONS_PATH, request_body(prompt_token_ids, sampling, model), _parse, backend_id)
 
+    def stream(
+        self,
+        url: str,
+        prompt_token_ids: list[int],
+        sampling: Sampling,
+        on_tokens: TokenSink,
+        model: str | None = None,
+        backend_id: str = "",
+    ) -> Completion:
+        """``complete``, streamed: ``on_tokens`` gets each chunk's new token ids as the backend generates them."""
+        backend_id = backend_id or url
+        base = url.rstrip("/")
+        if base not in self._no_generate_route:
+            body = {
+                **generate_body(prompt_token_ids, sampling, model),
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            try:
+                return self._stream(base + GENERATE_PATH, body, on_tokens, model or "", backend_id)
+            except _RouteMissing:
+                log.warning("backend %s has no %s: using /v1/completions, unstreamed", backend_id, GENERATE_PATH)
+                with self._routes_lock:
+                    self._no_generate_route.add(base)
+        completion = self._post(
+            base + COMPLETIONS_PATH, request_body(prompt_token_ids, sampling, model), _parse, backend_id
+        )
+        if completion.token_ids:
+            on_tokens(list(completion.token_ids))
+        return completion
+
+    def _stream(
+        self, endpoint: str, body: dict[str, Any], on_tokens: TokenSink, model: str, backend_id: str
+    ) -> Completion:
+        """One streamed generate call: the start retried as ``_post`` retries, the stream itself never."""
+        started = time.perf_counter()
+        last_error = ""
+        for attempt in range(1, self.max_retries + 2):
+            try:
+                with self._http.stream("POST", endpoint, json=body) as response:
+                    if response.status_code < 400:
+                        stream = _StreamedCompletion(backend_id, model, on_tokens)
+                        try:
+                            stream.read(response.iter_lines())
+                        except httpx.TimeoutException as exc:
+                            raise BackendUnavailable(
+                                f"the stream timed out: {type(exc).__name__}", backend_id, timed_out=True
+                            ) from exc
+                        except httpx.TransportError as exc:
+                            raise BackendUnavailable(
+                                f"the stream broke: {type(exc).__name__}: {exc}", backend_id
+                            ) from exc
+                        return stream.completion(time.perf_counter() - started, attempt)
+                    response.read()
+            except httpx.TimeoutException as exc:
+                raise BackendUnavailable(f"timed out: {type(exc).__name__}", backend_id, timed_out=True) from exc
+            except httpx.TransportError as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code == 404 and _is_router_404(response):
+                    raise _RouteMissing(endpoint)
+                if response.status_code < 500:
+                    raise BackendRequestError(response.status_code, _error_text(response), backend_id)
+                last_error = f"{response.status_code}: {_error_text(response)}"
+            if attempt <= self.max_retries:
+                delay = self.backoff_s * 2 ** (attempt - 1)
+                log.warning("backend %s failed (%s); retry %d in %.2fs", backend_id, last_error, attempt, delay)
+                time.sleep(delay)
+        raise BackendUnavailable(f"{last_error} after {self.max_retries + 1} attempts", backend_id)
+
     def _post(self, endpoint: str, body: dict[str, Any], parse: Any, backend_id: str) -> Completion:
         started = time.perf_counter()
         last_error = ""
@@ -274,6 +354,85 @@ class LLMClient:
                 log.warning("backend %s failed (%s); retry %d in %.2fs", backend_id, last_error, attempt, delay)
                 time.sleep(delay)
         raise BackendUnavailable(f"{last_error} after {self.max_retries + 1} attempts", backend_id)
+
+
+class _StreamedCompletion:
+    """A generate stream (GenerateTokensStreamResponse chunks) read into one Completion, each chunk's ids handed on.
+
+    Chunks carry the new ``token_ids`` with ``logprobs.content`` for them; the last choice chunk
+    ``finish_reason``, ``stop_reason`` and ``weight_versions`` (the whole output); a final chunk
+    without choices the usage; then ``[DONE]``. vLLM reports a failure inside the stream as a
+    ``data: {"error": ...}`` line."""
+
+    def __init__(self, backend_id: str, model: str, on_tokens: TokenSink) -> None:
+        self.backend_id, self.model, self.on_tokens = backend_id, model, on_tokens
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.spans: tuple[WeightSpan, ...] = ()
+        self.usage: dict[str, Any] = {}
+
+    def read(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            if not line.startswith("data:"):
+                continue
+            payload = line[len("data:") :].strip()
+            if payload == "[DONE]":
+                if self.finish_reason is None:
+                    raise BadBackendResponse("the stream ended without a finish reason", self.backend_id)
+                return
+            try:
+                data = json.loads(payload)
+            except ValueError as exc:
+                raise BadBackendResponse(f"a stream chunk is not JSON: {payload[:200]!r}", self.backend_id) from exc
+            if not isinstance(data, dict):
+                raise BadBackendResponse(f"a stream chunk is not an object: {payload[:200]!r}", self.backend_id)
+            if data.get("error") is not None:  # the generation failed in the engine, after the 200
+                error = data["error"]
+                message = error.get("message") if isinstance(error, dict) else error
+                raise BackendUnavailable(f"the stream ended with an error: {message}", self.backend_id)
+            self.usage = data.get("usage") or self.usage
+            for choice in data.get("choices") or []:
+                self._take(choice)
+        raise BackendUnavailable("the stream ended before [DONE]", self.backend_id)
+
+    def _take(self, choice: dict[str, Any]) -> None:
+        try:
+            ids = [int(t) for t in choice.get("token_ids") or []]
+            content = (choice.get("logprobs") or {}).get("content") or []
+            if len(content) != len(ids) or any(int(e["token_id"]) != t for e, t in zip(content, ids)):
+                raise BadBackendResponse("a stream chunk's logprobs do not line up with its token ids", self.backend_id)
+            logprobs = [float(entry["logprob"]) for entry in content]
+            if choice.get("weight_versions"):
+                self.spans = tuple(
+                    WeightSpan(str(s["version"]), int(s["start"]), int(s["end"])) for s in choice["weight_versions"]
+                )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise BadBackendResponse(f"unexpected stream chunk: {exc!r}", self.backend_id) from exc
+        if choice.get("finish_reason") is not None:
+            self.finish_reason, self.stop_reason = choice["finish_reason"], choice.get("stop_reason")
+        if ids:
+            self.token_ids += ids
+            self.logprobs += logprobs
+            self.on_tokens(ids)
+
+    def completion(self, latency_s: float, attempts: int) -> Completion:
+        details = self.usage.get("prompt_tokens_details") or {}
+        return Completion(
+            token_ids=self.token_ids,
+            logprobs=self.logprobs,
+            text="",
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            model=self.model,  # the stream's chunks do not name it: the model the request named
+            backend_id=self.backend_id,
+            prompt_tokens=int(self.usage.get("prompt_tokens", 0)),
+            cached_tokens=details.get("cached_tokens"),
+            latency_s=latency_s,
+            attempts=attempts,
+            weight_versions=self.spans,
+        )
 
 
 def generate_body(prompt_token_ids: list[int], sampling: Sampling, model: str | None = None) -> dict[str, Any]:

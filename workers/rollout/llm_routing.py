@@ -20,6 +20,7 @@ from workers.rollout.llm_client import (
     Completion,
     LLMClient,
     Sampling,
+    TokenSink,
     WeightSpan,
 )
 
@@ -35,6 +36,7 @@ def complete_routed(
     group_id: str | None = None,
     failovers: int = 2,
     model: str | None = None,
+    on_tokens: TokenSink | None = None,
 ) -> Completion:
     """Generate one turn on the trajectory's pinned backend, failing over up to ``failovers`` times.
 
@@ -61,7 +63,19 @@ def complete_routed(
     no other is open), ``BackendRequestError`` on a 4xx (the request itself is wrong), and the
     last backend's ``BackendUnavailable`` / ``BadBackendResponse`` when failovers run out or
     no backend that has not failed this call is left while a failed one is still in the pool.
+
+    ``on_tokens``: stream the generation (``LLMClient.stream``), each chunk's new token ids handed to it.
+    A failover happens only before the first of them: a backend that fails after it is reported
+    as above, and its error is raised (the caller has tokens it cannot take back).
     """
+    delivered = False
+
+    def deliver(ids: list[int]) -> None:
+        nonlocal delivered
+        delivered = True
+        assert on_tokens is not None
+        on_tokens(ids)
+
     failed: list[str] = []
     still_open = False  # whether a backend that failed this call is still in the pool
     last_error: BackendUnavailable | BadBackendResponse | None = None
@@ -79,9 +93,14 @@ def complete_routed(
         try:
             declared = pool.declared_version(pin.backend_id)  # read before: an update during the call is newer
             with log_context.bind(backend=pin.backend_id):  # every record of this call names its backend
-                completion = client.complete(
-                    pin.url, prompt_token_ids, sampling, model=pin.model or None, backend_id=pin.backend_id
-                )
+                if on_tokens is None:
+                    completion = client.complete(
+                        pin.url, prompt_token_ids, sampling, model=pin.model or None, backend_id=pin.backend_id
+                    )
+                else:
+                    completion = client.stream(
+                        pin.url, prompt_token_ids, sampling, deliver, model=pin.model or None, backend_id=pin.backend_id
+                    )
             return _labelled(completion, declared)
         except BackendUnavailable as exc:
             failed.append(pin.backend_id)
@@ -89,12 +108,16 @@ def complete_routed(
             last_error = exc
             still_healthy = pool.report_failure(pin.backend_id, str(exc))
             still_open = still_open or still_healthy
+            if delivered:
+                raise
             log.warning("job %s: %s (healthy after probe: %s); failing over", job_id, exc, still_healthy)
         except BadBackendResponse as exc:
             failed.append(pin.backend_id)
             _record_failover(pool, job_id, pin.backend_id)
             last_error = exc
             still_open = True
+            if delivered:
+                raise
             log.warning("job %s: backend %s sent an unusable response (%s); failing over", job_id, pin.backend_id, exc)
         except BackendRequestError as exc:
             if exc.status != 404:

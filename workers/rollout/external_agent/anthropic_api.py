@@ -11,12 +11,17 @@ error body; the field goes first in the message as Anthropic writes it (`message
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.external_agent_errors import anthropic_error
 from workers.rollout.external_agent import wire
+
+if TYPE_CHECKING:
+    from workers.rollout.external_agent.session import Progress
+    from workers.rollout.external_agent.streaming import StreamedCall
 
 
 class MessagesRequest(BaseModel):
@@ -168,7 +173,7 @@ def message_of(chat: dict[str, Any], request: MessagesRequest) -> dict[str, Any]
         )
     stop_reason, stop_sequence = _stop(choice, request)
     return {
-        "id": f"msg_{chat['id'].removeprefix('chatcmpl-')}",
+        "id": _message_id(chat["id"]),
         "type": "message",
         "role": "assistant",
         "model": chat["model"],
@@ -177,6 +182,10 @@ def message_of(chat: dict[str, Any], request: MessagesRequest) -> dict[str, Any]
         "stop_sequence": stop_sequence,
         "usage": {"input_tokens": chat["usage"]["prompt_tokens"], "output_tokens": chat["usage"]["completion_tokens"]},
     }
+
+
+def _message_id(chat_id: str) -> str:
+    return f"msg_{chat_id.removeprefix('chatcmpl-')}"
 
 
 def _stop(choice: dict[str, Any], request: MessagesRequest) -> tuple[str, str | None]:
@@ -190,34 +199,76 @@ def _stop(choice: dict[str, Any], request: MessagesRequest) -> tuple[str, str | 
     return "end_turn", None
 
 
+def _event(event: dict[str, Any]) -> str:
+    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+
+
+def _opening(message: dict[str, Any]) -> str:
+    usage = {"input_tokens": message["usage"]["input_tokens"], "output_tokens": 0}
+    opening = {**message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
+    return _event({"type": "message_start", "message": opening})
+
+
 def events(message: dict[str, Any]) -> list[str]:
     """The Messages SSE sequence for a complete message: message_start, each block (start, delta, stop),
     message_delta (stop_reason, output tokens), message_stop."""
-    sequence: list[dict[str, Any]] = []
-    usage = message["usage"]
-    opening = {
-        **message,
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": {"input_tokens": usage["input_tokens"], "output_tokens": 0},
-    }
-    sequence.append({"type": "message_start", "message": opening})
+    return [_opening(message), *_blocks(message, None)]
+
+
+def _blocks(message: dict[str, Any], sent: str | None) -> list[str]:
+    """Each block's events, then message_delta and message_stop; `sent`: the text the text block, opened while
+    streaming, has had so far (None: nothing was opened)."""
+    out: list[str] = []
     for index, block in enumerate(message["content"]):
         if block["type"] == "text":
-            start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+            start, text = (
+                {"type": "text", "text": ""},
+                block["text"] if sent is None else wire.rest_of(block["text"], sent),
+            )
+            delta = {"type": "text_delta", "text": text} if text or sent is None else None
         else:
             start = {**block, "input": {}}
             delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
-        sequence.append({"type": "content_block_start", "index": index, "content_block": start})
-        sequence.append({"type": "content_block_delta", "index": index, "delta": delta})
-        sequence.append({"type": "content_block_stop", "index": index})
-    sequence.append(
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
-            "usage": {"output_tokens": usage["output_tokens"]},
-        }
+        if block["type"] != "text" or sent is None:
+            out.append(_event({"type": "content_block_start", "index": index, "content_block": start}))
+        if delta is not None:
+            out.append(_event({"type": "content_block_delta", "index": index, "delta": delta}))
+        out.append(_event({"type": "content_block_stop", "index": index}))
+    stop = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
+    out.append(
+        _event({"type": "message_delta", "delta": stop, "usage": {"output_tokens": message["usage"]["output_tokens"]}})
     )
-    sequence.append({"type": "message_stop"})
-    return [f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in sequence]
+    out.append(_event({"type": "message_stop"}))
+    return out
+
+
+async def stream_events(
+    call: StreamedCall, opened: Progress, request: MessagesRequest, model: str
+) -> AsyncIterator[str]:
+    """A streamed call's events: message_start at its first tokens, the text block opened at its first text and a
+    `text_delta` per piece, then the rest (`_blocks`); a failure after message_start ends it with an `error` event."""
+    head = {
+        "id": _message_id(opened.call_id),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": opened.prompt_tokens, "output_tokens": 0},
+    }
+    yield _opening(head)
+    sent = None
+    try:
+        async for text in call.texts():
+            if sent is None:
+                yield _event({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+                sent = ""
+            sent += text
+            yield _event({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}})
+    except wire.ExternalAgentError as exc:
+        yield _event(error_body(exc))
+        return
+    assert call.result is not None
+    for line in _blocks(message_of(call.result, request), sent):
+        yield line

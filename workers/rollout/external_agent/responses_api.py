@@ -15,11 +15,16 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from workers.rollout.external_agent import wire
+
+if TYPE_CHECKING:
+    from workers.rollout.external_agent.session import Progress
+    from workers.rollout.external_agent.streaming import StreamedCall
 
 _KEPT_RESPONSES = 256  # previous_response_id reaches this many of the job's latest responses
 
@@ -216,37 +221,111 @@ def conversation_after(call: wire.ChatRequest, skip: int, chat: dict[str, Any]) 
     return [*call.messages[skip:], chat["choices"][0]["message"]]
 
 
+class _Sequence:
+    """Numbers a response's events (`sequence_number`) and writes each as an SSE event."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def event(self, kind: str, **fields: Any) -> str:
+        event = {"type": kind, "sequence_number": self.next, **fields}
+        self.next += 1
+        return f"event: {kind}\ndata: {json.dumps(event)}\n\n"
+
+
+def _opening(response: dict[str, Any]) -> dict[str, Any]:
+    return {**response, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
+
+
 def events(response: dict[str, Any]) -> list[str]:
     """The Responses SSE sequence for a complete response: created, in_progress, each output item (added, its
     part or arguments, its deltas, done), then completed (or incomplete)."""
-    sequence: list[dict[str, Any]] = []
+    sequence = _Sequence()
+    opening = _opening(response)
+    return [
+        sequence.event("response.created", response=opening),
+        sequence.event("response.in_progress", response=opening),
+        *_items(sequence, response, None),
+    ]
 
-    def emit(kind: str, **fields: Any) -> None:
-        sequence.append({"type": kind, "sequence_number": len(sequence), **fields})
 
-    opening = {**response, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
-    emit("response.created", response=opening)
-    emit("response.in_progress", response=opening)
+def _message_added(sequence: _Sequence, item_id: str) -> list[str]:
+    """A message item (output 0) and its text part opened, before any of its text."""
+    item = {"type": "message", "id": item_id, "role": "assistant", "status": "in_progress", "content": []}
+    empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    return [
+        sequence.event("response.output_item.added", output_index=0, item=item),
+        sequence.event("response.content_part.added", item_id=item_id, output_index=0, content_index=0, part=empty),
+    ]
+
+
+def _items(sequence: _Sequence, response: dict[str, Any], sent: str | None) -> list[str]:
+    """Each output item's events, then completed (or incomplete); `sent`: the text the message item, opened
+    while streaming, has had so far (None: nothing was opened)."""
+    out: list[str] = []
     for index, item in enumerate(response["output"]):
         at = {"item_id": item["id"], "output_index": index}  # where each event of this item points
         if item["type"] == "message":
             text, part_at = item["content"][0]["text"], {**at, "content_index": 0}
-            emit(
-                "response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []}
-            )
-            empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            emit("response.content_part.added", **part_at, part=empty)
-            emit("response.output_text.delta", **part_at, delta=text, logprobs=[])
-            emit("response.output_text.done", **part_at, text=text, logprobs=[])
-            emit("response.content_part.done", **part_at, part=item["content"][0])
+            if sent is None:
+                out += _message_added(sequence, item["id"])
+            delta = text if sent is None else wire.rest_of(text, sent)
+            if delta or sent is None:
+                out.append(sequence.event("response.output_text.delta", **part_at, delta=delta, logprobs=[]))
+            out.append(sequence.event("response.output_text.done", **part_at, text=text, logprobs=[]))
+            out.append(sequence.event("response.content_part.done", **part_at, part=item["content"][0]))
         else:
-            emit(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "status": "in_progress", "arguments": ""},
+            added = {**item, "status": "in_progress", "arguments": ""}
+            out.append(sequence.event("response.output_item.added", output_index=index, item=added))
+            out.append(sequence.event("response.function_call_arguments.delta", **at, delta=item["arguments"]))
+            out.append(
+                sequence.event(
+                    "response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"]
+                )
             )
-            emit("response.function_call_arguments.delta", **at, delta=item["arguments"])
-            emit("response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])
-        emit("response.output_item.done", output_index=index, item=item)
-    emit("response.incomplete" if response["status"] == "incomplete" else "response.completed", response=response)
-    return [f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in sequence]
+        out.append(sequence.event("response.output_item.done", output_index=index, item=item))
+    done = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+    out.append(sequence.event(done, response=response))
+    return out
+
+
+async def stream_events(
+    call: StreamedCall,
+    opened: Progress,
+    request: ResponsesRequest,
+    response_id: str,
+    model: str,
+    respond: Callable[[dict[str, Any]], dict[str, Any]],
+) -> AsyncIterator[str]:
+    """A streamed call's events: created and in_progress at its first tokens, the message item opened at its first
+    text and an `output_text.delta` per piece, then the rest (`_items`) from `respond(chat answer)`. A failure
+    after the first event ends it with `error` and `response.failed`."""
+    sequence = _Sequence()
+    stub = {
+        "id": opened.call_id,
+        "model": model,
+        "choices": [{"message": {"content": None}, "finish_reason": "stop"}],
+        "usage": wire.usage(opened.prompt_tokens, 0),
+    }
+    opening = _opening(response_of(stub, request, response_id))
+    yield sequence.event("response.created", response=opening)
+    yield sequence.event("response.in_progress", response=opening)
+    item_id, sent = f"msg_{response_id}", None
+    try:
+        async for text in call.texts():
+            if sent is None:
+                for line in _message_added(sequence, item_id):
+                    yield line
+                sent = ""
+            sent += text
+            yield sequence.event(
+                "response.output_text.delta", item_id=item_id, output_index=0, content_index=0, delta=text, logprobs=[]
+            )
+    except wire.ExternalAgentError as exc:
+        yield sequence.event("error", code=exc.kind, message=exc.message, param=exc.param)
+        failed = {**opening, "status": "failed", "error": {"code": "server_error", "message": exc.message}}
+        yield sequence.event("response.failed", response=failed)
+        return
+    assert call.result is not None
+    for line in _items(sequence, {**respond(call.result), "created_at": opening["created_at"]}, sent):
+        yield line

@@ -5,6 +5,8 @@ key is checked here again, since this port is reachable on the worker's network 
 thin: parse, call the session, answer; a ExternalAgentError becomes the called format's error body
 (OpenAI's, or Anthropic's on /v1/messages) with its status. The Responses and Messages routes
 translate to the session's one chat call (responses_api.py, anthropic_api.py): one record, one rule.
+A streamed chat, Responses or Messages call runs as a StreamedCall (streaming.py): its events
+follow the tokens as the backend generates them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 import uvicorn
@@ -26,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from shared.external_agent_credentials import CONVERSATION_HEADER, JOB_HEADER, credential_opens, presented_credential
 from workers.rollout.external_agent import anthropic_api, responses_api, wire
 from workers.rollout.external_agent.session import ExternalAgentSession
+from workers.rollout.external_agent.streaming import StreamedCall
 
 _CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:/@-]{1,128}")
 
@@ -75,7 +78,15 @@ def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: C
     @app.post("/v1/chat/completions", dependencies=guard)
     async def chat(request: Request) -> Any:
         call = _parse(wire.ChatRequest, await request.body())
-        response = session.chat(call, _conversation(request))
+        conversation = _conversation(request)
+        if call.stream and session.generate_stream is not None:
+            streamed = StreamedCall(lambda on_progress: session.chat(call, conversation, on_progress))
+            opened = await streamed.opened()
+            if opened is not None:
+                return _sse(wire.chat_stream(streamed, opened, session.model))
+            response = streamed.result
+        else:
+            response = session.chat(call, conversation)
         return _sse(wire.chat_chunks(response)) if call.stream else JSONResponse(response)
 
     @app.post("/v1/completions", dependencies=guard)
@@ -89,18 +100,41 @@ def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: C
     @app.post("/v1/responses", dependencies=guard)
     async def responses(request: Request) -> Any:
         call = _parse(responses_api.ResponsesRequest, await request.body())
+        conversation = _conversation(request)
         earlier = history.conversation(call.previous_response_id) if call.previous_response_id else []
         chat_call, skip = responses_api.chat_request(call, earlier)
-        chat = session.chat(chat_call, _conversation(request))
-        response = responses_api.response_of(chat, call, f"resp_{uuid.uuid4().hex}")
-        if call.store:
-            history.keep(response["id"], responses_api.conversation_after(chat_call, skip, chat))
+        response_id = f"resp_{uuid.uuid4().hex}"
+
+        def respond(chat: dict[str, Any]) -> dict[str, Any]:
+            response = responses_api.response_of(chat, call, response_id)
+            if call.store:
+                history.keep(response_id, responses_api.conversation_after(chat_call, skip, chat))
+            return response
+
+        if call.stream and session.generate_stream is not None:
+            streamed = StreamedCall(lambda on_progress: session.chat(chat_call, conversation, on_progress))
+            opened = await streamed.opened()
+            if opened is not None:
+                return _sse(responses_api.stream_events(streamed, opened, call, response_id, session.model, respond))
+            chat = streamed.result
+        else:
+            chat = session.chat(chat_call, conversation)
+        response = respond(chat)
         return _sse(responses_api.events(response)) if call.stream else JSONResponse(response)
 
     @app.post("/v1/messages", dependencies=guard)
     async def messages(request: Request) -> Any:
         call = _parse(anthropic_api.MessagesRequest, await request.body())
-        chat = session.chat(anthropic_api.chat_request(call), _conversation(request))
+        conversation = _conversation(request)
+        chat_call = anthropic_api.chat_request(call)
+        if call.stream and session.generate_stream is not None:
+            streamed = StreamedCall(lambda on_progress: session.chat(chat_call, conversation, on_progress))
+            opened = await streamed.opened()
+            if opened is not None:
+                return _sse(anthropic_api.stream_events(streamed, opened, call, session.model))
+            chat = streamed.result
+        else:
+            chat = session.chat(chat_call, conversation)
         message = anthropic_api.message_of(chat, call)
         return _sse(anthropic_api.events(message)) if call.stream else JSONResponse(message)
 
@@ -167,7 +201,10 @@ def _parse(model: type[BaseModel], body: bytes) -> Any:
         raise wire.ExternalAgentError(400, f"{first['msg']}", ".".join(str(p) for p in first["loc"]) or None) from None
 
 
-def _sse(lines: list[str]) -> StreamingResponse:
+def _sse(lines: Iterable[str] | AsyncIterator[str]) -> StreamingResponse:
+    if isinstance(lines, AsyncIterator):
+        return StreamingResponse(lines, media_type="text/event-stream")
+
     def chunks() -> Iterator[str]:
         yield from lines
 

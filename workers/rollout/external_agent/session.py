@@ -15,6 +15,11 @@ the others in `segments` in the order they opened.
 
 Calls of one job are serialized (one lock): the records are sequences, and a call that fails is
 taken back whole before the next one looks at them.
+
+A streamed chat call (`on_progress`) generates through `generate_stream`: the same request, the
+same record, with the reply's text handed on as the tokens arrive, as far as the tool parser is
+sure it begins the message content (`ToolParser.streamable`); the rest (and the tool calls) is
+in the answer at the end.
 """
 
 from __future__ import annotations
@@ -22,17 +27,18 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from shared.tasks.context import StageInterrupted
 from shared.tool_schemas import validate_call
 from shared.trajectory import ASSISTANT, OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
-from workers.rollout.agent_loop import FINISH_TOOL, Generate, LoopConfig, RunTool
+from workers.rollout.agent_loop import FINISH_TOOL, Generate, LoopConfig, RunTool, StreamGenerate
 from workers.rollout.chat_delta import ChatRenderer, ChatTemplateError, tool_instructions_json
 from workers.rollout.external_agent import wire
 from workers.rollout.external_agent.messages import canonical, wire_tool_call
-from workers.rollout.llm_client import BackendRequestError, Completion, Sampling
+from workers.rollout.llm_client import BackendRequestError, Completion, Sampling, TokenSink
 from workers.rollout.tool_parsers import ParsedCall, ParseResult, ToolParser
 
 
@@ -68,6 +74,19 @@ def _extends(segment: _Segment, messages: list[dict[str, Any]], tools: list[dict
     )
 
 
+@dataclass(frozen=True)
+class Progress:
+    """A streamed chat call so far: its id, its prompt's token count, and the reply's text new since the last."""
+
+    call_id: str
+    prompt_tokens: int
+    text: str
+
+
+OnProgress = Callable[[Progress], None]
+_OVERLAP = 4  # tokens decoded again before the new ones, so a token's text does not depend on where a window starts
+
+
 class ExternalAgentSession:
     """The state of one job's external agent; every public method is one HTTP call."""
 
@@ -82,10 +101,12 @@ class ExternalAgentSession:
         model: str,
         template_kwargs: dict[str, Any] | None = None,
         max_conversations: int = 32,
+        generate_stream: StreamGenerate | None = None,
     ) -> None:
         self.tokenizer, self.parser, self.generate, self._run_tool = tokenizer, parser, generate, run_tool
         self.config, self.sampling, self.model = config, sampling, model
         self.template_kwargs = template_kwargs or {}
+        self.generate_stream = generate_stream  # None: a streamed call's text comes at its end
         self.closed: str | None = None  # why the rollout ended; calls after it get 409
         self.finished = threading.Event()
         self.answer: str | None = None
@@ -104,9 +125,12 @@ class ExternalAgentSession:
         self._llm_s = 0.0
 
     # --- the calls -----------------------------------------------------------------
-    def chat(self, request: wire.ChatRequest, conversation: str | None = None) -> dict[str, Any]:
+    def chat(
+        self, request: wire.ChatRequest, conversation: str | None = None, on_progress: OnProgress | None = None
+    ) -> dict[str, Any]:
         """A chat.completion for `request`, its tokens appended to its conversation's record (`conversation`:
-        the id the agent named, else the open conversation it extends, else a new one)."""
+        the id the agent named, else the open conversation it extends, else a new one); `on_progress` gets
+        the reply's text as it is generated (the first tokens call it even without text)."""
         with self._lock:
             self._check_open(request.model)
             messages = canonical(request.messages)
@@ -117,6 +141,7 @@ class ExternalAgentSession:
                 segment.record,
                 request.max_completion_tokens or request.max_tokens,
                 wire.stops_of(request.stop),
+                self._streamer(segment, on_progress),
             )
             prompt_tokens = len(segment.record.token_ids)
             ends_on_token = completion.ends_on_stop_token(self._special_ids)
@@ -315,12 +340,17 @@ class ExternalAgentSession:
         )
 
     def _generate_or_undo(
-        self, savepoint: _Savepoint, record: Trajectory, asked: int | None, stops: tuple[str, ...]
+        self,
+        savepoint: _Savepoint,
+        record: Trajectory,
+        asked: int | None,
+        stops: tuple[str, ...],
+        on_tokens: TokenSink | None = None,
     ) -> Completion:
         """Generate; if that fails, take back what this call added (a new segment, or the observation), so
         the agent's retry of the same call extends the record exactly once."""
         try:
-            return self._generate(record, asked, stops)
+            return self._generate(record, asked, stops, on_tokens)
         except BaseException:
             self._undo(savepoint)
             raise
@@ -339,7 +369,42 @@ class ExternalAgentSession:
             record.counts.observation_tokens -= sum(t.length for t in dropped)
 
     # --- generating and recording ------------------------------------------------------
-    def _generate(self, record: Trajectory, asked: int | None, stops: tuple[str, ...]) -> Completion:
+    def _streamer(self, segment: _Segment, on_progress: OnProgress | None) -> TokenSink | None:
+        """The token sink of a streamed call: the reply's text so far (whole characters, less a trailing
+        end-of-turn or stop token, which the content leaves out), as far as the parser is sure of it."""
+        if on_progress is None or self.generate_stream is None or segment.renderer is None:
+            return None
+        decode, held = segment.renderer.decode, self._special_ids | set(self.sampling.stop_token_ids)
+        tokens: list[int] = []
+        state = {"done": 0, "done_text": "", "sent": "", "started": False}
+
+        def take(ids: list[int]) -> None:
+            tokens.extend(ids)
+            end = len(tokens)
+            while end > state["done"] and tokens[end - 1] in held:
+                end -= 1
+            start = max(0, state["done"] - _OVERLAP)  # decode a window, its first tokens again (see _OVERLAP)
+            window = decode(tokens[start:end])[len(decode(tokens[start : state["done"]])) :]
+            text = state["done_text"] + window
+            if not text.endswith("\ufffd") and end - state["done"] > 4 * _OVERLAP:  # whole characters: keep them
+                state["done"], state["done_text"] = end, text
+            shown = self._streamable(text.rstrip("\ufffd"))
+            new = shown[len(state["sent"]) :] if shown.startswith(state["sent"]) else ""
+            if new or not state["started"]:
+                state["started"], state["sent"] = True, state["sent"] + new
+                on_progress(Progress(f"chatcmpl-{self._calls}", len(segment.record.token_ids), new))
+
+        return take
+
+    def _streamable(self, text: str) -> str:
+        try:
+            return self.parser.streamable(text)
+        except Exception:  # noqa: BLE001 - model output never fails the call: the text comes at the end
+            return ""
+
+    def _generate(
+        self, record: Trajectory, asked: int | None, stops: tuple[str, ...], on_tokens: TokenSink | None = None
+    ) -> Completion:
         turns = self._recorded  # every conversation's turns
         if turns >= self.config.max_turns:
             raise wire.ExternalAgentError(
@@ -352,7 +417,10 @@ class ExternalAgentSession:
         self._calls += 1
         t0 = time.perf_counter()
         try:
-            completion = self.generate(list(record.token_ids), sampling)
+            if on_tokens is None or self.generate_stream is None:
+                completion = self.generate(list(record.token_ids), sampling)
+            else:
+                completion = self.generate_stream(list(record.token_ids), sampling, on_tokens)
         except BackendRequestError as exc:
             raise wire.ExternalAgentError(400, f"the model refused the request: {exc.message}", None) from exc
         except StageInterrupted as exc:  # cancelled or out of time mid-generation: the rollout is over

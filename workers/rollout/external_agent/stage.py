@@ -54,16 +54,18 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
         if any(name != FINISH_TOOL for name in kind.tools):
             held = start_sandbox(kind, ctx)
             sandbox = held.sandbox
+        generate = pinned_generate(ctx, pin.model, release_pin)
         session = ExternalAgentSession(
             load_tokenizer(pin),
             get_parser(ctx.task.get("tool_parser") or ctx.settings.agent_tool_parser),
-            pinned_generate(ctx, pin.model, release_pin),
+            generate,
             tool_runner(sandbox, ctx),
             config,
             sampling_for(ctx.request.sampling, config.max_tokens_per_turn),
             pin.model,
             template_kwargs=ctx.request.chat_template_kwargs,
             max_conversations=ctx.settings.external_agent_max_conversations,
+            generate_stream=generate,
         )
         secret = deployment_secret(st.redis, st.store.keys, ctx.settings)
         task = {"messages": kind.messages(ctx.task), "tools": kind.tool_schemas(), "model": pin.model}

@@ -9,13 +9,21 @@ or add stop strings.
 from __future__ import annotations
 
 import json
+import logging
 import time
-from typing import Any, Literal
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.errors import RolloutsError
 from shared.external_agent_errors import openai_error
+
+if TYPE_CHECKING:
+    from workers.rollout.external_agent.session import Progress
+    from workers.rollout.external_agent.streaming import StreamedCall
+
+log = logging.getLogger(__name__)
 
 
 class ExternalAgentError(RolloutsError):
@@ -100,11 +108,11 @@ def chat_response(
     }
 
 
-def chat_chunks(response: dict[str, Any]) -> list[str]:
+def chat_chunks(response: dict[str, Any], sent: str | None = None) -> list[str]:
     """The same answer as SSE `data:` lines of chat.completion.chunk objects, ending with [DONE].
 
-    The generation is complete before the first chunk (the backend is called token-in/token-out),
-    so the chunks are: the role, the content, each tool call, the finish reason with usage.
+    The chunks are: the role, the content, each tool call, the finish reason with usage. After a
+    stream (`sent`: the content already streamed, the role chunk with it), the rest of them.
     """
     base = {
         "id": response["id"],
@@ -114,9 +122,12 @@ def chat_chunks(response: dict[str, Any]) -> list[str]:
     }
     choice = response["choices"][0]
     message = choice["message"]
-    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
-    if message.get("content"):
-        deltas.append({"content": message["content"]})
+    content = message.get("content") or ""
+    deltas: list[dict[str, Any]] = [] if sent is not None else [{"role": "assistant", "content": ""}]
+    if sent is not None:
+        content = rest_of(content, sent)
+    if content:
+        deltas.append({"content": content})
     for index, call in enumerate(message.get("tool_calls") or []):
         deltas.append({"tool_calls": [{"index": index, **call}]})
     chunks = [{**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]} for delta in deltas]
@@ -128,6 +139,36 @@ def chat_chunks(response: dict[str, Any]) -> list[str]:
         }
     )
     return [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks] + ["data: [DONE]\n\n"]
+
+
+def rest_of(content: str, sent: str) -> str:
+    """What is left of the final `content` after the `sent` text streamed (a prefix of it, by construction)."""
+    if content.startswith(sent):
+        return content[len(sent) :]
+    log.warning("the streamed text is not a prefix of the reply's content; the rest is not sent")
+    return ""
+
+
+async def chat_stream(call: StreamedCall, opened: Progress, model: str) -> AsyncIterator[str]:
+    """A streamed chat call's chunks: the role, a content chunk per piece of text as the tokens come, then the
+    rest (chat_chunks); a failure after the first chunk ends it with an error chunk (as vLLM's own stream)."""
+    base = {"id": opened.call_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+
+    def chunk(delta: dict[str, Any]) -> str:
+        return f"data: {json.dumps({**base, 'choices': [{'index': 0, 'delta': delta, 'finish_reason': None}]})}\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    sent = ""
+    try:
+        async for text in call.texts():
+            sent += text
+            yield chunk({"content": text})
+    except ExternalAgentError as exc:
+        yield f"data: {json.dumps(exc.body())}\n\n"
+        return
+    assert call.result is not None
+    for line in chat_chunks({**call.result, "created": base["created"]}, sent):
+        yield line
 
 
 def text_response(call_id: str, model: str, text: str, finish_reason: str, counts: dict[str, int]) -> dict[str, Any]:

@@ -38,6 +38,12 @@ class ToolParser:
     def parse(self, text: str) -> ParseResult:
         raise NotImplementedError
 
+    def streamable(self, text: str) -> str:
+        """How much of an unfinished reply `text` surely begins the content `parse` gives for the whole
+        reply (and so may be streamed before it ends). None by default: a parser that knows its call
+        syntax says more."""
+        return ""
+
 
 _PARSERS: dict[str, Callable[[], ToolParser]] = {}
 

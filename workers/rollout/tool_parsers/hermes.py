@@ -23,6 +23,17 @@ class HermesParser(ToolParser):
         '<tool_call>{"name": <tool name>, "arguments": <arguments as a JSON object>}</tool_call>'
     )
 
+    def streamable(self, text: str) -> str:
+        """The text before the first call block (or before a tail that may start one), less trailing
+        whitespace (parse strips the content). Nothing for a reply that starts with whitespace: the
+        content is stripped, but a reply with a malformed call comes back whole, so either may follow."""
+        if not text or text[0].isspace():
+            return ""
+        cut = text.find(OPEN)
+        if cut < 0:
+            cut = len(text) - next((k for k in range(len(OPEN) - 1, 0, -1) if text.endswith(OPEN[:k])), 0)
+        return text[:cut].rstrip()
+
     def parse(self, text: str) -> ParseResult:
         calls: list[ParsedCall] = []
         content_parts: list[str] = []

@@ -30,6 +30,14 @@ class Llama3JsonParser(ToolParser):
         '{"name": <tool name>, "parameters": <arguments as a JSON object>}; separate several calls with ";".'
     )
 
+    def streamable(self, text: str) -> str:
+        """A reply that does not start with `{` or the python tag is all content (stripped); one that may be a
+        call streams nothing."""
+        body = text.lstrip()
+        if not body or body.startswith(("{", PYTHON_TAG)) or PYTHON_TAG.startswith(body):
+            return ""
+        return text.strip()
+
     def parse(self, text: str) -> ParseResult:
         body = text.strip()
         tagged = body.startswith(PYTHON_TAG)
