@@ -20,8 +20,7 @@ from shared.external_agent_errors import anthropic_error
 from workers.rollout.external_agent import wire
 
 if TYPE_CHECKING:
-    from workers.rollout.external_agent.session import Progress
-    from workers.rollout.external_agent.streaming import StreamedCall
+    from workers.rollout.external_agent.streaming import Progress, StreamedCall
 
 
 class MessagesRequest(BaseModel):

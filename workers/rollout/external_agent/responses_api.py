@@ -23,8 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from workers.rollout.external_agent import wire
 
 if TYPE_CHECKING:
-    from workers.rollout.external_agent.session import Progress
-    from workers.rollout.external_agent.streaming import StreamedCall
+    from workers.rollout.external_agent.streaming import Progress, StreamedCall
 
 _KEPT_RESPONSES = 256  # previous_response_id reaches this many of the job's latest responses
 

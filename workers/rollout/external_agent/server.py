@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from shared.external_agent_credentials import CONVERSATION_HEADER, JOB_HEADER, credential_opens, presented_credential
 from workers.rollout.external_agent import anthropic_api, responses_api, wire
 from workers.rollout.external_agent.session import ExternalAgentSession
-from workers.rollout.external_agent.streaming import StreamedCall
+from workers.rollout.external_agent.streaming import StreamedCall, chat_stream
 
 _CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:/@-]{1,128}")
 
@@ -83,7 +83,7 @@ def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: C
             streamed = StreamedCall(lambda on_progress: session.chat(call, conversation, on_progress))
             opened = await streamed.opened()
             if opened is not None:
-                return _sse(wire.chat_stream(streamed, opened, session.model))
+                return _sse(chat_stream(streamed, opened, session.model))
             response = streamed.result
         else:
             response = session.chat(call, conversation)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -38,6 +37,7 @@ from workers.rollout.agent_loop import FINISH_TOOL, Generate, LoopConfig, RunToo
 from workers.rollout.chat_delta import ChatRenderer, ChatTemplateError, tool_instructions_json
 from workers.rollout.external_agent import wire
 from workers.rollout.external_agent.messages import canonical, wire_tool_call
+from workers.rollout.external_agent.streaming import OnProgress, Progress
 from workers.rollout.llm_client import BackendRequestError, Completion, Sampling, TokenSink
 from workers.rollout.tool_parsers import ParsedCall, ParseResult, ToolParser
 
@@ -74,16 +74,6 @@ def _extends(segment: _Segment, messages: list[dict[str, Any]], tools: list[dict
     )
 
 
-@dataclass(frozen=True)
-class Progress:
-    """A streamed chat call so far: its id, its prompt's token count, and the reply's text new since the last."""
-
-    call_id: str
-    prompt_tokens: int
-    text: str
-
-
-OnProgress = Callable[[Progress], None]
 _OVERLAP = 4  # tokens decoded again before the new ones, so a token's text does not depend on where a window starts
 
 

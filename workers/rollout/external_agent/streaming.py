@@ -10,12 +10,26 @@ waits on the agent reading.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from workers.rollout.external_agent import wire
-from workers.rollout.external_agent.session import OnProgress, Progress
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A streamed chat call so far: its id, its prompt's token count, and the reply's text new since the last."""
+
+    call_id: str
+    prompt_tokens: int
+    text: str
+
+
+OnProgress = Callable[[Progress], None]
 
 
 class StreamedCall:
@@ -72,3 +86,25 @@ class StreamedCall:
                 return
             if value.text:
                 yield value.text
+
+
+async def chat_stream(call: StreamedCall, opened: Progress, model: str) -> AsyncIterator[str]:
+    """A streamed chat call's chunks: the role, a content chunk per piece of text as the tokens come, then the
+    rest (chat_chunks); a failure after the first chunk ends it with an error chunk (as vLLM's own stream)."""
+    base = {"id": opened.call_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+
+    def chunk(delta: dict[str, Any]) -> str:
+        return f"data: {json.dumps({**base, 'choices': [{'index': 0, 'delta': delta, 'finish_reason': None}]})}\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    sent = ""
+    try:
+        async for text in call.texts():
+            sent += text
+            yield chunk({"content": text})
+    except wire.ExternalAgentError as exc:
+        yield f"data: {json.dumps(exc.body())}\n\n"
+        return
+    assert call.result is not None
+    for line in wire.chat_chunks({**call.result, "created": base["created"]}, sent):
+        yield line

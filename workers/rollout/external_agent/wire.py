@@ -11,17 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.errors import RolloutsError
 from shared.external_agent_errors import openai_error
-
-if TYPE_CHECKING:
-    from workers.rollout.external_agent.session import Progress
-    from workers.rollout.external_agent.streaming import StreamedCall
 
 log = logging.getLogger(__name__)
 
@@ -147,28 +142,6 @@ def rest_of(content: str, sent: str) -> str:
         return content[len(sent) :]
     log.warning("the streamed text is not a prefix of the reply's content; the rest is not sent")
     return ""
-
-
-async def chat_stream(call: StreamedCall, opened: Progress, model: str) -> AsyncIterator[str]:
-    """A streamed chat call's chunks: the role, a content chunk per piece of text as the tokens come, then the
-    rest (chat_chunks); a failure after the first chunk ends it with an error chunk (as vLLM's own stream)."""
-    base = {"id": opened.call_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
-
-    def chunk(delta: dict[str, Any]) -> str:
-        return f"data: {json.dumps({**base, 'choices': [{'index': 0, 'delta': delta, 'finish_reason': None}]})}\n\n"
-
-    yield chunk({"role": "assistant", "content": ""})
-    sent = ""
-    try:
-        async for text in call.texts():
-            sent += text
-            yield chunk({"content": text})
-    except ExternalAgentError as exc:
-        yield f"data: {json.dumps(exc.body())}\n\n"
-        return
-    assert call.result is not None
-    for line in chat_chunks({**call.result, "created": base["created"]}, sent):
-        yield line
 
 
 def text_response(call_id: str, model: str, text: str, finish_reason: str, counts: dict[str, int]) -> dict[str, Any]:
