@@ -289,66 +289,64 @@ class LLMClient:
     ) -> Completion:
         """One streamed generate call: the start retried as ``_post`` retries, the stream itself never."""
         started = time.perf_counter()
-        last_error = ""
-        for attempt in range(1, self.max_retries + 2):
-            try:
-                with self._http.stream("POST", endpoint, json=body) as response:
-                    if response.status_code < 400:
-                        stream = _StreamedCompletion(backend_id, model, on_tokens)
-                        try:
-                            stream.read(response.iter_lines())
-                        except httpx.TimeoutException as exc:
-                            raise BackendUnavailable(
-                                f"the stream timed out: {type(exc).__name__}", backend_id, timed_out=True
-                            ) from exc
-                        except httpx.TransportError as exc:
-                            raise BackendUnavailable(
-                                f"the stream broke: {type(exc).__name__}: {exc}", backend_id
-                            ) from exc
-                        return stream.completion(time.perf_counter() - started, attempt)
+
+        def send(attempt: int) -> Completion | httpx.Response:
+            with self._http.stream("POST", endpoint, json=body) as response:
+                if response.status_code >= 400:
                     response.read()
-            except httpx.TimeoutException as exc:
-                raise BackendUnavailable(f"timed out: {type(exc).__name__}", backend_id, timed_out=True) from exc
-            except httpx.TransportError as exc:
-                last_error = f"{type(exc).__name__}: {exc}"
-            else:
-                if response.status_code == 404 and _is_router_404(response):
-                    raise _RouteMissing(endpoint)
-                if response.status_code < 500:
-                    raise BackendRequestError(response.status_code, _error_text(response), backend_id)
-                last_error = f"{response.status_code}: {_error_text(response)}"
-            if attempt <= self.max_retries:
-                delay = self.backoff_s * 2 ** (attempt - 1)
-                log.warning("backend %s failed (%s); retry %d in %.2fs", backend_id, last_error, attempt, delay)
-                time.sleep(delay)
-        raise BackendUnavailable(f"{last_error} after {self.max_retries + 1} attempts", backend_id)
+                    return response
+                stream = _StreamedCompletion(backend_id, model, on_tokens)
+                try:
+                    stream.read(response.iter_lines())
+                except httpx.TimeoutException as exc:
+                    raise BackendUnavailable(
+                        f"the stream timed out: {type(exc).__name__}", backend_id, timed_out=True
+                    ) from exc
+                except httpx.TransportError as exc:
+                    raise BackendUnavailable(f"the stream broke: {type(exc).__name__}: {exc}", backend_id) from exc
+                return stream.completion(time.perf_counter() - started, attempt)
+
+        return self._retrying(endpoint, backend_id, send)
 
     def _post(self, endpoint: str, body: dict[str, Any], parse: Any, backend_id: str) -> Completion:
         started = time.perf_counter()
+
+        def send(attempt: int) -> Completion | httpx.Response:
+            response = self._http.post(endpoint, json=body)
+            if response.status_code >= 400:
+                return response
+            try:
+                data = response.json()
+            except ValueError as exc:
+                raise BadBackendResponse(
+                    f"{response.status_code} with a body that is not JSON: {response.text[:200]!r}", backend_id
+                ) from exc
+            return parse(data, backend_id, time.perf_counter() - started, attempt)
+
+        return self._retrying(endpoint, backend_id, send)
+
+    def _retrying(
+        self, endpoint: str, backend_id: str, send: Callable[[int], Completion | httpx.Response]
+    ) -> Completion:
+        """`send` (attempt 1, 2, ...) until it gives a Completion: a connection error or a 5xx answer is
+        retried with backoff, a 4xx is the request's fault, and a timeout is not retried: the generation
+        may still be running there, so a duplicate is not piled on an overloaded backend."""
         last_error = ""
         for attempt in range(1, self.max_retries + 2):
             try:
-                response = self._http.post(endpoint, json=body)
+                outcome = send(attempt)
             except httpx.TimeoutException as exc:
-                # A read timeout means the generation may still be running there: do not
-                # pile a duplicate on an overloaded backend; let the caller decide.
                 raise BackendUnavailable(f"timed out: {type(exc).__name__}", backend_id, timed_out=True) from exc
             except httpx.TransportError as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
             else:
-                if response.status_code < 400:
-                    try:
-                        data = response.json()
-                    except ValueError as exc:
-                        raise BadBackendResponse(
-                            f"{response.status_code} with a body that is not JSON: {response.text[:200]!r}", backend_id
-                        ) from exc
-                    return parse(data, backend_id, time.perf_counter() - started, attempt)
-                if response.status_code == 404 and _is_router_404(response):
+                if isinstance(outcome, Completion):
+                    return outcome
+                if outcome.status_code == 404 and _is_router_404(outcome):
                     raise _RouteMissing(endpoint)
-                if response.status_code < 500:
-                    raise BackendRequestError(response.status_code, _error_text(response), backend_id)
-                last_error = f"{response.status_code}: {_error_text(response)}"
+                if outcome.status_code < 500:
+                    raise BackendRequestError(outcome.status_code, _error_text(outcome), backend_id)
+                last_error = f"{outcome.status_code}: {_error_text(outcome)}"
             if attempt <= self.max_retries:
                 delay = self.backoff_s * 2 ** (attempt - 1)
                 log.warning("backend %s failed (%s); retry %d in %.2fs", backend_id, last_error, attempt, delay)
