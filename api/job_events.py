@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from fastapi import Request
 from redis.asyncio import Redis as AsyncRedis
@@ -22,6 +23,8 @@ from shared.redis_conn import connect_for_requests_async
 log = logging.getLogger(__name__)
 
 RESUBSCRIBE_S = 1.0
+
+L = TypeVar("L", bound="Listener")
 
 
 class Listener(Protocol):
@@ -110,3 +113,14 @@ def job_events(request: Request) -> JobEvents:
         events = state.job_events = JobEvents(fail_fast_redis(request), [state.keys.job_events, state.keys.job_ends])
         events.start()
     return events
+
+
+def listener(request: Request, name: str, make: Callable[[], L]) -> L:
+    """This process's listener kept as `app.state.<name>`: made, and added to the job events, on first use."""
+    state = request.app.state
+    found: L | None = getattr(state, name, None)
+    if found is None:
+        found = make()
+        setattr(state, name, found)
+        job_events(request).add(found)
+    return found

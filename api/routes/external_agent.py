@@ -25,7 +25,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from api.external_agent_routes import RouteCache
-from api.job_events import fail_fast_redis, job_events
+from api.job_events import fail_fast_redis, listener
 from shared.external_agent_credentials import (
     CONVERSATION_HEADER,
     JOB_HEADER,
@@ -183,12 +183,7 @@ async def _lookup(request: Request, job_id: str) -> _Lookup:
 
 def _routes(request: Request) -> RouteCache:
     """This process's route cache, subscribed to the jobs' events on first use."""
-    state = request.app.state
-    routes: RouteCache | None = getattr(state, "external_agent_routes", None)
-    if routes is None:
-        routes = state.external_agent_routes = RouteCache()
-        job_events(request).add(routes)
-    return routes
+    return listener(request, "external_agent_routes", RouteCache)
 
 
 def _text(value: bytes | str | None) -> str | None:

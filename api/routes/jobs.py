@@ -13,7 +13,7 @@ from api.admission import require_room
 from api.deps import require_admin, require_auth, submitter_access
 from api.errors import Refusal, validation_response
 from api.job_end_waits import JobEndWaits
-from api.job_events import job_events
+from api.job_events import listener
 from api.json_body import load_json_body
 from api.negotiation import respond
 from api.routes import external_agent
@@ -282,12 +282,7 @@ def _any_ended(jobs: list[dict[str, Any]], job_ids: list[str]) -> bool:
 
 def _job_end_waits(request: Request) -> JobEndWaits:
     """This process's long polls, listening to the jobs' events (subscribed on first use)."""
-    state = request.app.state
-    waits: JobEndWaits | None = getattr(state, "job_end_waits", None)
-    if waits is None:
-        waits = state.job_end_waits = JobEndWaits()
-        job_events(request).add(waits)
-    return waits
+    return listener(request, "job_end_waits", JobEndWaits)
 
 
 def _summaries(store: JobStore, job_ids: list[str]) -> list[dict[str, Any]]:
