@@ -108,9 +108,11 @@ def test_mini_swe_agent_runs_to_its_own_end_and_each_call_is_a_token_exact_segme
     finish(stack, endpoint)
     trajectory = evaluated_record(stack, job_id)
     # mini-swe-agent drops a reply it could not parse and sends its format-error message instead, so no call
-    # extends the record before it: each call is a segment of its own, in call order, the last one the record
+    # extends an earlier one: each call starts a conversation of its own (c0, c1, ...), in call order, the last
+    # one the record, and every one of them ends with the rollout
     segments = [Trajectory.from_dict(s) for s in trajectory.segments] + [trajectory]
-    assert [s.stop_reason for s in segments] == ["new_segment"] * (calls - 1) + ["finish"]
+    assert [s.conversation for s in segments] == [f"c{k}" for k in range(calls)]
+    assert [s.stop_reason for s in segments] == ["finish"] * calls
     renderer = renderer_for(tokenizer, [BASH_TOOL])
     task = [{"role": m["role"], "content": m["content"]} for m in messages[: 2 + len(errors)]]
     for k, segment in enumerate(segments):
