@@ -8,7 +8,7 @@ An entry (job id -> the worker's endpoint URL) is only ever a hint that fails sa
   serving the job, e.g. on another worker after a restart (published by the rollout stage);
 - while the subscription is down nothing is cached and every call looks the job up as before;
 - entries older than MAX_AGE_S are dropped, so a missed event is bounded;
-- the caller (api/routes/agent.py) drops it when the worker cannot be reached, answers 409, or
+- the caller (api/routes/external_agent.py) drops it when the worker cannot be reached, answers 409, or
   does not name the job in its answer (`x-rollouts-job`: another server now holds the address).
 
 The credential is always checked by the API before a cached route is used, and by the worker again.
@@ -56,7 +56,9 @@ class RouteCache:
         self._routes.pop(job_id, None)
 
     def on_event(self, job_id: str, word: str) -> None:
-        self._epoch += 1
+        """A cancel or a new serving worker: a lookup racing it is not kept. Any other end only drops its route."""
+        if word in ("cancelled", "serving"):
+            self._epoch += 1
         self.drop(job_id)
 
     def on_live(self, live: bool) -> None:

@@ -31,7 +31,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
 
     Exit codes: 0 done, 1 the command failed, 2 usage, 3 the API cannot be reached, 4 the token is
     missing or lacks the scope, 5 the API refused the input, 6 the API failed, 7 a DAPO batch
-    could not fill (its pool ran out before the target).
+    could not fill (its prompts ran out before the target).
     """
     ctx.obj = {"verbose": verbose}
 

@@ -242,6 +242,8 @@ async def list_jobs(
         raise ValidationError("a long poll waits for given jobs: give ids too", ("query", "wait_s"))
     if ids is not None:
         wanted = [i for i in ids.split(",") if i]
+        if wait_s and not wanted:
+            raise ValidationError("a long poll needs at least one job id", ("query", "ids"))
         if len(wanted) > page_max:
             raise ValidationError(f"at most {page_max} per request", ("query", "ids"))
         jobs = await _summaries_once_one_ends(request, store, wanted, wait_s)
@@ -267,10 +269,10 @@ async def _summaries_once_one_ends(
     waits = _job_end_waits(request)
     with waits.watching(job_ids) as ended:
         while (left := deadline - time.monotonic()) > 0:
+            ended.clear()  # before the read: an end published during it still wakes the wait
             jobs = await run_in_threadpool(_summaries, store, job_ids)
             if _any_ended(jobs, job_ids):
                 break
-            ended.clear()
             await waits.wait(ended, left)
     return await run_in_threadpool(_summaries, store, job_ids) if left <= 0 else jobs
 

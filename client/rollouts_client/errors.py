@@ -42,7 +42,7 @@ class WaitTimeout(TimeoutError):
 
 
 class BatchExhausted(RuntimeError):
-    """A DAPO batch whose pool ran out before its target: `batch.reason` says how far it got.
+    """A DAPO batch whose prompts ran out before its target: `batch.reason` says how far it got.
 
     Raised by `wait_batch`, so a training loop that waits for a full batch does not go on with a
     short one in silence (0 informative groups means every prompt got the same reward every time).

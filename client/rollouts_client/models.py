@@ -25,7 +25,7 @@ class JobStatus(str, Enum):
 
 
 class BatchStatus(str, Enum):
-    """A batch's status: running until its target is met, its prompt pool runs dry, or it is cancelled."""
+    """A batch's status: running until its target is met, its prompts run out, or it is cancelled."""
 
     RUNNING = "running"
     COMPLETED = "completed"

@@ -1,8 +1,8 @@
 """Repair what a crash left half done; run from the worker supervisors' maintenance.
 
-Every step is idempotent, so overlapping sweeps or a sweep racing the hook
+Every step is idempotent, so overlapping sweeps or a sweep racing a job end
 change nothing twice: groups reserved but never submitted are submitted (same
-idempotency keys), terminal jobs whose hook never ran are recorded (a sample
+idempotency keys), terminal jobs whose job end never ran are recorded (a sample
 counts once), and a closed batch's groups that still run are cancelled.
 """
 

@@ -20,7 +20,10 @@ LONG = 60  # the longest wait the API takes: an answer well before it came from 
 
 
 @pytest.fixture()
-def client(make_client) -> TestClient:
+def client(make_client, monkeypatch: pytest.MonkeyPatch) -> TestClient:
+    # Without the subscription a wait re-reads Redis every FALLBACK_S: made as long as the wait here, an
+    # answer before LONG can only be the pushed end
+    monkeypatch.setattr("api.job_end_waits.FALLBACK_S", LONG)
     return make_client()
 
 
@@ -85,6 +88,7 @@ def test_an_ended_or_missing_job_answers_at_once_and_a_quiet_one_at_the_end_of_i
         ({"ids": "a", "wait_s": LONG + 1}, "query.wait_s"),
         ({"ids": "a", "wait_s": -1}, "query.wait_s"),
         ({"ids": "a", "wait_s": "soon"}, "query.wait_s"),
+        ({"ids": ",", "wait_s": 5}, "query.ids"),  # no job to wait for
     ],
 )
 def test_a_wrong_wait_is_a_422_naming_it(client, params, field) -> None:
