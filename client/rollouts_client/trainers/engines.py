@@ -85,8 +85,14 @@ class TrainerEngines:
     def start(self) -> TrainerEngines:
         """Register every server (refused ones raise ApiError: a wrong URL or model is the trainer's to fix)
         and start beating."""
-        with self.lock:
-            self.backend_ids = [self._register(url) for url in self.urls]
+        try:
+            for url in self.urls:
+                backend_id = self._register(url)
+                with self.lock:
+                    self.backend_ids.append(backend_id)
+        except BaseException:
+            self.close()  # what was registered before the refusal leaves the pool, and the client is closed
+            raise
         self.thread = threading.Thread(target=self._beat, name="rollouts-engines-heartbeat", daemon=True)
         self.thread.start()
         atexit.register(self.close)
