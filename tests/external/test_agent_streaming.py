@@ -6,13 +6,16 @@ error and leaves the record as it was. The same against real vLLM is in test_age
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 
+from shared.external_agent_credentials import CONVERSATION_HEADER
 from tests.external.conftest import Endpoint, serve
 from tests.external.test_agent_formats import GOOD, SYSTEM
 from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
@@ -104,3 +107,30 @@ def test_a_backend_dying_mid_stream_ends_each_formats_stream_with_its_error(endp
     record = endpoint.session.record()
     assert record.counts.turns == 1 and record.segments == []
     assert_exact_against_backend(record, endpoint.served)
+
+
+def test_a_call_waiting_behind_a_stream_leaves_the_endpoint_answering(
+    endpoint: Endpoint, scripted: ScriptedLLM
+) -> None:
+    """Another conversation's unstreamed call waits for the session in the thread pool, not on the server's
+    loop: the loop goes on serving (the stream's chunks, other routes) while the stream holds the session."""
+    stream = chat(endpoint).chat.completions.create(model=SCRIPTED_MODEL, messages=messages("slow"), stream=True)
+    chunks = iter(stream)
+    next(chunks)  # the stream is open: its call holds the session, its backend held after the first token
+    other = threading.Thread(
+        target=lambda: chat(endpoint).chat.completions.create(
+            model=SCRIPTED_MODEL, messages=messages("hi"), extra_headers={CONVERSATION_HEADER: "other"}
+        )
+    )
+    other.start()
+    time.sleep(1.0)  # let it reach the endpoint and wait for the session
+    assert endpoint.session.busy
+    listed = httpx.get(f"{endpoint.url}/v1/models", headers={"Authorization": f"Bearer {endpoint.key}"}, timeout=30)
+    assert listed.status_code == 200, "the endpoint's loop answered while a call waited behind the stream"
+    scripted.holds["slow"].set()
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).endswith("you?")
+    other.join(timeout=60)
+    assert not other.is_alive()
+    assert {s["conversation"] for s in endpoint.session.record().segments} | {
+        endpoint.session.record().conversation
+    } == {"c0", "other"}

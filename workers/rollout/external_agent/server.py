@@ -23,6 +23,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.external_agent_credentials import CONVERSATION_HEADER, JOB_HEADER, credential_opens, presented_credential
@@ -73,6 +74,11 @@ def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: C
 
     guard = [Depends(authorized)]
 
+    async def unblocked(call: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+        """On the loop (no thread hop) unless a streamed call holds the session: waiting for it there would
+        stop that stream's chunks, so then from the thread pool."""
+        return await run_in_threadpool(call, *args) if session.busy else call(*args)
+
     # One server per job and its calls serialized by the session: a call may run on the server's own
     # loop (the thread pool hop cost ~2 ms a call; nothing else of this job could run meanwhile anyway).
     @app.post("/v1/chat/completions", dependencies=guard)
@@ -86,13 +92,13 @@ def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: C
                 return _sse(chat_stream(streamed, opened, session.model))
             response = streamed.result
         else:
-            response = session.chat(call, conversation)
+            response = await unblocked(session.chat, call, conversation)
         return _sse(wire.chat_chunks(response)) if call.stream else JSONResponse(response)
 
     @app.post("/v1/completions", dependencies=guard)
     async def completions(request: Request) -> Any:
         call = _parse(wire.CompletionRequest, await request.body())
-        response = session.complete(call, _conversation(request))
+        response = await unblocked(session.complete, call, _conversation(request))
         return _sse(wire.text_chunks(response)) if call.stream else JSONResponse(response)
 
     history = responses_api.ResponseHistory()  # previous_response_id, per job
@@ -118,7 +124,7 @@ def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: C
                 return _sse(responses_api.stream_events(streamed, opened, call, response_id, session.model, respond))
             chat = streamed.result
         else:
-            chat = session.chat(chat_call, conversation)
+            chat = await unblocked(session.chat, chat_call, conversation)
         response = respond(chat)
         return _sse(responses_api.events(response)) if call.stream else JSONResponse(response)
 
@@ -134,7 +140,7 @@ def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: C
                 return _sse(anthropic_api.stream_events(streamed, opened, call, session.model))
             chat = streamed.result
         else:
-            chat = session.chat(chat_call, conversation)
+            chat = await unblocked(session.chat, chat_call, conversation)
         message = anthropic_api.message_of(chat, call)
         return _sse(anthropic_api.events(message)) if call.stream else JSONResponse(message)
 

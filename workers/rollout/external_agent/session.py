@@ -193,6 +193,11 @@ class ExternalAgentSession:
             self.answer = answer
             self._close("finish")
 
+    @property
+    def busy(self) -> bool:
+        """A call holds the session now (a streamed one, in its own thread)."""
+        return self._lock.locked()
+
     def end(self, reason: str, detail: str | None = None) -> None:
         """End it from the stage (time budget, interruption); a call in flight completes first."""
         with self._lock:
