@@ -118,12 +118,12 @@ def run(n_backends: int, pins: int, threads: int, url: str) -> dict[str, dict[st
     return results
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pins", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--backends", type=int, nargs="+", default=[1, 16, 1000])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with EmbeddedRedis() as server:
         print(f"{args.pins} pins per run, {args.threads} threads in the concurrent run; latencies in microseconds")
         print(

@@ -15,7 +15,7 @@ one worker process per stage, the dapo_sim kind sleeping for the drawn time).
 `--simulate` replays the same draws in a discrete-event model of both policies
 (no service overhead) over many seeds, to show the spread.
 
-    .venv/bin/python -m bench.dapo [--repeats 3] [--simulate --seeds 200]
+    .venv/bin/python -m bench.dapo [--repeats 3] [--simulate --seeds 200] [--target 32] [--in-flight 32]
 """
 
 from __future__ import annotations
@@ -182,15 +182,17 @@ def simulate(setup: Setup, seeds: int) -> None:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="Live runs (seeds) of each mode.")
     parser.add_argument("--simulate", action="store_true", help="Only the discrete-event model.")
     parser.add_argument("--seeds", type=int, default=200)
     parser.add_argument("--median-s", type=float, default=1.0)
     parser.add_argument("--sigma", type=float, default=1.0)
-    args = parser.parse_args()
-    setup = Setup(median_s=args.median_s, sigma=args.sigma)
+    parser.add_argument("--target", type=int, default=32, help="informative groups a batch needs")
+    parser.add_argument("--in-flight", type=int, default=32, help="groups in flight at most (a sync round's size)")
+    args = parser.parse_args(argv)
+    setup = Setup(median_s=args.median_s, sigma=args.sigma, target=args.target, in_flight=args.in_flight)
     simulate(setup, args.seeds)
     if args.simulate:
         return

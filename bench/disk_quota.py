@@ -40,12 +40,12 @@ def timed(fn) -> float:
     return time.perf_counter() - started
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dirs", type=int, default=300)
     parser.add_argument("--files", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=15)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="bench-quota-"))
     try:
         entries = build_tree(root, args.dirs, args.files)

@@ -10,8 +10,8 @@ generates the same tokens) goes round-robin, in one process, to:
   `/inference/v1/generate`: what the endpoint itself sends, without the endpoint;
 - **worker**: the job's ExternalAgentSession on its rollout worker's port (workers/rollout/external_agent/): render
   with ChatRenderer, token ids to `/inference/v1/generate` through LLMClient, parse tool calls,
-  record the turn; each call is a fresh conversation, so each starts a new segment (a full prompt
-  render, the dearer case);
+  record the turn; each call repeats one named conversation's first call, so each starts a new
+  segment (a full prompt render, the dearer case);
 - **api**: the same through the API's forwarding route (api/routes/external_agent.py: key check, the job's
   worker address remembered after the first call, an HTTP hop), the API a process of its own as
   `rollouts api` runs it. The job is a real submitted `agent: external` job whose record is
@@ -34,7 +34,7 @@ API; the time until the first `data:` line, and until the stream's end (goal: fi
 1.5x of vLLM's own).
 
     .venv/bin/python -m bench.external_agent_endpoint [--calls 200] [--max-tokens 8] [--before REF]
-        [--stream-calls 100] [--stream-tokens 64]
+        [--stream-calls 100] [--stream-tokens 64] [--warmup 10] [--backend-url URL]
 """
 
 from __future__ import annotations
@@ -51,11 +51,9 @@ from typing import Any
 
 import httpx
 
-from bench.external_agent_hop import export_ref
+from bench.backends import add_backend_option, tiny_model, vllm_urls
+from bench.external_agent_hop import ROOT, export_ref
 from cli.embedded_redis import EmbeddedRedis, free_port
-from cli.tiny_model import tiny_model_dir
-from cli.vllm_server import VLLMServer
-from shared.config import Settings
 from shared.external_agent_credentials import job_credential
 from shared.keys import Keys
 from shared.kinds.agentic import DEFAULT_TOOLS
@@ -105,16 +103,16 @@ def first_chunk(http: httpx.Client, url: str, headers: dict[str, str], body: dic
 
 
 def first_chunks(
-    http: httpx.Client, targets: dict[str, tuple[str, dict[str, str]]], body: dict[str, Any], calls: int
+    http: httpx.Client, targets: dict[str, tuple[str, dict[str, str]]], body: dict[str, Any], calls: int, warmup: int
 ) -> None:
-    """Time to first chunk of each target's stream, round-robin, after 5 rounds of warm-up; p50 and p99."""
+    """Time to first chunk of each target's stream, round-robin, after `warmup` rounds; p50 and p99."""
     firsts: dict[str, list[float]] = {name: [] for name in targets}
     ends: dict[str, list[float]] = {name: [] for name in targets}
     names = list(targets)
-    for i in range(calls + 5):
+    for i in range(calls + warmup):
         for name in names[i % len(names) :] + names[: i % len(names)]:
             first, end = first_chunk(http, *targets[name], body)
-            if i >= 5:
+            if i >= warmup:
                 firsts[name].append(first)
                 ends[name].append(end)
     base = statistics.median(firsts["vllm"])
@@ -127,33 +125,28 @@ def first_chunks(
         )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--before", metavar="REF", help="also run the API of this git ref, side by side")
     parser.add_argument("--stream-calls", type=int, default=100, help="rounds of the time-to-first-chunk run (0: none)")
     parser.add_argument("--stream-tokens", type=int, default=64, help="tokens a streamed call generates")
-    args = parser.parse_args()
+    parser.add_argument("--warmup", type=int, default=10, help="rounds before the measured ones (streamed: half)")
+    add_backend_option(parser, " (one is used)")
+    args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="bench-external-agent-"))
-    model = tiny_model_dir(Path.home() / ".cache" / "rollouts" / "test-models", 0, 4096)
-    settings = Settings(redis_url=None, state_dir=work / "state", external_agent_secret=SECRET)
-    vllm = VLLMServer.from_settings(
-        settings,
-        model,
-        free_port(),
-        served_name="tiny",
-        log_path=work / "vllm.log",
-        args=["--dtype", "float32", "--max-model-len", "4096"],
-    )
-    redis = EmbeddedRedis(data_dir=work / "redis").start()
-    vllm.start()
+    with vllm_urls(args.backend_url, 1, work) as (vllm_url, *_), EmbeddedRedis(data_dir=work / "redis") as redis:
+        measure(vllm_url, redis, work, args)
+
+
+def measure(vllm_url: str, redis: EmbeddedRedis, work: Path, args: argparse.Namespace) -> None:
+    """Every path's calls against the vLLM server at `vllm_url`, then the streamed ones; prints both reports."""
+    model = tiny_model()
     servers: list[ThreadServer] = []
     apis: list[subprocess.Popen[bytes]] = []
     try:
-        vllm.wait_until_ready(900, lambda message: print(message, flush=True))
-        settings = settings.model_copy(update={"redis_url": redis.url})
         client = LLMClient(request_timeout_s=300, max_retries=0)
         sampling = Sampling(max_tokens=args.max_tokens, temperature=0.0, extra={"ignore_eos": True})
         config = LoopConfig(
@@ -165,12 +158,12 @@ def main() -> None:
         session = ExternalAgentSession(
             _load_tokenizer(str(model)),
             get_parser("hermes"),
-            lambda ids, s: client.complete(vllm.url, ids, s, "tiny"),
+            lambda ids, s: client.complete(vllm_url, ids, s, "tiny"),
             None,
             config,
             sampling,
             "tiny",
-            generate_stream=lambda ids, s, on_tokens: client.stream(vllm.url, ids, s, on_tokens, "tiny"),
+            generate_stream=lambda ids, s, on_tokens: client.stream(vllm_url, ids, s, on_tokens, "tiny"),
         )
         api_url = f"http://127.0.0.1:{free_port()}"
         env = {
@@ -180,7 +173,7 @@ def main() -> None:
             "ROLLOUTS_EXTERNAL_AGENT_SECRET": SECRET,
             "ROLLOUTS_LOG_LEVEL": "WARNING",
         }
-        api_urls: dict[str, tuple[str, Path | None]] = {"api": (api_url, None)}
+        api_urls: dict[str, tuple[str, Path]] = {"api": (api_url, ROOT)}
         if args.before:  # the same API at another version, from a tree of its own
             before = export_ref(args.before, work / "before")
             api_urls[f"api@{args.before}"] = (f"http://127.0.0.1:{free_port()}", before)
@@ -209,7 +202,12 @@ def main() -> None:
         with Redis.from_url(redis.url) as r:  # as the rollout stage's take and registration leave the record
             r.hset(Keys().job(job_id), "status", "rollout")
             r.set(Keys().external_agent_endpoint(job_id), worker.url)
-        key = {"Authorization": f"Bearer {job_credential(SECRET.encode(), job_id)}"}
+        # every call is the same fresh conversation: named, each opens a new segment of it (a full prompt render,
+        # the dearer case) instead of a conversation of its own, which the job's conversation cap would refuse
+        key = {
+            "Authorization": f"Bearer {job_credential(SECRET.encode(), job_id)}",
+            "x-rollouts-conversation": "bench",
+        }
         body = {
             "model": "tiny",
             "messages": MESSAGES,
@@ -221,26 +219,26 @@ def main() -> None:
         renderer = ChatRenderer(session.tokenizer)
         prompt = renderer.prompt(renderer.prepare(MESSAGES)).token_ids
         targets = {
-            "vllm": (f"{vllm.url}/v1/chat/completions", {}),
+            "vllm": (f"{vllm_url}/v1/chat/completions", {}),
             "generate": ("", {}),
             "worker": (f"{worker.url}/v1/chat/completions", key),
             **{name: (f"{url}/v1/jobs/{job_id}/agent/v1/chat/completions", key) for name, (url, _) in api_urls.items()},
         }
         times: dict[str, list[float]] = {name: [] for name in targets}
         names = list(targets)
-        for i in range(args.calls + 10):  # the first 10 rounds warm up every path
+        for i in range(args.calls + args.warmup):  # the first rounds warm up every path
             for name in names[i % len(names) :] + names[: i % len(names)]:  # rotate: no path always goes first
                 url, headers = targets[name]
                 t0 = time.perf_counter()
                 if name == "generate":
-                    generated = len(client.complete(vllm.url, prompt, sampling, "tiny").token_ids)
+                    generated = len(client.complete(vllm_url, prompt, sampling, "tiny").token_ids)
                 else:
                     response = http.post(url, json=body, headers=headers)
                     response.raise_for_status()
                     generated = response.json()["usage"]["completion_tokens"]
                 elapsed = time.perf_counter() - t0
                 assert generated == args.max_tokens, (name, generated)
-                if i >= 10:
+                if i >= args.warmup:
                     times[name].append(elapsed)
         base = statistics.median(times["vllm"])
         print(f"{args.calls} calls each, {args.max_tokens} tokens a call, round-robin")
@@ -252,15 +250,15 @@ def main() -> None:
             )
         if args.stream_calls:
             streamed = {name: target for name, target in targets.items() if name != "generate"}
-            first_chunks(http, streamed, {**body, "max_tokens": args.stream_tokens}, args.stream_calls)
+            first_chunks(
+                http, streamed, {**body, "max_tokens": args.stream_tokens}, args.stream_calls, args.warmup // 2
+            )
     finally:
         for server in servers:
             server.stop()
         for api in apis:
             api.terminate()
             api.wait(timeout=10)
-        vllm.stop()
-        redis.stop()
 
 
 if __name__ == "__main__":

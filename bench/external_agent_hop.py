@@ -80,12 +80,12 @@ def _wait(http: httpx.Client, url: str) -> None:
         time.sleep(0.2)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=600)
     parser.add_argument("--before", metavar="REF", help="also run the API of this git ref, side by side")
     parser.add_argument("--serve-instant", nargs=2, metavar=("PORT", "JOB"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.serve_instant:
         serve_instant(int(args.serve_instant[0]), args.serve_instant[1])
         return

@@ -16,6 +16,7 @@ call generates the same `--max-tokens` tokens. Side by side in one run:
   itself costs when no model shares the CPU with it.
 
     .venv/bin/python -m bench.gateway [--calls 300] [--max-tokens 8] [--rollouts 32] [--turns 12] [--rounds 3]
+        [--backend-url URL]
 """
 
 from __future__ import annotations
@@ -35,14 +36,14 @@ from typing import Any
 
 import httpx
 
+from bench.backends import add_backend_option, vllm_urls
 from cli.embedded_redis import free_port
-from cli.tiny_model import tiny_model_dir
-from cli.vllm_server import VLLMServer
 from gateway.app import GatewayConfig
 from gateway.server import ThreadedServer
 from shared.config import Settings
 from workers.rollout.llm_client import LLMClient, Sampling
 
+ROOT = Path(__file__).resolve().parents[1]
 DATA_KEY, ADMIN_KEY = "bench-data-key", "bench-admin-key"
 PROMPT = [(11 * i) % 200 + 40 for i in range(64)]
 INSTANT = json.dumps(
@@ -156,7 +157,10 @@ def start_gateway(upstream: str) -> tuple[subprocess.Popen[str], str]:
     """A gateway in a process of its own in front of `upstream`, as `rollouts register --gateway` runs it."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "bench.gateway", "--serve", upstream, str(port)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "bench.gateway", "--serve", upstream, str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     assert process.stdout is not None and process.stdout.readline().strip() == "serving"
     return process, f"http://127.0.0.1:{port}"
@@ -166,7 +170,10 @@ def proxy_alone(n: int) -> None:
     """The hop's own cost: the same calls against an instant upstream, no model sharing the CPU."""
     port = free_port()
     upstream = subprocess.Popen(
-        [sys.executable, "-m", "bench.gateway", "--serve-instant", str(port)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "bench.gateway", "--serve-instant", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     assert upstream.stdout is not None and upstream.stdout.readline().strip() == "serving"
     gateway, gateway_url = start_gateway(f"http://127.0.0.1:{port}")
@@ -200,38 +207,12 @@ def wait_until_serving(client: httpx.Client, url: str) -> None:
     raise RuntimeError(f"{url} did not answer")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--rollouts", type=int, default=32)
-    parser.add_argument("--turns", type=int, default=12)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--serve", nargs=2, metavar=("UPSTREAM", "PORT"), help=argparse.SUPPRESS)
-    parser.add_argument("--serve-instant", type=int, metavar="PORT", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve:
-        return serve(args.serve[0], int(args.serve[1]))
-    if args.serve_instant:
-        return serve_instant(args.serve_instant)
-
-    work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
-    model = tiny_model_dir(Path.home() / ".cache" / "rollouts" / "test-models", 0, 4096)
-    vllm = VLLMServer.from_settings(
-        Settings(),
-        model,
-        free_port(),
-        served_name="tiny",
-        log_path=work / "vllm.log",
-        args=["--dtype", "float32", "--max-model-len", "4096"],
-    )
-    vllm.start()
-    gateway: subprocess.Popen[str] | None = None
+def against_vllm(vllm_url: str, args: argparse.Namespace) -> None:
+    """Latency and throughput, direct and through a gateway in front of the vLLM server at `vllm_url`."""
+    gateway, gateway_url = start_gateway(vllm_url)
     try:
-        vllm.wait_until_ready(900, lambda message: print(message, flush=True))
-        gateway, gateway_url = start_gateway(vllm.url)
         targets = {
-            "direct": (vllm.url, LLMClient(request_timeout_s=300, max_retries=0)),
+            "direct": (vllm_url, LLMClient(request_timeout_s=300, max_retries=0)),
             "gateway": (gateway_url, LLMClient(request_timeout_s=300, max_retries=0, api_key=DATA_KEY)),
         }
         sampling = Sampling(max_tokens=args.max_tokens, temperature=0.0, extra={"ignore_eos": True})
@@ -261,10 +242,28 @@ def main() -> None:
         ratio = statistics.mean(rates["gateway"]) / statistics.mean(rates["direct"])
         print(f"  gateway / direct: {ratio:.3f}")
     finally:
-        if gateway is not None:
-            gateway.terminate()
-            gateway.wait(timeout=10)
-        vllm.stop()
+        gateway.terminate()
+        gateway.wait(timeout=10)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--rollouts", type=int, default=32)
+    parser.add_argument("--turns", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--serve", nargs=2, metavar=("UPSTREAM", "PORT"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve-instant", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    add_backend_option(parser, " (one is used)")
+    args = parser.parse_args(argv)
+    if args.serve:
+        return serve(args.serve[0], int(args.serve[1]))
+    if args.serve_instant:
+        return serve_instant(args.serve_instant)
+
+    with vllm_urls(args.backend_url, 1, Path(tempfile.mkdtemp(prefix="bench-gateway-"))) as (vllm_url, *_):
+        against_vllm(vllm_url, args)
     proxy_alone(args.calls * 4)
 
 

@@ -8,7 +8,7 @@ fencing tokens, cancel checks); the bare chain only enqueues the next function.
 A third run shows the same pipeline with 4 slots per stage process. API submit
 latency is measured on single-job POSTs over a keep-alive connection (stdlib client).
 
-    .venv/bin/python -m bench.pipeline [--jobs 1000] [--rounds 2]
+    .venv/bin/python -m bench.pipeline [--jobs 1000] [--rounds 2] [--slots 1 4] [--submits 300]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 from redis import Redis
-from rq import Queue
+from rq import Queue, Worker
 
 from bench.noop_stages import BARE_DONE_KEY, bare_init
 from cli.embedded_redis import EmbeddedRedis
@@ -72,7 +72,7 @@ def run_bare(redis_url: str, jobs: int, log_dir: Path) -> float:
             for queue in ("bare-init", "bare-rollout", "bare-eval")
         ]
     try:
-        time.sleep(2.0)  # let the three workers register
+        wait_until(lambda: Worker.count(connection=redis) >= 3)  # the three workers have registered
         queue = Queue("bare-init", connection=redis)
         start = time.perf_counter()
         queue.enqueue_many([Queue.prepare_data(bare_init, (i,), result_ttl=0) for i in range(jobs)])
@@ -85,7 +85,7 @@ def run_bare(redis_url: str, jobs: int, log_dir: Path) -> float:
             worker.wait()
 
 
-def run_pipeline(redis_url: str, jobs: int, slots: int, log_dir: Path) -> tuple[float, list[float]]:
+def run_pipeline(redis_url: str, jobs: int, slots: int, log_dir: Path, submits: int) -> tuple[float, list[float]]:
     redis = Redis.from_url(redis_url)
     redis.flushall()
     settings = Settings(redis_url=redis_url, state_dir=Path(tempfile.mkdtemp(prefix="bench-state-")))
@@ -100,13 +100,13 @@ def run_pipeline(redis_url: str, jobs: int, slots: int, log_dir: Path) -> tuple[
         stack.wait_for_workers()
         done_index = Keys().jobs_by_status("done")
         with httpx.Client(base_url=stack.api_url, timeout=30) as api:
-            latencies = submit_latencies(api, 300)  # single-job POSTs; these jobs run too
-            wait_until(lambda: redis.zcard(done_index) >= 300)
-            body = [{"task": {"kind": "noop"}}] * 500
+            latencies = submit_latencies(api, submits)  # single-job POSTs; these jobs run too
+            wait_until(lambda: redis.zcard(done_index) >= submits)
             start = time.perf_counter()
-            for _ in range(jobs // 500):
+            for first in range(0, jobs, 500):
+                body = [{"task": {"kind": "noop"}}] * min(500, jobs - first)
                 assert api.post("/v1/jobs", json=body).status_code == 202
-            wait_until(lambda: redis.zcard(done_index) >= 300 + (jobs // 500) * 500)
+            wait_until(lambda: redis.zcard(done_index) >= submits + jobs)
             elapsed = time.perf_counter() - start
     return elapsed, latencies
 
@@ -130,22 +130,24 @@ def submit_latencies(api: httpx.Client, count: int) -> list[float]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=int, default=1000, help="jobs per run (a multiple of 500)")
+    parser.add_argument("--jobs", type=int, default=1000, help="jobs per run (submitted 500 per POST)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds; the median is reported")
-    args = parser.parse_args()
-    jobs = max(500, args.jobs // 500 * 500)
+    parser.add_argument("--slots", type=int, nargs="+", default=[1, 4], help="a pipeline run per slots per process")
+    parser.add_argument("--submits", type=int, default=300, help="single-job POSTs timed before each pipeline run")
+    args = parser.parse_args(argv)
+    jobs = max(1, args.jobs)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
-    results: dict[str, list[float]] = {"bare": [], "pipeline x1": [], "pipeline x4": []}
-    latencies: list[float] = []
+    results: dict[str, list[float]] = {"bare": [], **{f"pipeline x{slots}": [] for slots in args.slots}}
+    latencies: list[float] = []  # the first pipeline run's
     with EmbeddedRedis() as redis_server:
         for _ in range(args.rounds):
             results["bare"].append(run_bare(redis_server.url, jobs, log_dir))
-            elapsed, lat = run_pipeline(redis_server.url, jobs, 1, log_dir)
-            results["pipeline x1"].append(elapsed)
-            latencies += lat
-            results["pipeline x4"].append(run_pipeline(redis_server.url, jobs, 4, log_dir)[0])
+            for i, slots in enumerate(args.slots):
+                elapsed, lat = run_pipeline(redis_server.url, jobs, slots, log_dir, args.submits)
+                results[f"pipeline x{slots}"].append(elapsed)
+                latencies += lat if i == 0 else []
 
     bare = statistics.median(results["bare"])
     print(f"{jobs} no-op jobs x 3 stages, {args.rounds} rounds (median); logs in {log_dir}")

@@ -14,7 +14,6 @@ vllm:prefix_cache_hits_total, in tokens).
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import tempfile
@@ -24,40 +23,14 @@ from pathlib import Path
 import httpx
 from redis import Redis
 
-from cli.embedded_redis import EmbeddedRedis, free_port
-from cli.tiny_model import tiny_model_dir
-from cli.vllm_server import VLLMServer
+from bench.backends import add_backend_option, vllm_urls
+from cli.embedded_redis import EmbeddedRedis
 from shared.backend_pool import BackendPool
 from shared.config import Settings
 from shared.keys import Keys
 from workers.rollout.llm_client import LLMClient, Sampling
 
 PREFIX_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
-
-
-def start_backends(n: int, work: Path) -> list[VLLMServer]:
-    """n servers on the tiny model, each bound to a core of its own where there are enough: vLLM's CPU
-    build spins its OpenMP threads after a step, so servers sharing cores slow each other down by
-    hundreds of ms a call whenever calls alternate between them (measured here: 36 ms a turn on one
-    server, 530 ms when consecutive turns alternate between two servers on the same 2 cores)."""
-    model = tiny_model_dir(work / "models", 0, 4096)
-    cores = os.cpu_count() or 1
-    servers = []
-    for i in range(n):
-        server = VLLMServer.from_settings(
-            Settings(),
-            model,
-            free_port(),
-            served_name="tiny",
-            log_path=work / f"vllm-{i}.log",
-            args=["--dtype", "float32"],
-        )
-        if n <= cores:
-            server.env["VLLM_CPU_OMP_THREADS_BIND"] = str(i)
-        servers.append(server.start())
-    for server in servers:
-        server.wait_until_ready(900, lambda message: print(message, flush=True))
-    return servers
 
 
 def prefix_counters(urls: list[str]) -> tuple[float, float]:
@@ -119,48 +92,51 @@ def run(
     return per_turn, (hit - hit_before) / max(queried - queried_before, 1)
 
 
-def main() -> None:
+def measure(
+    pool: BackendPool, urls: dict[str, str], args: argparse.Namespace
+) -> dict[str, tuple[list[list[float]], list[float]]]:
+    """A warm-up turn, then `args.rounds` alternating rounds of each mode: per mode, per-turn times and hit shares."""
+    rng = random.Random(0)
+    with LLMClient() as client:
+        warmup = argparse.Namespace(**{**vars(args), "turns": 1, "trajectories": 1})
+        run("warmup", pool, urls, client, warmup, rng)
+        # Rounds alternate which mode goes first, so load that comes and goes on a shared
+        # machine slows both alike; each trajectory set is fresh (never cached before).
+        results: dict[str, tuple[list[list[float]], list[float]]] = {
+            mode: ([[] for _ in range(args.turns)], []) for mode in ("random", "sticky")
+        }
+        for round_ in range(args.rounds):
+            for mode in ("random", "sticky") if round_ % 2 == 0 else ("sticky", "random"):
+                per_turn, hit = run(mode, pool, urls, client, args, rng, round_)
+                for turn, times in enumerate(per_turn):
+                    results[mode][0][turn].extend(times)
+                results[mode][1].append(hit)
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--backends", type=int, default=2)
+    parser.add_argument("--backends", type=int, default=2, help="servers to start (with --backend-url: those given)")
     parser.add_argument("--trajectories", type=int, default=8)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--system-tokens", type=int, default=1200)
     parser.add_argument("--observation-tokens", type=int, default=200)
     parser.add_argument("--gen-tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=4, help="Alternating rounds of each mode.")
-    args = parser.parse_args()
+    add_backend_option(parser)
+    args = parser.parse_args(argv)
     if 1 + args.system_tokens + 4 + args.turns * (args.gen_tokens + args.observation_tokens + 7) > 4000:
         parser.error("the trajectories would not fit the tiny model's 4096-token context")
-    with tempfile.TemporaryDirectory() as work, EmbeddedRedis() as server:
-        servers = start_backends(args.backends, Path(work))
-        try:
-            settings = Settings(redis_url=server.url)
-            pool = BackendPool(Redis.from_url(server.url), Keys("bench"), settings)
-            urls = {pool.register(s.url, "tiny").id: s.url for s in servers}
-            rng = random.Random(0)
-            with LLMClient() as client:
-                run(
-                    "warmup",
-                    pool,
-                    urls,
-                    client,
-                    argparse.Namespace(**{**vars(args), "turns": 1, "trajectories": 1}),
-                    rng,
-                )
-                # Rounds alternate which mode goes first, so load that comes and goes on a shared
-                # machine slows both alike; each trajectory set is fresh (never cached before).
-                results: dict[str, tuple[list[list[float]], list[float]]] = {
-                    mode: ([[] for _ in range(args.turns)], []) for mode in ("random", "sticky")
-                }
-                for round_ in range(args.rounds):
-                    for mode in ("random", "sticky") if round_ % 2 == 0 else ("sticky", "random"):
-                        per_turn, hit = run(mode, pool, urls, client, args, rng, round_)
-                        for turn, times in enumerate(per_turn):
-                            results[mode][0][turn].extend(times)
-                        results[mode][1].append(hit)
-        finally:
-            for backend in servers:
-                backend.stop()
+    with (
+        tempfile.TemporaryDirectory() as work,
+        EmbeddedRedis() as server,
+        vllm_urls(args.backend_url, args.backends, Path(work), bind_cores=True) as backend_urls,
+    ):
+        settings = Settings(redis_url=server.url)
+        pool = BackendPool(Redis.from_url(server.url), Keys("bench"), settings)
+        urls = {pool.register(url, "tiny").id: url for url in backend_urls}
+        args.backends = len(urls)
+        results = measure(pool, urls, args)
     print(
         f"{args.backends} vLLM servers (CPU build, tiny model), {args.rounds} alternating rounds of "
         f"{args.trajectories} trajectories x {args.turns} turns, "

@@ -58,13 +58,13 @@ def used_memory(redis: Redis) -> int:
     return int(redis.info("memory")["used_memory"])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=1000, help="measured jobs")
     parser.add_argument("--warmup", type=int, default=50, help="jobs run before the baseline is taken")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per synthetic trajectory")
     parser.add_argument("--slots", type=int, default=4, help="slots per stage process")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     state_dir = Path(tempfile.mkdtemp(prefix="bench-redis-memory-"))
     settings = Settings(redis_url=None, state_dir=state_dir)

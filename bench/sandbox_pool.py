@@ -179,7 +179,7 @@ def memory_per_sandbox(settings: Settings, count: int) -> None:
         pool.close()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32])
     parser.add_argument("--jobs", type=int, default=32, help="jobs per mode and concurrency (in waves of C)")
@@ -187,7 +187,7 @@ def main() -> None:
     parser.add_argument("--caps", type=int, nargs="*", default=[1, 2, 4, 8])
     parser.add_argument("--burst", type=int, default=16)
     parser.add_argument("--memory", type=int, default=4, help="ready sandboxes to measure the memory of (0: skip)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="bpool-"))
     biggest = max(args.concurrency or [args.memory])
     settings = Settings(

@@ -9,7 +9,7 @@ one after the other.
 Reported: wall time from the first submission to the last job done, jobs/s, and the rollout
 stage's p50 time (from the records' stage timings).
 
-    .venv/bin/python -m bench.sandbox_pool_stack [--jobs 48] [--rollout-concurrency 8]
+    .venv/bin/python -m bench.sandbox_pool_stack [--jobs 48] [--rollout-concurrency 8] [--modes off single-use reuse]
 
 A benchmark, not a test: it imports the tests' scripted backend and tiny model, as the test
 stack does (the tiny model is built on first use, as the tests build it).
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import tempfile
@@ -31,6 +30,7 @@ from cli.stack import Stack
 from shared.config import Settings
 
 STARTER = "def solve(n):\n    return sum(range(n))\n"
+MODES = {"off": (False, "single-use"), "single-use": (True, "single-use"), "reuse": (True, "reuse")}  # pool, lifetime
 
 
 def _call(name: str, **arguments: Any) -> str:
@@ -89,18 +89,20 @@ def _stage_seconds(record: dict[str, Any], stage: str) -> float:
     return float(ended) - float(started) if started is not None and ended is not None else float("nan")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=48)
     parser.add_argument("--rollout-concurrency", type=int, default=8)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--modes", nargs="+", choices=MODES, default=list(MODES), help="the pool off, on single-use, on with reuse"
+    )
+    args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
-    from cli.tiny_model import tiny_model_dir
+    from bench.backends import tiny_model
     from tests.support.scripted_llm import ScriptedLLM
 
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rollouts" / "test-models"
-    model = tiny_model_dir(cache, seed=0, max_model_len=4096)  # the tests' tiny model, built once per user
+    model = tiny_model()  # the tests' tiny model, built once per user
     llm = ScriptedLLM(AutoTokenizer.from_pretrained(model, local_files_only=True)).start()
     llm.scripts["code"] = [
         _call("python", code="exec(open('solution.py').read()); solve(10)"),
@@ -110,7 +112,7 @@ def main() -> None:
     try:
         print("| sandbox pool | jobs | rollout slots | wall s | jobs/s | rollout stage p50 ms |")
         print("|---|---|---|---|---|---|")
-        for pool, lifetime in ((False, "single-use"), (True, "single-use"), (True, "reuse")):
+        for pool, lifetime in (MODES[mode] for mode in args.modes):
             wall, rollouts = run(pool, lifetime, args.jobs, args.rollout_concurrency, llm, base)
             print(
                 f"| {'on, ' + lifetime if pool else 'off'} | {args.jobs} | {args.rollout_concurrency} | {wall:.1f} | "

@@ -14,6 +14,7 @@ sampling) run twice per concurrency level:
 Reports jobs/s and generated tokens/s of each and the ratio service / direct.
 
     .venv/bin/python -m bench.service_vs_direct [--jobs 64] [--turns 4] [--concurrency 1 8 32 64]
+        [--backend-url URL]
 """
 
 from __future__ import annotations
@@ -27,11 +28,9 @@ from typing import Any
 
 import httpx
 
+from bench.backends import add_backend_option, tiny_model, vllm_urls
 from bench.chat_kind import BenchChatKind, bench_messages
-from cli.embedded_redis import free_port
 from cli.stack import Stack
-from cli.tiny_model import tiny_model_dir
-from cli.vllm_server import VLLMServer
 from shared.config import Settings
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.llm_client import Sampling, generate_body
@@ -106,57 +105,56 @@ def run_service(api_url: str, batch: list[dict[str, Any]]) -> tuple[float, int]:
         return time.perf_counter() - started, generated
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=64)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
-    args = parser.parse_args()
+    add_backend_option(parser, " (one is used)")
+    args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="bench-svd-"))
-    settings = Settings(redis_url=None, state_dir=work / "state")
-    model = tiny_model_dir(work / "models", 0, 4096)
-    server = VLLMServer.from_settings(
-        settings, model, free_port(), served_name="tiny", log_path=work / "vllm.log", args=["--dtype", "float32"]
+    hermes = get_parser("hermes")
+    schemas = BenchChatKind().tool_schemas()
+    renderer = ChatRenderer(
+        _load_tokenizer(str(tiny_model())), schemas, tool_instructions_json(schemas, hermes.call_format)
     )
-    server.start()
-    try:
-        server.wait_until_ready(900, lambda message: print(message, flush=True))
-        hermes = get_parser("hermes")
-        schemas = BenchChatKind().tool_schemas()
-        renderer = ChatRenderer(
-            _load_tokenizer(str(model)), schemas, tool_instructions_json(schemas, hermes.call_format)
-        )
+    with vllm_urls(args.backend_url, 1, work) as (url, *_):
         print(
             f"{'concurrency':>11} | {'direct jobs/s':>13} | {'service jobs/s':>14} | {'direct tok/s':>12} | "
             f"{'service tok/s':>13} | service / direct"
         )
         for concurrency in args.concurrency:
-            stack = Stack(
-                settings.model_copy(update={"state_dir": work / f"state-{concurrency}"}),
-                api_port=0,
-                concurrency={"init": 8, "rollout": concurrency, "eval": 8},
-                log_dir=work / "logs",
-                backend_urls=[server.url],
-                extra_env={"ROLLOUTS_TASK_MODULES": "bench.chat_kind", "ROLLOUTS_LOG_LEVEL": "WARNING"},
-            )
-            stack.start()
-            try:
-                stack.wait_for_workers()
-                batch = jobs(args.jobs, args.turns)
-                run_service(stack.api_url, batch[: min(4, len(batch))])  # warm: imports, sandboxless kind, pins
-                d_s, d_tokens = asyncio.run(run_direct(server.url, renderer, batch, concurrency))
-                s_s, s_tokens = run_service(stack.api_url, batch)
-            finally:
-                stack.stop()
+            d_s, d_tokens, s_s, s_tokens = side_by_side(url, renderer, jobs(args.jobs, args.turns), concurrency, work)
             ratio = (args.jobs / s_s) / (args.jobs / d_s)
             print(
                 f"{concurrency:>11} | {args.jobs / d_s:>13.2f} | {args.jobs / s_s:>14.2f} | {d_tokens / d_s:>12.0f} | "
                 f"{s_tokens / s_s:>13.0f} | {ratio:.2f}x",
                 flush=True,
             )
+
+
+def side_by_side(
+    url: str, renderer: ChatRenderer, batch: list[dict[str, Any]], concurrency: int, work: Path
+) -> tuple[float, int, float, int]:
+    """(seconds, generated tokens) of the direct loop, then of the service on a stack of its own."""
+    stack = Stack(
+        Settings(redis_url=None, state_dir=work / f"state-{concurrency}"),
+        api_port=0,
+        concurrency={"init": 8, "rollout": concurrency, "eval": 8},
+        log_dir=work / "logs",
+        backend_urls=[url],
+        extra_env={"ROLLOUTS_TASK_MODULES": "bench.chat_kind", "ROLLOUTS_LOG_LEVEL": "WARNING"},
+    )
+    stack.start()
+    try:
+        stack.wait_for_workers()
+        run_service(stack.api_url, batch[: min(4, len(batch))])  # warm: imports, sandboxless kind, pins
+        d_s, d_tokens = asyncio.run(run_direct(url, renderer, batch, concurrency))
+        s_s, s_tokens = run_service(stack.api_url, batch)
     finally:
-        server.stop()
+        stack.stop()
+    return d_s, d_tokens, s_s, s_tokens
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ version the restarted server reports and the logprob gap to the updated weights 
 
     .venv/bin/python -m bench.stack_faults [--jobs 96] [--rounds engine,vllm-api,api,redis]
 
+With `--backend-url URL` the stack uses a vLLM server that already runs instead of its own, and only
+the rounds that leave it alone run (`--rounds api,redis --no-update`): nothing kills it or changes its weights.
+
 A measurement, not a test (tests/reliability/test_stack_restarts.py asserts the same behaviour on a
 few jobs): it imports the tests' tiny model and weight-update helpers, as that test does.
 """
@@ -32,11 +35,13 @@ from typing import Any
 
 import httpx
 
+from bench.backends import add_backend_option
 from cli.stack import Stack
 from shared.config import Settings
 
 ROWS = Path(__file__).resolve().parent.parent / "examples" / "mixed.jsonl"
 KILLS = ("engine", "vllm-api", "api", "redis")
+SPARING = ("api", "redis")  # the rounds that neither kill vLLM nor change its weights
 CAP_S = 1800.0  # how long a round may take before the run gives up on it (never a pass mark)
 TERMINAL = {"done", "failed", "cancelled", "timed_out"}
 
@@ -60,11 +65,12 @@ class Run:
     def backend_serving(self) -> bool:
         """The stack's vLLM is in the pool, healthy and open to new pins."""
         server = self.stack.vllm_server
+        url = server.url if server is not None else self.stack.backend_urls[0]
         try:
             backends = self.api.get("/v1/backends").json()["backends"]
         except (httpx.HTTPError, ValueError, KeyError):
             return False
-        return any(b["url"] == server.url.rstrip("/") and b["healthy"] and not b["draining"] for b in backends)
+        return any(b["url"] == url.rstrip("/") and b["healthy"] and not b["draining"] for b in backends)
 
     def submit(self, n: int) -> list[str]:
         rows = [json.loads(line) for line in ROWS.read_text().splitlines() if line.strip()]
@@ -156,16 +162,19 @@ def one_round(run: Run, kill: str, jobs: int, version: str | None, model: Path |
     return row
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=96)
     parser.add_argument("--rounds", default=",".join(KILLS), help="which processes to kill, in order")
     parser.add_argument("--no-update", action="store_true", help="only the rounds on the base weights")
-    args = parser.parse_args()
+    add_backend_option(parser, f" (given: one, and only --rounds {','.join(SPARING)} with --no-update)")
+    args = parser.parse_args(argv)
     kills = [k for k in args.rounds.split(",") if k]
     unknown = set(kills) - set(KILLS)
     if unknown:
         parser.error(f"--rounds: unknown {sorted(unknown)}; choose from {', '.join(KILLS)}")
+    if args.backend_url and (set(kills) - set(SPARING) or not args.no_update or len(args.backend_url) > 1):
+        parser.error(f"--backend-url: one server, --rounds among {', '.join(SPARING)} and --no-update")
 
     from tests.support.vllm_server import SERVED_NAME, tiny_model_path
     from tests.weights.test_weight_update_on_vllm import checkpoint
@@ -183,7 +192,8 @@ def main() -> None:
         api_port=0,
         log_dir=root / "logs",
         persistent_redis=True,
-        vllm=True,
+        vllm=not args.backend_url,
+        backend_urls=args.backend_url,
         model=tiny_model_path(),
         drain_timeout_s=5,
     )

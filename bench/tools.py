@@ -355,14 +355,14 @@ def bench_server_imports(rounds: int) -> list[str]:
     ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300, help="interleaved rounds per table")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument(
         "--only", default="bash,python,wakeups,lifecycle,imports", help="comma-separated sections to run"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     only = set(args.only.split(","))
     usable, reason = bwrap_usable()
     if not usable:

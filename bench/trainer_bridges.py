@@ -21,9 +21,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from bench.backends import tiny_model
 from cli.embedded_redis import free_port
 from cli.stack import Stack
-from cli.tiny_model import tiny_model_dir
 from shared.config import Settings
 from tests.support.standin_llm import StandinProcess
 from tests.trainers.conftest import REPO, trainers_python
@@ -34,13 +34,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trajectories", type=int, default=200, help="per path")
     parser.add_argument("--concurrency", type=int, default=8)
-    args = parser.parse_args()
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rollouts" / "test-models"
-    model = tiny_model_dir(cache, seed=0, max_model_len=4096)
+    args = parser.parse_args(argv)
+    model = tiny_model()
     with tempfile.TemporaryDirectory(prefix="bench-trainers-") as tmp:
         root = Path(tmp)
         llm = StandinProcess(model, free_port(), (0.05, 0.1), root / "standin.log", model="tiny").wait_healthy()

@@ -13,6 +13,9 @@ redis-server, then times, in this one process and interleaved round by round:
 The goal is an update of all backends in under 2x the baseline.
 
     .venv/bin/python -m bench.weight_update [--rounds 10] [--bytes]
+
+With `--backend-url URL` (twice) it updates servers that already run instead of starting two: their
+weights change, so never point it at servers anything else uses (tests/bench/ gives it test doubles).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 import torch
 from redis import Redis
 
-from bench.prefix_cache import start_backends
+from bench.backends import add_backend_option, tiny_model, vllm_urls
 from cli.embedded_redis import EmbeddedRedis
 from cli.tiny_model import build_tiny_model, build_tokenizer
 from shared.backend_pool import BackendPool
@@ -45,16 +48,17 @@ def save_and_load(model: torch.nn.Module, directory: Path) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--bytes", action="store_true", help="also time the update with the weights sent as bytes")
-    args = parser.parse_args()
+    add_backend_option(parser, " (given: exactly 2, whose weights this run changes)")
+    args = parser.parse_args(argv)
+    if args.backend_url and len(args.backend_url) != 2:
+        parser.error("--backend-url: give two servers (the run updates 1, then 2 backends)")
     with tempfile.TemporaryDirectory(prefix="bench-weights-") as tmp:
         work = Path(tmp)
-        servers = start_backends(2, work)
-        redis_server = EmbeddedRedis().start()
-        try:
+        with vllm_urls(args.backend_url, 2, work, bind_cores=True) as servers, EmbeddedRedis() as redis_server:
             redis = Redis.from_url(redis_server.url)
             settings = Settings(redis_url=redis_server.url)
             pool = BackendPool(redis, Keys(settings.redis_prefix), settings)
@@ -63,14 +67,14 @@ def main() -> None:
             for seed, directory in zip((1, 2), checkpoints):
                 build_tiny_model(build_tokenizer(), seed, 4096).save_pretrained(directory)
             payloads = [(directory / "model.safetensors").read_bytes() for directory in checkpoints]
-            tokenizer_dir = str(servers[0].model)
+            tokenizer_dir = str(tiny_model())
             times: dict[str, list[float]] = {"save+load": [], "update 1 backend": [], "update 2 backends": []}
             if args.bytes:
                 times |= {"bytes 1 backend": [], "bytes 2 backends": []}
             last_steps: dict[str, dict[str, float]] = {}
             version = 0
             for backends in (1, 2):
-                pool.register(servers[backends - 1].url, "tiny", tokenizer=tokenizer_dir)
+                pool.register(servers[backends - 1], "tiny", tokenizer=tokenizer_dir)
                 for round_ in range(args.rounds + 1):  # round 0 warms up
                     baseline = save_and_load(model, work / f"save-{backends}-{round_}")
                     version += 1
@@ -93,10 +97,6 @@ def main() -> None:
                         if round_:
                             times[f"bytes {backends} backend{plural}"].append(elapsed)
                         last_steps |= {f"{o.url} (bytes)": o.seconds for o in report.backends}
-        finally:
-            redis_server.stop()
-            for server in servers:
-                server.stop()
     base = statistics.median(times["save+load"])
     print(f"\n{'what':<20} {'median s':>9} {'min s':>8} {'x save+load':>12}   ({args.rounds} rounds)")
     for name, values in times.items():

@@ -1,0 +1,64 @@
+"""Every benchmark that drives vLLM runs at its smallest size against the session's server (`--backend-url`).
+
+None starts a server of its own: each gets the suite's `vllm_server` (the tiny model, served as `tiny`)
+and leaves it as it found it. bench.weight_update, which changes its servers' weights, is tested against
+test doubles in test_bench_smoke.py instead. Each test checks the report's lines, never a figure's value.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.vllm_server import VLLMServer
+from tests.bench.smoke import lines_with, run_bench
+
+
+def test_external_agent_endpoint(capsys: pytest.CaptureFixture[str], vllm_server: VLLMServer) -> None:
+    """Several calls, plain and streamed, to one job's endpoint: each repeats the named conversation's first
+    call (the run that stopped with 409 Conflict when every call opened a conversation of its own)."""
+    out = run_bench(
+        capsys, "external_agent_endpoint", "--calls", "2", "--stream-calls", "2", "--stream-tokens", "8",
+        "--warmup", "2", "--backend-url", vllm_server.url,
+    )  # fmt: skip
+    for path in ("vllm", "generate", "worker", "api"):
+        lines_with(out, rf"^ *{path}: p50 +{{n}} ms  p90 +{{n}} ms  p50 - vllm +{{n}} ms$")
+    for path in ("vllm", "worker", "api"):
+        lines_with(out, rf"^ *{path}: first chunk p50 +{{n}} ms  p99 +{{n}} ms  \({{n}}x vllm\)  stream end p50")
+
+
+def test_gateway(capsys: pytest.CaptureFixture[str], vllm_server: VLLMServer) -> None:
+    out = run_bench(
+        capsys, "gateway", "--calls", "2", "--rollouts", "2", "--turns", "2", "--rounds", "1",
+        "--backend-url", vllm_server.url,
+    )  # fmt: skip
+    assert len(lines_with(out, r"^ +gateway: p50 +{n} ms  p99 +{n} ms  p50 - direct +{n} ms$")) == 2  # vLLM, proxy
+    assert len(lines_with(out, r"^  gateway process CPU per call: {n} ms$")) == 2
+    lines_with(out, r"^ +gateway: +{n} calls/s \({n}\)$")
+    lines_with(out, r"^  gateway / direct: {n}$")
+
+
+def test_prefix_cache(capsys: pytest.CaptureFixture[str], vllm_server: VLLMServer) -> None:
+    """With one server both routings land on it: the report's shape is what is checked, not the comparison."""
+    out = run_bench(
+        capsys, "prefix_cache", "--trajectories", "2", "--turns", "2", "--system-tokens", "32",
+        "--observation-tokens", "8", "--gen-tokens", "2", "--rounds", "1", "--backend-url", vllm_server.url,
+    )  # fmt: skip
+    for routing in ("random routing", "sticky \\(pool\\)"):
+        lines_with(out, rf"^\| {routing} \| {{n}} \| {{n}} \| {{n}} \| {{n}}% \|$")
+
+
+def test_service_vs_direct(capsys: pytest.CaptureFixture[str], vllm_server: VLLMServer) -> None:
+    out = run_bench(
+        capsys, "service_vs_direct", "--jobs", "2", "--turns", "1", "--concurrency", "2",
+        "--backend-url", vllm_server.url,
+    )  # fmt: skip
+    lines_with(out, r"^ +2 \| +{n} \| +{n} \| +{n} \| +{n} \| {n}x$")
+
+
+def test_stack_faults(capsys: pytest.CaptureFixture[str], vllm_server: VLLMServer) -> None:
+    """The one round that leaves the shared server alone and restarts fastest: the embedded Redis SIGKILLed
+    under 4 jobs; the vLLM rounds and the weight update need a server of the bench's own (not run here)."""
+    out = run_bench(
+        capsys, "stack_faults", "--rounds", "redis", "--no-update", "--jobs", "4", "--backend-url", vllm_server.url
+    )
+    lines_with(out, r"^\| redis \| - \| {n} \| [^|]*\b\d+ done\b[^|]* \| {n} \| {n} \|")
