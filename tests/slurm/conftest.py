@@ -38,7 +38,9 @@ FAST_SETTINGS = {
 def slurm() -> Iterator[SlurmCluster]:
     missing = missing_binaries()
     if missing:
-        pytest.skip(f"Slurm/munge not installed ({', '.join(missing)}); scripts/setup.sh installs slurm-wlm and munge")
+        pytest.skip(
+            f"Slurm/munge not installed ({', '.join(missing)}); scripts/setup.sh test installs slurm-wlm and munge"
+        )
     if os.geteuid() != 0:
         pytest.skip("a private slurmd and munged need root (munged runs as the munge user, slurmd as root)")
     # Not pytest's tmp_path: munged refuses a socket path any ancestor of which others may not enter.

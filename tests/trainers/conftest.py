@@ -2,7 +2,7 @@
 
 The stack: embedded Redis, API, one worker per stage, the session's real vLLM server (the tiny
 model) as its one backend, and the test kinds (`agent-answer`: finish-only, multi-turn with nudges).
-The trainers (verl, SkyRL) live in a virtualenv of their own that scripts/setup.sh builds
+The trainers (verl, SkyRL) live in a virtualenv of their own that `scripts/setup.sh test` builds
 (~/.cache/rollouts/trainers): their torch and transformers pins are not the project's. A test runs
 a driver script there, with the client from this checkout on PYTHONPATH, and checks what it wrote.
 """
@@ -29,14 +29,14 @@ ENV = {"ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds"}
 
 
 def trainers_python() -> Path:
-    """The trainers' virtualenv's python; missing fails the test in CI (setup.sh builds it) and skips elsewhere."""
+    """The trainers' virtualenv's python; missing fails the test in CI (`scripts/setup.sh test` builds it) and skips elsewhere."""
     root = Path(
         os.environ.get("ROLLOUTS_TRAINERS_ENV")
         or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rollouts" / "trainers"
     )
     python = root / "bin" / "python"
     if not python.exists():
-        message = f"the trainers' virtualenv is not at {root}: run scripts/setup.sh"
+        message = f"the trainers' virtualenv is not at {root}: run scripts/setup.sh test"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
