@@ -148,7 +148,8 @@ def export(
     lines = 0
     try:
         with output.open("w") as out:
-            for group in client.iter_groups(batch_id, results=True, timeout=timeout):
+            # partial: an exhausted batch exports the groups it did fill (`rollouts batch` says why it stopped)
+            for group in client.iter_groups(batch_id, results=True, timeout=timeout, partial=True):
                 if not (group.used or all_groups):
                     continue
                 record = group_record(group)

@@ -4,7 +4,7 @@ from rollouts_client import RolloutClient, groups_to_tensors
 
 with RolloutClient("http://api:8000", token="...") as client:
     batch = client.submit_batch(prompts, n_samples=8, min_informative_groups=32)
-    for group in client.iter_groups(batch.id):  # as each group completes
+    for group in client.iter_groups(batch.id):  # as each group completes (BatchExhausted: prompts ran out)
         ...
 """
 

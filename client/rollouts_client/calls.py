@@ -210,29 +210,48 @@ def groups(
 
 
 def iter_groups(
-    client: Session, batch_id: str, *, results: bool = True, timeout: float | None = None, after: str = "0-0"
+    client: Session,
+    batch_id: str,
+    *,
+    results: bool = True,
+    timeout: float | None = None,
+    after: str = "0-0",
+    partial: bool = False,
 ) -> Stream[Group]:
-    """Every reported group once, as soon as it completes, until the batch ends (long-poll)."""
+    """Every reported group once, as soon as it completes, until the batch ends (long-poll).
+
+    A DAPO batch whose prompts ran out before its target ends the iteration with BatchExhausted
+    (the groups it got, of how many, and why), so a trainer does not go on with a short batch in
+    silence; `partial=True` ends it quietly after the last group instead."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    cursor = after
+    cursor, received = after, 0
     while True:
         wait = LONG_POLL_S if deadline is None else max(0.0, min(LONG_POLL_S, deadline - time.monotonic()))
         page = yield from groups(client, batch_id, cursor, wait, results, RESULTS_PAGE_GROUPS if results else None)
         for group in page.groups:
+            received += 1
             yield Emit(group)
         cursor = page.cursor
         if page.done:
+            _ended(page.batch, received, partial)
             return
         if deadline is not None and time.monotonic() >= deadline:
             raise WaitTimeout(f"batch {batch_id} still running after {timeout}s")
 
 
+def _ended(batch: Batch, received: int, partial: bool) -> None:
+    """The end of a batch's stream: BatchExhausted for a batch that could not fill, unless `partial`."""
+    if batch.status == BatchStatus.EXHAUSTED and not partial:
+        raise BatchExhausted(batch, received)
+
+
 def iter_events(
-    client: Session, batch_id: str, *, results: bool = False, timeout: float | None = None
+    client: Session, batch_id: str, *, results: bool = False, timeout: float | None = None, partial: bool = False
 ) -> Stream[Group]:
-    """The same groups over server-sent events; a dropped connection resumes after the last event."""
+    """The same groups over server-sent events; a dropped connection resumes after the last event.
+    Ends as `iter_groups` does: BatchExhausted for a batch that could not fill, unless `partial`."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    last_id = "0-0"
+    last_id, received = "0-0", 0
     delays = iter(client.retry.delays())
     while True:
         try:
@@ -258,9 +277,12 @@ def iter_events(
                 if event is None:
                     continue
                 name, event_id, data = event
-                if name == "end":
+                if name == "end":  # its data is the batch
+                    if data.get("status") == BatchStatus.EXHAUSTED:
+                        _ended(Batch.from_api(data), received, partial)
                     return
                 last_id = event_id or last_id
+                received += 1
                 yield Emit(Group.from_api(data))
         except (httpx.TransportError, StreamUnavailable) as exc:
             yield CloseStream()
@@ -274,8 +296,8 @@ def iter_events(
 
 def wait_batch(client: Session, batch_id: str, timeout: float | None = None) -> Call[Batch]:
     """Block until the batch closes (target met or cancelled); BatchExhausted when a DAPO pool ran
-    out before the target (the groups it did fill are still there: `collect_groups`)."""
-    yield from collect(iter_groups(client, batch_id, results=False, timeout=timeout), keep=False)
+    out before the target (the groups it did fill are still there: `collect_groups(partial=True)`)."""
+    yield from collect(iter_groups(client, batch_id, results=False, timeout=timeout, partial=True), keep=False)
     final = yield from get_batch(client, batch_id)
     if final.status == BatchStatus.EXHAUSTED:
         raise BatchExhausted(final)
@@ -283,10 +305,11 @@ def wait_batch(client: Session, batch_id: str, timeout: float | None = None) -> 
 
 
 def collect_groups(
-    client: Session, batch_id: str, *, results: bool = True, timeout: float | None = None
+    client: Session, batch_id: str, *, results: bool = True, timeout: float | None = None, partial: bool = False
 ) -> Call[list[Group]]:
-    """Every group of the batch, as a list once it ends (iter_groups, collected)."""
-    return (yield from collect(iter_groups(client, batch_id, results=results, timeout=timeout)))
+    """Every group of the batch, as a list once it ends (iter_groups, collected: BatchExhausted for a
+    batch that could not fill, unless `partial`, which returns the groups it did fill)."""
+    return (yield from collect(iter_groups(client, batch_id, results=results, timeout=timeout, partial=partial)))
 
 
 # --- the service ------------------------------------------------------------------------------

@@ -44,10 +44,16 @@ class WaitTimeout(TimeoutError):
 class BatchExhausted(RuntimeError):
     """A DAPO batch whose prompts ran out before its target: `batch.reason` says how far it got.
 
-    Raised by `wait_batch`, so a training loop that waits for a full batch does not go on with a
-    short one in silence (0 informative groups means every prompt got the same reward every time).
+    Raised by `wait_batch`, and at the end of `iter_groups`, `iter_events` and `collect_groups`
+    (unless `partial=True`), so a training loop does not go on with a short batch in silence (0
+    informative groups means every prompt got the same reward every time). `received`: the groups
+    the stream that raised it had yielded (None from `wait_batch`, which keeps none).
     """
 
-    def __init__(self, batch: Batch) -> None:
-        super().__init__(f"batch {batch.id} could not fill: {batch.reason}")
+    def __init__(self, batch: Batch, received: int | None = None) -> None:
+        got = f"{batch.counts.used} of {batch.target} groups used"
+        if received is not None:
+            got += f", {received} streamed"
+        super().__init__(f"batch {batch.id} could not fill ({got}): {batch.reason}")
         self.batch = batch
+        self.received = received

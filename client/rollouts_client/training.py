@@ -15,10 +15,11 @@ token t, so compare `log_softmax(logits[:, :-1]).gather(input_ids[:, 1:])` with
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rollouts_client.models import Group, JobStatus
+from rollouts_client.models import Batch, Group, JobStatus
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -121,6 +122,7 @@ def groups_to_tensors(
     max_length: int | None = None,
     tensors: str = "auto",
     used_only: bool = True,
+    batch: Batch | None = None,
 ) -> dict[str, Any]:
     """Groups fetched with results=True as one padded batch; `used_only` keeps the target's groups.
 
@@ -128,6 +130,8 @@ def groups_to_tensors(
     has no reward to learn from and is left out. Alongside `collate_trajectories`' arrays this
     adds per-row `advantages`, `rewards` and `group_index` (the position of the row's group in
     the list given), and `token_rewards` (each row's reward on its last generated token).
+    No row at all is a ValueError that says what the groups were and, given the `batch` they came
+    from, its status and reason (an exhausted batch's partial stream may hold no used group).
     """
     trajectories: list[dict[str, Any]] = []
     advantages: list[float] = []
@@ -145,7 +149,9 @@ def groups_to_tensors(
             advantages.append(0.0 if sample.advantage is None else float(sample.advantage))
             rewards.append(float(sample.reward or 0.0))
             group_index.append(index)
-    batch = collate_trajectories(
+    if not trajectories:
+        raise ValueError(_nothing_to_collate(groups, batch, used_only))
+    collated = collate_trajectories(
         trajectories,
         pad_token_id=pad_token_id,
         padding_side=padding_side,
@@ -159,8 +165,28 @@ def groups_to_tensors(
         "rewards": np.array(rewards, dtype=np.float32),
         "group_index": np.array(group_index, dtype=np.int64),
     }
-    batch.update(extra if isinstance(batch["input_ids"], np.ndarray) else _as_torch(extra))
-    return batch
+    collated.update(extra if isinstance(collated["input_ids"], np.ndarray) else _as_torch(extra))
+    return collated
+
+
+def _nothing_to_collate(groups: Sequence[Group], batch: Batch | None, used_only: bool) -> str:
+    """Why groups_to_tensors has no row: the groups' outcomes, and the batch's state where it is known."""
+    if batch is not None:
+        state = f"batch {batch.id} is {batch.status} ({batch.counts.used} of {batch.target} groups used)"
+        state += f": {batch.reason}" if batch.reason else ""
+    else:
+        ids = sorted({g.batch_id for g in groups})
+        state = f"batch {', '.join(ids)}" if ids else "no batch (pass `batch=` to name its state)"
+    if not groups:
+        return (
+            f"no groups to collate, {state}; a stream of a batch that could not fill raises BatchExhausted "
+            "unless partial=True"
+        )
+    outcomes = Counter(group.outcome or "unknown" for group in groups)
+    described = ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items()))
+    used = sum(g.used for g in groups)
+    hint = "; used_only=False takes unused groups too" if used_only and used < len(groups) else ""
+    return f"no done sample to collate in {len(groups)} groups ({described}; {used} used), {state}{hint}"
 
 
 def _checked(index: int, trajectory: TrajectoryLike) -> Mapping[str, Any]:

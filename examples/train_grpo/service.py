@@ -112,7 +112,8 @@ def run_batch(
         metadata={"step": step},
     )
     deadline = time.monotonic() + timeout
-    groups = client.collect_groups(batch.id, results=True, timeout=timeout)
+    # partial: a step whose prompts run out before the target trains on the groups it got (the row says so)
+    groups = client.collect_groups(batch.id, results=True, timeout=timeout, partial=True)
     batch = wait_settled(client, batch.id, deadline)
     out = StepBatch(batch, [g for g in groups if g.used and g.outcome == "informative"])
     for index in range(batch.counts.launched):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from redis import Redis
 
 from cli.main import main
 from cli.stack import Stack
-from rollouts_client import BatchExhausted, RolloutClient
+from rollouts_client import AsyncRolloutClient, BatchExhausted, RolloutClient, groups_to_tensors
 from shared.batches.store import BatchStore
 from shared.config import Settings
 from shared.jobs.store import JobStore
@@ -191,3 +192,39 @@ def test_a_batch_that_cannot_fill_says_why_and_fails_loudly(stack, tmp_path):
     )
     assert ran.exit_code == 7, ran.output
     assert "could not fill" in ran.output and "0 of 2 groups informative" in ran.output
+
+
+def test_streaming_an_exhausted_batch_ends_with_batch_exhausted_unless_partial(stack):
+    # one informative prompt of three, target 2: the batch reports one group, then runs out of prompts
+    with RolloutClient(stack.api_url) as client:
+        batch = client.submit_batch(
+            [FAST_INFORMATIVE, FAST_UNIFORM, FAST_UNIFORM], n_samples=2, min_informative_groups=2
+        )
+        with pytest.raises(BatchExhausted) as polled:
+            list(client.iter_groups(batch.id, results=False, timeout=120))
+        with pytest.raises(BatchExhausted) as streamed:
+            list(client.iter_events(batch.id, timeout=120))
+        partial = client.collect_groups(batch.id, results=True, timeout=120, partial=True)
+        tensors = groups_to_tensors(partial, tensors="numpy")
+
+    async def over_async_events() -> BatchExhausted:
+        async with AsyncRolloutClient(stack.api_url) as aclient:
+            with pytest.raises(BatchExhausted) as raised:
+                _ = [group async for group in aclient.iter_events(batch.id, timeout=120)]
+            return raised.value
+
+    for exhausted in (polled.value, streamed.value, asyncio.run(over_async_events())):
+        assert exhausted.received == 1 and exhausted.batch.status == "exhausted", exhausted
+        assert "(1 of 2 groups used, 1 streamed)" in str(exhausted), exhausted
+        assert "1 of 2 groups informative after 3 of 3 prompts" in str(exhausted), exhausted
+    assert [g.outcome for g in partial] == ["informative"] and tensors["input_ids"].shape[0] == 2
+
+
+def test_collating_nothing_from_an_exhausted_batch_names_its_state(stack):
+    with RolloutClient(stack.api_url) as client:
+        batch = client.submit_batch([FAST_UNIFORM] * 2, n_samples=2, min_informative_groups=1)
+        groups = client.collect_groups(batch.id, timeout=120, partial=True)  # every group filtered: none reported
+        final = client.get_batch(batch.id)
+    assert groups == []
+    with pytest.raises(ValueError, match=f"batch {final.id} is exhausted .0 of 1 groups used.: the batch's prompts"):
+        groups_to_tensors(groups, batch=final, tensors="numpy")
