@@ -1,6 +1,6 @@
 """Run the unmodified harnesses from the package registries against a job's endpoint, each to its own end.
 
-Each is installed by scripts/setup.sh where it cannot clash with the project: mini-swe-agent in a
+Each is installed by `scripts/setup.sh test` where it cannot clash with the project: mini-swe-agent in a
 virtualenv of its own, Codex CLI and Claude Code from npm in their own prefixes. Each is run as a
 user runs it, non-interactively, with only its documented settings (flags, config file, env vars)
 pointing it at the job's endpoint and turning off everything that would leave the machine.
@@ -58,7 +58,7 @@ def run_mini_swe_agent(
     JobToolsEnvironment (mini_swe_agent_env.py) running its commands through the job's tools; returns its
     saved trajectory (mini-swe-agent's own format: `info.exit_status`, `messages`)."""
     mini = MINI_ENV / "bin/mini"
-    assert mini.exists(), f"no mini-swe-agent environment at {MINI_ENV}: run scripts/setup.sh"
+    assert mini.exists(), f"no mini-swe-agent environment at {MINI_ENV}: run scripts/setup.sh test"
     trajectory = workdir / "mini.traj.json"
     settings = {
         "model.model_kwargs.api_base": f"{base_url}/v1",
@@ -121,7 +121,7 @@ def run_codex(
     CODEX_HOME, which it refuses to do under /tmp (where the tests' directories are): a command then
     fails with `bwrap: execvp codex-linux-sandbox`, so a test that has it run one asks for
     `danger-full-access` (the command runs in the test's own directory)."""
-    assert CODEX.exists(), f"no Codex CLI at {CODEX}: run scripts/setup.sh"
+    assert CODEX.exists(), f"no Codex CLI at {CODEX}: run scripts/setup.sh test"
     home = workdir / "codex-home"
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text(codex_config(base_url, model))
@@ -142,7 +142,7 @@ def run_claude_code(
 ) -> dict[str, Any]:
     """`claude -p` (non-interactive) on the job's endpoint; returns its result (`--output-format json`).
     `allowed_tools` run without asking (`--allowedTools`, e.g. "Bash(ls:*)"); nobody is there to ask."""
-    assert CLAUDE.exists(), f"no Claude Code at {CLAUDE}: run scripts/setup.sh"
+    assert CLAUDE.exists(), f"no Claude Code at {CLAUDE}: run scripts/setup.sh test"
     env = {
         "ANTHROPIC_BASE_URL": base_url,
         "ANTHROPIC_API_KEY": key,

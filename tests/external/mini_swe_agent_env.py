@@ -1,6 +1,6 @@
 """mini-swe-agent's environment for a job driven from outside: every command runs in the job's sandbox.
 
-Imported by the unmodified `mini` CLI from the mini-swe-agent environment (scripts/setup.sh) as
+Imported by the unmodified `mini` CLI from the mini-swe-agent environment (scripts/setup.sh test) as
 `--environment-class mini_swe_agent_env.JobToolsEnvironment`, so it imports nothing of the
 project. A command goes to the job's `POST {base}/tools/bash` (the sandbox's persistent shell,
 recorded under the job's `tool_runs`) instead of a local subprocess; the rest -- the observation

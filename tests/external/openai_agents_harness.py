@@ -1,6 +1,6 @@
 """An unmodified OpenAI Agents SDK agent with one function tool, run against a job's endpoint until the SDK ends it.
 
-Run by the interpreter of the SDK's own environment (scripts/setup.sh: openai-agents caps
+Run by the interpreter of the SDK's own environment (scripts/setup.sh test: openai-agents caps
 websockets below the project's version), so it imports nothing of the project. The agent uses the
 SDK's default model class (the Responses API) through the default client pointed at the endpoint.
 Prints one JSON line: the final output, the model class the SDK used, its responses and tool calls.

@@ -339,8 +339,8 @@ def run_openai_agents(endpoint: Endpoint, model: str, prompt: str, stream: bool 
 
 
 def run_openai_agents_at(base_url: str, key: str, model: str, prompt: str, stream: bool = False) -> dict[str, Any]:
-    """The OpenAI Agents SDK harness, run to its end by the SDK's own environment (scripts/setup.sh)."""
-    assert AGENTS_PYTHON.exists(), f"no OpenAI Agents SDK environment at {AGENTS_ENV}: run scripts/setup.sh"
+    """The OpenAI Agents SDK harness, run to its end by the SDK's own environment (scripts/setup.sh test)."""
+    assert AGENTS_PYTHON.exists(), f"no OpenAI Agents SDK environment at {AGENTS_ENV}: run scripts/setup.sh test"
     command = [str(AGENTS_PYTHON), str(HARNESS), base_url, key, model, prompt, *(["--stream"] * stream)]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
