@@ -1,7 +1,8 @@
 """What any process does once it has moved a job to a terminal status: the part that needs only Redis.
 
 The mover (the API's cancel route, a stage worker, rq's failure callback) calls `job_ended` right
-after its move applied: the job's LLM backend pin goes and its batch group records it. The job's
+after its move applied: the job's LLM backend pin goes, its batch group records it and the run
+page's aggregates count it. The job's
 workspace is on the workers' storage; workers/runtime/job_end.py removes it, and calls this.
 """
 
@@ -13,6 +14,7 @@ import weakref
 from shared.backend_pool import BackendPool
 from shared.batches.replenish import UNKNOWN, Unknown, batch_job_ended
 from shared.jobs.store import JobStore
+from shared.run_stats.record import record_job_end
 
 log = logging.getLogger("rollouts.jobs")
 _pools: weakref.WeakKeyDictionary[JobStore, BackendPool] = weakref.WeakKeyDictionary()
@@ -25,6 +27,7 @@ def job_ended(store: JobStore, job_id: str, group_id: str | Unknown | None = UNK
     """
     release_pin(store, job_id)
     batch_job_ended(store, job_id, group_id)
+    record_job_end(store, job_id)
 
 
 def release_pin(store: JobStore, job_id: str) -> None:

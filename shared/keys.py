@@ -162,6 +162,22 @@ class Keys:
         """String: held while one weight update of the model runs (concurrent updates are serialised)."""
         return f"{self.prefix}:lock:weights:{model}"
 
+    # --- the run page's aggregates (shared/run_stats/) ---------------------------
+    # A scope is `all`, `run:<run id>` or `batch:<batch id>`; it comes last in a key, after a fixed
+    # part, so no run id can make one scope's key another's.
+    def run_stats_minute(self, minute: int, scope: str) -> str:
+        """Hash: counts and sums of the scope's jobs that ended in this minute (epoch seconds, a multiple of 60)."""
+        return f"{self.prefix}:runstats:m:{minute}:{scope}"
+
+    def run_stats_minutes(self, scope: str) -> str:
+        """Sorted set: the minutes in which a job of the scope ended (member and score: the minute)."""
+        return f"{self.prefix}:runstats:idx:{scope}"
+
+    @property
+    def run_stats_scopes(self) -> str:
+        """Sorted set: runs and batches (`run:<id>`, `batch:<id>`), scored by when their last job ended."""
+        return f"{self.prefix}:runstats:scopes"
+
 
 @dataclass(frozen=True)
 class BatchKeys:

@@ -137,6 +137,9 @@ class Trajectory:
     timings: dict[str, float] = field(default_factory=dict)  # llm_s, tools_s, total_s
     tokenizer: str | None = None  # name_or_path of the tokenizer that rendered the template tokens
     tool_parser: str | None = None
+    # Where the rollout's sandbox came from: "pool" (taken ready from the worker's sandbox pool),
+    # "started" (started for this job), None (no sandbox). The run page counts the pool's hits.
+    sandbox: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # the kind's collect() output
     # An external agent's earlier segments, oldest first, each a whole record of its own (to_dict());
     # this record is the last one. Empty for the built-in loop.
@@ -218,3 +221,15 @@ class Trajectory:
         if validate:
             trajectory.validate()
         return trajectory
+
+
+def turn_versions(trajectory: dict[str, Any]) -> tuple[str, set[str | None]]:
+    """The served model and every version that sampled an assistant token of a stored trajectory."""
+    model, versions = "", set()
+    for turn in trajectory.get("turns") or []:
+        if turn.get("role") != ASSISTANT:
+            continue
+        model = model or str(turn.get("model") or "")
+        spans = turn.get("weight_versions") or []
+        versions |= {span.get("version") for span in spans} if spans else {turn.get("policy_version")}
+    return model, versions

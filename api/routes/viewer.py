@@ -18,12 +18,17 @@ router = APIRouter(tags=["viewer"], include_in_schema=False)
 STATIC = Path(__file__).resolve().parent.parent / "static"
 PAGE = STATIC / "viewer.html"
 
-# The page's own files, by name; nothing else under static/ is served.
+CSS, JS = "text/css; charset=utf-8", "text/javascript; charset=utf-8"
+# The page's own files and the charting library it vendors (static/vendor/README.md), by name:
+# nothing else under static/ is served.
 ASSETS = {
-    "viewer.css": "text/css; charset=utf-8",
-    "viewer.js": "text/javascript; charset=utf-8",
-    "job.js": "text/javascript; charset=utf-8",
-    "turns.js": "text/javascript; charset=utf-8",
+    "viewer.css": ("viewer.css", CSS),
+    "viewer.js": ("viewer.js", JS),
+    "job.js": ("job.js", JS),
+    "turns.js": ("turns.js", JS),
+    "run.js": ("run.js", JS),
+    "uPlot.iife.min.js": ("vendor/uPlot.iife.min.js", JS),
+    "uPlot.min.css": ("vendor/uPlot.min.css", CSS),
 }
 _HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
 
@@ -35,16 +40,18 @@ def _read(path: Path) -> str:
 
 @router.get("/viewer", response_class=HTMLResponse)
 def viewer() -> HTMLResponse:
-    """List jobs; `#job=<id>` opens one: turns, tool calls, evaluation, attempts, timings, errors."""
+    """List jobs; `#job=<id>` opens one: turns, tool calls, evaluation, attempts, timings, errors;
+    `#run` the run page: a batch's, a run's or a time window's plots (GET /v1/run-stats)."""
     return HTMLResponse(_read(PAGE), headers=_HEADERS)
 
 
 @router.get("/viewer/assets/{name}")
 def viewer_asset(name: str) -> Response:
-    media_type = ASSETS.get(name)
-    if media_type is None:
+    asset = ASSETS.get(name)
+    if asset is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no viewer asset {name!r}")
-    return Response(_read(STATIC / name), media_type=media_type, headers=_HEADERS)
+    path, media_type = asset
+    return Response(_read(STATIC / path), media_type=media_type, headers=_HEADERS)
 
 
 @router.get("/viewer/")

@@ -1,6 +1,6 @@
 "use strict";
 // The page's frame: DOM helpers, the jobs API (with the bearer token), the job list and the
-// `#job=<id>` route. Reads the service's own JSON; nothing is ever rendered as HTML, only as text.
+// routes: `#job=<id>` (job.js), `#run...` (the run page, run.js), else the list. Reads the service's own JSON; nothing is ever rendered as HTML, only as text.
 const view = document.getElementById("view");
 const message = document.getElementById("message");
 const tokenKey = "rollouts-token";
@@ -18,17 +18,19 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
-async function api(path) {
+async function apiFetch(path, accept) {
   const token = sessionStorage.getItem(tokenKey);
-  const response = await fetch(path, { headers: { Accept: "application/json", ...(token ? { Authorization: "Bearer " + token } : {}) } });
+  const response = await fetch(path, { headers: { Accept: accept, ...(token ? { Authorization: "Bearer " + token } : {}) } });
   if (!response.ok) {
     let detail = response.statusText;
     try { detail = (await response.json()).detail || detail; } catch (e) {}
     if (response.status === 401) detail += " (enter a token above)";
     throw new Error(response.status + ": " + detail);
   }
-  return response.json();
+  return response;
 }
+
+async function api(path) { return (await apiFetch(path, "application/json")).json(); }
 
 function when(seconds) {
   return seconds ? new Date(seconds * 1000).toISOString().replace("T", " ").slice(0, 19) : "";
@@ -70,8 +72,9 @@ async function route() {
   const mine = ++navigation;
   message.textContent = "";
   const match = location.hash.match(/job=([0-9A-Za-z_-]+)/);
+  const run = /^#run(&|$)/.test(location.hash);
   try {
-    const page = await (match ? jobPage(match[1]) : listPage());
+    const page = await (run ? runPage() : match ? jobPage(match[1]) : listPage());
     if (mine === navigation) view.replaceChildren(...page);
   } catch (error) {
     if (mine === navigation) { message.textContent = error.message; view.replaceChildren(); }

@@ -24,6 +24,7 @@ from shared.codec import unpack
 from shared.jobs.record_fields import output_field
 from shared.jobs.status import TERMINAL, JobStatus
 from shared.jobs.store import JobStore, reward_of
+from shared.run_stats.record import record_job_end
 
 log = logging.getLogger("rollouts.batches")
 _stores: weakref.WeakKeyDictionary[JobStore, BatchStore] = weakref.WeakKeyDictionary()
@@ -126,4 +127,5 @@ def cancel_groups(batches: BatchStore, batch_id: str, prompt_indices: list[int])
             if batches.jobs.cancel(job_id).applied:
                 cancelled += 1
                 record_job(batches, job_id)
+                record_job_end(batches.jobs, job_id)  # the run page counts it, as job_ended would
     return cancelled

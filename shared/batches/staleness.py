@@ -10,25 +10,13 @@ A stale sample is recorded as `stale`: its group is not delivered, the batch cou
 
 from __future__ import annotations
 
-from typing import Any
-
 from shared.jobs.record_fields import output_field
 from shared.jobs.store import JobStore
+from shared.trajectory import turn_versions
 from shared.weights.versions import WeightVersions
 
 STALE = "stale"
-
-
-def turn_versions(trajectory: dict[str, Any]) -> tuple[str, set[str | None]]:
-    """The served model and every version that sampled an assistant token of the trajectory."""
-    model, versions = "", set()
-    for turn in trajectory.get("turns") or []:
-        if turn.get("role") != "assistant":
-            continue
-        model = model or str(turn.get("model") or "")
-        spans = turn.get("weight_versions") or []
-        versions |= {span.get("version") for span in spans} if spans else {turn.get("policy_version")}
-    return model, versions
+__all__ = ["STALE", "is_stale", "turn_versions"]
 
 
 def is_stale(jobs: JobStore, job_id: str, max_staleness: int) -> bool:

@@ -45,4 +45,8 @@ def lost_field(stage: str) -> str:
     return f"lost:{stage}"
 
 
+# A finished rollout's few numbers (tokens, LLM time, versions, sandbox), kept by the rollout stage
+# so a job's end adds them to the run page's aggregates without reading the results store.
+ROLLOUT_SUMMARY = "rollout_summary"
+
 OUTPUT_FIELDS: tuple[str, ...] = tuple(output_field(stage) for stage in STAGES)

@@ -23,14 +23,21 @@ from shared.codec import pack, unpack
 from shared.config import Settings
 from shared.errors import ValidationError
 from shared.jobs.queues import enqueue_stage
-from shared.jobs.record_fields import OUTPUT_FIELDS, attempts_field, output_field, ref_field, time_field
+from shared.jobs.record_fields import (
+    OUTPUT_FIELDS,
+    ROLLOUT_SUMMARY,
+    attempts_field,
+    output_field,
+    ref_field,
+    time_field,
+)
 from shared.jobs.spec import Limits
 from shared.jobs.status import ALL_STATUSES, TERMINAL, JobStatus
 from shared.keys import Keys
 from shared.lua_scripts import register_lua
 from shared.results import ResultStore
 
-_BLOB_FIELDS = ("spec", "result", "error", "partial", "reward", *OUTPUT_FIELDS)
+_BLOB_FIELDS = ("spec", "result", "error", "partial", "reward", ROLLOUT_SUMMARY, *OUTPUT_FIELDS)
 # The large parts of a job, kept in the results store; the record holds `ref:<part>` to each.
 STORED_PARTS = ("rollout", "eval", "partial")
 

@@ -3,66 +3,29 @@ real stage workers finished: one done (turns, tool calls, evaluation), one timed
 (the partial trajectory), one failed (its error and traceback), behind the API's bearer-token auth.
 
 Screenshots are kept after the run under $ROLLOUTS_TEST_ARTIFACTS/viewer (default
-<repo>/test-artifacts/viewer) so a person can look at what the page showed.
+<repo>/test-artifacts/viewer) so a person can look at what the page showed (tests/observability/browser.py).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Iterator
-from pathlib import Path
-
 import httpx
 import pytest
 
+from tests.observability.browser import needs_browser, screenshot, text_of
 from tests.observability.viewer_kind import sample_trajectory
 from tests.support.waiting import wait_status
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the dev extra has it)")
 from selenium.common.exceptions import TimeoutException  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="chromium and chromium-driver are not installed (scripts/setup.sh test installs both)",
-)
-
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = Path(os.environ.get("ROLLOUTS_TEST_ARTIFACTS") or ROOT / "test-artifacts") / "viewer"
+pytestmark = needs_browser
 TOKEN = "viewer-test-token"
 VIEWER_ENV = {
     "ROLLOUTS_TASK_MODULES": "tests.support.kinds,tests.observability.viewer_kind",
     "ROLLOUTS_API_TOKENS": TOKEN,
 }
-
-
-@pytest.fixture()
-def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1280,1000",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-    ):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def open_job(driver: webdriver.Chrome, api_url: str, job_id: str) -> str:
@@ -77,22 +40,6 @@ def open_job(driver: webdriver.Chrome, api_url: str, job_id: str) -> str:
     text = driver.find_element(By.ID, "view").text
     assert "null" not in text.split() and "undefined" not in text, text
     return text
-
-
-def text_of(driver: webdriver.Chrome, element_id: str) -> str:
-    return driver.find_element(By.ID, element_id).text
-
-
-def screenshot(driver: webdriver.Chrome, name: str) -> Path:
-    """The whole page, not just the window: the window grows to the document's height first."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1280, max(1000, min(int(height) + 120, 6000)))
-    path = ARTIFACTS / f"{name}.png"
-    assert driver.save_screenshot(str(path)), f"no screenshot written to {path}"
-    print(f"viewer screenshot: {path}")
-    driver.set_window_size(1280, 1000)
-    return path
 
 
 def test_the_viewer_shows_turns_evaluation_attempts_partial_trajectories_and_errors(make_stack, browser):

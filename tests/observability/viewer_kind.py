@@ -5,12 +5,17 @@ the same `Trajectory.append` the agent loop uses, from fixed byte-level token id
 `task.stall: true` the rollout keeps its first turns as the partial record, as the agent loop
 does, and waits until the stage's deadline stops it: a timed-out job with a partial trajectory;
 with `task.stall_in_eval: true` the evaluation waits instead, for a job that times out after its rollout.
+
+`run-demo`, for the run page: the same trajectory sampled by `task.version` of the model `run-model`,
+with LLM time, the sandbox origin `task.sandbox`, the reward `task.reward` (or a failure in eval with
+`task.fail`), and a rollout held until the test's file exists (`task.hold`, bench/hold.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from bench.hold import hold_stage, validate_hold
 from shared.tasks import StageContext, TaskKind, register
 from shared.trajectory import ASSISTANT, OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
 
@@ -106,3 +111,35 @@ class ViewerDemoKind(TaskKind):
             {"name": "explains_the_steps", "passed": False, "status": "wrong_output", "detail": "no explanation"},
         ]
         return {"reward": 0.75, "reason": "3 of 4 checks passed", "passed": 3, "total": 4, "tests": tests}
+
+
+RUN_MODEL = "run-model"
+RUN_LLM_S = 0.1  # the LLM seconds each run-demo rollout records
+RUN_ROLLOUT_S = 0.3  # how long each run-demo rollout takes, at least
+
+
+@register
+class RunDemoKind(TaskKind):
+    name = "run-demo"
+
+    def validate(self, task: dict[str, Any]) -> None:
+        validate_hold(task)
+
+    def init(self, ctx: StageContext) -> dict[str, Any]:
+        return {}
+
+    def rollout(self, ctx: StageContext) -> dict[str, Any]:
+        ctx.sleep(RUN_ROLLOUT_S)
+        hold_stage(ctx)
+        trajectory = sample_trajectory()
+        for turn in trajectory.turns:
+            if turn.role == ASSISTANT:
+                turn.model, turn.policy_version = RUN_MODEL, ctx.task.get("version")
+        trajectory.timings = {"llm_s": RUN_LLM_S, "tools_s": 0.01, "template_s": 0.0, "total_s": RUN_ROLLOUT_S}
+        trajectory.sandbox = ctx.task.get("sandbox")
+        return trajectory.to_dict()
+
+    def evaluate(self, ctx: StageContext) -> dict[str, Any]:
+        if ctx.task.get("fail"):
+            raise RuntimeError("run-demo failure in eval")
+        return {"reward": float(ctx.task.get("reward", 0.0))}

@@ -127,6 +127,7 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
         trajectory = loop.run(kind.messages(ctx.task))
         ctx.check()
         trajectory.extra = kind.collect(ctx, sandbox)
+        trajectory.sandbox = sandbox_origin(held)
     except StageInterrupted as stop:
         keep_partial(ctx, loop, stop.reason, None)
         raise
@@ -186,6 +187,13 @@ def start_sandbox(kind: AgentKind, ctx: StageContext) -> JobSandbox:
     except SandboxError:
         ctx.check()  # the deadline or a cancel stopped it mid-start: timed_out/cancelled, not failed
         raise
+
+
+def sandbox_origin(held: JobSandbox | None) -> str | None:
+    """What the trajectory records of its sandbox: taken from the pool, started for it, or none."""
+    if held is None:
+        return None
+    return "pool" if held.pooled else "started"
 
 
 def tool_runner(sandbox: Sandbox | None, ctx: StageContext) -> RunTool:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from shared.jobs.record_fields import ROLLOUT_SUMMARY
 from shared.metrics import MetricsRecorder
+from shared.run_stats.summary import rollout_summary
 from shared.tasks import StageContext, TaskKind
 from workers.rollout.external_agent.stage import run_external_agent
 from workers.runtime.stage_runner import Stage, run_stage
@@ -27,6 +29,10 @@ class RolloutStage(Stage):
 
     def record(self, output: dict[str, Any], metrics: MetricsRecorder) -> None:
         metrics.tool_calls(output)  # latencies of the tool calls the trajectory made
+
+    def summary_fields(self, output: dict[str, Any]) -> dict[str, Any]:
+        summary = rollout_summary(output)  # tokens, LLM time, versions, sandbox: for the run page
+        return {ROLLOUT_SUMMARY: summary} if summary is not None else {}
 
 
 STAGE = RolloutStage()

@@ -60,6 +60,10 @@ class Stage:
     def record(self, output: dict[str, Any], metrics: MetricsRecorder) -> None:
         """Metrics from the output of an attempt being handed on; none by default."""
 
+    def summary_fields(self, output: dict[str, Any]) -> dict[str, Any]:
+        """Small record fields that sum the output up for the run page (shared/run_stats/); none by default."""
+        return {}
+
 
 # (output, interruption, error): what calling the stage gave; at most one of the last two is set.
 Performed = tuple[dict[str, Any], str | None, dict[str, Any] | None]
@@ -243,6 +247,7 @@ def _hand_on(st: WorkerState, stage: Stage, ctx: StageContext, output: dict[str,
     fields: dict[str, Any] = {time_field(name, "ended"): now}
     try:
         fields.update(_output_fields(st, job_id, name, output))
+        fields.update(stage.summary_fields(output))
     except ResultsUnavailable as exc:
         # The output cannot be kept: the job fails with the store's fault, never a reward.
         log.error("job %s: %s output not stored: %s", job_id, name, exc)

@@ -19,6 +19,7 @@ from workers.rollout.agent_task import (
     loop_config,
     pinned_generate,
     sampling_for,
+    sandbox_origin,
     start_sandbox,
     tool_runner,
 )
@@ -77,6 +78,7 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
         ctx.check()
         trajectory = session.record()
         trajectory.extra = {**trajectory.extra, **kind.collect(ctx, sandbox)}
+        trajectory.sandbox = sandbox_origin(held)
     except StageInterrupted as stop:
         _keep_partial(ctx, session, stop.reason, None)
         raise
