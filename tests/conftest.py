@@ -15,8 +15,10 @@ from api.app import create_app
 from cli.embedded_redis import EmbeddedRedis
 from shared.config import Settings
 from tests.support.vllm_server import (  # noqa: F401 - fixtures
+    launch_session_servers,
     long_context_vllm_server,
     start_vllm_servers,
+    stop_session_servers,
     tiny_model,
     vllm_server,
 )
@@ -36,6 +38,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.vllm)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The session's vLLM servers start now, in the background, if a selected test uses them."""
+    if not session.config.option.collectonly:
+        # the tmp_path_factory fixture is not reachable from a hook: its object, as pytest keeps it
+        launch_session_servers(session.items, session.config._tmp_path_factory.mktemp("vllm-logs"))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    stop_session_servers()
 
 
 @pytest.fixture(scope="session")

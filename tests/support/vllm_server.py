@@ -1,7 +1,7 @@
 """Real vLLM servers for the tests: vLLM's CPU build serving the tiny model, started as `rollouts up` starts it.
 
-One server per test session (`vllm_server`, ~25-80 s to start on 2 cores, then shared by every
-test that asks for it); `start_vllm_servers(n)` starts more for the tests that need two (routing,
+One server per test session (`vllm_server`, ~25-80 s to start on 2 cores, launched in the background
+as soon as the collected tests show one uses it, then shared by every test that asks for it); `start_vllm_servers(n)` starts more for the tests that need two (routing,
 failover, SIGKILL of a backend) and stops them at the end of the test. Tests that use them are
 marked `vllm` (`pytest -m "not vllm"` skips them where vLLM is not installed).
 """
@@ -48,14 +48,14 @@ def tiny_model() -> Path:
     return tiny_model_path()
 
 
-def start_server(
+def launch_server(
     model: Path,
     log_dir: Path,
     served_name: str = SERVED_NAME,
     args: list[str] | None = None,
     max_model_len: int = 4096,
 ) -> VLLMServer:
-    """Start one vLLM server on a free loopback port and wait until it serves; float32, as the trainer computes.
+    """Start one vLLM server on a free loopback port, without waiting for it; float32, as the trainer computes.
     A prompt is prefilled in one step (vLLM refuses a model length over its batched-token budget)."""
     port = free_port()
     batched = ["--max-num-batched-tokens", str(max_model_len)] if max_model_len > 8192 else []  # 8192: vLLM's own
@@ -67,7 +67,11 @@ def start_server(
         log_path=log_dir / f"vllm-{port}.log",
         args=["--dtype", "float32", "--max-model-len", str(max_model_len), *batched, *(args or [])],
     )
-    server.start()
+    return server.start()
+
+
+def ready(server: VLLMServer) -> VLLMServer:
+    """Wait until a launched server serves; stop it if it never does."""
     try:
         server.wait_until_ready(timeout_s=900)
     except BaseException:
@@ -76,19 +80,57 @@ def start_server(
     return server
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    server = start_server(tiny_model, tmp_path_factory.mktemp("vllm-logs"))
-    yield server
+def start_server(
+    model: Path,
+    log_dir: Path,
+    served_name: str = SERVED_NAME,
+    args: list[str] | None = None,
+    max_model_len: int = 4096,
+) -> VLLMServer:
+    """Start one vLLM server (launch_server) and wait until it serves."""
+    return ready(launch_server(model, log_dir, served_name, args, max_model_len))
+
+
+# The session's servers, launched as soon as the collected tests show they are needed (a start costs 25-160 s
+# on 2 cores, most of it vLLM's imports and compile): the tests that come before the first one that uses
+# a server run meanwhile, and its fixture only waits for what is left of the start.
+_SESSION_SERVERS: dict[str, Callable[[Path], VLLMServer]] = {
+    "vllm_server": lambda logs: launch_server(tiny_model_path(), logs),
+    "long_context_vllm_server": lambda logs: launch_server(long_context_model_path(), logs, max_model_len=LONG_CONTEXT),
+}
+_launched: dict[str, VLLMServer] = {}
+
+
+def launch_session_servers(items: list[pytest.Item], log_dir: Path) -> None:
+    """Launch each session server some collected test uses (pytest_collection_finish)."""
+    wanted = set().union(*(getattr(item, "fixturenames", ()) for item in items)) if items else set()
+    for name, launch in _SESSION_SERVERS.items():
+        if name in wanted and name not in _launched:
+            _launched[name] = launch(log_dir)
+
+
+def stop_session_servers() -> None:
+    """Stop what was launched and never handed to a fixture (a session that ended early)."""
+    while _launched:
+        _launched.popitem()[1].stop()
+
+
+def session_server(name: str, log_dir: Path) -> Iterator[VLLMServer]:
+    """The session server `name`: the launched one, else one started now; stopped at the session's end."""
+    server = _launched.pop(name, None) or _SESSION_SERVERS[name](log_dir)
+    yield ready(server)
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    yield from session_server("vllm_server", tmp_path_factory.mktemp("vllm-logs"))
 
 
 @pytest.fixture(scope="session")
 def long_context_vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     """A server of the tiny model with a LONG_CONTEXT window, for harnesses whose first prompt is tens of kB."""
-    server = start_server(long_context_model_path(), tmp_path_factory.mktemp("vllm-logs"), max_model_len=LONG_CONTEXT)
-    yield server
-    server.stop()
+    yield from session_server("long_context_vllm_server", tmp_path_factory.mktemp("vllm-logs"))
 
 
 @pytest.fixture()
