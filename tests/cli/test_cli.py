@@ -66,8 +66,12 @@ def test_run_takes_a_batch_through_a_fresh_stack_and_summarises_it(tmp_path):
     assert len(out.read_text().splitlines()) == 24
 
 
-def test_up_serves_submit_and_status_and_stops_everything_on_ctrl_c(tmp_path):
+@pytest.mark.vllm
+def test_up_serves_a_real_vllm_submit_and_status_and_stops_everything_on_ctrl_c(tmp_path):
+    """The embedded default as a user starts it: vLLM on the tiny model (built offline), registered as an
+    operator would, the workers, `submit` and `status` against it, and Ctrl-C stopping every process."""
     port = free_port()
+    url = f"http://127.0.0.1:{port}"
     with open(tmp_path / "up.log", "w") as log:  # a file, not a pipe: the children log into it too
         up = subprocess.Popen(
             [*ROLLOUTS, "up", "--port", str(port)],
@@ -77,23 +81,24 @@ def test_up_serves_submit_and_status_and_stops_everything_on_ctrl_c(tmp_path):
             stderr=subprocess.STDOUT,
         )
     try:
-        url = f"http://127.0.0.1:{port}"
 
-        def healthy() -> bool:
+        def registered() -> list[dict]:
             try:
-                return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
+                return [b for b in httpx.get(f"{url}/v1/backends", timeout=2).json()["backends"] if b["healthy"]]
+            except (httpx.HTTPError, KeyError, ValueError):
+                return []
 
-        wait_for(healthy, timeout=60, what="the API of `rollouts up`")
-        # vLLM starts first (70-80 s cold on a busy machine), then the workers: a cap for hangs, not a goal.
+        # vLLM starts first (70-80 s cold on a busy machine), then the workers: caps for hangs, not goals.
+        [backend] = wait_for(registered, timeout=900, interval=1.0, what="vLLM to start and register")
+        assert backend["model"].startswith("tiny-chatml") and backend["tokenizer"].endswith(backend["model"])
+        assert httpx.get(f"{backend['url']}/v1/models", timeout=5).json()["data"][0]["id"] == backend["model"]
         wait_for(
             lambda: len(children_of(up.pid)) >= 6,
             timeout=900,
             interval=1.0,
             what="redis, the API, vLLM and three workers",
         )
-        children = children_of(up.pid)
+        wait_for(lambda: "rollouts up: API" in (tmp_path / "up.log").read_text(), timeout=300, what="the banner")
 
         submitted = subprocess.run(
             [*ROLLOUTS, "submit", str(ROOT / "examples" / "demo.jsonl"), "--url", url],
@@ -119,15 +124,18 @@ def test_up_serves_submit_and_status_and_stops_everything_on_ctrl_c(tmp_path):
         assert "rollout" in status.stdout and "done 24" in status.stdout
         assert "redis: " in status.stdout and "results: " in status.stdout and "UNHEALTHY" not in status.stdout
 
+        everything = descendants_of(up.pid)
         up.send_signal(signal.SIGINT)
-        assert up.wait(timeout=90) == 0, (tmp_path / "up.log").read_text()[-3000:]
-        assert not [pid for pid in children if alive(pid)], "`up` left processes behind"
+        assert up.wait(timeout=120) == 0, (tmp_path / "up.log").read_text()[-3000:]
+        assert not [pid for pid in everything if alive(pid)], "`up` left processes (vLLM's engine?) behind"
         with socket.socket() as sock:
             assert sock.connect_ex(("127.0.0.1", port)) != 0, "the API still listens"
     finally:
         if up.poll() is None:
             up.kill()
             up.wait()
+    output = (tmp_path / "up.log").read_text()
+    assert "vLLM ready at" in output, output[-2000:]
 
 
 def test_submit_reports_a_bad_file_clearly(tmp_path):
@@ -203,49 +211,6 @@ def descendants_of(pid: int) -> list[int]:
         found += children
         frontier += children
     return found
-
-
-@pytest.mark.vllm
-def test_up_serves_a_real_vllm_registers_it_and_stops_it_on_ctrl_c(tmp_path):
-    """The embedded default: vLLM on the tiny model (built offline), registered as an operator would."""
-    port = free_port()
-    with open(tmp_path / "up.log", "w") as log:
-        up = subprocess.Popen(
-            [*ROLLOUTS, "up", "--port", str(port)],
-            env=cli_env(tmp_path),
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-
-        def registered() -> list[dict]:
-            try:
-                return [
-                    b
-                    for b in httpx.get(f"http://127.0.0.1:{port}/v1/backends", timeout=2).json()["backends"]
-                    if b["healthy"]
-                ]
-            except (httpx.HTTPError, KeyError, ValueError):
-                return []
-
-        [backend] = wait_for(registered, timeout=900, interval=1.0, what="vLLM to start and register")
-        assert backend["model"].startswith("tiny-chatml") and backend["tokenizer"].endswith(backend["model"])
-        assert httpx.get(f"{backend['url']}/v1/models", timeout=5).json()["data"][0]["id"] == backend["model"]
-        # The pool shows the backend before `up` has started its workers: Ctrl-C once the banner says
-        # everything runs (on a busy machine the workers take a while), so what stops is the whole stack.
-        wait_for(lambda: "rollouts up: API" in (tmp_path / "up.log").read_text(), timeout=300, what="the banner")
-        everything = descendants_of(up.pid)
-        up.send_signal(signal.SIGINT)
-        up.wait(timeout=120)
-        assert up.returncode == 0
-        assert not [pid for pid in everything if alive(pid)], "`up` left processes (vLLM's engine?) behind"
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
-    output = (tmp_path / "up.log").read_text()
-    assert "vLLM ready at" in output, output[-2000:]
 
 
 def test_up_with_a_backend_url_that_does_not_answer_exits_naming_it(tmp_path):
