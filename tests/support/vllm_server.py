@@ -12,6 +12,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -80,15 +81,9 @@ def ready(server: VLLMServer) -> VLLMServer:
     return server
 
 
-def start_server(
-    model: Path,
-    log_dir: Path,
-    served_name: str = SERVED_NAME,
-    args: list[str] | None = None,
-    max_model_len: int = 4096,
-) -> VLLMServer:
-    """Start one vLLM server (launch_server) and wait until it serves."""
-    return ready(launch_server(model, log_dir, served_name, args, max_model_len))
+def start_server(model: Path, log_dir: Path, **options: Any) -> VLLMServer:
+    """Start one vLLM server (launch_server, with its options) and wait until it serves."""
+    return ready(launch_server(model, log_dir, **options))
 
 
 # The session's servers, launched as soon as the collected tests show they are needed (a start costs 25-160 s
