@@ -15,11 +15,11 @@ demo: setup
 	.venv/bin/rollouts run examples/mixed.jsonl
 
 # Lint and the one house format first (ruff, pinned in the dev extra; rules in pyproject.toml): seconds,
-# before a ~40 minute suite.
+# before the suite (README: how long it takes); its 25 slowest steps close the run, to keep it so.
 test: setup-test
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=25
 
 # GRPO on the CPU through the service, 3 seeds (examples/train_grpo, docs/TRAINING.md); writes runs/grpo/
 train: setup-train
