@@ -22,9 +22,9 @@ from shared.config import Settings
 from shared.trajectory import ASSISTANT, Trajectory
 from tests.external.conftest import renderer_for
 from tests.external.test_agent_formats import ANTHROPIC_TOOLS, SYSTEM, common_token_ids, run_openai_agents_at
+from tests.on_vllm.test_rollouts_on_vllm import recomputed_logprobs
 from tests.support.trajectory_checks import assert_decodes_to_conversation
 from tests.support.waiting import client_for, wait_for, wait_status
-from tests.vllm.test_rollouts_on_vllm import recomputed_logprobs
 from workers.rollout.external_agent import anthropic_api
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))

@@ -24,6 +24,7 @@ from shared.trajectory import ASSISTANT, Trajectory
 from tests.external.conftest import renderer_for
 from tests.external.harnesses import run_claude_code, run_codex, run_mini_swe_agent
 from tests.external.test_agent_formats import common_token_ids
+from tests.on_vllm.test_rollouts_on_vllm import recomputed_logprobs
 from tests.support.trajectory_checks import (
     assert_every_conversation_ended,
     recorded_calls,
@@ -32,7 +33,6 @@ from tests.support.trajectory_checks import (
 )
 from tests.support.vllm_server import LONG_CONTEXT
 from tests.support.waiting import client_for, wait_status
-from tests.vllm.test_rollouts_on_vllm import recomputed_logprobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from external_agent import wait_until_serving
