@@ -1,7 +1,7 @@
 """A short GRPO run of SmolLM2 with LoRA through the service: `python -m examples.smollm2 train`.
 
-The loop is examples/train_grpo's (DAPO batches through rollouts_client, the clipped
-token-level update of grpo.py, a policy-version check of every turn), with two changes:
+The loop is grpo.py's (examples/train_grpo's until that moved to TRL's GRPOTrainer): DAPO batches
+through rollouts_client, the clipped token-level update, a policy-version check of every turn; with two changes:
 the policy is a LoRA adapter on SmolLM2 (lora.py) and a new version reaches vLLM as an
 in-place adapter load (`push_adapter`) instead of a checkpoint reload. The task is one-step
 arithmetic (arith_rows.py): by default as multiple-choice `stem` rows, graded by the service's
@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from examples.smollm2.arith_rows import arith_task, choice_task
+from examples.smollm2.grpo import grpo_step
 from examples.smollm2.lora import lora_policy, push_adapter, save_adapter
 from examples.smollm2.stack import start_stack
 from examples.train_grpo.report import StepRow, summary_text, write_csv
-from examples.train_grpo.run import grpo_step
 from examples.train_grpo.service import wait_idle
 from rollouts_client import RolloutClient
 

@@ -1,9 +1,9 @@
-"""`python -m examples.train_grpo --out runs/grpo --seeds 3`: GRPO on the CPU through the rollout service.
+"""`python -m examples.train_grpo --out runs/grpo --seeds 3`: TRL's GRPOTrainer on the CPU through the rollout service.
 
 Starts the whole stack locally (cli.stack.Stack: Redis, API, workers, one vLLM server),
-then, per seed: warm-up, GRPO steps (DAPO batches in, token-exact trajectories out,
-weights saved and reloaded into the backend after each update), and writes
-reward_curve.csv, reward_curve.png and summary.txt to --out.
+then, per seed: warm-up, then TRL's GRPOTrainer with the client's TRL bridge (its rollouts are
+the service's jobs, token-exact; its reward the service's; every optimizer step's weights loaded
+into the backend), and writes reward_curve.csv, reward_curve.png and summary.txt to --out.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from examples.train_grpo.policy import build_policy, build_policy_tokenizer, sav
 from examples.train_grpo.report import StepRow, plot, summary_text, write_csv
 from examples.train_grpo.run import Config, train_seed
 from examples.train_grpo.service import start_stack
-from rollouts_client import RolloutClient
 
 log = logging.getLogger("train_grpo")
 
@@ -54,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in trl 1.16
     torch.set_num_threads(args.threads)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -65,10 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[StepRow] = []
     stack = start_stack(out, base, args.rollout_slots)
     try:
-        with RolloutClient(stack.api_url, token=stack.settings.token) as client:
-            for seed in range(args.first_seed, args.first_seed + args.seeds):
-                rows += train_seed(client, seed, config, out)
-                write_csv(rows, out / "reward_curve.csv")  # after every seed: a cut-short run keeps its data
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            rows += train_seed(stack.api_url, stack.settings.token, seed, config, out)
+            write_csv(rows, out / "reward_curve.csv")  # after every seed: a cut-short run keeps its data
     finally:
         stack.stop()
     if not args.no_plot:

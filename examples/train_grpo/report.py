@@ -113,13 +113,13 @@ def plot(rows: list[StepRow], path: Path) -> None:
             alpha=0.6,
             label=f"seed {seed}: python used",
         )
-    axis.set_xlabel("GRPO step (step 0: the warm-up policy)")
+    axis.set_xlabel("generation (TRL's GRPOTrainer, two optimizer steps each; 0: the warm-up policy)")
     axis.set_ylabel("share of the step's rollouts")
     axis.set_ylim(-0.02, 1.02)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
     axis.set_title(
-        "arith with the python tool: GRPO through the rollout service (CPU)\nsolid: reward, dashed: share of episodes calling the python tool",
+        "arith with the python tool: TRL's GRPOTrainer through the rollout service (CPU)\nsolid: reward, dashed: share of episodes calling the python tool",
         fontsize=9,
     )
     figure.tight_layout()

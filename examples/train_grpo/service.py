@@ -1,8 +1,9 @@
-"""The trainer's side of the service: start it locally, run one DAPO batch, reload the backends' weights.
+"""The trainer's side of the service: start it locally; run one DAPO batch (examples/smollm2's loop).
 
-Everything after `start_stack` goes over HTTP through rollouts_client: batches, jobs, the
-backend list, and weight reloads (one call per model, `update_weights`: the service pauses,
-reloads, resets the prefix cache, labels and resumes every backend of the model).
+Everything after `start_stack` goes over HTTP through rollouts_client. examples/train_grpo's TRL run
+talks to the service through the client's TRL bridge (rollouts_client.trainers.trl_rollout), which
+also loads each step's weights (one `update_weights` call per step: the service pauses, reloads,
+resets the prefix cache, labels and resumes every backend of the model).
 """
 
 from __future__ import annotations
@@ -49,27 +50,6 @@ def start_stack(root: Path, base_model: Path, rollout_slots: int) -> Stack:
 
 def backend_urls(client: RolloutClient) -> list[str]:
     return [b["url"] for b in client.list_backends() if b.get("healthy")]
-
-
-def load_weights(client: RolloutClient, path: Path, version: str) -> list[str]:
-    """Every backend loads the checkpoint at `path` and labels its tokens `version`; returns their URLs.
-
-    One service call per served model (POST /v1/models/{model}/weights): pause, reload, reset
-    the prefix cache, label, resume on every backend of the model at once. A backend that fails
-    leaves the pool, and the trainer stops: its next batch would run on fewer servers than asked.
-    The checkpoint must have untied embeddings: vLLM's reload does not refresh a tied lm_head.
-    """
-    models = sorted({b["model"] for b in client.list_backends() if b.get("healthy")})
-    if not models:
-        raise RuntimeError("no healthy backend to load weights into")
-    urls: list[str] = []
-    for model in models:
-        result = client.update_weights(model, version, path=str(Path(path).absolute()))
-        failed = [f"{b['url']}: {b['error']}" for b in result["backends"] if b["status"] != "updated"]
-        if failed:
-            raise RuntimeError(f"loading {version} into model {model!r} failed on {'; '.join(failed)}")
-        urls += [b["url"] for b in result["backends"]]
-    return urls
 
 
 @dataclass

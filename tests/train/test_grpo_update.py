@@ -1,10 +1,11 @@
-"""The GRPO update of examples/train_grpo on a tiny model: minibatches, clipping, and the direction it moves."""
+"""examples/smollm2's hand-written GRPO update (examples/train_grpo trains with TRL) on a tiny model: minibatches,
+clipping, and the direction it moves."""
 
 from __future__ import annotations
 
 import torch
 
-from examples.train_grpo.grpo import clipped_loss, group_minibatches, grpo_update, token_logprobs
+from examples.smollm2.grpo import clipped_loss, group_minibatches, grpo_update, token_logprobs
 from examples.train_grpo.policy import build_policy, build_policy_tokenizer
 
 

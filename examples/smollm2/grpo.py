@@ -1,0 +1,239 @@
+"""examples/smollm2's GRPO step and update: a DAPO batch, the policy-version check, and a token-level clipped
+policy gradient against the rollout's own logprobs (examples/train_grpo now trains with TRL's GRPOTrainer).
+
+    ratio_t = exp(log pi_theta(y_t | y_<t) - old_logprob_t)     old_logprob_t: the backend's, from the trajectory
+    loss    = - sum_t mask_t * min(ratio_t * A, clip(ratio_t, 1-eps, 1+eps) * A) / sum_t mask_t
+
+A is the sample's group-normalised reward (r - mean) / (std + 1e-6), computed by the
+service (`advantages: grpo`); mask is the trajectory's loss_mask (model-generated
+tokens only: tool output and template tokens never get gradient). Tokens are averaged
+over the whole batch, not per sequence (DAPO's token-level loss), and there is no KL
+term: the clip and the short run keep the policy near the warm-up.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from examples.train_grpo.report import StepRow
+from examples.train_grpo.service import StepBatch, policy_versions, run_batch
+from rollouts_client import RolloutClient, groups_to_tensors
+
+
+@dataclass
+class UpdateStats:
+    loss: float
+    clip_fraction: float  # share of masked tokens whose ratio left [1-eps, 1+eps]
+    approx_kl: float  # mean of (ratio - 1) - log ratio (k3): drift from the rollout policy
+    logprob_gap: float  # mean |new - old| logprob before the first update: backend/trainer agreement
+
+
+def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """log pi(input_ids[:, t] | input_ids[:, :t]) for t >= 1, shape (B, T-1)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+def clipped_loss(
+    new_logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, clip_eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, clipped-token indicator, ratio), all over the (B, T-1) shifted positions."""
+    ratio = torch.exp(new_logp - old_logp)
+    adv = advantages[:, None]
+    unclipped, clipped = ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
+    outside = ((ratio < 1 - clip_eps) | (ratio > 1 + clip_eps)).float()
+    return loss, outside, ratio
+
+
+def group_minibatches(group_index: torch.Tensor, minibatches: int) -> list[torch.Tensor]:
+    """Row indices of each minibatch, whole groups only, in a random order.
+
+    A group's advantages sum to zero, so the gradient on tokens every sample shares (the
+    template, the common prefix) cancels within a minibatch made of whole groups. Rows
+    split at random do not cancel: each minibatch then pushes the shared tokens up or
+    down by its leftover advantage, noise that Adam turns into full-size steps.
+    """
+    groups = group_index.unique()
+    chunks = groups[torch.randperm(len(groups))].chunk(min(minibatches, len(groups)))
+    return [torch.nonzero(torch.isin(group_index, chunk)).squeeze(1) for chunk in chunks]
+
+
+def grpo_update(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor],
+    *,
+    clip_eps: float = 0.2,
+    minibatches: int = 2,
+    max_grad_norm: float = 1.0,
+) -> UpdateStats:
+    """One pass over the batch in `minibatches` optimizer steps (later ones are slightly off-policy: the clip acts)."""
+    input_ids, attention = batch["input_ids"], batch["attention_mask"]
+    mask = batch["loss_mask"][:, 1:].float()
+    old = batch["old_logprobs"][:, 1:].float()
+    advantages = batch["advantages"].float()
+    losses, clipped, kls, gaps = [], [], [], []
+    model.train()
+    for i, chunk in enumerate(group_minibatches(batch["group_index"], minibatches)):
+        new = token_logprobs(model, input_ids[chunk], attention[chunk])
+        m = mask[chunk]
+        loss, outside, ratio = clipped_loss(new, old[chunk], m, advantages[chunk], clip_eps)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+        with torch.no_grad():
+            log_ratio = new - old[chunk]
+            tokens = m.sum().clamp(min=1)
+            losses.append(float(loss.detach()))
+            clipped.append(float((outside * m).sum() / tokens))
+            kls.append(float((((ratio - 1) - log_ratio) * m).sum() / tokens))
+            if i == 0:
+                gaps.append(float((log_ratio.abs() * m).sum() / tokens))
+    model.eval()
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return UpdateStats(mean(losses), mean(clipped), mean(kls), mean(gaps))
+
+
+class MixedPolicyVersions(AssertionError):
+    """A step's trajectories were generated by more than one policy, or not by the one just loaded."""
+
+
+class BackendLogprobMismatch(AssertionError):
+    """After a weight update, vLLM's logprobs of the sampled tokens are not the trainer's recomputation:
+    the backend did not load these weights (or its prefix cache still held the old ones' KV)."""
+
+
+class StepSettings(Protocol):
+    """What one GRPO step reads from a trainer's config (this one's `Config`, examples/smollm2's)."""
+
+    @property
+    def group_size(self) -> int: ...
+    @property
+    def min_informative(self) -> int: ...
+    @property
+    def prompts_per_step(self) -> int: ...
+    @property
+    def batch_timeout_s(self) -> float: ...
+    @property
+    def clip_eps(self) -> float: ...
+    @property
+    def minibatches(self) -> int: ...
+
+
+def grpo_step(
+    client: RolloutClient,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    config: StepSettings,
+    *,
+    step: int,
+    version: str,
+    prompts: list[dict[str, Any]],
+    sampling: dict[str, Any],
+    pad_token_id: int,
+    last: bool,
+    logprob_tolerance: float = 1e-3,
+) -> tuple[StepRow, StepBatch]:
+    """One step on the weights just pushed as `version`: a DAPO batch of `prompts`, the check that every
+    turn was sampled by `version`, then the GRPO update (none when `last`: that step only measures)."""
+    t0 = time.perf_counter()
+    rollouts = run_batch(
+        client,
+        prompts,
+        n_samples=config.group_size,
+        min_informative=config.min_informative,
+        in_flight=config.prompts_per_step,
+        sampling=sampling,
+        step=step,
+        timeout=config.batch_timeout_s,
+    )
+    rollout_s = time.perf_counter() - t0
+    versions = check_versions(rollouts, step, version)
+    row = update_from_batch(
+        model,
+        optimizer,
+        rollouts,
+        clip_eps=config.clip_eps,
+        minibatches=config.minibatches,
+        pad_token_id=pad_token_id,
+        last=last,
+        logprob_tolerance=logprob_tolerance,
+    )
+    row.step, row.policy_version, row.versions_seen, row.rollout_s = (
+        step,
+        version,
+        ";".join(sorted(versions)),
+        rollout_s,
+    )
+    return row, rollouts
+
+
+def check_versions(rollouts: StepBatch, step: int, version: str) -> set[str]:
+    """The policy versions the step's trajectories recorded; MixedPolicyVersions unless exactly `version`."""
+    versions = rollouts.versions | {
+        v for g in rollouts.groups for s in g.samples for v in policy_versions(s.trajectory or {})
+    }
+    if versions and versions != {version}:
+        raise MixedPolicyVersions(f"step {step}: trajectories from {sorted(versions)}, expected {version}")
+    return versions
+
+
+def update_from_batch(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    rollouts: StepBatch,
+    *,
+    clip_eps: float,
+    minibatches: int,
+    pad_token_id: int,
+    last: bool,
+    logprob_tolerance: float = 1e-3,
+) -> StepRow:
+    """The GRPO update on the step's informative groups (none after the last step: it is only measured).
+
+    BackendLogprobMismatch when the first minibatch's mean |vLLM logprob - trainer logprob| is not
+    below `logprob_tolerance`: the backend is not serving the weights the trainer just pushed.
+    """
+    counts = rollouts.batch.counts
+    rewards = rollouts.rewards
+    row = StepRow(
+        seed=0,
+        step=0,
+        policy_version="",
+        versions_seen="",
+        mean_reward=sum(rewards) / len(rewards) if rewards else float("nan"),
+        tool_rate=sum(rollouts.tool_use) / len(rewards) if rewards else float("nan"),
+        samples=len(rewards),
+        informative_groups=len(rollouts.groups),
+        filtered_groups=counts.filtered,
+        failed_groups=rollouts.failed_groups,
+        trained_samples=0,
+        loss=0.0,
+        clip_fraction=0.0,
+        approx_kl=0.0,
+        logprob_gap=0.0,
+        rollout_s=0.0,
+        train_s=0.0,
+    )
+    if last or not rollouts.groups:
+        return row
+    t0 = time.perf_counter()
+    batch = groups_to_tensors(rollouts.groups, pad_token_id=pad_token_id, tensors="torch")
+    stats = grpo_update(model, optimizer, batch, clip_eps=clip_eps, minibatches=minibatches)
+    row.trained_samples = int(batch["input_ids"].shape[0])
+    row.loss, row.clip_fraction, row.approx_kl = stats.loss, stats.clip_fraction, stats.approx_kl
+    row.logprob_gap, row.train_s = stats.logprob_gap, time.perf_counter() - t0
+    if not stats.logprob_gap < logprob_tolerance:  # NaN fails too
+        raise BackendLogprobMismatch(
+            f"mean |vLLM logprob - trainer logprob| {stats.logprob_gap:.2e} right after "
+            f"loading the weights, over {row.trained_samples} samples; tolerance "
+            f"{logprob_tolerance:.0e}"
+        )
+    return row
