@@ -23,7 +23,12 @@ import pytest
 
 from tests.external.conftest import TOOLS, Endpoint, renderer_for, serve
 from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
-from tests.support.trajectory_checks import assert_decodes_to_conversation, assert_exact_against_backend, recorded_calls
+from tests.support.trajectory_checks import (
+    assert_calls_exact_against_backend,
+    assert_decodes_to_conversation,
+    assert_exact_against_backend,
+    recorded_calls,
+)
 from workers.rollout.external_agent import anthropic_api, responses_api
 
 GOOD = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
@@ -355,7 +360,7 @@ def test_the_openai_agents_sdk_runs_its_function_tool_loop_to_its_end(
     assert ran["model_class"] == "OpenAIResponsesModel", "the SDK's default model class: the Responses API"
     assert ran["tool_calls"] == [{"name": "bash", "command": "ls"}] and ran["final_output"] == "Done."
     record = endpoint.session.record()
-    assert_exact_against_backend(record, endpoint.served)
+    assert_calls_exact_against_backend(record, endpoint.served)
     assert len(recorded_calls(record)) == len(ran["responses"]), "every call the SDK made"
     answered, _ = recorded_calls(record)[-1]
     assert answered.final_text == "Done." and answered.turns[2].messages[0]["role"] == "tool", (

@@ -18,7 +18,12 @@ import pytest
 from cli.vllm_server import VLLMServer
 from tests.external.conftest import Endpoint, renderer_for, serve
 from tests.external.test_agent_formats import ANTHROPIC_TOOLS, SYSTEM, common_token_ids, run_openai_agents
-from tests.support.trajectory_checks import assert_decodes_to_conversation, assert_exact_against_backend, recorded_calls
+from tests.support.trajectory_checks import (
+    assert_calls_exact_against_backend,
+    assert_decodes_to_conversation,
+    assert_exact_against_backend,
+    recorded_calls,
+)
 from tests.support.vllm_server import SERVED_NAME
 from workers.rollout.external_agent import anthropic_api
 from workers.rollout.llm_client import Sampling
@@ -78,7 +83,7 @@ def test_the_openai_agents_sdk_on_vllm_is_one_token_exact_record(stopping_endpoi
     ran = run_openai_agents(stopping_endpoint, SERVED_NAME, "What is 2 + 3?")
     assert ran["model_class"] == "OpenAIResponsesModel"
     record = stopping_endpoint.session.record()
-    assert_exact_against_backend(record, stopping_endpoint.served)
+    assert_calls_exact_against_backend(record, stopping_endpoint.served)
     assert len(recorded_calls(record)) == len(ran["responses"]) >= 1, "every call the SDK made"
     assert recorded_calls(record)[-1][0].final_text == ran["final_output"] or ran["tool_calls"]
     assert all(call.max_tokens <= 32 for call in stopping_endpoint.served)

@@ -20,7 +20,7 @@ from shared.trajectory import ASSISTANT, OBSERVATION, Trajectory
 from tests.external.conftest import Endpoint, serve
 from tests.external.harnesses import run_claude_code, run_codex
 from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
-from tests.support.trajectory_checks import assert_exact_against_backend, recorded_calls
+from tests.support.trajectory_checks import assert_calls_exact_against_backend, recorded_calls
 from tests.support.vllm_server import LONG_CONTEXT
 
 
@@ -45,7 +45,7 @@ def assert_round_trip_in_one_segment(endpoint: Endpoint) -> Trajectory:
     """Every call the CLI made is in the record, token-exact; the call that answered extended the one that asked
     for the tool, its result between them: one segment holds the round trip (whatever side calls the CLI made)."""
     record = endpoint.session.record()
-    assert_exact_against_backend(record, endpoint.served)
+    assert_calls_exact_against_backend(record, endpoint.served)
     segment, _ = max(recorded_calls(record), key=lambda call: call[1].call or 0)
     assert segment.final_text == "Done." and segment.counts.tool_calls == 1, "the answer after the tool's result"
     assert [t.role for t in segment.turns[-3:]] == [ASSISTANT, OBSERVATION, ASSISTANT]

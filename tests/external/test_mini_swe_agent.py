@@ -21,9 +21,9 @@ from tests.external.harnesses import run_mini_swe_agent
 from tests.external.test_harnesses_on_stack import BASH_TOOL
 from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
 from tests.support.trajectory_checks import (
+    assert_calls_exact_against_backend,
     assert_decodes_to_conversation,
     assert_every_conversation_ended,
-    assert_exact_against_backend,
     recorded_calls,
 )
 from workers.sandbox import Sandbox
@@ -59,7 +59,7 @@ def test_mini_swe_agent_runs_its_commands_in_the_jobs_sandbox_and_submits(
     )
     assert finished.status_code == 200
     record = endpoint.session.record()
-    assert_exact_against_backend(record, endpoint.served)
+    assert_calls_exact_against_backend(record, endpoint.served)
     assert len(recorded_calls(record)) == saved["info"]["model_stats"]["api_calls"], "every call it made"
     assert_every_conversation_ended(record)
     assert record.counts.tool_calls == 2, "both of its bash calls are in the record"
@@ -92,7 +92,7 @@ def test_a_refused_command_is_the_agents_observation_and_its_run_goes_on_to_its_
     assert all("no tool 'bash' in this job" in o["output"] for o in observations), "the refusal, as the job said it"
     record = bashless.session.record()
     assert bashless.session.tool_runs == [], "nothing ran"
-    assert_exact_against_backend(record, bashless.served)
+    assert_calls_exact_against_backend(record, bashless.served)
     assert len(recorded_calls(record)) == saved["info"]["model_stats"]["api_calls"], "every call it made"
 
 

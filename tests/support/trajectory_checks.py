@@ -28,7 +28,12 @@ def segments_of(record: Trajectory) -> list[Trajectory]:
 def recorded_calls(record: Trajectory) -> list[tuple[Trajectory, Turn]]:
     """Every model call the record holds, across segments and conversations, in the order the calls were made:
     (its segment, its assistant turn). External agents' turns carry their call index: none may be missing."""
-    calls = [(segment, turn) for segment in segments_of(record) for turn in segment.turns if turn.role == ASSISTANT]
+    return calls_of(segments_of(record))
+
+
+def calls_of(segments: list[Trajectory]) -> list[tuple[Trajectory, Turn]]:
+    """recorded_calls over segments already read (segments_of)."""
+    calls = [(segment, turn) for segment in segments for turn in segment.turns if turn.role == ASSISTANT]
     if any(turn.call is not None for _, turn in calls):
         calls.sort(key=lambda call: call[1].call if call[1].call is not None else -1)
         assert [turn.call for _, turn in calls] == list(range(len(calls))), "a call is missing from the record"
@@ -36,23 +41,33 @@ def recorded_calls(record: Trajectory) -> list[tuple[Trajectory, Turn]]:
 
 
 def assert_exact_against_backend(record: Trajectory, served: list[Served]) -> None:
-    """Token by token: each generated span is what its call returned, each call saw exactly its segment's record
-    before it, in every segment and conversation the calls made."""
+    """Token by token: each generated span is what its call returned, each call saw exactly the record before it.
+    One segment: `served` are the calls that generated its assistant turns, in order."""
     record.validate()
-    calls = recorded_calls(record)
+    turns = [t for t in record.turns if t.role == ASSISTANT]
+    assert len(turns) == len(served), (len(turns), len(served))
+    for k, (turn, call) in enumerate(zip(turns, served, strict=True)):
+        assert call.prompt == record.token_ids[: turn.start], f"turn {k}: the backend saw a different prefix"
+        assert record.token_ids[turn.start : turn.end] == call.token_ids, f"turn {k}: tokens drifted"
+        assert record.logprobs[turn.start : turn.end] == call.logprobs, f"turn {k}: logprobs drifted"
+        assert len(call.token_ids) <= call.max_tokens, f"turn {k}: more tokens than asked"
+    generated = {i for t in turns for i in range(t.start, t.end)}
+    masked = [i for i, m in enumerate(record.loss_mask) if m]
+    assert masked == sorted(generated), "loss mask is not exactly the generated tokens"
+    assert sum(t.end - t.start for t in record.turns) == len(record.token_ids)
+    assert record.counts.generated_tokens == len(generated)
+
+
+def assert_calls_exact_against_backend(record: Trajectory, served: list[Served]) -> None:
+    """Every call a job's endpoint served (`served`, in call order) is in the record, in whichever segment or
+    conversation the calls made, and each segment is token-exact against its own calls."""
+    segments = segments_of(record)
+    calls = calls_of(segments)
     assert len(calls) == len(served), f"{len(calls)} calls recorded, {len(served)} served"
-    for k, ((segment, turn), call) in enumerate(zip(calls, served, strict=True)):
-        assert call.prompt == segment.token_ids[: turn.start], f"call {k}: the backend saw a different prefix"
-        assert segment.token_ids[turn.start : turn.end] == call.token_ids, f"call {k}: tokens drifted"
-        assert segment.logprobs[turn.start : turn.end] == call.logprobs, f"call {k}: logprobs drifted"
-        assert len(call.token_ids) <= call.max_tokens, f"call {k}: more tokens than asked"
-    for segment in segments_of(record):
-        turns = [t for t in segment.turns if t.role == ASSISTANT]
-        generated = {i for t in turns for i in range(t.start, t.end)}
-        masked = [i for i, m in enumerate(segment.loss_mask) if m]
-        assert masked == sorted(generated), "loss mask is not exactly the generated tokens"
-        assert sum(t.end - t.start for t in segment.turns) == len(segment.token_ids)
-        assert segment.counts.generated_tokens == len(generated)
+    position = {id(turn): k for k, (_, turn) in enumerate(calls)}
+    for segment in segments:
+        own = [served[position[id(t)]] for t in segment.turns if t.role == ASSISTANT]
+        assert_exact_against_backend(segment, own)
 
 
 def assert_every_conversation_ended(record: Trajectory, stop_reason: str = "finish") -> None:
