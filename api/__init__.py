@@ -1,1 +1,1 @@
-"""The HTTP API: FastAPI routes, request/response schemas and auth."""
+"""The HTTP API: the app factory, what every route shares (auth, errors, body limits), one package per area."""

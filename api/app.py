@@ -8,16 +8,37 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
+from api.backends.router import router as backends_router
+from api.batches.router import router as batches_router
 from api.body_size import BodySizeLimit
 from api.errors import install_error_handlers
+from api.external_agent.router import router as external_agent_router
+from api.jobs.router import router as jobs_router
 from api.openapi import install_openapi
-from api.routes import ROUTERS
-from api.routes.weights import WEIGHTS_PATH
+from api.run_stats.router import router as run_stats_router
+from api.status.router import health_router, metrics_router, status_router
+from api.viewer.router import router as viewer_router
+from api.weights.router import WEIGHTS_PATH
+from api.weights.router import router as weights_router
 from shared.config import Settings, get_settings
 from shared.jobs.store import JobStore
 from shared.keys import Keys
 from shared.redis_conn import connect_for_requests
 from shared.tasks import load_task_modules
+
+# Every router the app mounts, one area each (api/<area>/router.py); a new area adds its router here.
+ROUTERS = [
+    health_router,
+    jobs_router,
+    external_agent_router,
+    status_router,
+    backends_router,
+    batches_router,
+    metrics_router,
+    run_stats_router,
+    viewer_router,
+    weights_router,
+]
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -34,9 +55,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             app.state.redis.close()
-            streams = getattr(app.state, "batches_async_redis", None)  # made on first long-poll/SSE
+            streams = getattr(app.state, "group_stream", None)  # made on first long-poll/SSE
             if streams is not None:
-                await streams.aclose()
+                await streams.redis.aclose()
             events = getattr(app.state, "job_events", None)  # made on first use: an agent's call, a long poll
             if events is not None:
                 await events.stop()

@@ -1,4 +1,8 @@
-"""Dependencies every route shares: settings, the Redis client and bearer-token auth."""
+"""What a route receives: the app's settings, stores and clients (made once per process), admission and auth.
+
+Routers take these and call shared/ with them; they never call Redis nor name a key themselves (an
+import-linter contract keeps `redis` and `shared.keys` out of every api/<area>/router.py).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,17 @@ import hmac
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from redis import Redis
 
+from api.job_events import fail_fast_redis
+from shared.backend_pool import BackendPool
+from shared.batches.replenish import batch_store
+from shared.batches.store import BatchStore
+from shared.batches.stream import GroupStream, stream_client
 from shared.config import Settings
-from shared.keys import Keys
+from shared.jobs.admission import refusal
+from shared.jobs.agent_endpoints import AgentEndpoints
+from shared.jobs.store import JobStore
+from shared.keys import BatchKeys
 from shared.tasks import Access
 
 _bearer = HTTPBearer(auto_error=False, description="Bearer token (ROLLOUTS_API_TOKENS); off when none is set.")
@@ -19,12 +30,51 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_redis(request: Request) -> Redis:
-    return request.app.state.redis
+def get_store(request: Request) -> JobStore:
+    return request.app.state.store
 
 
-def get_keys(request: Request) -> Keys:
-    return request.app.state.keys
+def get_pool(request: Request) -> BackendPool:
+    """One pool per app (its Lua scripts are registered once), rebuilt if the Redis client changes."""
+    state = request.app.state
+    pool = getattr(state, "backend_pool", None)
+    if pool is None or pool.redis is not state.redis:
+        pool = state.backend_pool = BackendPool(state.redis, state.keys, state.settings)
+    return pool
+
+
+def get_batches(request: Request) -> BatchStore:
+    return batch_store(request.app.state.store)
+
+
+def get_group_stream(request: Request) -> GroupStream:
+    """The batches' streams on one redis.asyncio client per app, made on first use (closed by the app)."""
+    state = request.app.state
+    stream: GroupStream | None = getattr(state, "group_stream", None)
+    if stream is None:
+        stream = state.group_stream = GroupStream(stream_client(state.settings), BatchKeys(state.keys.prefix))
+    return stream
+
+
+def get_agent_endpoints(request: Request) -> AgentEndpoints:
+    """Where external agents' jobs are served, read on the hot path's fail-fast async client."""
+    state = request.app.state
+    endpoints: AgentEndpoints | None = getattr(state, "agent_endpoints", None)
+    if endpoints is None:
+        endpoints = state.agent_endpoints = AgentEndpoints(fail_fast_redis(request), state.keys)
+    return endpoints
+
+
+def require_room(request: Request) -> None:
+    """Dependency of every submission: 503 with Retry-After, naming the reason, when there is no room."""
+    state = request.app.state
+    reason = refusal(state.store)
+    if reason is not None:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            detail=f"not accepting new jobs: {reason}",
+            headers={"Retry-After": str(state.settings.admission_retry_after_s)},
+        )
 
 
 def _token_in(token: str, allowed: list[str]) -> bool:

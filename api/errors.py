@@ -1,7 +1,8 @@
 """Error responses: every rejection is a 4xx whose message names the field; Redis trouble is a 503.
 
 Every error has one body (`Refusal`: `detail`, and `errors` naming each field), whoever found it:
-pydantic, a route, a task kind, auth, a missing id, the body-size cap, Redis being away.
+pydantic, a route, a task kind, auth, a missing id, the body-size cap, Redis being away, a weight update
+refused by shared/weights/.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.json_body import MalformedJSON
 from shared.errors import NotPermitted, StoredResultError, StoredResultGone, ValidationError
 from shared.jobs.store import IdempotencyConflict
+from shared.weights import NoBackendsForModel, UpdateInProgress
+from shared.weights.declare import BackendNotRegistered
 
 
 class Problem(BaseModel):
@@ -94,6 +97,14 @@ def install_error_handlers(app: FastAPI) -> None:
         # Gone: expired or removed, as a 410 says; corrupt: the server's fault. Either names job and file.
         code = 410 if isinstance(exc, StoredResultGone) else 500
         return error_response(str(exc), "path", code, extra={"job_id": exc.job_id, "file": exc.path})
+
+    @app.exception_handler(UpdateInProgress)
+    @app.exception_handler(NoBackendsForModel)
+    @app.exception_handler(BackendNotRegistered)
+    async def _weights_refused(request: Request, exc: Exception) -> JSONResponse:
+        # Another update of the model holds its lock (409), or the model or a backend is not registered (404).
+        code = 409 if isinstance(exc, UpdateInProgress) else 404
+        return error_response(str(exc), _FIELD_OF_STATUS[code], code)
 
     @app.exception_handler(RedisConnectionError)
     @app.exception_handler(RedisTimeoutError)

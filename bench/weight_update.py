@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
                     baseline = save_and_load(model, work / f"save-{backends}-{round_}")
                     version += 1
                     start = time.perf_counter()
-                    report = update_model(redis, pool, "tiny", Checkpoint(str(checkpoints[version % 2]), f"v{version}"))
+                    report = update_model(pool, "tiny", Checkpoint(str(checkpoints[version % 2]), f"v{version}"))
                     elapsed = time.perf_counter() - start
                     assert all(o.status == "updated" for o in report.backends), report
                     plural = "s" * (backends > 1)
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
                         version += 1
                         upload = Checkpoint(f"upload-{version}", f"v{version}", data=payloads[version % 2])
                         start = time.perf_counter()
-                        report = update_model(redis, pool, "tiny", upload)
+                        report = update_model(pool, "tiny", upload)
                         elapsed = time.perf_counter() - start
                         assert all(o.status == "updated" for o in report.backends), report
                         if round_:

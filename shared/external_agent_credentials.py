@@ -17,7 +17,8 @@ from shared.config import Settings
 from shared.keys import Keys
 
 CREDENTIAL_PREFIX = "rk-"
-JOB_HEADER = "x-rollouts-job"  # a worker's agent endpoint names its job in every answer (api/external_agent_routes.py)
+# a worker's agent endpoint names its job in every answer (api/external_agent/route_cache.py)
+JOB_HEADER = "x-rollouts-job"
 # which of the job's conversations a call belongs to, when the agent names it (docs/TRAJECTORY.md); the API forwards it
 CONVERSATION_HEADER = "x-rollouts-conversation"
 

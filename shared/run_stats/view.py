@@ -19,6 +19,7 @@ from redis import Redis
 
 from shared.errors import ValidationError
 from shared.jobs.status import JobStatus
+from shared.jobs.store import JobStore
 from shared.keys import Keys
 from shared.run_stats.fields import ALL, SEP, TIMED, UNVERSIONED, quantile, scope
 
@@ -60,8 +61,9 @@ def window_of(batch_id: str | None, run_id: str | None, since: float | None, unt
     return Window(chosen, since, until)
 
 
-def run_stats(redis: Redis, keys: Keys, window: Window) -> dict[str, Any]:
+def run_stats(store: JobStore, window: Window) -> dict[str, Any]:
     """Every number the run page shows, with the recent runs and batches to pick from."""
+    redis, keys = store.redis, store.keys
     stats = summarize(window, read_minutes(redis, keys, window))
     rows = redis.zrevrange(keys.run_stats_scopes, 0, RECENT - 1, withscores=True)
     recent = [_text(member).partition(":") for member, _ in rows]

@@ -14,8 +14,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from redis import Redis
-
 from shared.backend_pool import STALE_WEIGHTS, Backend, BackendPool
 from shared.errors import RolloutsError, ValidationError
 from shared.weights.checkpoint import check_checkpoint, check_payload
@@ -56,21 +54,21 @@ class UpdateReport:
     seconds: float
 
 
-def update_model(redis: Redis, pool: BackendPool, model: str, checkpoint: Checkpoint) -> UpdateReport:
+def update_model(pool: BackendPool, model: str, checkpoint: Checkpoint) -> UpdateReport:
     """Load `checkpoint` into every backend registered for `model`; see the module docstring for the order."""
     lease = pool.settings.weights_step_timeout_s * _STEPS + 60
-    lock = redis.lock(pool.keys.weight_lock(model), timeout=lease, blocking=False)
+    lock = pool.redis.lock(pool.keys.weight_lock(model), timeout=lease, blocking=False)
     if not lock.acquire():
         raise UpdateInProgress(f"another weight update of model {model!r} is running; retry once it has finished")
     try:
-        return _update_locked(redis, pool, model, checkpoint)
+        return _update_locked(pool, model, checkpoint)
     finally:
         lock.release()
 
 
-def _update_locked(redis: Redis, pool: BackendPool, model: str, checkpoint: Checkpoint) -> UpdateReport:
+def _update_locked(pool: BackendPool, model: str, checkpoint: Checkpoint) -> UpdateReport:
     started = time.perf_counter()
-    versions = WeightVersions(redis, pool.keys)
+    versions = WeightVersions(pool.redis, pool.keys)
     try:
         versions.check_forward(model, checkpoint.version)
     except VersionBackwards as exc:
@@ -119,7 +117,7 @@ def _apply_one(pool: BackendPool, backend: Backend, checkpoint: Checkpoint, time
     return outcome
 
 
-def catch_up(redis: Redis, pool: BackendPool, backend_id: str) -> BackendOutcome | None:
+def catch_up(pool: BackendPool, backend_id: str) -> BackendOutcome | None:
     """Bring a backend that registered behind its model's current weights (a vLLM restarted on the base
     weights, on a Slurm node or by hand) up to them, so the pool routes to it again; None when there is
     nothing to do. It waits for an update of the model in progress (that may move the current version on),
@@ -129,11 +127,11 @@ def catch_up(redis: Redis, pool: BackendPool, backend_id: str) -> BackendOutcome
     backend = pool.get(backend_id)
     if backend is None or not backend.unhealthy_reason.startswith(STALE_WEIGHTS):
         return None
-    with redis.lock(pool.keys.weight_lock(backend.model), timeout=lease, blocking_timeout=lease):
+    with pool.redis.lock(pool.keys.weight_lock(backend.model), timeout=lease, blocking_timeout=lease):
         backend = pool.get(backend_id)  # as the update that held the lock left it
         if backend is None or not backend.unhealthy_reason.startswith(STALE_WEIGHTS):
             return None
-        current = WeightVersions(redis, pool.keys).current(backend.model)
+        current = WeightVersions(pool.redis, pool.keys).current(backend.model)
         if current.version is None:
             return None
         if current.path.startswith("upload:"):

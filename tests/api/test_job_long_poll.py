@@ -9,7 +9,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from api.job_end_waits import JobEndWaits
+from api.jobs.long_poll import JobEndWaits
 from shared.config import Settings
 from shared.jobs.status import JobStatus
 from shared.jobs.store import JobStore
@@ -23,7 +23,7 @@ LONG = 60  # the longest wait the API takes: an answer well before it came from 
 def client(make_client, monkeypatch: pytest.MonkeyPatch) -> TestClient:
     # Without the subscription a wait re-reads Redis every FALLBACK_S: made as long as the wait here, an
     # answer before LONG can only be the pushed end
-    monkeypatch.setattr("api.job_end_waits.FALLBACK_S", LONG)
+    monkeypatch.setattr("api.jobs.long_poll.FALLBACK_S", LONG)
     return make_client()
 
 

@@ -275,7 +275,7 @@ def test_a_prompts_path_must_be_a_small_regular_file(settings: Settings, tmp_pat
 
 
 def test_pages_with_embedded_results_are_capped(client, batches):
-    from api.routes.batches import MAX_RESULTS_PAGE
+    from api.batches.router import MAX_RESULTS_PAGE
 
     count = MAX_RESULTS_PAGE + 4
     batch = create(client, prompts=[INFORMATIVE] * count, max_groups_in_flight=count)

@@ -1,4 +1,4 @@
-"""The API's remembered route to a job's worker (api/external_agent_routes.py) fails safe: real redis-server, real endpoints.
+"""The API's remembered route to a job's worker (api/external_agent/route_cache.py) fails safe: real redis-server, real endpoints.
 
 Each test first has the route remembered (a call through the API while its events subscription is
 live), then changes the world under it: the job moves to another endpoint, is cancelled, the credential is
@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from redis import Redis
 
-from api.external_agent_routes import RouteCache
+from api.external_agent.route_cache import RouteCache
 from shared.external_agent_credentials import job_credential
 from shared.keys import Keys
 from tests.external.conftest import SECRET, Endpoint, serve

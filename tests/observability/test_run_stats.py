@@ -9,6 +9,8 @@ import io
 
 import pytest
 
+from shared.config import Settings
+from shared.jobs.store import JobStore
 from shared.keys import Keys
 from shared.run_stats.fields import bucket_bounds, bucket_of, quantile
 from shared.run_stats.record import observe, scopes_of, version_of, write
@@ -63,7 +65,7 @@ def test_a_window_sums_its_minutes_by_version_kind_stage_and_reason(redis, keys)
     add(redis, keys, failed, at=T0 + 61)
     add(redis, keys, record("done", "math", 1.0, 1.0, "step-3"), at=T0 - 3600)  # an hour before: outside
 
-    stats = run_stats(redis, keys, Window("run:r1", T0 - 60, T0 + 120))
+    stats = run_stats(JobStore(redis, Settings(), keys), Window("run:r1", T0 - 60, T0 + 120))
     totals = stats["totals"]
     assert (totals["jobs"], totals["done"], totals["failed"], totals["minutes"]) == (4, 3, 1, 2)
     assert totals["reward_mean"] == pytest.approx(0.5) and totals["rewards"] == 3
@@ -96,8 +98,8 @@ def test_a_window_sums_its_minutes_by_version_kind_stage_and_reason(redis, keys)
     assert stages["queue_wait"]["mean_s"] == pytest.approx(1.5)
 
     # The batch and the service see the same jobs; the service's default hour leaves the old one out.
-    assert run_stats(redis, keys, Window("batch:b1", 0, T0 + 120))["totals"]["jobs"] == 5
-    assert run_stats(redis, keys, Window("all", T0 - 60, T0 + 120))["totals"]["jobs"] == 4
+    assert run_stats(JobStore(redis, Settings(), keys), Window("batch:b1", 0, T0 + 120))["totals"]["jobs"] == 5
+    assert run_stats(JobStore(redis, Settings(), keys), Window("all", T0 - 60, T0 + 120))["totals"]["jobs"] == 4
     assert {(r["kind"], r["id"]) for r in stats["recent"]} == {("run", "r1"), ("batch", "b1")}
 
 

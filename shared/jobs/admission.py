@@ -1,14 +1,13 @@
 """Whether the service has room for new jobs: Redis below its high-water mark, the results store healthy.
 
-Jobs already accepted go on either way; only new submissions are refused (503 with Retry-After),
-so a full Redis or a lost results directory stops the intake before it loses work.
+Jobs already accepted go on either way; only new submissions are refused (the API's 503 with
+Retry-After), so a full Redis or a lost results directory stops the intake before it loses work.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastapi import HTTPException, Request, status
 from redis import Redis
 
 from shared.config import Settings
@@ -33,27 +32,15 @@ def redis_memory(redis: Redis, settings: Settings) -> RedisMemory:
     return RedisMemory(used=int(info["used_memory"]), limit=limit, high_water=settings.redis_high_water)
 
 
-def refusal(redis: Redis, store: JobStore, settings: Settings) -> str | None:
+def refusal(store: JobStore) -> str | None:
     """Why new jobs cannot be taken now, or None."""
     health = store.results.health()
     if not health.healthy:
         return f"the results store is unhealthy: {health.reason}"
-    memory = redis_memory(redis, settings)
+    memory = redis_memory(store.redis, store.settings)
     if memory.over_high_water:
         return (
             f"Redis memory is above its high-water mark: {memory.used} of {memory.limit} bytes used "
             f"(refusing above {memory.high_water:.0%}); finished jobs' records expire, or raise redis_maxmemory_bytes"
         )
     return None
-
-
-def require_room(request: Request) -> None:
-    """Route dependency of every submission: 503 with Retry-After, naming the reason, when there is no room."""
-    state = request.app.state
-    reason = refusal(state.redis, state.store, state.settings)
-    if reason is not None:
-        raise HTTPException(
-            status.HTTP_503_SERVICE_UNAVAILABLE,
-            detail=f"not accepting new jobs: {reason}",
-            headers={"Retry-After": str(state.settings.admission_retry_after_s)},
-        )

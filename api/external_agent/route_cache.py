@@ -8,7 +8,7 @@ An entry (job id -> the worker's endpoint URL) is only ever a hint that fails sa
   serving the job, e.g. on another worker after a restart (published by the rollout stage);
 - while the subscription is down nothing is cached and every call looks the job up as before;
 - entries older than MAX_AGE_S are dropped, so a missed event is bounded;
-- the caller (api/routes/external_agent.py) drops it when the worker cannot be reached, answers 409, or
+- the caller (api/external_agent/forward.py) drops it when the worker cannot be reached, answers 409, or
   does not name the job in its answer (`x-rollouts-job`: another server now holds the address).
 
 The credential is always checked by the API before a cached route is used, and by the worker again.

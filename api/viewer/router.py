@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 router = APIRouter(tags=["viewer"], include_in_schema=False)
 
-STATIC = Path(__file__).resolve().parent.parent / "static"
+STATIC = Path(__file__).resolve().parent.parent / "static"  # api/static/
 PAGE = STATIC / "viewer.html"
 
 CSS, JS = "text/css; charset=utf-8", "text/javascript; charset=utf-8"

@@ -1,8 +1,7 @@
 """Batches: create (GRPO groups, DAPO dynamic sampling), read, stream completed groups, cancel.
 
-The two streaming endpoints are async and wait on the batch's Redis Stream with
-redis.asyncio (XREAD BLOCK), so a waiting trainer holds no threadpool thread;
-building the group views (a few Redis reads) runs in the threadpool.
+The two streaming endpoints are async and wait on the batch's stream (shared/batches/stream.py), so a
+waiting trainer holds no threadpool thread; building the group views (a few Redis reads) runs in the threadpool.
 """
 
 from __future__ import annotations
@@ -15,22 +14,19 @@ import orjson
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError as PydanticValidationError
-from redis.asyncio import Redis as AsyncRedis
 from starlette.concurrency import run_in_threadpool
 
-from api.admission import require_room
-from api.deps import require_admin, require_auth, submitter_access
+from api.deps import get_batches, get_group_stream, require_admin, require_auth, require_room, submitter_access
 from api.errors import Refusal
 from api.json_body import load_json_body
 from api.negotiation import respond
 from shared.batches.prompts import load_prompts
-from shared.batches.replenish import batch_store, cancel_groups, start_batch
+from shared.batches.replenish import cancel_groups, start_batch
 from shared.batches.spec import BatchRequest
-from shared.batches.status import BatchStatus
 from shared.batches.store import BatchStore, group_views
+from shared.batches.stream import GroupStream
 from shared.batches.views import batch_view
 from shared.errors import NotPermitted, ValidationError
-from shared.redis_conn import MAX_CONNECTIONS
 from shared.tasks import Access
 
 # Groups per page when each embeds its samples' trajectories and evaluations.
@@ -46,28 +42,6 @@ _CURSOR = Query(
     default="0-0", pattern=r"^\d+-\d+$", description="Return groups after this cursor (from the last reply)."
 )
 SSE_BLOCK_S = 15.0  # a keep-alive comment at least this often, which is also how fast a gone client is noticed
-
-_RUNNING = BatchStatus.RUNNING.value.encode()  # as the async client reads the status field: bytes
-
-
-def get_batches(request: Request) -> BatchStore:
-    return batch_store(request.app.state.store)
-
-
-def get_async_redis(request: Request) -> AsyncRedis:
-    """One redis.asyncio client per app, made on first use (the app's own client is synchronous)."""
-    client = getattr(request.app.state, "batches_async_redis", None)
-    if client is None:
-        # Reads block for up to a long-poll's wait (at most 60 s): the socket timeout must outlast that.
-        # Every waiting long-poll holds a connection: redis-py 8's default cap of 100 would fail the 101st.
-        client = AsyncRedis.from_url(
-            request.app.state.settings.redis_url,
-            health_check_interval=30,
-            socket_timeout=90,
-            max_connections=MAX_CONNECTIONS,
-        )
-        request.app.state.batches_async_redis = client
-    return client
 
 
 @router.post(
@@ -130,7 +104,7 @@ async def list_groups(
     limit: int = Query(default=100, ge=1, le=1000),
     results: bool = Query(default=False, description="Embed each sample's trajectory and evaluation."),
     batches: BatchStore = Depends(get_batches),
-    aredis: AsyncRedis = Depends(get_async_redis),
+    stream: GroupStream = Depends(get_group_stream),
 ) -> Response:
     """`done` is true once the batch has closed and every group it reported has been returned.
 
@@ -143,8 +117,9 @@ async def list_groups(
     cursor, ended = after, False
     while True:
         block = max(0.0, deadline - time.monotonic())
-        entries, cursor, ended = await _read(aredis, batches, batch_id, cursor, limit - len(page), block)
-        page.extend(entries)
+        read = await stream.read(batch_id, cursor, limit - len(page), block)
+        page.extend(read.entries)
+        cursor, ended = read.cursor, read.ended
         if page or ended or time.monotonic() >= deadline or await request.is_disconnected():
             break
     views = await run_in_threadpool(group_views, batches, batch_id, [k for _, k in page], results)
@@ -166,7 +141,7 @@ async def stream_events(
     results: bool = Query(default=False, description="Embed each sample's trajectory and evaluation."),
     last_event_id: str | None = Header(default=None, pattern=r"^\d+-\d+$"),
     batches: BatchStore = Depends(get_batches),
-    aredis: AsyncRedis = Depends(get_async_redis),
+    stream: GroupStream = Depends(get_group_stream),
 ) -> StreamingResponse:
     await run_in_threadpool(_head, batches, batch_id)
     start = last_event_id or after
@@ -174,16 +149,17 @@ async def stream_events(
     async def events() -> AsyncIterator[bytes]:
         cursor = start
         while not await request.is_disconnected():
-            entries, cursor, ended = await _read(aredis, batches, batch_id, cursor, 100, SSE_BLOCK_S)
-            views = await run_in_threadpool(group_views, batches, batch_id, [k for _, k in entries], results)
-            for (entry_id, _), view in zip(entries, views):
+            read = await stream.read(batch_id, cursor, 100, SSE_BLOCK_S)
+            cursor = read.cursor
+            views = await run_in_threadpool(group_views, batches, batch_id, [k for _, k in read.entries], results)
+            for (entry_id, _), view in zip(read.entries, views):
                 view["cursor"] = entry_id
                 yield _sse("group", view, entry_id)
-            if ended:
+            if read.ended:
                 head = await run_in_threadpool(_head, batches, batch_id)
                 yield _sse("end", batch_view(head), cursor)
                 return
-            if not entries:
+            if not read.entries:
                 yield b": keep-alive\n\n"
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -211,36 +187,6 @@ def _head(batches: BatchStore, batch_id: str) -> dict[str, Any]:
     if head is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no batch with id {batch_id!r}")
     return head
-
-
-async def _read(
-    aredis: AsyncRedis, batches: BatchStore, batch_id: str, cursor: str, count: int, block_s: float
-) -> tuple[list[tuple[str, int]], str, bool]:
-    """([(entry id, prompt index)], new cursor, ended) from the stream after `cursor`, waiting up to block_s."""
-    stream, key, count = batches.keys.stream(batch_id), batches.keys.batch(batch_id), max(1, count)
-    if await aredis.hget(key, "status") == _RUNNING:
-        block_ms = int(block_s * 1000)
-        reply = await aredis.xread({stream: cursor}, count=count, block=block_ms if block_ms > 0 else None)
-        if not reply and await aredis.hget(key, "status") == _RUNNING:
-            return [], cursor, False
-    else:
-        reply = None
-    if not reply:
-        # Closed. A batch closes and writes its `end` entry in one script, so one more read
-        # decides: entries still after the cursor are returned, else the end was already read.
-        reply = await aredis.xread({stream: cursor}, count=count)
-        if not reply:
-            return [], cursor, True
-    entries: list[tuple[str, int]] = []
-    for _, items in reply:
-        for entry_id_raw, fields in items:
-            cursor = entry_id_raw.decode()
-            kind = fields.get(b"type")
-            if kind == b"group":
-                entries.append((cursor, int(fields[b"k"])))
-            elif kind == b"end":
-                return entries, cursor, True
-    return entries, cursor, False
 
 
 def _sse(event: str, data: dict[str, Any], event_id: str) -> bytes:

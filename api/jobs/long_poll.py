@@ -8,10 +8,18 @@ published between the read and the wait still wakes it. While the events subscri
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from typing import Any
 
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from api.job_events import listener
 from shared.jobs.status import TERMINAL
+from shared.jobs.store import JobStore
+from shared.jobs.views import job_summaries
 
 FALLBACK_S = 1.0
 
@@ -57,3 +65,33 @@ class JobEndWaits:
             for waits in self._waits.values():
                 for event in waits:
                     event.set()
+
+
+async def summaries_once_one_ends(
+    request: Request, store: JobStore, job_ids: list[str], wait_s: float
+) -> list[dict[str, Any]]:
+    """The jobs' summaries, at once if any has ended (or gone) or no wait was asked, else once one ends or
+    `wait_s` has passed. Registered before the first read, so an end between read and wait still wakes it."""
+    jobs = await run_in_threadpool(job_summaries, store, job_ids)
+    if not wait_s or _any_ended(jobs, job_ids):
+        return jobs
+    deadline = time.monotonic() + wait_s
+    waits = _job_end_waits(request)
+    with waits.watching(job_ids) as ended:
+        while (left := deadline - time.monotonic()) > 0:
+            ended.clear()  # before the read: an end published during it still wakes the wait
+            jobs = await run_in_threadpool(job_summaries, store, job_ids)
+            if _any_ended(jobs, job_ids):
+                break
+            await waits.wait(ended, left)
+    return await run_in_threadpool(job_summaries, store, job_ids) if left <= 0 else jobs
+
+
+def _any_ended(jobs: list[dict[str, Any]], job_ids: list[str]) -> bool:
+    """Some job has ended, or is gone (expired, or never there): a waiting client must hear of it now."""
+    return len(jobs) < len(job_ids) or any(job["status"] in TERMINAL for job in jobs)
+
+
+def _job_end_waits(request: Request) -> JobEndWaits:
+    """This process's long polls, listening to the jobs' events (subscribed on first use)."""
+    return listener(request, "job_end_waits", JobEndWaits)

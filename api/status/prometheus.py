@@ -2,7 +2,7 @@
 
 Any API replica serves the same numbers, and a restarted API loses nothing: gauges are read
 from the job indexes, rq queues and the backend pool; the workers' histograms and counters
-come from the aggregates they write (shared/metrics.py).
+come from the aggregates they write (shared/metrics.py). Served by the status area's router (`GET /metrics`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from redis import Redis
 
-from api.admission import redis_memory
 from shared.backend_pool import BackendPool
-from shared.config import STAGES, Settings
+from shared.config import STAGES
+from shared.jobs.admission import redis_memory
 from shared.jobs.queues import stage_queue, stage_workers
 from shared.jobs.store import JobStore
 from shared.keys import BatchKeys, Keys
@@ -26,11 +26,11 @@ from shared.metrics import COUNTERS, HISTOGRAMS, LABEL_SEP, CounterFamily, Histo
 class RedisCollector(Collector):
     """One scrape = a handful of pipelined Redis reads (plus one per stored batch for DAPO counts)."""
 
-    def __init__(self, redis: Redis, keys: Keys, settings: Settings) -> None:
-        self.redis = redis
-        self.keys = keys
-        self.settings = settings
-        self.store = JobStore(redis, settings, keys)
+    def __init__(self, store: JobStore) -> None:
+        self.redis: Redis = store.redis
+        self.keys: Keys = store.keys
+        self.settings = store.settings
+        self.store = store
 
     def collect(self) -> Iterator[Metric]:
         yield self._jobs_by_status()

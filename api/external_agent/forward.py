@@ -1,9 +1,9 @@
-"""An external agent's endpoint: `/v1/jobs/{id}/agent/...`, forwarded to the rollout worker serving the job.
+"""An external agent's call forwarded to the rollout worker serving its job (the routes: router.py).
 
 The agent authenticates with its job's credential (shared/external_agent_credentials.py), not an API token: the credential opens
 this one job and nothing else (as `Authorization: Bearer` or, for Anthropic clients, `x-api-key`).
-The API checks it, finds where the job's rollout worker serves it (Keys.external_agent_endpoint, remembered by
-this process while it holds: api/external_agent_routes.py) and forwards the call there unchanged, streaming
+The API checks it, finds where the job's rollout worker serves it (shared/jobs/agent_endpoints.py, remembered by
+this process while it holds: route_cache.py) and forwards the call there unchanged, streaming
 the answer back; only an answer that names the job (`x-rollouts-job`) is relayed. Refusals are
 OpenAI's error body (Anthropic's on `v1/messages`), so the agent's client shows the message:
 
@@ -16,29 +16,20 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from api.external_agent_routes import RouteCache
-from api.job_events import fail_fast_redis, listener
-from shared.external_agent_credentials import (
-    CONVERSATION_HEADER,
-    JOB_HEADER,
-    credential_opens,
-    deployment_secret,
-    job_credential,
-    presented_credential,
-)
+from api.external_agent.endpoint import secret_of
+from api.external_agent.route_cache import RouteCache
+from api.job_events import listener
+from shared.external_agent_credentials import CONVERSATION_HEADER, JOB_HEADER, credential_opens, presented_credential
 from shared.external_agent_errors import anthropic_error, openai_error
+from shared.jobs.agent_endpoints import AgentEndpoints
 from shared.jobs.status import JobStatus
-from shared.jobs.store import JobStore
-
-router = APIRouter(prefix="/v1/jobs/{job_id}/agent", tags=["agent"])
 
 _NOT_STARTED = (JobStatus.QUEUED, JobStatus.INIT, JobStatus.ROLLOUT)
 _FORWARDED_HEADERS = ("authorization", "x-api-key", "content-type", "accept", CONVERSATION_HEADER)
@@ -46,58 +37,10 @@ _FORWARDED_HEADERS = ("authorization", "x-api-key", "content-type", "accept", CO
 _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 
-@dataclass(frozen=True)
-class _Lookup:
-    status: str | None
-    endpoint_url: str | None
-
-
-def endpoint(request: Request, job_id: str, secret: bytes) -> dict[str, str]:
-    """What the trainer hands its agent: the job's base URL and key."""
-    settings = request.app.state.settings
-    api = (settings.api_url or str(request.base_url)).rstrip("/")
-    return {"base_url": f"{api}/v1/jobs/{job_id}/agent", "api_key": job_credential(secret, job_id)}
-
-
-def secret_of(request: Request) -> bytes:
-    """The deployment's credential secret, read once per API process (it never changes while Redis keeps it)."""
-    secret = getattr(request.app.state, "agent_secret", None)
-    if secret is None:
-        store: JobStore = request.app.state.store
-        secret = request.app.state.agent_secret = deployment_secret(store.redis, store.keys, request.app.state.settings)
-    return secret
-
-
-_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"description": "No credential"},
-    403: {"description": "Another job's credential"},
-    404: {"description": "No such job"},
-    409: {"description": "The job's rollout has ended"},
-    503: {"description": "The job's rollout is not serving yet (Retry-After), or its worker cannot be reached"},
-}
-
-
-@router.post(
-    "/{path:path}",
-    summary="An external agent's call to its job (chat/completions, completions, responses, messages, tools, finish)",
-    responses=_RESPONSES,
-)
-async def post(job_id: str, path: str, request: Request) -> Response:
-    """OpenAI's `v1/chat/completions`, `v1/completions` and `v1/responses`; Anthropic's `v1/messages`;
-    `tools/{name}`; `finish`."""
-    return await forward(job_id, path, request)
-
-
-@router.get("/{path:path}", summary="An external agent's read of its job (v1/models, task)", responses=_RESPONSES)
-async def get(job_id: str, path: str, request: Request) -> Response:
-    """`v1/models` and `task` (the job's messages, tool schemas and model)."""
-    return await forward(job_id, path, request)
-
-
-async def forward(job_id: str, path: str, request: Request) -> Response:
+async def forward(job_id: str, path: str, request: Request, endpoints: AgentEndpoints) -> Response:
     """Check the credential and the job's state, then forward the call to the worker serving the job.
 
-    A route this process remembers (api/external_agent_routes.py) skips the Redis lookup; any doubt about it
+    A route this process remembers (route_cache.py) skips the Redis lookup; any doubt about it
     (the worker gone, not naming the job, or saying the rollout ended) drops it and looks again."""
     anthropic = path.rstrip("/") == "v1/messages"
     key = presented_credential(request.headers.get("authorization"), request.headers.get("x-api-key"))
@@ -125,14 +68,14 @@ async def forward(job_id: str, path: str, request: Request) -> Response:
         if isinstance(answer, aiohttp.ClientResponse):
             answer.release()
         elif not isinstance(answer, _NOT_SENT):  # it may have reached the worker: never sent twice
-            return await _unreachable(request, job_id, answer, anthropic)
+            return await _unreachable(endpoints, job_id, answer, anthropic)
     epoch = routes.epoch
-    found = await _lookup(request, job_id)  # no route, or nothing was delivered on it: Redis says where
+    found = await endpoints.lookup(job_id)  # no route, or nothing was delivered on it: Redis says where
     if found.status is None:
         return _refusal(404, f"no job with id {job_id!r}", "not_found_error", anthropic=anthropic)
     if found.status not in _NOT_STARTED:
         return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict", anthropic=anthropic)
-    if found.endpoint_url is None:
+    if found.url is None:
         return _refusal(
             503,
             f"this job's rollout is not serving yet (status {found.status}); retry shortly",
@@ -140,9 +83,9 @@ async def forward(job_id: str, path: str, request: Request) -> Response:
             retry_after=1,
             anthropic=anthropic,
         )
-    answer = await _send(call, found.endpoint_url)
+    answer = await _send(call, found.url)
     if not isinstance(answer, aiohttp.ClientResponse):
-        return await _unreachable(request, job_id, answer, anthropic)
+        return await _unreachable(endpoints, job_id, answer, anthropic)
     if not _names_job(answer, job_id):  # the address is held by a server that is not this job's endpoint
         answer.release()
         return _refusal(
@@ -153,13 +96,13 @@ async def forward(job_id: str, path: str, request: Request) -> Response:
             anthropic=anthropic,
         )
     if answer.status != 409:
-        routes.put(job_id, found.endpoint_url, epoch)
+        routes.put(job_id, found.url, epoch)
     return await _relay(answer)
 
 
-async def _unreachable(request: Request, job_id: str, error: Exception, anthropic: bool) -> JSONResponse:
+async def _unreachable(endpoints: AgentEndpoints, job_id: str, error: Exception, anthropic: bool) -> JSONResponse:
     """409 if the rollout ended meanwhile, else 503: the worker could not be reached."""
-    found = await _lookup(request, job_id)
+    found = await endpoints.lookup(job_id)
     if found.status not in _NOT_STARTED:
         return _refusal(409, f"this job's rollout has ended (status {found.status})", "conflict", anthropic=anthropic)
     return _refusal(
@@ -171,23 +114,9 @@ async def _unreachable(request: Request, job_id: str, error: Exception, anthropi
     )
 
 
-async def _lookup(request: Request, job_id: str) -> _Lookup:
-    """The job's status and where it is served: one Redis round trip, on the loop."""
-    state = request.app.state
-    async with fail_fast_redis(request).pipeline(transaction=False) as pipe:
-        pipe.hget(state.keys.job(job_id), "status")
-        pipe.get(state.keys.external_agent_endpoint(job_id))
-        status, url = await pipe.execute()
-    return _Lookup(_text(status), _text(url))
-
-
 def _routes(request: Request) -> RouteCache:
     """This process's route cache, subscribed to the jobs' events on first use."""
     return listener(request, "external_agent_routes", RouteCache)
-
-
-def _text(value: bytes | str | None) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 @dataclass(frozen=True)

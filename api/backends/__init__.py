@@ -1,0 +1,1 @@
+"""LLM backends: register, list, heartbeat, drain, remove; the router over shared/backend_pool/."""

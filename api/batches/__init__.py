@@ -1,0 +1,1 @@
+"""Batches: create, read, stream completed groups, cancel; the router over shared/batches/."""

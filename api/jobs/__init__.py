@@ -1,0 +1,1 @@
+"""Jobs: submit, read, list (with long polls) and cancel; schemas and the router."""

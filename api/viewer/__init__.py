@@ -1,0 +1,1 @@
+"""The trajectory viewer: one static page (api/static/) and its assets."""
