@@ -1,17 +1,16 @@
-"""Submit a JSONL file of jobs, follow them with a progress bar, and summarise per task kind."""
+"""Submit a JSONL file of jobs, follow them (the client's one waiter) with a progress bar, and summarise per task kind."""
 
 from __future__ import annotations
 
 import json
 import re
-import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 from cli.loaders import load_rows, row_job
 from cli.progress import Progress
-from rollouts_client import ApiError, Job, JobStatus, RolloutClient
+from rollouts_client import ApiError, Job, JobStatus, RolloutClient, WaitTimeout
 from shared.config import get_settings
 from shared.kinds.formats import FormatError
 
@@ -114,34 +113,23 @@ def follow(
     poll_s: float = 0.5,
     timeout: float | None = None,
 ) -> dict[str, Job]:
-    """Poll until every job is terminal; returns the final summary of each job (no result) by id.
+    """Wait until every job is terminal (the client's watch_jobs, an answer at least every `poll_s`);
+    returns the final summary of each job (no result) by id.
 
     Progress: a bar on a terminal, a line every ROLLOUTS_PROGRESS_INTERVAL_S elsewhere (cli/progress.py);
     `progress=False` shows none."""
     finished: dict[str, Job] = {}
-    pending = list(dict.fromkeys(job_ids))
-    deadline = None if timeout is None else time.monotonic() + timeout
-    shown = Progress(len(pending), "job", get_settings().progress_interval_s, enabled=progress is not False)
-    ended: dict[str, int] = defaultdict(int)
+    running = len(dict.fromkeys(job_ids))
+    shown = Progress(running, "job", get_settings().progress_interval_s, enabled=progress is not False)
+    ended: Counter[str] = Counter()
     try:
-        while pending:
-            counts: dict[str, int] = defaultdict(int)
-            still: list[str] = []
-            newly = 0
-            for summary in client.job_summaries(pending):
-                if summary.finished:
-                    finished[summary.id] = summary
-                    ended[summary.status] += 1
-                    newly += 1
-                else:
-                    still.append(summary.id)
-                    counts[summary.status] += 1
-            pending = still
-            shown.update(newly, ended=ended, running=counts)
-            if pending:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"{len(pending)} jobs still running after {timeout:.0f}s")
-                time.sleep(poll_s)
+        for update in client.watch_jobs(job_ids, timeout, poll_s, update_s=poll_s):
+            finished.update((job.id, job) for job in update.ended)
+            ended.update(job.status for job in update.ended)
+            running = len(update.running)
+            shown.update(len(update.ended), ended=ended, running=Counter(job.status for job in update.running))
+    except WaitTimeout:
+        raise TimeoutError(f"{running} jobs still running after {timeout:.0f}s") from None
     finally:
         shown.close()
     return finished

@@ -9,7 +9,7 @@ with RolloutClient("http://api:8000", token="...") as client:
 """
 
 from rollouts_client.aio import AsyncRolloutClient
-from rollouts_client.errors import ApiError, BatchExhausted, WaitTimeout
+from rollouts_client.errors import ApiError, BatchExhausted, RolloutsClientError, WaitTimeout
 from rollouts_client.models import (
     TERMINAL_STATUSES,
     Batch,
@@ -18,6 +18,7 @@ from rollouts_client.models import (
     Group,
     GroupPage,
     Job,
+    JobsProgress,
     JobStatus,
     Sample,
 )
@@ -37,8 +38,10 @@ __all__ = [
     "GroupPage",
     "Job",
     "JobStatus",
+    "JobsProgress",
     "RetryPolicy",
     "RolloutClient",
+    "RolloutsClientError",
     "Sample",
     "WaitTimeout",
     "collate_trajectories",

@@ -1,8 +1,9 @@
 """Every API call, defined once: the request it sends, how it reads the answer, its errors and retries.
 
-Each call is a generator of steps (steps.py) that does no I/O: RolloutClient and
-AsyncRolloutClient perform its steps, and `ApiMethods` at the end makes each call a method of
-both, with the call's parameters and docstring. `client` is the client the method was called on.
+Each call is a generator of steps (steps.py) that does no I/O. RolloutClient (sync.py) and
+AsyncRolloutClient (aio.py) each write every public method out as a line that runs the call of
+its name here, where the method's docstring says what it does for a user; these say how.
+`client` is the client the method was called on.
 """
 
 from __future__ import annotations
@@ -13,22 +14,19 @@ from typing import Any
 import httpx
 
 from rollouts_client.errors import ApiError, BatchExhausted, WaitTimeout
-from rollouts_client.models import Batch, BatchStatus, Group, GroupPage, Job
+from rollouts_client.models import Batch, BatchStatus, Group, GroupPage, Job, JobsProgress
 from rollouts_client.steps import (
     Call,
+    CallingClient,
     CloseStream,
-    Defined,
     Emit,
     Gather,
     NextLine,
     OpenStream,
     Send,
-    Session,
     Sleep,
     Stream,
-    call,
     collect,
-    stream,
 )
 from rollouts_client.wire import (
     RESULTS_PAGE_GROUPS,
@@ -46,13 +44,13 @@ from rollouts_client.wire import (
 
 LIST_CHUNK = 500  # job ids per GET /v1/jobs?ids=... (job_summaries)
 MAX_WAIT_S = 60.0  # the longest long poll the service takes (GET /v1/jobs?ids=...&wait_s=)
+JOBS_LONG_POLL_S = MAX_WAIT_S / 2  # how long one watch_jobs request waits for an end, by default
 LONG_POLL_S = 20.0  # how long one groups() request waits for a group
 STREAM_READ_S = 60.0  # the longest quiet on an event stream before it counts as dropped
 
 
-def request(client: Session, method: str, path: str, **kwargs: Any) -> Call[httpx.Response]:
-    """One API request, retried as RetryPolicy says (connection errors, 503s); the last response,
-    or the last transport error raised. `kwargs` are httpx's (params, json, headers, timeout, ...)."""
+def request(client: CallingClient, method: str, path: str, **kwargs: Any) -> Call[httpx.Response]:
+    """The retry loop of every call: one Send per try, a Sleep between tries, as RetryPolicy says."""
     delays = iter(client.retry.delays())
     has_key = "Idempotency-Key" in (kwargs.get("headers") or {})
     while True:
@@ -73,26 +71,21 @@ def request(client: Session, method: str, path: str, **kwargs: Any) -> Call[http
 
 # --- jobs -------------------------------------------------------------------------------------
 def submit_jobs(
-    client: Session, jobs: list[dict[str, Any]] | dict[str, Any], *, idempotency_key: str | None = None
+    client: CallingClient, jobs: list[dict[str, Any]] | dict[str, Any], *, idempotency_key: str | None = None
 ) -> Call[list[str]]:
-    """Submit one job or a list; returns their ids. With `idempotency_key` (the Idempotency-Key
-    header) a retry of the same request answers with the same jobs; another request under the
-    same key is an ApiError 409."""
+    """POST /v1/jobs (one job or a list), under an Idempotency-Key header when given."""
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
     response = yield from request(client, "POST", "/v1/jobs", json=jobs, headers=headers)
     return decode(response, (202,))["job_ids"]
 
 
-def get_job(client: Session, job_id: str) -> Call[Job]:
-    """One job's full record: status, reward, trajectory, timings; ApiError 404 for an unknown id."""
+def get_job(client: CallingClient, job_id: str) -> Call[Job]:
+    """GET /v1/jobs/{id}."""
     return Job.from_api(decode((yield from request(client, "GET", f"/v1/jobs/{job_id}"))))
 
 
-def job_summaries(client: Session, job_ids: list[str], wait_s: float = 0.0) -> Call[list[Job]]:
-    """Status and reward of many jobs in few requests (no trajectories).
-
-    `wait_s` (ids that fit one request, LIST_CHUNK): a long poll, answered once one of them has ended
-    or after `wait_s` seconds (the service pushes the end; at most MAX_WAIT_S)."""
+def job_summaries(client: CallingClient, job_ids: list[str], wait_s: float = 0.0) -> Call[list[Job]]:
+    """GET /v1/jobs?ids=..., LIST_CHUNK ids a request; with `wait_s`, a long poll (one request)."""
     if wait_s and len(job_ids) > LIST_CHUNK:
         raise ValueError(f"a long poll takes at most {LIST_CHUNK} job ids, not {len(job_ids)}")
     out: list[Job] = []
@@ -109,18 +102,17 @@ def job_summaries(client: Session, job_ids: list[str], wait_s: float = 0.0) -> C
 
 
 def list_jobs(
-    client: Session, *, status: str | None = None, group_id: str | None = None, limit: int = 100, offset: int = 0
+    client: CallingClient, *, status: str | None = None, group_id: str | None = None, limit: int = 100, offset: int = 0
 ) -> Call[list[Job]]:
-    """One page of job summaries (status, reward; no trajectories), newest first, filtered by status or group."""
+    """GET /v1/jobs, one page by offset."""
     params = list_params(status, group_id, limit, offset)
     return [Job.from_api(j) for j in decode((yield from request(client, "GET", "/v1/jobs", params=params)))["jobs"]]
 
 
 def iter_jobs(
-    client: Session, *, status: str | None = None, group_id: str | None = None, page_size: int = 500
+    client: CallingClient, *, status: str | None = None, group_id: str | None = None, page_size: int = 500
 ) -> Stream[Job]:
-    """Every job summary, newest first (by group: in sample order), page after page by cursor:
-    jobs submitted meanwhile neither repeat nor push others out, as they would with offsets."""
+    """GET /v1/jobs page after page, each after the last one's `next_cursor`."""
     cursor: str | None = None
     while True:
         params = list_params(status, group_id, page_size, cursor=cursor)
@@ -132,32 +124,48 @@ def iter_jobs(
             return
 
 
-def wait_jobs(
-    client: Session, job_ids: list[str], timeout: float | None = None, poll_s: float = 0.5
-) -> Call[list[Job]]:
-    """Block until every job is terminal; the full records, in the order given. WaitTimeout past `timeout`.
-
-    Up to LIST_CHUNK jobs are waited for with the service's long poll (each end is seen as it happens);
-    more, or a service that answers a long poll at once, are polled every `poll_s`."""
+def watch_jobs(
+    client: CallingClient,
+    job_ids: list[str],
+    timeout: float | None = None,
+    poll_s: float = 0.5,
+    *,
+    max_poll_s: float | None = None,
+    update_s: float = JOBS_LONG_POLL_S,
+) -> Stream[JobsProgress]:
+    """The one way to wait for jobs. A long poll of every pending job (LIST_CHUNK at most) that the
+    service answers once one ends, or after `update_s`; each answer is emitted as JobsProgress. More
+    jobs (no long poll), or a service that answers at once with nothing ended (no push), are asked
+    again after `poll_s`, doubling to `max_poll_s` while nothing ends: polled, never spun."""
     deadline = None if timeout is None else time.monotonic() + timeout
     pending = list(dict.fromkeys(job_ids))
+    interval, longest = poll_s, poll_s if max_poll_s is None else max_poll_s
     while pending:
-        left = MAX_WAIT_S if deadline is None else max(0.0, deadline - time.monotonic())
-        wait_s = min(MAX_WAIT_S / 2, left) if len(pending) <= LIST_CHUNK else 0.0
+        left = update_s if deadline is None else max(0.0, deadline - time.monotonic())
+        wait_s = min(update_s, left) if len(pending) <= LIST_CHUNK else 0.0
         asked = time.monotonic()
-        still = [j.id for j in (yield from job_summaries(client, pending, wait_s)) if not j.finished]
-        ended, pending = len(still) < len(pending), still
+        progress = JobsProgress.of(pending, (yield from job_summaries(client, pending, wait_s)))
+        pending = [job.id for job in progress.running]
+        yield Emit(progress)
         if not pending:
-            break
+            return
         if deadline is not None and time.monotonic() >= deadline:
             raise WaitTimeout(f"{len(pending)} of {len(job_ids)} jobs still running after {timeout}s")
-        if not ended and time.monotonic() - asked < poll_s:  # no long poll here: poll, don't spin
-            yield Sleep(poll_s)
+        interval = poll_s if progress.moved else min(interval * 2, longest)
+        if (not wait_s or not progress.moved) and time.monotonic() - asked < interval:  # polled: don't spin
+            yield Sleep(interval)
+
+
+def wait_jobs(
+    client: CallingClient, job_ids: list[str], timeout: float | None = None, poll_s: float = 0.5
+) -> Call[list[Job]]:
+    """watch_jobs to the end, then every full record (read concurrently where the driver can)."""
+    yield from collect(watch_jobs(client, job_ids, timeout, poll_s), keep=False)
     return (yield Gather([get_job(client, job_id) for job_id in job_ids]))
 
 
-def cancel_job(client: Session, job_id: str) -> Call[bool]:
-    """True when cancelled now, False when it had already finished."""
+def cancel_job(client: CallingClient, job_id: str) -> Call[bool]:
+    """DELETE /v1/jobs/{id}; a 409 means it had already finished."""
     response = yield from request(client, "DELETE", f"/v1/jobs/{job_id}")
     if response.status_code == 409:
         return False
@@ -167,7 +175,7 @@ def cancel_job(client: Session, job_id: str) -> Call[bool]:
 
 # --- batches ----------------------------------------------------------------------------------
 def submit_batch(
-    client: Session,
+    client: CallingClient,
     prompts: list[dict[str, Any]] | None = None,
     *,
     prompts_path: str | None = None,
@@ -175,18 +183,18 @@ def submit_batch(
     min_informative_groups: int | None = None,
     **options: Any,
 ) -> Call[Batch]:
-    """Options: sampling, limits, max_groups_in_flight, on_target, advantages, reward_epsilon, max_staleness, metadata."""
+    """POST /v1/batches."""
     body = batch_body(prompts, prompts_path, n_samples, min_informative_groups, options)
     return Batch.from_api(decode((yield from request(client, "POST", "/v1/batches", json=body)), (202,)))
 
 
-def get_batch(client: Session, batch_id: str) -> Call[Batch]:
-    """The batch now: status, counts, reason; ApiError 404 for an unknown id."""
+def get_batch(client: CallingClient, batch_id: str) -> Call[Batch]:
+    """GET /v1/batches/{id}."""
     return Batch.from_api(decode((yield from request(client, "GET", f"/v1/batches/{batch_id}"))))
 
 
-def cancel_batch(client: Session, batch_id: str) -> Call[Batch | None]:
-    """The batch after cancelling, or None when it had already finished."""
+def cancel_batch(client: CallingClient, batch_id: str) -> Call[Batch | None]:
+    """DELETE /v1/batches/{id}; a 409 means it had already finished."""
     response = yield from request(client, "DELETE", f"/v1/batches/{batch_id}")
     if response.status_code == 409:
         return None
@@ -194,14 +202,14 @@ def cancel_batch(client: Session, batch_id: str) -> Call[Batch | None]:
 
 
 def groups(
-    client: Session,
+    client: CallingClient,
     batch_id: str,
     after: str = "0-0",
     wait: float = LONG_POLL_S,
     results: bool = False,
     limit: int | None = None,
 ) -> Call[GroupPage]:
-    """One long-poll: groups completed after `after`, waiting up to `wait` s for the first."""
+    """GET /v1/batches/{id}/groups, one long poll (its read timeout outlasts the wait)."""
     params: dict[str, Any] = {"after": after, "wait": wait, "results": str(results).lower()}
     if limit is not None:
         params["limit"] = limit
@@ -210,7 +218,7 @@ def groups(
 
 
 def iter_groups(
-    client: Session,
+    client: CallingClient,
     batch_id: str,
     *,
     results: bool = True,
@@ -218,11 +226,7 @@ def iter_groups(
     after: str = "0-0",
     partial: bool = False,
 ) -> Stream[Group]:
-    """Every reported group once, as soon as it completes, until the batch ends (long-poll).
-
-    A DAPO batch whose prompts ran out before its target ends the iteration with BatchExhausted
-    (the groups it got, of how many, and why), so a trainer does not go on with a short batch in
-    silence; `partial=True` ends it quietly after the last group instead."""
+    """groups() after groups(), each from the last page's cursor, until the batch's stream is done."""
     deadline = None if timeout is None else time.monotonic() + timeout
     cursor, received = after, 0
     while True:
@@ -246,10 +250,9 @@ def _ended(batch: Batch, received: int, partial: bool) -> None:
 
 
 def iter_events(
-    client: Session, batch_id: str, *, results: bool = False, timeout: float | None = None, partial: bool = False
+    client: CallingClient, batch_id: str, *, results: bool = False, timeout: float | None = None, partial: bool = False
 ) -> Stream[Group]:
-    """The same groups over server-sent events; a dropped connection resumes after the last event.
-    Ends as `iter_groups` does: BatchExhausted for a batch that could not fill, unless `partial`."""
+    """GET /v1/batches/{id}/events as server-sent events; a drop reconnects after the last event id, with backoff."""
     deadline = None if timeout is None else time.monotonic() + timeout
     last_id, received = "0-0", 0
     delays = iter(client.retry.delays())
@@ -294,9 +297,8 @@ def iter_events(
             yield Sleep(delay)
 
 
-def wait_batch(client: Session, batch_id: str, timeout: float | None = None) -> Call[Batch]:
-    """Block until the batch closes (target met or cancelled); BatchExhausted when a DAPO pool ran
-    out before the target (the groups it did fill are still there: `collect_groups(partial=True)`)."""
+def wait_batch(client: CallingClient, batch_id: str, timeout: float | None = None) -> Call[Batch]:
+    """iter_groups to the end, keeping nothing, then the batch."""
     yield from collect(iter_groups(client, batch_id, results=False, timeout=timeout, partial=True), keep=False)
     final = yield from get_batch(client, batch_id)
     if final.status == BatchStatus.EXHAUSTED:
@@ -305,36 +307,34 @@ def wait_batch(client: Session, batch_id: str, timeout: float | None = None) -> 
 
 
 def collect_groups(
-    client: Session, batch_id: str, *, results: bool = True, timeout: float | None = None, partial: bool = False
+    client: CallingClient, batch_id: str, *, results: bool = True, timeout: float | None = None, partial: bool = False
 ) -> Call[list[Group]]:
-    """Every group of the batch, as a list once it ends (iter_groups, collected: BatchExhausted for a
-    batch that could not fill, unless `partial`, which returns the groups it did fill)."""
+    """iter_groups, collected."""
     return (yield from collect(iter_groups(client, batch_id, results=results, timeout=timeout, partial=partial)))
 
 
 # --- the service ------------------------------------------------------------------------------
-def health(client: Session) -> Call[bool]:
-    """Whether the API answers its health check now (one try, no token needed): for waiting on a start."""
+def health(client: CallingClient) -> Call[bool]:
+    """GET /healthz, one try: a transport error is an answer (False)."""
     try:
         return (yield Send("GET", "/healthz")).status_code == 200
     except httpx.TransportError:
         return False
 
 
-def status(client: Session) -> Call[dict[str, Any]]:
-    """Queues and workers: `stages` (queued, running, failed, processes, slots, busy_slots), `jobs`, `in_flight`;
-    `redis` (used_bytes, limit_bytes, high_water, accepting) and `results` (root, bytes, files, healthy)."""
+def status(client: CallingClient) -> Call[dict[str, Any]]:
+    """GET /v1/status."""
     return decode((yield from request(client, "GET", "/v1/status")))
 
 
 # --- LLM backends (registering, heartbeats and draining need an admin token) ------------------
-def list_backends(client: Session) -> Call[list[dict[str, Any]]]:
-    """Every registered backend: id, url, model, capacity, labels, healthy, draining, inflight, ..."""
+def list_backends(client: CallingClient) -> Call[list[dict[str, Any]]]:
+    """GET /v1/backends."""
     return decode((yield from request(client, "GET", "/v1/backends")))["backends"]
 
 
 def register_backend(
-    client: Session,
+    client: CallingClient,
     url: str,
     model: str,
     *,
@@ -343,24 +343,24 @@ def register_backend(
     capacity: float | None = None,
     labels: dict[str, str] | None = None,
 ) -> Call[dict[str, Any]]:
-    """Add a vLLM server to the pool, or refresh it (the id defaults to one derived from the URL); its view."""
+    """POST /v1/backends."""
     body = backend_body(url, model, backend_id, tokenizer, capacity, labels)
     return decode((yield from request(client, "POST", "/v1/backends", json=body)), (201,))
 
 
-def backend_heartbeat(client: Session, backend_id: str) -> Call[dict[str, Any]]:
-    """Keep a backend healthy; ApiError 404 when the pool forgot it (register it again)."""
+def backend_heartbeat(client: CallingClient, backend_id: str) -> Call[dict[str, Any]]:
+    """POST /v1/backends/{id}/heartbeat."""
     return decode((yield from request(client, "POST", f"/v1/backends/{backend_id}/heartbeat")))
 
 
-def drain_backend(client: Session, backend_id: str, draining: bool = True) -> Call[dict[str, Any]]:
-    """Stop new trajectories on a backend (running ones finish there); draining=False reopens it."""
+def drain_backend(client: CallingClient, backend_id: str, draining: bool = True) -> Call[dict[str, Any]]:
+    """POST /v1/backends/{id}/drain."""
     path = f"/v1/backends/{backend_id}/drain"
     return decode((yield from request(client, "POST", path, json={"draining": draining})))
 
 
 def update_weights(
-    client: Session,
+    client: CallingClient,
     model: str,
     version: str,
     *,
@@ -369,99 +369,37 @@ def update_weights(
     lora: str | None = None,
     timeout: float = 900.0,
 ) -> Call[dict[str, Any]]:
-    """Load a checkpoint into every backend of `model` under `version` (admin); what each backend did.
-
-    `path`: a directory the backends and the API can read (a full checkpoint, or with `lora` the
-    adapter to load in place under that name). `pause_mode`: keep, wait or abort running requests.
-    Returns {model, version, seq, seconds, backends: [{id, url, status, seconds, error,
-    removed_from_pool}]}. ApiError 409 while another update of the model runs, 422 for a version
-    that goes backwards or a checkpoint that does not fit, 404 when no backend serves the model.
-    """
+    """POST /v1/models/{model}/weights, with the request's timeout raised to the update's."""
     body = weights_body(version, path, pause_mode, lora)
     return decode((yield from request(client, "POST", weights_path(model), json=body, timeout=timeout)))
 
 
 def upload_weights(
-    client: Session, model: str, version: str, data: bytes, *, pause_mode: str = "wait", timeout: float = 900.0
+    client: CallingClient, model: str, version: str, data: bytes, *, pause_mode: str = "wait", timeout: float = 900.0
 ) -> Call[dict[str, Any]]:
-    """Load weights sent as bytes into every backend of `model` under `version` (admin): no shared disk.
-
-    `data`: one safetensors file with every tensor of the model, named and shaped as its
-    checkpoint (e.g. `safetensors.torch.save(model.state_dict())` without tied duplicates), at
-    most the service's max_weight_bytes. Returns and raises as `update_weights`; ApiError 422
-    (field `body`) when the tensors do not fit the served model, 413 when it is too large.
-    """
+    """PUT /v1/models/{model}/weights with the safetensors bytes as the body."""
     upload = weights_upload(version, data, pause_mode)
     return decode((yield from request(client, "PUT", weights_path(model), timeout=timeout, **upload)))
 
 
-def current_weights(client: Session, model: str) -> Call[dict[str, Any]]:
-    """The last version applied to `model` through the service: {model, version, seq, path, applied_at}."""
+def current_weights(client: CallingClient, model: str) -> Call[dict[str, Any]]:
+    """GET /v1/models/{model}/weights."""
     return decode((yield from request(client, "GET", weights_path(model))))
 
 
 def declare_weights(
-    client: Session, model: str, version: str, backends: list[str], *, owner: str = "trainer"
+    client: CallingClient, model: str, version: str, backends: list[str], *, owner: str = "trainer"
 ) -> Call[dict[str, Any]]:
-    """Record that `backends` (a trainer's own servers, updated in place by it) now serve `version` (admin);
-    nothing is loaded. {model, version, seq, backends}. ApiError 422 for a version that goes backwards or
-    a backend of another model, 404 for a backend that is not registered."""
+    """POST /v1/models/{model}/weights/declare."""
     body = {"version": version, "backends": list(backends), "owner": owner}
     return decode((yield from request(client, "POST", f"{weights_path(model)}/declare", json=body)))
 
 
-def deregister_backend(client: Session, backend_id: str) -> Call[bool]:
-    """Remove a backend from the pool; False when it was not registered."""
+def deregister_backend(client: CallingClient, backend_id: str) -> Call[bool]:
+    """DELETE /v1/backends/{id}; a 404 means it was not registered."""
     response = yield from request(client, "DELETE", f"/v1/backends/{backend_id}")
     if response.status_code == 404:
         return False
     if response.status_code != 204:
         raise ApiError(response)
     return True
-
-
-# --- the clients' methods -----------------------------------------------------------------------
-class ApiMethods:
-    """The public methods of both clients, each the call of its name above, which documents it.
-
-    A client class that defines `_method` (how it runs a call) gets each as a method of its own
-    when it is created: RolloutClient's return results, AsyncRolloutClient's are coroutines and
-    its iterators async. The declarations here give type checkers both shapes (steps.call).
-    """
-
-    request = call(request)
-    submit_jobs = call(submit_jobs)
-    get_job = call(get_job)
-    job_summaries = call(job_summaries)
-    list_jobs = call(list_jobs)
-    iter_jobs = stream(iter_jobs)
-    wait_jobs = call(wait_jobs)
-    cancel_job = call(cancel_job)
-    submit_batch = call(submit_batch)
-    get_batch = call(get_batch)
-    cancel_batch = call(cancel_batch)
-    groups = call(groups)
-    iter_groups = stream(iter_groups)
-    iter_events = stream(iter_events)
-    wait_batch = call(wait_batch)
-    collect_groups = call(collect_groups)
-    health = call(health)
-    status = call(status)
-    list_backends = call(list_backends)
-    register_backend = call(register_backend)
-    backend_heartbeat = call(backend_heartbeat)
-    drain_backend = call(drain_backend)
-    update_weights = call(update_weights)
-    upload_weights = call(upload_weights)
-    current_weights = call(current_weights)
-    declare_weights = call(declare_weights)
-    deregister_backend = call(deregister_backend)
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        make = cls.__dict__.get("_method")
-        if make is None:  # a subclass of a client: it has them already (and may override some)
-            return
-        for name, defined in vars(ApiMethods).items():
-            if isinstance(defined, Defined):
-                setattr(cls, name, make.__get__(None, cls)(defined))  # a classmethod: the class is not bound yet

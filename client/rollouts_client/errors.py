@@ -1,4 +1,13 @@
-"""Errors the client raises: the API's 4xx/5xx with its message, and waits that ran out."""
+"""Errors the client raises, all under one root, each also the built-in a caller would catch for it:
+
+RolloutsClientError
+├── ApiError (RuntimeError)             the API's 4xx/5xx, with its message
+├── WaitTimeout (TimeoutError)          a wait that ran out before the jobs or the batch ended
+├── BatchExhausted (RuntimeError)       a DAPO batch whose prompts ran out before its target
+├── RegistrationRefused (RuntimeError)  registration.py: the API refused a backend for good (a 4xx)
+├── StreamUnavailable                   wire.py: an event stream answered 503 (retried, then its ApiError)
+└── trainers/: JobFailed (RuntimeError), SegmentedRecord (ValueError), RowError (ValueError)
+"""
 
 from __future__ import annotations
 
@@ -10,7 +19,11 @@ if TYPE_CHECKING:
     from rollouts_client.models import Batch
 
 
-class ApiError(RuntimeError):
+class RolloutsClientError(Exception):
+    """The root of every exception the client distribution defines: `except RolloutsClientError` catches them all."""
+
+
+class ApiError(RolloutsClientError, RuntimeError):
     """A non-success answer; `detail` is the API's message (it names the offending field).
 
     On a 422, `errors` lists each problem as {"field", "message"}, so a caller that sent many
@@ -37,11 +50,11 @@ class ApiError(RuntimeError):
         self.errors = errors
 
 
-class WaitTimeout(TimeoutError):
+class WaitTimeout(RolloutsClientError, TimeoutError):
     """A wait with a timeout ended before the jobs or the batch did."""
 
 
-class BatchExhausted(RuntimeError):
+class BatchExhausted(RolloutsClientError, RuntimeError):
     """A DAPO batch whose prompts ran out before its target: `batch.reason` says how far it got.
 
     Raised by `wait_batch`, and at the end of `iter_groups`, `iter_events` and `collect_groups`

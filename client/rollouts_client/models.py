@@ -7,7 +7,14 @@ from enum import Enum
 from typing import Any
 
 
-class JobStatus(str, Enum):
+class _Word(str, Enum):
+    """A status word: equal to its plain string, and printed as it."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class JobStatus(_Word):
     """A job's status as the API reports it; a str enum, so `job.status == JobStatus.DONE` holds for the
     plain string too. The service's own (shared/jobs/status.py) has the same members: a test compares them."""
 
@@ -20,20 +27,14 @@ class JobStatus(str, Enum):
     CANCELLED = "cancelled"
     TIMED_OUT = "timed_out"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class BatchStatus(str, Enum):
+class BatchStatus(_Word):
     """A batch's status: running until its target is met, its prompts run out, or it is cancelled."""
 
     RUNNING = "running"
     COMPLETED = "completed"
     EXHAUSTED = "exhausted"
     CANCELLED = "cancelled"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 TERMINAL_STATUSES: frozenset[str] = frozenset(
@@ -87,6 +88,29 @@ class Job:
             agent=data.get("agent"),
             failovers=data.get("failovers") or {},
             raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class JobsProgress:
+    """One answer while waiting for jobs (watch_jobs): summaries, no results."""
+
+    ended: list[Job]  # the jobs that ended since the last answer
+    running: list[Job]  # the jobs still running
+    unlisted: list[str]  # ids the service did not list (unknown to it, or expired): their record says why
+
+    @property
+    def moved(self) -> bool:
+        """Whether a job left the wait with this answer (ended, or unlisted)."""
+        return bool(self.ended or self.unlisted)
+
+    @classmethod
+    def of(cls, asked: list[str], summaries: list[Job]) -> JobsProgress:
+        listed = {job.id for job in summaries}
+        return cls(
+            ended=[job for job in summaries if job.finished],
+            running=[job for job in summaries if not job.finished],
+            unlisted=[job_id for job_id in asked if job_id not in listed],
         )
 
 

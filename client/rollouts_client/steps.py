@@ -9,20 +9,15 @@ answer. An iterating call (`Stream`) also yields `Emit(item)` for each item its 
 
 from __future__ import annotations
 
-import inspect
-import re
-from collections.abc import Awaitable, Callable, Generator, Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
-
-import httpx
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    import httpx
 
     from rollouts_client.wire import RetryPolicy
 
-P = ParamSpec("P")
 T = TypeVar("T")
 
 
@@ -80,46 +75,7 @@ Call = Generator[Step, Any, T]  # a call that returns T
 Stream = Generator[Step | Emit[T], Any, None]  # a call that yields T's to its caller
 
 
-def collect(stream: Stream[T], keep: bool = True) -> Call[list[T]]:
-    """Run an iterating call inside another call: its steps pass through, its items are kept
-    (or dropped, `keep=False`) and returned at its end."""
-    items: list[T] = []
-    reply: Any = None
-    error: Exception | None = None
-    try:
-        while True:
-            try:
-                step = stream.throw(error) if error is not None else stream.send(reply)
-            except StopIteration:
-                return items
-            reply, error = None, None
-            if isinstance(step, Emit):
-                if keep:
-                    items.append(step.item)
-                continue
-            try:
-                reply = yield step
-            except Exception as exc:  # noqa: BLE001 - the step's error goes to the call that asked for it
-                error = exc
-    finally:
-        stream.close()
-
-
-def returning(call: Call[T], into: list[T]) -> Call[None]:
-    """The call, its result appended to `into`: how a driver's one loop runs calls and streams alike."""
-    into.append((yield from call))
-
-
-# --- the public methods: defined once, made into each client's methods ----------------------------
-class Blocking:
-    """A client whose methods return results (RolloutClient)."""
-
-
-class Awaiting:
-    """A client whose methods are coroutines and whose iterators are async (AsyncRolloutClient)."""
-
-
-class Session(Protocol):
+class CallingClient(Protocol):
     """What a call reads of its client besides the steps' results."""
 
     @property
@@ -129,74 +85,42 @@ class Session(Protocol):
     def http(self) -> httpx.Client | httpx.AsyncClient: ...
 
 
-_RETURNS = re.compile(r"^(Call|Stream)\[(.*)\]$")
+class Resumed:
+    """A call resumed with each step's result (`reply`) or error (`error`, raised at its `yield`): the
+    one way its steps are taken, by `collect` and by both drivers. Iterating gives its steps and items."""
 
+    def __init__(self, call: Generator[Any, Any, Any]) -> None:
+        self.call = call
+        self.reply: Any = None
+        self.error: Exception | None = None
 
-class Defined:
-    """A public method defined once, by the call function it wraps; each client class makes its
-    own method from it (ApiMethods.__init_subclass__) with the call's parameters and docstring."""
-
-    iterates = False
-
-    def __init__(self, define: Callable[..., Any]) -> None:
-        self.define = define
-        self.__doc__ = define.__doc__
-        self.name = define.__name__
-        annotation = define.__annotations__.get("return", "")
-        match = _RETURNS.match(annotation if isinstance(annotation, str) else "")
-        if match is None or (match[1] == "Stream") != self.iterates:
-            expected = "Stream[...]" if self.iterates else "Call[...]"
-            raise TypeError(f"{self.name} must be annotated '-> {expected}' (a string), not {annotation!r}")
-        self.returns = match[2]  # what the sync method returns, or the items it yields
-
-
-class call(Defined, Generic[P, T]):
-    """A method that returns a result: a plain method on RolloutClient, a coroutine on AsyncRolloutClient."""
-
-    def __init__(self, define: Callable[Concatenate[Any, P], Call[T]]) -> None:
-        super().__init__(define)
-
-    @overload
-    def __get__(self, client: None, owner: type) -> call[P, T]: ...
-    @overload
-    def __get__(self, client: Blocking, owner: type) -> Callable[P, T]: ...
-    @overload
-    def __get__(self, client: Awaiting, owner: type) -> Callable[P, Awaitable[T]]: ...
-    def __get__(self, client: object, owner: type) -> Any:
-        return self  # the clients' own methods shadow this one
-
-
-class stream(Defined, Generic[P, T]):
-    """A method that iterates: an iterator on RolloutClient, an async iterator on AsyncRolloutClient."""
-
-    iterates = True
-
-    def __init__(self, define: Callable[Concatenate[Any, P], Stream[T]]) -> None:
-        super().__init__(define)
-
-    @overload
-    def __get__(self, client: None, owner: type) -> stream[P, T]: ...
-    @overload
-    def __get__(self, client: Blocking, owner: type) -> Callable[P, Iterator[T]]: ...
-    @overload
-    def __get__(self, client: Awaiting, owner: type) -> Callable[P, AsyncIterator[T]]: ...
-    def __get__(self, client: object, owner: type) -> Any:
+    def __iter__(self) -> Resumed:
         return self
 
+    def __next__(self) -> Step | Emit[Any]:
+        reply, error, self.reply, self.error = self.reply, self.error, None, None
+        return self.call.throw(error) if error is not None else self.call.send(reply)
 
-def method_like(method: Callable[..., Any], defined: Defined, owner: type, returns: str) -> Callable[..., Any]:
-    """`method` named, documented and signed as the call it runs (`self` for the client, `returns`
-    as its return type), so help(), IDEs and inspect.signature show the one definition on both clients."""
-    signature = inspect.signature(defined.define)
-    client, *parameters = signature.parameters.values()
-    method.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[client.replace(name="self", annotation=inspect.Parameter.empty), *parameters],
-        return_annotation=returns,
-    )
-    annotations = {k: v for k, v in defined.define.__annotations__.items() if k != client.name}
-    method.__annotations__ = {**annotations, "return": returns}
-    method.__name__ = defined.name
-    method.__qualname__ = f"{owner.__name__}.{defined.name}"
-    method.__module__ = owner.__module__
-    method.__doc__ = defined.__doc__
-    return method
+
+def collect(stream: Stream[T], keep: bool = True) -> Call[list[T]]:
+    """Run an iterating call inside another call: its steps pass through, its items are kept
+    (or dropped, `keep=False`) and returned at its end."""
+    items: list[T] = []
+    steps = Resumed(stream)
+    try:
+        for step in steps:
+            if isinstance(step, Emit):
+                items.extend([step.item] if keep else [])
+                continue
+            try:
+                steps.reply = yield step
+            except Exception as exc:  # noqa: BLE001 - the step's error goes to the call that asked for it
+                steps.error = exc
+    finally:
+        stream.close()
+    return items
+
+
+def returning(call: Call[T], into: list[T]) -> Call[None]:
+    """The call, its result appended to `into`: how a driver's one loop runs calls and streams alike."""
+    into.append((yield from call))

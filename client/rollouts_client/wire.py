@@ -12,7 +12,7 @@ from urllib.parse import quote
 import httpx
 import msgpack
 
-from rollouts_client.errors import ApiError
+from rollouts_client.errors import ApiError, RolloutsClientError
 
 MSGPACK = "application/msgpack"
 
@@ -25,7 +25,7 @@ API_TOKEN_ENV = "ROLLOUTS_API_TOKEN"
 RESULTS_PAGE_GROUPS = 8
 
 
-class StreamUnavailable(Exception):
+class StreamUnavailable(RolloutsClientError):
     """A 503 answer when (re)opening an event stream: retried with backoff like a dropped connection."""
 
     def __init__(self, response: httpx.Response) -> None:
@@ -107,6 +107,11 @@ class SseParser:
         return fields.get("event", "message"), fields.get("id", ""), json.loads(fields["data"])
 
 
+def present(values: dict[str, Any]) -> dict[str, Any]:
+    """The values given (not None): what a body or query leaves to the API's defaults is not sent."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
 def batch_body(
     prompts: list[dict[str, Any]] | None,
     prompts_path: str | None,
@@ -114,28 +119,16 @@ def batch_body(
     min_informative_groups: int | None,
     options: dict[str, Any],
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"n_samples": n_samples, **options}
-    if prompts is not None:
-        body["prompts"] = prompts
-    if prompts_path is not None:
-        body["prompts_path"] = prompts_path
-    if min_informative_groups is not None:
-        body["min_informative_groups"] = min_informative_groups
-    return body
+    given = {"prompts": prompts, "prompts_path": prompts_path, "min_informative_groups": min_informative_groups}
+    return {"n_samples": n_samples, **options, **present(given)}
 
 
 def list_params(
     status: str | None, group_id: str | None, limit: int, offset: int = 0, cursor: str | None = None
 ) -> dict[str, Any]:
     """GET /v1/jobs's query: the filters given, and the page (by offset, or after a cursor)."""
-    params: dict[str, Any] = (
-        {"limit": limit, "offset": offset} if cursor is None else {"limit": limit, "cursor": cursor}
-    )
-    if status is not None:
-        params["status"] = status
-    if group_id is not None:
-        params["group_id"] = group_id
-    return params
+    page: dict[str, Any] = {"offset": offset} if cursor is None else {"cursor": cursor}
+    return {"limit": limit, **page, **present({"status": status, "group_id": group_id})}
 
 
 def backend_body(
@@ -147,18 +140,13 @@ def backend_body(
     labels: dict[str, str] | None,
 ) -> dict[str, Any]:
     """A registration as the API takes it; what is not given is left to the API's defaults."""
-    body: dict[str, Any] = {"url": url, "model": model}
     optional = {"id": backend_id, "tokenizer": tokenizer, "capacity": capacity, "labels": labels}
-    body.update({name: value for name, value in optional.items() if value is not None})
-    return body
+    return {"url": url, "model": model, **present(optional)}
 
 
 def weights_body(version: str, path: str, pause_mode: str, lora: str | None) -> dict[str, Any]:
     """A weight update as the API takes it (POST /v1/models/{model}/weights)."""
-    body: dict[str, Any] = {"version": version, "path": str(path), "pause_mode": pause_mode}
-    if lora is not None:
-        body["lora"] = lora
-    return body
+    return {"version": version, "path": str(path), "pause_mode": pause_mode, **present({"lora": lora})}
 
 
 def weights_upload(version: str, data: bytes, pause_mode: str) -> dict[str, Any]:

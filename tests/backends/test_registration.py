@@ -1,4 +1,4 @@
-"""cli.backends.Registration against a scripted API: outages never end registration or heartbeats."""
+"""rollouts_client.registration.Registration against a scripted API: outages never end registration or heartbeats."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from cli.backends import Registration, RegistrationRefused
 from rollouts_client import RetryPolicy, RolloutClient
+from rollouts_client.registration import Registration, RegistrationRefused
 
 
 class ScriptedApi:

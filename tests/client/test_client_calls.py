@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from rollouts_client import ApiError, AsyncRolloutClient, RetryPolicy, RolloutClient
+from rollouts_client import ApiError, AsyncRolloutClient, JobsProgress, RetryPolicy, RolloutClient
 
 NO_WAIT = RetryPolicy(retries=2, first_delay_s=0.0, max_delay_s=0.0)
 BACKEND = {"id": "node7-8000", "url": "http://node7:8000", "model": "m", "healthy": True, "draining": False}
@@ -226,3 +226,29 @@ def test_wait_jobs_long_polls_and_falls_back_to_polling_where_the_service_answer
     assert [float(wait) for wait, _ in polls] == [30.0, 30.0, 30.0]  # long polls, each within the timeout
     assert all(read > 30 for _, read in polls), "the request's read timeout outlasts its wait"
     assert slept == [0.25, 0.25], "answered at once with nothing ended: poll_s between, no spinning"
+
+
+@pytest.mark.parametrize("make", [RolloutClient, AsyncRolloutClient])
+def test_watch_jobs_gives_each_answer_what_ended_what_runs_and_what_the_service_did_not_list(make) -> None:
+    """The one waiter's updates (what the CLI's progress shows): `update_s` bounds each long poll."""
+    answers = iter([[("a", "running"), ("b", "rollout")], [("a", "done"), ("b", "eval")], [("b", "failed")]])
+    waits: list[str | None] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        waits.append(request.url.params.get("wait_s"))
+        jobs = [summary(job_id, status) for job_id, status in next(answers)]
+        return httpx.Response(200, json={"jobs": jobs, "limit": len(jobs), "offset": 0})
+
+    client = make("http://api", transport=httpx.MockTransport(answer))
+    watch = client.watch_jobs(["a", "b", "gone"], timeout=100, poll_s=0.0, update_s=2.0)
+
+    async def updates() -> list[JobsProgress]:
+        return [update async for update in watch]
+
+    seen = asyncio.run(updates()) if make is AsyncRolloutClient else list(watch)
+    assert [([j.id for j in u.ended], [j.status for j in u.running], u.unlisted) for u in seen] == [
+        ([], ["running", "rollout"], ["gone"]),
+        (["a"], ["eval"], []),
+        (["b"], [], []),
+    ]
+    assert [float(wait) for wait in waits] == [2.0, 2.0, 2.0]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
-from rollouts_client import AsyncRolloutClient
+from rollouts_client import AsyncRolloutClient, WaitTimeout
 from rollouts_client.trainers.waiting import LONG_POLL_S, JobWaiter
 
 
@@ -78,5 +79,18 @@ def test_a_service_that_answers_at_once_is_polled_at_the_interval_not_spun() -> 
         service.end("a")
         assert (await asyncio.wait_for(waited, 30)).status == "done"
         assert 1 <= polls <= 21, f"{polls} polls in 1 s at a 50-100 ms interval: it spun"
+
+    asyncio.run(scenario())
+
+
+def test_a_wait_that_times_out_leaves_the_watch() -> None:
+    async def scenario() -> None:
+        service = Service()
+        waiter = JobWaiter(AsyncRolloutClient("http://api", transport=httpx.MockTransport(service)), 0.01, 0.02)
+        with pytest.raises(WaitTimeout):
+            await waiter.wait("a", timeout=0.2)
+        await settle()
+        assert waiter.task is not None and waiter.task.done(), "no watch goes on for a job no one waits for"
+        assert [ids for ids, _ in service.polls] == [["a"]]
 
     asyncio.run(scenario())

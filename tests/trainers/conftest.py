@@ -23,24 +23,9 @@ import pytest
 from cli.stack import Stack
 from cli.vllm_server import VLLMServer
 from shared.config import Settings
+from tests.support.trainers_env import REPO, trainers_python
 
-REPO = Path(__file__).resolve().parents[2]
 ENV = {"ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds"}
-
-
-def trainers_python() -> Path:
-    """The trainers' virtualenv's python; missing fails the test in CI (`scripts/setup.sh test` builds it) and skips elsewhere."""
-    root = Path(
-        os.environ.get("ROLLOUTS_TRAINERS_ENV")
-        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rollouts" / "trainers"
-    )
-    python = root / "bin" / "python"
-    if not python.exists():
-        message = f"the trainers' virtualenv is not at {root}: run scripts/setup.sh test"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return python
 
 
 @dataclass

@@ -19,9 +19,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import httpx
-
-from rollouts_client.errors import ApiError
+from rollouts_client.registration import Registration, keep_alive
 from rollouts_client.sync import RolloutClient
 from rollouts_client.trainers.settings import BridgeSettings
 from rollouts_client.wire import RetryPolicy
@@ -48,7 +46,8 @@ def engine_url(address: str) -> str:
 
 
 class TrainerEngines:
-    """One trainer run's vLLM servers as backends of the pool, for as long as the trainer runs."""
+    """One trainer run's vLLM servers as backends of the pool, for as long as the trainer runs: a
+    Registration each (rollouts_client/registration.py), beaten together by one thread."""
 
     def __init__(
         self,
@@ -72,9 +71,9 @@ class TrainerEngines:
         self.model, self.trainer, self.run_id = model, trainer, run_id
         self.heartbeat_s = heartbeat_s
         self.client = RolloutClient(api_url, token, retry=retry)
-        self.backend_ids: list[str] = []
+        self.registrations: list[Registration] = []
         self.version: str | None = None  # the last one declared
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # over each heartbeat round and each declaration
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
 
@@ -82,18 +81,35 @@ class TrainerEngines:
     def labels(self) -> dict[str, str]:
         return {"owner": "trainer", "trainer": self.trainer, "run_id": self.run_id}
 
+    @property
+    def backend_ids(self) -> list[str]:
+        """The registered servers' backend ids, in the order of `urls`."""
+        return [r.backend_id for r in self.registrations if r.backend_id is not None]
+
     def start(self) -> TrainerEngines:
         """Register every server (refused ones raise ApiError: a wrong URL or model is the trainer's to fix)
         and start beating."""
         try:
             for url in self.urls:
-                backend_id = self._register(url)
-                with self.lock:
-                    self.backend_ids.append(backend_id)
+                registration = Registration(
+                    self.client,
+                    {"url": url, "model": self.model, "labels": self.labels},
+                    self.heartbeat_s,
+                    stopped=self.stopped,
+                    lock=self.lock,
+                    on_registered=self._redeclare,
+                )
+                self.registrations.append(registration)
+                registration.register()
         except BaseException:
             self.close()  # what was registered before the refusal leaves the pool, and the client is closed
             raise
-        self.thread = threading.Thread(target=self._beat, name="rollouts-engines-heartbeat", daemon=True)
+        self.thread = threading.Thread(
+            target=keep_alive,
+            args=(self.registrations, self.heartbeat_s, self.stopped),
+            name="rollouts-engines-heartbeat",
+            daemon=True,
+        )
         self.thread.start()
         atexit.register(self.close)
         log.info("registered the trainer's servers %s as backends %s", self.urls, self.backend_ids)
@@ -118,13 +134,8 @@ class TrainerEngines:
         atexit.unregister(self.close)
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout=self.heartbeat_s + 5)
-        with self.lock:
-            ids, self.backend_ids = self.backend_ids, []
-        for backend_id in ids:
-            try:
-                self.client.deregister_backend(backend_id)
-            except (httpx.HTTPError, ApiError) as exc:
-                log.warning("backend %s not deregistered (heartbeat expiry takes it out): %s", backend_id, exc)
+        for registration in self.registrations:
+            registration.stop()
         self.client.close()
 
     def __enter__(self) -> TrainerEngines:
@@ -133,31 +144,10 @@ class TrainerEngines:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _register(self, url: str) -> str:
-        return str(self.client.register_backend(url, self.model, labels=self.labels)["id"])
-
-    def _beat(self) -> None:
-        """Heartbeat every server; one the pool forgot (an operator, a wiped Redis) is registered again and
-        given the declared version back. API outages are logged, never fatal: the trainer goes on."""
-        while not self.stopped.wait(self.heartbeat_s):
-            with self.lock:
-                for i, backend_id in enumerate(list(self.backend_ids)):
-                    try:
-                        self._beat_one(i, backend_id)
-                    except (httpx.HTTPError, ApiError) as exc:
-                        log.warning("heartbeat of backend %s failed: %s", backend_id, exc)
-
-    def _beat_one(self, i: int, backend_id: str) -> None:
-        try:
-            self.client.backend_heartbeat(backend_id)
-            return
-        except ApiError as exc:
-            if exc.status_code != 404:
-                raise
-        log.warning("backend %s was forgotten by the pool; registering it again", backend_id)
-        self.backend_ids[i] = self._register(self.urls[i])
+    def _redeclare(self, backend_id: str) -> None:
+        """A server registered again (the pool forgot it: an operator, a wiped Redis) gets the declared version back."""
         if self.version is not None:
-            self.client.declare_weights(self.model, self.version, [self.backend_ids[i]], owner=self.run_id)
+            self.client.declare_weights(self.model, self.version, [backend_id], owner=self.run_id)
 
 
 _running: dict[tuple[object, ...], TrainerEngines] = {}

@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollouts_client.errors import RolloutsClientError
 from rollouts_client.models import Job
 
 FAILED = frozenset({"failed", "timed_out", "cancelled"})
 
 
-class JobFailed(RuntimeError):
+class JobFailed(RolloutsClientError, RuntimeError):
     """A job that ended without a result (infrastructure, time limit, cancel or evaluation error): never a reward."""
 
     def __init__(self, job: Job, attempts: int) -> None:
@@ -26,7 +27,7 @@ class JobFailed(RuntimeError):
         self.attempts = attempts
 
 
-class SegmentedRecord(ValueError):
+class SegmentedRecord(RolloutsClientError, ValueError):
     """A record with other segments (an external agent rewrote its history or held several conversations), refused
     by `on_segments: raise`."""
 

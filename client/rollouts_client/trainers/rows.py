@@ -14,11 +14,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from rollouts_client.errors import RolloutsClientError
+
 TASK_FIELD = "rollouts_task"
 KEY_FIELD = "rollouts_key"
 
 
-class RowError(ValueError):
+class RowError(RolloutsClientError, ValueError):
     """A row the mapping cannot turn into a job: `row` and `field` say which and where."""
 
     def __init__(self, row: str, field: str, problem: str) -> None:

@@ -35,7 +35,7 @@ from rollouts_client.trainers.rows import (
     task_from,
 )
 from rollouts_client.trainers.settings import BridgeSettings
-from rollouts_client.trainers.waiting import ServiceSession
+from rollouts_client.trainers.waiting import ServiceConnection
 
 
 class RolloutsGenerator(GeneratorInterface):
@@ -57,8 +57,8 @@ class RolloutsGenerator(GeneratorInterface):
         bodies, keys = self.job_bodies(input_batch)
         if self.settings.engines == "trainer":
             await self._declare_step(input_batch)
-        session = ServiceSession.shared(self.settings)
-        results = await session.run_jobs(bodies, keys, [self._row_name(i) for i in range(len(bodies))])
+        connection = ServiceConnection.shared(self.settings)
+        results = await connection.run_jobs(bodies, keys, [self._row_name(i) for i in range(len(bodies))])
         splits = [split_record(job, self.settings.on_segments) for job, _ in results]
         per_token = any(s.token_rewards is not None for s in splits)
         rewards = [self._reward(split, job, per_token) for split, (job, _) in zip(splits, results)]

@@ -41,11 +41,10 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from rollouts_client.sync import RolloutClient
 from rollouts_client.trainers.records import split_record
 from rollouts_client.trainers.rows import TASK_FIELD, RowError, group_id, idempotency_key, sampling_from, task_from
 from rollouts_client.trainers.settings import BridgeSettings
-from rollouts_client.trainers.waiting import ServiceSession
+from rollouts_client.trainers.waiting import ServiceConnection
 
 
 def _save_pretrained(model: Any, path: Path) -> None:
@@ -92,9 +91,9 @@ class RolloutsTRL:
         size = trainer.num_generations if training else trainer.num_generations_eval
         step = int(trainer.state.global_step)
         bodies, keys, rows = self.job_bodies(prompts, size, step, "train" if training else "eval", trainer.args)
-        session_results = self.loop.run_until_complete(self._run(bodies, keys, rows))
-        splits = [split_record(job, self.settings.on_segments) for job, _ in session_results]
-        jobs = [job for job, _ in session_results]
+        results = self.loop.run_until_complete(self._run(bodies, keys, rows))
+        splits = [split_record(job, self.settings.on_segments) for job, _ in results]
+        jobs = [job for job, _ in results]
         return {
             "prompt_ids": [s.prompt_ids for s in splits],
             "completion_ids": [s.response_ids for s in splits],
@@ -102,7 +101,7 @@ class RolloutsTRL:
             "env_mask": [s.response_mask for s in splits],
             "rollouts_reward": [None if job.reward is None else float(job.reward) for job in jobs],
             "rollouts_job_id": [job.id for job in jobs],
-            "rollouts_attempts": [attempts for _, attempts in session_results],
+            "rollouts_attempts": [attempts for _, attempts in results],
             "rollouts_policy_versions": [
                 sorted({str(t["policy_version"]) for t in s.weight_versions if t["policy_version"] is not None})
                 for s in splits
@@ -112,7 +111,7 @@ class RolloutsTRL:
         }
 
     async def _run(self, bodies: list[dict[str, Any]], keys: list[str], rows: list[str]) -> list[Any]:
-        return await ServiceSession.shared(self.settings).run_jobs(bodies, keys, rows)
+        return await ServiceConnection.shared(self.settings).run_jobs(bodies, keys, rows)
 
     def job_bodies(
         self, prompts: list[Any], size: int, step: int, phase: str, args: Any = None
@@ -179,14 +178,19 @@ class RolloutsTRL:
         self.save(model, partial)
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
-        with RolloutClient(self.settings.api_url, self.settings.token, retry=self.settings.retry) as client:
-            result = client.update_weights(self.settings.model, version, path=str(final))
+        result = self.loop.run_until_complete(self._update_weights(version, final))
         failed = [f"{b['url']}: {b['error']}" for b in result["backends"] if b["status"] != "updated"]
         if failed:
             raise RuntimeError(f"loading {version} into {self.settings.model!r} failed on {'; '.join(failed)}")
         self.pushed.append(result)
         self._prune(final)
         return result
+
+    async def _update_weights(self, version: str, path: Path) -> dict[str, Any]:
+        """The service's one weight call, through the bridge's one client (its connection's, on its loop)."""
+        assert self.settings.model is not None
+        client = ServiceConnection.shared(self.settings).client
+        return await client.update_weights(self.settings.model, version, path=str(path))
 
     def _prune(self, newest: Path) -> None:
         assert self.checkpoint_dir is not None
@@ -201,10 +205,10 @@ class RolloutsTRL:
         """Close the bridge's client and its event loop."""
         if self.loop.is_closed():
             return
-        sessions = ServiceSession._by_loop.get(self.loop, {})
-        for session in sessions.values():
-            self.loop.run_until_complete(session.client.close())
-        sessions.clear()
+        connections = ServiceConnection._by_loop.get(self.loop, {})
+        for connection in connections.values():
+            self.loop.run_until_complete(connection.client.close())
+        connections.clear()
         self.loop.close()
 
 

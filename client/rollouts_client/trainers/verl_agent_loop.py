@@ -46,7 +46,7 @@ from rollouts_client.trainers.rows import (
     task_from,
 )
 from rollouts_client.trainers.settings import BridgeSettings
-from rollouts_client.trainers.waiting import ServiceSession
+from rollouts_client.trainers.waiting import ServiceConnection
 
 AGENT_NAME = "rollouts"
 
@@ -71,8 +71,8 @@ class RolloutsAgentLoop(AgentLoopBase):
         if self.settings.engines == "trainer":
             step = await self._declare_step()
             body["metadata"]["policy_version"] = None if step is None else step_version(step)
-        session = ServiceSession.shared(self.settings)
-        job, attempts = await session.run_job(body, self._key(kwargs), row)
+        connection = ServiceConnection.shared(self.settings)
+        job, attempts = await connection.run_job(body, self._key(kwargs), row)
         split = split_record(job, self.settings.on_segments)
         response_length = int(self.rollout_config.response_length)
         if len(split.prompt_ids) > int(self.rollout_config.prompt_length):

@@ -1,12 +1,11 @@
 """Submitting jobs and waiting for them, shared by every row a trainer process runs at once.
 
-One waiter per event loop holds one long poll for *all* the jobs its callers wait on
-(`GET /v1/jobs?ids=...&wait_s=`): the service answers it as soon as one of them ends, so an end is
-seen when it happens and a trainer with 512 rows in flight holds one request, not 512. A row that
-joins cuts the poll short (the rows joining in the same turn of the loop are asked for together). A
-service that answers at once with nothing ended (no push: an older service, or its events down) is
-polled every `poll_min_s`, doubling to `poll_max_s`. A job that ends resolves its caller's future;
-its full record is then read once.
+One waiter per event loop follows *all* the jobs its callers wait on with one watch (the client's
+`watch_jobs`, the one way to wait for jobs: a long poll the service answers as soon as one of them
+ends), so an end is seen when it happens and a trainer with 512 rows in flight holds one request,
+not 512. A row that joins (or gives up: its wait timed out) cuts the watch short and a new one
+starts with every pending job (the rows joining in the same turn of the loop are asked for together). A job that ends resolves its
+callers' futures; its full record is then read once.
 """
 
 from __future__ import annotations
@@ -14,14 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import time
 import weakref
+from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 from rollouts_client.aio import AsyncRolloutClient
-from rollouts_client.calls import LIST_CHUNK
 from rollouts_client.errors import ApiError, WaitTimeout
-from rollouts_client.models import Job
+from rollouts_client.models import Job, JobsProgress
 from rollouts_client.trainers.records import FAILED, JobFailed
 from rollouts_client.trainers.rows import RowError
 from rollouts_client.trainers.settings import BridgeSettings
@@ -33,24 +31,24 @@ _LISTED_FIELD = re.compile(r"^body\[(\d+)\](.*)$")
 
 
 class JobWaiter:
-    """Futures for job ids, resolved by one polling task that serves them all."""
+    """Futures for job ids, resolved by one task that follows them all with the client's watch_jobs."""
 
     def __init__(self, client: AsyncRolloutClient, poll_min_s: float, poll_max_s: float) -> None:
         self.client = client
         self.poll_min_s, self.poll_max_s = poll_min_s, poll_max_s
         self.pending: dict[str, list[asyncio.Future[Job]]] = {}
         self.task: asyncio.Task[None] | None = None
-        self.joined = asyncio.Event()  # a job id the running poll does not ask for
-        self.fetches: set[asyncio.Future[None]] = set()  # ended jobs' records being read (kept from the GC)
+        self.changed = asyncio.Event()  # the pending jobs are not those the running watch follows
+        self.fetching: set[str] = set()  # ended, their records being read: not watched again
+        self.fetches: set[asyncio.Future[None]] = set()  # those reads (kept from the GC)
 
     async def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """The job's full record once it is terminal; WaitTimeout past `timeout` (the job goes on)."""
         future: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
         if job_id not in self.pending:
-            self.joined.set()
+            self.changed.set()
         self.pending.setdefault(job_id, []).append(future)
-        if self.task is None or self.task.done():
-            self.task = asyncio.create_task(self._poll())
+        self._follow_soon()
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except asyncio.TimeoutError:
@@ -59,38 +57,55 @@ class JobWaiter:
             waiters = self.pending.get(job_id)
             if waiters and future in waiters:
                 waiters.remove(future)
-                if not waiters:
+                if not waiters:  # given up (timed out, cancelled): the watch need not follow it
                     del self.pending[job_id]
+                    self.changed.set()
 
-    async def _poll(self) -> None:
-        interval = self.poll_min_s
-        fetching: set[str] = set()  # ended, its record being read: not asked for again
-        while self.pending:
-            ids = [j for j in self.pending if j not in fetching]
-            self.joined.clear()
-            asked = time.monotonic()
+    def _follow_soon(self) -> None:
+        """Start the task that watches the pending jobs, unless it runs."""
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._follow())
+
+    async def _follow(self) -> None:
+        """Watch every pending job whose record is not being read, afresh whenever they change, until none is left."""
+        while ids := [j for j in self.pending if j not in self.fetching]:
+            self.changed.clear()
             try:
-                summaries = await self._summaries_unless_joined(ids) if ids else None
+                await self._watch_until_changed(ids)
             except Exception as exc:  # noqa: BLE001 - the client retried with backoff: every waiter gets the error
                 for job_id in list(self.pending):
                     self._settle(job_id, error=exc)
                 return
-            if summaries is None:  # a row joined (or only records are being read): ask again, all at once
-                await asyncio.sleep(0 if ids else self.poll_min_s)
-                continue
-            listed = {s.id: s for s in summaries}
-            # ended, or not listed (yet: it joined after the request went out): the full record says which
-            candidates = [j for j in ids if j not in listed or listed[j].finished]
-            for job_id in candidates:  # read beside the next poll, so no end waits for another's record
-                fetching.add(job_id)
-                self.fetches.add(task := asyncio.ensure_future(self._fetch(job_id, fetching)))
-                task.add_done_callback(self.fetches.discard)
-            interval = self.poll_min_s if candidates else min(interval * 2, self.poll_max_s)
-            if self.pending and not candidates and time.monotonic() - asked < interval:  # answered at once: no push
-                await asyncio.sleep(interval)
+            await asyncio.sleep(0)  # the rows joining in this turn of the loop are asked for together
 
-    async def _fetch(self, job_id: str, fetching: set[str]) -> None:
-        """Read an ended job's record and resolve its waiters; one not ended after all is polled again."""
+    async def _watch_until_changed(self, ids: list[str]) -> None:
+        """Follow `ids` until each has ended (its record then read beside the watch) or the pending jobs change."""
+        watch = self.client.watch_jobs(ids, poll_s=self.poll_min_s, max_poll_s=self.poll_max_s, update_s=LONG_POLL_S)
+        try:
+            while (progress := await self._next_unless_changed(watch)) is not None:
+                for job_id in [*(job.id for job in progress.ended), *progress.unlisted]:
+                    self.fetching.add(job_id)
+                    self.fetches.add(task := asyncio.ensure_future(self._fetch(job_id)))
+                    task.add_done_callback(self.fetches.discard)
+        finally:
+            await watch.aclose()
+
+    async def _next_unless_changed(self, watch: AsyncIterator[JobsProgress]) -> JobsProgress | None:
+        """The watch's next answer; None at its end, or when the pending jobs changed first (its request cancelled)."""
+        answer = asyncio.ensure_future(anext(watch, None))
+        changed = asyncio.ensure_future(self.changed.wait())
+        try:
+            await asyncio.wait({answer, changed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (answer, changed):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+        return answer.result() if answer.done() and not answer.cancelled() else None
+
+    async def _fetch(self, job_id: str) -> None:
+        """Read an ended job's record and resolve its waiters; one not ended after all is watched again."""
         try:
             job = await self.client.get_job(job_id)
         except Exception as exc:  # noqa: BLE001 - the client retried: this job's waiters get the error
@@ -99,24 +114,10 @@ class JobWaiter:
             if job.finished:
                 self._settle(job_id, job=job)
         finally:
-            fetching.discard(job_id)
-            if job_id in self.pending:  # not ended after all (a summary ahead of its record): poll it again
-                self.joined.set()
-
-    async def _summaries_unless_joined(self, ids: list[str]) -> list[Job] | None:
-        """The long poll's answer, or None when a job joined first (the poll is then cancelled)."""
-        wait_s = LONG_POLL_S if len(ids) <= LIST_CHUNK else 0.0
-        poll = asyncio.ensure_future(self.client.job_summaries(ids, wait_s))
-        joined = asyncio.ensure_future(self.joined.wait())
-        try:
-            await asyncio.wait({poll, joined}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (poll, joined):
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-        return poll.result() if poll.done() and not poll.cancelled() else None
+            self.fetching.discard(job_id)
+            if job_id in self.pending:  # not ended after all (a summary ahead of its record): watch it again
+                self.changed.set()
+                self._follow_soon()
 
     def _settle(self, job_id: str, job: Job | None = None, error: BaseException | None = None) -> None:
         for future in self.pending.pop(job_id, []):
@@ -128,13 +129,13 @@ class JobWaiter:
                 future.set_result(job)
 
 
-class ServiceSession:
+class ServiceConnection:
     """A client and its waiter for one event loop (a trainer builds a new bridge object per row)."""
 
     # Per event loop (an httpx client belongs to the loop it ran on), per settings; gone with the loop.
-    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[BridgeSettings, ServiceSession]]] = (
-        weakref.WeakKeyDictionary()
-    )
+    _by_loop: ClassVar[
+        weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[BridgeSettings, ServiceConnection]]
+    ] = weakref.WeakKeyDictionary()
 
     def __init__(self, settings: BridgeSettings) -> None:
         self.settings = settings
@@ -142,11 +143,11 @@ class ServiceSession:
         self.waiter = JobWaiter(self.client, settings.poll_min_s, settings.poll_max_s)
 
     @classmethod
-    def shared(cls, settings: BridgeSettings) -> ServiceSession:
-        sessions = cls._by_loop.setdefault(asyncio.get_running_loop(), {})
-        if settings not in sessions:
-            sessions[settings] = cls(settings)
-        return sessions[settings]
+    def shared(cls, settings: BridgeSettings) -> ServiceConnection:
+        connections = cls._by_loop.setdefault(asyncio.get_running_loop(), {})
+        if settings not in connections:
+            connections[settings] = cls(settings)
+        return connections[settings]
 
     async def run_jobs(self, bodies: list[dict[str, Any]], keys: list[str], rows: list[str]) -> list[tuple[Job, int]]:
         """Submit every job in one request (each under its key, so a repeat finds it), wait for each as it ends,
