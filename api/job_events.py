@@ -1,6 +1,6 @@
 """One subscription per API process to the jobs' pub/sub channels, shared by whoever reacts to them.
 
-Two listeners use it: the external agents' route cache (api/external_agent/route_cache.py drops a route
+Two listeners use it: the external agents' endpoint cache (api/external_agent/endpoint_cache.py drops a route
 on a cancel or a new serving worker) and the job-end waits (api/jobs/long_poll.py wakes the long
 polls of `GET /v1/jobs?ids=...&wait_s=...`). Each event is "<job id> <status or word>". While the
 subscription is down every listener is told (`on_live(False)`) and falls back to reading Redis.

@@ -54,14 +54,16 @@ import httpx
 from bench.backends import add_backend_option, tiny_model, vllm_urls
 from bench.external_agent_hop import ROOT, export_ref
 from cli.embedded_redis import EmbeddedRedis, free_port
-from shared.external_agent_credentials import job_credential
+from shared.external_agent_tokens import job_token
 from shared.keys import Keys
 from shared.kinds.agentic import DEFAULT_TOOLS
+from shared.thread_server import ThreadServer
 from workers.rollout.agent_loop import LoopConfig
 from workers.rollout.chat_delta import ChatRenderer
-from workers.rollout.external_agent.server import ThreadServer, build_app
+from workers.rollout.external_agent.server import build_app, endpoint_server
 from workers.rollout.external_agent.session import ExternalAgentSession
-from workers.rollout.llm_client import LLMClient, Sampling
+from workers.rollout.llm_client import LLMClient
+from workers.rollout.llm_completion import Sampling
 from workers.rollout.llm_services import _load_tokenizer
 from workers.rollout.tool_parsers import get_parser
 
@@ -195,7 +197,7 @@ def measure(vllm_url: str, redis: EmbeddedRedis, work: Path, args: argparse.Name
             json={"task": {"kind": "math", "problem": "17 * 23?", "answer": "391"}, "agent": "external"},
         ).json()
         job_id = submitted["job_ids"][0]
-        worker = ThreadServer(build_app(session, job_id, SECRET.encode(), dict), "127.0.0.1").start()
+        worker = endpoint_server(build_app(session, job_id, SECRET.encode(), dict), "127.0.0.1").start()
         servers.append(worker)
         from redis import Redis
 
@@ -205,7 +207,7 @@ def measure(vllm_url: str, redis: EmbeddedRedis, work: Path, args: argparse.Name
         # every call is the same fresh conversation: named, each opens a new segment of it (a full prompt render,
         # the dearer case) instead of a conversation of its own, which the job's conversation cap would refuse
         key = {
-            "Authorization": f"Bearer {job_credential(SECRET.encode(), job_id)}",
+            "Authorization": f"Bearer {job_token(SECRET.encode(), job_id)}",
             "x-rollouts-conversation": "bench",
         }
         body = {

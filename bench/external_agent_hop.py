@@ -26,7 +26,7 @@ import httpx
 from redis import Redis
 
 from cli.embedded_redis import EmbeddedRedis, free_port
-from shared.external_agent_credentials import JOB_HEADER, job_credential
+from shared.external_agent_tokens import JOB_HEADER, job_token
 from shared.keys import Keys
 
 SECRET = "bench-secret-0123456789abcdef"
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         with Redis.from_url(redis.url) as r:  # as the rollout stage's take and registration leave the record
             r.hset(Keys().job(job_id), "status", "rollout")
             r.set(Keys().external_agent_endpoint(job_id), worker)
-        headers = {"Authorization": f"Bearer {job_credential(SECRET.encode(), job_id)}"}
+        headers = {"Authorization": f"Bearer {job_token(SECRET.encode(), job_id)}"}
         body = {"model": "tiny", "messages": [{"role": "user", "content": "What is 1 + 1? " * 20}], "max_tokens": 8}
         targets = {
             "worker": f"{worker}/v1/chat/completions",
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         times: dict[str, list[float]] = {name: [] for name in targets}
         names = list(targets)
         cpu_before: dict[str, float] = {}
-        for i in range(args.calls + 50):  # the first 50 rounds warm up (and let the route cache subscribe)
+        for i in range(args.calls + 50):  # the first 50 rounds warm up (and let the endpoint cache subscribe)
             if i == 50:
                 cpu_before = {name: _cpu_s(process.pid) for name, (_, process) in apis.items()}
             for name in names[i % len(names) :] + names[: i % len(names)]:

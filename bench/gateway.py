@@ -39,12 +39,13 @@ import httpx
 from bench.backends import add_backend_option, vllm_urls
 from cli.embedded_redis import free_port
 from gateway.app import GatewayConfig
-from gateway.server import ThreadedServer
+from gateway.server import gateway_server
 from shared.config import Settings
-from workers.rollout.llm_client import LLMClient, Sampling
+from workers.rollout.llm_client import LLMClient
+from workers.rollout.llm_completion import Sampling
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA_KEY, ADMIN_KEY = "bench-data-key", "bench-admin-key"
+DATA_TOKEN, ADMIN_TOKEN = "bench-data-key", "bench-admin-key"
 PROMPT = [(11 * i) % 200 + 40 for i in range(64)]
 INSTANT = json.dumps(
     {
@@ -94,8 +95,8 @@ def serve_instant(port: int) -> None:
 
 def serve(upstream: str, port: int) -> None:
     """The gateway alone, until killed: what `rollouts register --gateway` runs beside its registration."""
-    settings = Settings(backend_key=DATA_KEY, backend_admin_key=ADMIN_KEY)
-    server = ThreadedServer.gateway(GatewayConfig.from_settings(upstream, settings), "127.0.0.1", port).start()
+    settings = Settings(backend_token=DATA_TOKEN, backend_admin_token=ADMIN_TOKEN)
+    server = gateway_server(GatewayConfig.from_settings(upstream, settings), "127.0.0.1", port).start()
     print("serving", flush=True)
     try:
         while True:
@@ -179,7 +180,7 @@ def proxy_alone(n: int) -> None:
     gateway, gateway_url = start_gateway(f"http://127.0.0.1:{port}")
     body = {"token_ids": PROMPT, "sampling_params": {"max_tokens": 8}, "model": "tiny"}
     try:
-        with httpx.Client() as direct, httpx.Client(headers={"Authorization": f"Bearer {DATA_KEY}"}) as through:
+        with httpx.Client() as direct, httpx.Client(headers={"Authorization": f"Bearer {DATA_TOKEN}"}) as through:
 
             def call(client: httpx.Client, url: str) -> Call:
                 return lambda: len(client.post(f"{url}/inference/v1/generate", json=body).content)
@@ -213,7 +214,7 @@ def against_vllm(vllm_url: str, args: argparse.Namespace) -> None:
     try:
         targets = {
             "direct": (vllm_url, LLMClient(request_timeout_s=300, max_retries=0)),
-            "gateway": (gateway_url, LLMClient(request_timeout_s=300, max_retries=0, api_key=DATA_KEY)),
+            "gateway": (gateway_url, LLMClient(request_timeout_s=300, max_retries=0, api_key=DATA_TOKEN)),
         }
         sampling = Sampling(max_tokens=args.max_tokens, temperature=0.0, extra={"ignore_eos": True})
 

@@ -28,7 +28,8 @@ from cli.embedded_redis import EmbeddedRedis
 from shared.backend_pool import BackendPool
 from shared.config import Settings
 from shared.keys import Keys
-from workers.rollout.llm_client import LLMClient, Sampling
+from workers.rollout.llm_client import LLMClient
+from workers.rollout.llm_completion import Sampling
 
 PREFIX_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 

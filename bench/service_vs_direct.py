@@ -33,8 +33,9 @@ from bench.chat_kind import BenchChatKind, bench_messages
 from cli.stack import Stack
 from shared.config import Settings
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
-from workers.rollout.llm_client import Sampling, generate_body
+from workers.rollout.llm_completion import Sampling
 from workers.rollout.llm_services import _load_tokenizer
+from workers.rollout.llm_wire import generate_body
 from workers.rollout.tool_parsers import get_parser
 
 NUDGE = Settings().agent_no_tool_call_message

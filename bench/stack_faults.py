@@ -115,7 +115,7 @@ def victim(run: Run, kill: str) -> int:
         return stack.api.pid
     if kill == "redis":
         return stack.redis.process.pid
-    from tests.reliability.test_stack_restarts import vllm_process
+    from tests.support.vllm_processes import vllm_process
 
     return vllm_process(stack.vllm_server, b"EngineCore" if kill == "engine" else b"vllm.entrypoints.openai.api_server")
 
@@ -153,7 +153,7 @@ def one_round(run: Run, kill: str, jobs: int, version: str | None, model: Path |
         "errors": sorted({str(r.get("error"))[:160] for r in known.values() if r["status"] != "done"}),
     }
     if version is not None and kill in ("engine", "vllm-api") and model is not None:
-        from tests.weights.test_weight_update_on_vllm import gap_to, sample
+        from tests.support.weight_checks import gap_to, sample
 
         url = run.stack.vllm_server.url
         row["served_version"] = httpx.get(f"{url}/weight_info", timeout=30).json().get("weight_version")
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--backend-url: one server, --rounds among {', '.join(SPARING)} and --no-update")
 
     from tests.support.vllm_server import SERVED_NAME, tiny_model_path
-    from tests.weights.test_weight_update_on_vllm import checkpoint
+    from tests.support.weight_checks import checkpoint
 
     root = Path(tempfile.mkdtemp(prefix="stack-faults-"))
     settings = Settings(

@@ -26,7 +26,7 @@ from cli.embedded_redis import free_port
 from cli.stack import Stack
 from shared.config import Settings
 from tests.support.standin_llm import StandinProcess
-from tests.trainers.conftest import REPO, trainers_python
+from tests.support.trainers_env import REPO, trainers_python
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -3,134 +3,24 @@
 A vLLM launch script starts the server, then runs `rollouts register --backend-url ...` next
 to it: the command waits for the server's /health, registers it with the API, heartbeats
 until it gets SIGTERM/SIGINT (Slurm's scancel, Ctrl-C) and then deregisters, so the pool
-never routes to a server that was stopped on purpose.
+never routes to a server that was stopped on purpose. Keeping it registered is the client's
+one Registration (rollouts_client/registration.py), as for a trainer's own servers.
 """
 
 from __future__ import annotations
 
-import logging
 import signal
-import threading
 import time
-from typing import Any
 
 import click
-import httpx
 
 from cli.connect import advertised_host, connect_admin
 from gateway.app import GatewayConfig
-from gateway.server import ThreadedServer
-from rollouts_client import ApiError, RolloutClient
+from gateway.server import gateway_server
+from rollouts_client.registration import Registration, RegistrationRefused
 from shared.backend_pool.probe import probe_health
 from shared.config import Settings, get_settings
-from shared.errors import RolloutsError
-
-log = logging.getLogger(__name__)
-
-
-_MAX_BACKOFF_S = 30.0
-
-
-class RegistrationRefused(RolloutsError, click.ClickException):
-    """The API refused the registration for good (a 4xx: bad token, bad body)."""
-
-
-class Registration:
-    """Keeps one backend registered with the API: register, heartbeat, re-register if forgotten.
-
-    API outages (connection errors, 5xx, a refused re-registration) never end it: it keeps
-    trying with exponential backoff (up to 30 s, or the heartbeat interval if longer) until
-    ``stop``.
-    """
-
-    def __init__(self, client: RolloutClient, body: dict[str, Any], interval_s: float) -> None:
-        """`body`: RolloutClient.register_backend's arguments (url, model, backend_id, capacity, ...)."""
-        self.client = client
-        self.body = body
-        self.interval_s = interval_s
-        self.backend_id: str | None = None
-        self.stopped = threading.Event()
-
-    def register(self) -> str:
-        try:
-            backend = self.client.register_backend(**self.body)
-        except ApiError as exc:
-            kind = click.ClickException if exc.status_code >= 500 else RegistrationRefused
-            raise kind(f"registration refused ({exc.status_code}): {str(exc.detail)[:500]}") from None
-        self.backend_id = backend["id"]
-        return self.backend_id
-
-    def register_until_done(self) -> str | None:
-        """Register, riding out API outages with backoff; None if stopped first.
-
-        A 4xx (RegistrationRefused) is raised: retrying the same request cannot help.
-        """
-        failures = 0
-        while not self.stopped.is_set():
-            try:
-                backend_id = self.register()
-            except RegistrationRefused:
-                raise
-            except (httpx.HTTPError, click.ClickException) as exc:
-                failures += 1
-                delay = self._backoff(failures)
-                log.warning("registration failed (%s); retrying in %.1fs", _message(exc), delay)
-                self.stopped.wait(delay)
-                continue
-            if self.stopped.is_set():  # stopped while the request was in flight: do not linger
-                self._deregister()
-                return None
-            return backend_id
-        return None
-
-    def beat(self) -> bool:
-        """One heartbeat; re-registers if the API forgot the backend. False: the API did not take it."""
-        assert self.backend_id is not None
-        try:
-            self.client.backend_heartbeat(self.backend_id)
-        except ApiError as exc:
-            if exc.status_code == 404:  # removed by an operator or a wiped Redis: come back
-                log.warning("backend %s was forgotten by the API; registering again", self.backend_id)
-                self.register()
-                return True
-            log.warning("heartbeat answered %s: %s", exc.status_code, str(exc.detail)[:200])
-            return False
-        return True
-
-    def run(self) -> None:
-        """Heartbeat until ``stop``; API outages are logged and ridden out with backoff, never fatal."""
-        failures = 0
-        while not self.stopped.wait(self._backoff(failures) if failures else self.interval_s):
-            try:
-                ok = self.beat()
-            except (httpx.HTTPError, click.ClickException) as exc:
-                log.warning("heartbeat failed: %s", _message(exc))
-                ok = False
-            failures = 0 if ok else failures + 1
-
-    def _backoff(self, failures: int) -> float:
-        return min(self.interval_s * 2 ** min(failures, 16), max(_MAX_BACKOFF_S, self.interval_s))
-
-    def stop(self) -> str | None:
-        """Stop beating and deregister; returns the id deregistered (None: none was, or the API was away)."""
-        self.stopped.set()
-        return self._deregister()
-
-    def _deregister(self) -> str | None:
-        backend_id, self.backend_id = self.backend_id, None
-        if backend_id is None:
-            return None
-        try:
-            removed = self.client.deregister_backend(backend_id)
-            log.info("deregistered %s%s", backend_id, "" if removed else " (the pool had already dropped it)")
-        except (httpx.HTTPError, ApiError) as exc:
-            log.warning("deregistration failed (the pool will drop it after missed heartbeats): %s", exc)
-            return None
-        return backend_id
-
-
-def _message(exc: Exception) -> str:
-    return exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+from shared.thread_server import ThreadServer
 
 
 def _labels(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -199,8 +89,8 @@ def api_options(fn):  # type: ignore[no-untyped-def]
     "gateway_listen",
     default=None,
     metavar="HOST:PORT",
-    help="Serve the backend through a node gateway listening here (keys: ROLLOUTS_BACKEND_KEY and "
-    "ROLLOUTS_BACKEND_ADMIN_KEY) and register the gateway, not the server (docs/SECURITY.md).",
+    help="Serve the backend through a node gateway listening here (keys: ROLLOUTS_BACKEND_TOKEN and "
+    "ROLLOUTS_BACKEND_ADMIN_TOKEN) and register the gateway, not the server (docs/SECURITY.md).",
 )
 @click.option(
     "--advertise-url",
@@ -242,6 +132,8 @@ def register(
         if backend_id is not None:
             click.echo(f"registered {backend_id} ({registered_url}, {model})", err=True)
             registration.run()
+    except RegistrationRefused as exc:  # a 4xx: said as click says a usage problem, no traceback
+        raise click.ClickException(str(exc)) from None
     finally:
         if (removed := registration.stop()) is not None:  # said as registration is: `rollouts up` logs both
             click.echo(f"deregistered {removed} ({registered_url})", err=True)
@@ -250,12 +142,12 @@ def register(
             gateway.stop()
 
 
-def _start_gateway(listen: str, upstream: str, settings: Settings) -> ThreadedServer:
+def _start_gateway(listen: str, upstream: str, settings: Settings) -> ThreadServer:
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise click.BadParameter(f"{listen!r} is not HOST:PORT", param_hint="--gateway")
     try:
         config = GatewayConfig.from_settings(upstream, settings)
-        return ThreadedServer.gateway(config, host.strip("[]"), int(port)).start()
+        return gateway_server(config, host.strip("[]"), int(port)).start()
     except (ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None

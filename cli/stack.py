@@ -9,7 +9,6 @@ a `rollouts register` process beside it that heartbeats and deregisters on SIGTE
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import signal
@@ -17,37 +16,33 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import IO
 
 import httpx
-from redis.exceptions import RedisError
 
-from cli.connect import advertised_host, is_loopback, url_host
+from cli.connect import is_loopback
 from cli.embedded_redis import EmbeddedRedis, free_port
 from cli.hang_watch import HangWatch
-from cli.procs import die_with_parent
+from cli.stack_children import ChildProcesses, signal_group, terminate
+from cli.stack_errors import StackError
+from cli.stack_registrars import Registrars
+from cli.stack_restart_counts import RestartCounts
+from cli.stack_weights import load_current_weights
 from cli.supervision import RestartPolicy, StayDown, Supervised
 from cli.tiny_model import tiny_model_dir
 from cli.vllm_server import VLLMError, VLLMServer
 from rollouts_client import ApiError, RetryPolicy, RolloutClient
-from shared.backend_pool.probe import ProbeError, served_models
 from shared.config import STAGES, Settings
-from shared.errors import RolloutsError, ValidationError
-from shared.keys import Keys
-from shared.redis_conn import connect, write_url_file
-from shared.weights.checkpoint import check_checkpoint
-from shared.weights.versions import WeightVersions
-from shared.weights.vllm_routes import Checkpoint, StepFailed, StepTimes, apply
+from shared.redis_conn import write_url_file
 
-
-class StackError(RolloutsError, RuntimeError):
-    pass
+Process = Callable[[], "subprocess.Popen[bytes] | None"]  # a supervised unit's process now (None: none to watch)
 
 
 class Stack:
+    """The stack's configuration, its start order (Redis, the API, backends, workers), supervision and stop order."""
+
     def __init__(
         self,
         settings: Settings,
@@ -79,15 +74,14 @@ class Stack:
         # Listening beyond loopback (remote workers and trainers): a backend on this machine's loopback is
         # registered behind a node gateway on the API's address, as on a cluster (gateway/), with keys
         # made for this stack unless the settings have them.
-        self.gateway_host = None if is_loopback(settings.api_host) else settings.api_host
-        if self.gateway_host is not None:
+        gateway_host = None if is_loopback(settings.api_host) else settings.api_host
+        if gateway_host is not None:
             for name, value in (
-                ("ROLLOUTS_BACKEND_KEY", settings.backend_key),
-                ("ROLLOUTS_BACKEND_ADMIN_KEY", settings.backend_admin_key),
+                ("ROLLOUTS_BACKEND_TOKEN", settings.backend_token),
+                ("ROLLOUTS_BACKEND_ADMIN_TOKEN", settings.backend_admin_token),
             ):
                 if not value:
                     self.extra_env.setdefault(name, secrets.token_urlsafe(32))
-        self._registered_urls: dict[str, str] = {}  # a backend's URL -> the one the pool knows (its gateway's)
         self.drain_timeout_s = drain_timeout_s  # the workers' time to finish on stop; None: their setting
         # The model name the stack's vLLM is registered under: its served name, or a LoRA adapter it
         # serves (`--lora-modules NAME=DIR` in vllm_args), so that every job samples from the adapter.
@@ -97,17 +91,16 @@ class Stack:
         self.redis_url_file: Path | None = None  # set when the stack starts its own Redis
         self.api: subprocess.Popen[bytes] | None = None
         self.vllm_server: VLLMServer | None = None
-        self.registrars: list[subprocess.Popen[bytes]] = []
-        self._registrar_argv: list[list[str]] = []  # each registrar's command line, to start it again
         self._vllm_slot: int | None = None  # the index in `registrars` of the stack's vLLM's registrar
         self._vllm_out = False  # the stack's vLLM is out of the pool (dead, restarting, or down for good)
         self.workers: dict[str, list[subprocess.Popen[bytes]]] = {stage: [] for stage in STAGES}
-        self._logs: list[IO[bytes]] = []
         # Restarts run on threads of their own: what they start is taken under the lock, never after stop().
         self._lock = threading.RLock()
         self._stopping = threading.Event()
-        self._restarts: Counter[str] = Counter()  # successful restarts by kind, mirrored to Redis for status
-        self._restarts_unsaved = False
+        self._children = ChildProcesses(log_dir, lambda: self.env, self._stopping)
+        self._registration = Registrars(gateway_host, settings.llm_probe_timeout_s, self._spawn, self._lock)
+        self.registrars = self._registration.processes  # each registered backend's `rollouts register`
+        self._restarts = RestartCounts(self._redis_settings, self._lock)  # for `rollouts status`
 
     @property
     def api_url(self) -> str:
@@ -136,8 +129,7 @@ class Stack:
                 self.api_port = free_port()
             self.start_api()
             self._wait_for_api(timeout)
-            self._restarts_unsaved = True  # this stack's restarts, from 0
-            self._save_restart_counts()
+            self._restarts.reset()
             if self.vllm:
                 self.start_vllm()
             for url in self.backend_urls:
@@ -212,35 +204,7 @@ class Stack:
     ) -> subprocess.Popen[bytes]:
         """Register a running server with the pool as an operator does: `rollouts register` beside it.
         `slot`: replace that registrar (one that has exited) instead of adding one."""
-        if model is None:
-            model = _the_one_served_model(url, self.settings.llm_probe_timeout_s)
-        argv = [
-            sys.executable,
-            "-m",
-            "cli",
-            "register",
-            "--backend-url",
-            url,
-            "--model",
-            model,
-            "--wait-timeout",
-            "60",
-            *self._gateway_args(url),
-        ]
-        if tokenizer is not None:
-            argv += ["--tokenizer", str(tokenizer)]
-        with self._lock:
-            if slot is None:
-                self._registrar_argv.append(argv)
-                self.registrars.append(self._spawn(f"register-{len(self.registrars)}", argv))
-                return self.registrars[-1]
-            self._registrar_argv[slot] = argv
-            return self._respawn_registrar(slot)
-
-    def _respawn_registrar(self, slot: int) -> subprocess.Popen[bytes]:
-        with self._lock:
-            self.registrars[slot] = self._spawn(f"register-{slot}", self._registrar_argv[slot])
-            return self.registrars[slot]
+        return self._registration.register(url, model, tokenizer, slot)
 
     def _own_backend_urls(self) -> set[str]:
         urls = [*self.backend_urls, *([self.vllm_server.url] if self.vllm_server is not None else [])]
@@ -248,40 +212,13 @@ class Stack:
 
     def registered_url(self, url: str) -> str:
         """The URL the pool knows a backend of this stack by: its gateway's, when it has one."""
-        return self._registered_urls.get(url.rstrip("/"), url.rstrip("/"))
-
-    def _gateway_args(self, url: str) -> list[str]:
-        """`rollouts register` options that put a loopback backend behind a gateway on the API's address
-        (the same port on every restart of its registrar); none on loopback."""
-        if self.gateway_host is None or not is_loopback(url_host(url)):
-            return []
-        registered = self._registered_urls.get(url.rstrip("/"))
-        if registered is None:
-            registered = f"http://{advertised_host(self.gateway_host)}:{free_port()}"
-            self._registered_urls[url.rstrip("/")] = registered
-        port = registered.rsplit(":", 1)[1]
-        return ["--gateway", f"{self.gateway_host}:{port}", "--advertise-url", registered]
+        return self._registration.registered_url(url)
 
     def _wait_for_backends(self, urls: set[str], timeout: float) -> None:
         """Until every one of `urls` is registered, healthy and open to new pins."""
-        if not urls:
-            return
-        deadline = time.monotonic() + timeout
-        with self._probe(2.0) as api:
-            while time.monotonic() < deadline:
-                for registrar in self.registrars:
-                    if registrar.poll() is not None:
-                        raise StackError(f"`rollouts register` exited with code {registrar.returncode} (see its log)")
-                try:
-                    open_urls = {
-                        b["url"].rstrip("/") for b in api.list_backends() if b.get("healthy") and not b.get("draining")
-                    }
-                    if urls <= open_urls:
-                        return
-                except (httpx.HTTPError, ApiError, ValueError, KeyError, AttributeError, TypeError):
-                    pass
-                time.sleep(0.25)
-        raise StackError(f"the LLM backends did not register within {timeout:.0f}s")
+        if urls:
+            with self._probe(2.0) as api:
+                self._registration.wait_until_open(api, urls, timeout)
 
     def _probe(self, timeout: float, token: str | None = None) -> RolloutClient:
         """A client for readiness checks: no retries (the callers poll); the stack's token unless given."""
@@ -304,23 +241,7 @@ class Stack:
         return self._spawn(f"{stage}-{index}", argv)
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        if self._stopping.is_set():  # a restart that ran into stop(): start nothing stop() would not see
-            raise StayDown("the stack is stopping")
-        output: IO[bytes] | None = None
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            output = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - stop() closes it
-            self._logs.append(output)
-        # Each child gets its own process group, so a terminal's Ctrl-C reaches only us and
-        # we stop the children in order (workers drain first, then the API).
-        return subprocess.Popen(
-            argv,
-            env=self.env,
-            stdout=output,
-            stderr=subprocess.STDOUT if output else None,
-            start_new_session=True,
-            preexec_fn=die_with_parent(),  # noqa: PLW1509 - it only calls prctl
-        )
+        return self._children.spawn(name, argv)
 
     def _wait_for_api(self, timeout: float, healthy: bool = True) -> None:
         """Until the API answers /healthz: 200 (`healthy`), or at all. A restart waits only for it to serve:
@@ -381,112 +302,59 @@ class Stack:
             now = time.monotonic()
             for unit in units:
                 unit.check(now)
-            self._save_restart_counts()
+            self._restarts.save()
             self._stopping.wait(0.5)
 
     def _supervised(self) -> list[Supervised]:
-        say, policy, counted = self.on_progress, RestartPolicy(), self._counted
+        """One supervised unit per process the stack started, each restarted its own way."""
+        policy = RestartPolicy()
+
+        def unit(name: str, process: Process, kind: str, restart: Callable[[], str]) -> Supervised:
+            return Supervised(name, process, self._restarts.counted(kind, restart), policy, self.on_progress)
+
         units = [
-            Supervised(
+            unit(
                 f"worker {stage}-{index}",
                 lambda procs=self.workers[stage], index=index: procs[index],
-                counted("worker", lambda stage=stage, index=index: self._restart_worker(stage, index)),
-                policy,
-                say,
+                "worker",
+                lambda stage=stage, index=index: self._restart_worker(stage, index),
             )
             for stage in STAGES
             for index in range(len(self.workers[stage]))
         ]
         if self.api is not None:
-            units.append(
-                Supervised(
-                    f"the API (port {self.api_port})", lambda: self.api, counted("api", self._restart_api), policy, say
-                )
-            )
+            units.append(unit(f"the API (port {self.api_port})", lambda: self.api, "api", self._restart_api))
         if self.redis is not None:
-            units.append(
-                Supervised(
-                    f"the embedded Redis (port {self.redis.port})",
-                    lambda: self.redis.process if self.redis else None,
-                    counted("redis", self._restart_redis),
-                    policy,
-                    say,
-                )
-            )
+            name = f"the embedded Redis (port {self.redis.port})"
+            units.append(unit(name, lambda: self.redis.process if self.redis else None, "redis", self._restart_redis))
         for slot in range(len(self.registrars)):
             if slot != self._vllm_slot:
-                units.append(
-                    Supervised(
-                        f"registrar {slot}",
-                        lambda slot=slot: self.registrars[slot],
-                        counted("registrar", lambda slot=slot: self._restart_registrar(slot)),
-                        policy,
-                        say,
-                    )
-                )
+                restart = partial(self._restart_registrar, slot)
+                units.append(unit(f"registrar {slot}", lambda slot=slot: self.registrars[slot], "registrar", restart))
         if self.vllm_server is not None:
-            s = self.settings
-            vllm_policy = RestartPolicy(budget=s.vllm_restart_budget, window_s=s.vllm_restart_window_s)
-            watch = HangWatch(self.vllm_server.url, s.vllm_hang_timeout_s, self._stopping)
-            if s.vllm_hang_timeout_s > 0:
-                watch.start()
-            units.append(
-                Supervised(
-                    f"vLLM (port {self.vllm_server.port})",
-                    lambda: self.vllm_server.process if self.vllm_server else None,
-                    counted("vllm", self._restart_vllm),
-                    vllm_policy,
-                    say,
-                    on_death=self._vllm_died,
-                    threaded=True,
-                    on_restarted=lambda: self._vllm_rejoins(watch),
-                    hung=watch.hung,
-                    kill=lambda process: _signal_group(process, signal.SIGKILL),
-                )
-            )
-            units.append(
-                Supervised(
-                    "vLLM's registrar",
-                    self._vllm_registrar,
-                    counted("registrar", lambda: self._restart_registrar(self._vllm_slot)),
-                    policy,
-                    say,
-                )
-            )
+            units.append(self._supervised_vllm(self.vllm_server))
+            restart = partial(self._restart_registrar, self._vllm_slot)
+            units.append(unit("vLLM's registrar", self._vllm_registrar, "registrar", restart))
         return units
 
-    def _counted(self, kind: str, restart: Callable[[], str]) -> Callable[[], str]:
-        """`restart`, counted by kind once it succeeded, for `rollouts status` (GET /v1/status)."""
-
-        def run() -> str:
-            outcome = restart()
-            with self._lock:
-                self._restarts[kind] += 1
-                self._restarts_unsaved = True
-            self._save_restart_counts()
-            return outcome
-
-        return run
-
-    def _save_restart_counts(self) -> None:
-        """Write the counts to Redis when they changed; a write that fails (Redis is itself down or
-        restarting) is tried again on the next supervision round, so no restart goes uncounted."""
-        with self._lock:
-            if not self._restarts_unsaved:
-                return
-            counts = dict(self._restarts)
-        try:
-            with connect(self._redis_settings()) as redis:
-                key = Keys(self.settings.redis_prefix).stack_restarts
-                pipe = redis.pipeline()
-                pipe.delete(key)
-                if counts:
-                    pipe.hset(key, mapping=counts)
-                pipe.execute()
-        except (RedisError, RolloutsError):
-            return
-        with self._lock:
-            self._restarts_unsaved = self._restarts != Counter(counts)
+    def _supervised_vllm(self, server: VLLMServer) -> Supervised:
+        """The stack's vLLM: its own restart budget, a hang watch, out of the pool while it restarts."""
+        s = self.settings
+        watch = HangWatch(server.url, s.vllm_hang_timeout_s, self._stopping)
+        if s.vllm_hang_timeout_s > 0:
+            watch.start()
+        return Supervised(
+            f"vLLM (port {server.port})",
+            lambda: self.vllm_server.process if self.vllm_server else None,
+            self._restarts.counted("vllm", self._restart_vllm),
+            RestartPolicy(budget=s.vllm_restart_budget, window_s=s.vllm_restart_window_s),
+            self.on_progress,
+            on_death=self._vllm_died,
+            threaded=True,
+            on_restarted=lambda: self._vllm_rejoins(watch),
+            hung=watch.hung,
+            kill=lambda process: signal_group(process, signal.SIGKILL),
+        )
 
     def _restart_worker(self, stage: str, index: int) -> str:
         with self._lock:
@@ -499,7 +367,7 @@ class Stack:
         try:
             self._wait_for_api(60.0, healthy=False)  # on the same port: the clients and workers reach it where they did
         except StackError:
-            _terminate([self.api] if self.api else [], 10.0)  # never left holding the port for the next try
+            terminate([self.api] if self.api else [], 10.0)  # never left holding the port for the next try
             raise
         return f"pid {self.api.pid}" if self.api else ""
 
@@ -512,7 +380,7 @@ class Stack:
 
     def _restart_registrar(self, slot: int | None) -> str:
         assert slot is not None
-        return f"pid {self._respawn_registrar(slot).pid}"
+        return f"pid {self._registration.respawn(slot).pid}"
 
     def _vllm_registrar(self) -> subprocess.Popen[bytes] | None:
         """Its registrar, unless the vLLM it registers is out (the restart registers it again)."""
@@ -530,14 +398,14 @@ class Stack:
         loads the model from disk, and would otherwise serve an old policy under the current version."""
         server = self.vllm_server
         assert server is not None and self._vllm_slot is not None
-        _terminate([self.registrars[self._vllm_slot]], 15.0)  # deregistered before anything else
+        terminate([self.registrars[self._vllm_slot]], 15.0)  # deregistered before anything else
         with self._lock:
             if self._stopping.is_set():
                 raise StayDown("the stack is stopping")
             server.stop()
             server.start()
         server.wait_until_ready(self.settings.vllm_start_timeout_s, self.on_progress)
-        version = self._load_current_weights(server)
+        version = load_current_weights(server, self._vllm_model_name(server), self._redis_settings())
         return f"{server.url}, registering again, weights: {version or 'as started (no update applied)'}"
 
     def _vllm_rejoins(self, watch: HangWatch) -> None:
@@ -547,28 +415,6 @@ class Stack:
         with self._lock:
             self._register_vllm(self.vllm_server)
             self._vllm_out = False
-
-    def _load_current_weights(self, server: VLLMServer) -> str | None:
-        """Apply the model's current version (WeightVersions) to `server`, as an update does; None: there is
-        none. StayDown when it cannot be loaded: the backend stays out rather than serve older weights."""
-        model = self._vllm_model_name(server)
-        with connect(self._redis_settings()) as redis:
-            current = WeightVersions(redis, Keys(self.settings.redis_prefix)).current(model)
-        if current.version is None:
-            return None
-        what = f"the model {model!r}'s current weights {current.version!r} ({current.path})"
-        if current.path.startswith("upload:"):
-            raise StayDown(
-                f"{what} were sent as bytes, which the service does not keep: it stays out of the "
-                "pool (a new update cannot reach it either: restart `rollouts up` and send them again)"
-            )
-        try:
-            check_checkpoint(current.path, str(server.model), lora=bool(current.lora))
-            checkpoint = Checkpoint(current.path, current.version, lora=current.lora or None)
-            apply(server.url, checkpoint, self.settings.weights_step_timeout_s, StepTimes())
-        except (ValidationError, StepFailed) as exc:
-            raise StayDown(f"{what} could not be loaded, so it stays out of the pool: {exc}") from None
-        return current.version
 
     def _redis_settings(self) -> Settings:
         """The settings with the Redis the stack's processes use (its own, when it started one)."""
@@ -584,7 +430,7 @@ class Stack:
 
     def _stop_in_order(self, timeout: float) -> None:
         workers = [p for procs in self.workers.values() for p in procs]
-        _terminate(workers, timeout)
+        terminate(workers, timeout)
         # The registrars (they deregister on SIGTERM, so the API must still be up) and the backend
         # stop side by side: with the workers gone nobody calls the backend any more.
         for registrar in self.registrars:
@@ -593,18 +439,16 @@ class Stack:
         if self.vllm_server is not None:
             self.vllm_server.stop()
             self.vllm_server = None
-        _terminate(self.registrars, 15.0)
+        terminate(self.registrars, 15.0)
         self.registrars.clear()
         if self.api is not None:
-            _terminate([self.api], 10.0)
+            terminate([self.api], 10.0)
         if self.redis is not None:
             self.redis.stop()
             self.redis = None
         if self.redis_url_file is not None:
             self.redis_url_file.unlink(missing_ok=True)
-        for log in self._logs:
-            log.close()
-        self._logs.clear()
+        self._children.close_logs()
 
     def kill(self) -> None:
         """Stop at once, out of order (a second Ctrl-C): SIGKILL every child's process group; Redis
@@ -612,7 +456,7 @@ class Stack:
         re-queued by rq's abandoned-job handling when workers next run."""
         self._stopping.set()
         for process in self.children():
-            _signal_group(process, signal.SIGKILL)
+            signal_group(process, signal.SIGKILL)
         self.vllm_server = None
         if self.redis is not None and self.redis.process is not None:
             self.redis.process.terminate()
@@ -622,33 +466,3 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _terminate(processes: list[subprocess.Popen[bytes]], timeout: float) -> None:
-    for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for process in processes:
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    """Signal a child's process group (each child leads one: start_new_session)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, sig)
-
-
-def _the_one_served_model(url: str, timeout_s: float) -> str:
-    """The model a running server serves, for `--backend-url URL` without a name; one model, or say so."""
-    try:
-        names = list(served_models(url, timeout_s))
-    except ProbeError as exc:
-        raise StackError(f"{url} is not reachable as an OpenAI-compatible server: {exc}") from None
-    if len(names) != 1:
-        raise StackError(f"{url} serves {names}: register the one to use with `rollouts register --model`")
-    return names[0]

@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.errors import RolloutsError
 
@@ -38,6 +38,7 @@ class StayDown(RolloutsError, RuntimeError):
     """Raised by a restart that must not be retried (the process cannot rejoin as it is); the message says why."""
 
 
+@dataclass(eq=False)
 class Supervised:
     """One process the stack keeps running.
 
@@ -49,36 +50,23 @@ class Supervised:
     process counts as hung (None: it does not), and `kill` ends it then, so the next look restarts it.
     """
 
-    def __init__(
-        self,
-        name: str,
-        process: Callable[[], subprocess.Popen[bytes] | None],
-        restart: Callable[[], str],
-        policy: RestartPolicy,
-        say: Callable[[str], None],
-        on_death: Callable[[], None] = lambda: None,
-        threaded: bool = False,
-        on_restarted: Callable[[], None] = lambda: None,
-        hung: Callable[[], str | None] = lambda: None,
-        kill: Callable[[subprocess.Popen[bytes]], None] = lambda process: process.kill(),
-    ) -> None:
-        self.name = name
-        self.process = process
-        self.restart = restart
-        self.policy = policy
-        self.say = say
-        self.on_death = on_death
-        self.threaded = threaded
-        self.on_restarted = on_restarted
-        self.hung = hung
-        self.kill = kill
-        self.started_at = time.monotonic()
-        self.delay = 0.0
-        self.due: float | None = None  # when the pending restart starts
-        self.restarts: list[float] = []  # when each restart started (within the budget's window)
-        self.down = False  # given up: past its budget, or its restart said StayDown
-        self._thread: threading.Thread | None = None
-        self._outcome: str | BaseException = ""
+    name: str
+    process: Callable[[], subprocess.Popen[bytes] | None]
+    restart: Callable[[], str]
+    policy: RestartPolicy
+    say: Callable[[str], None]
+    on_death: Callable[[], None] = lambda: None
+    threaded: bool = False
+    on_restarted: Callable[[], None] = lambda: None
+    hung: Callable[[], str | None] = lambda: None
+    kill: Callable[[subprocess.Popen[bytes]], None] = lambda process: process.kill()
+    started_at: float = field(init=False, default_factory=time.monotonic)
+    delay: float = field(init=False, default=0.0)
+    due: float | None = field(init=False, default=None)  # when the pending restart starts
+    restarts: list[float] = field(init=False, default_factory=list)  # when each restart started (in the window)
+    down: bool = field(init=False, default=False)  # given up: past its budget, or its restart said StayDown
+    _thread: threading.Thread | None = field(init=False, default=None)
+    _outcome: str | BaseException = field(init=False, default="")
 
     @property
     def restarting(self) -> bool:

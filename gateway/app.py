@@ -1,4 +1,4 @@
-"""The gateway's ASGI app: check the key and the route, then stream the call through to vLLM.
+"""The gateway's ASGI app: check the token and the route, then stream the call through to vLLM.
 
 Answers are streamed chunk by chunk as vLLM writes them (server-sent events, long generations),
 never buffered; request bodies are read whole, since a control call's body is checked first and
@@ -26,7 +26,7 @@ from shared.config import Settings
 log = logging.getLogger(__name__)
 
 # Hop-by-hop headers (RFC 9110 7.6.1), never passed on either way; of a request also the ones the
-# gateway's own client sets (and the caller's key). An answer keeps its content-length: framed by it,
+# gateway's own client sets (and the caller's token). An answer keeps its content-length: framed by it,
 # not chunked, it costs the gateway one write less.
 _HOP_BY_HOP = frozenset(
     {
@@ -45,35 +45,35 @@ _NOT_FORWARDED = _HOP_BY_HOP | {"host", "authorization", "content-length"}
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    """One gateway: the vLLM server behind it, its two keys and what a control call may ask for."""
+    """One gateway: the vLLM server behind it, its two tokens and what a control call may ask for."""
 
     upstream: str
-    data_key: str
-    admin_key: str
+    data_token: str
+    admin_token: str
     policy: ControlPolicy
     max_data_bytes: int
     max_control_bytes: int
 
     @classmethod
     def from_settings(cls, upstream: str, settings: Settings) -> GatewayConfig:
-        if not settings.backend_key or not settings.backend_admin_key:
+        if not settings.backend_token or not settings.backend_admin_token:
             missing = [
                 name
                 for name, value in (
-                    ("ROLLOUTS_BACKEND_KEY", settings.backend_key),
-                    ("ROLLOUTS_BACKEND_ADMIN_KEY", settings.backend_admin_key),
+                    ("ROLLOUTS_BACKEND_TOKEN", settings.backend_token),
+                    ("ROLLOUTS_BACKEND_ADMIN_TOKEN", settings.backend_admin_token),
                 )
                 if not value
             ]
-            raise ValueError(f"a node gateway needs both of its keys; {' and '.join(missing)} not set")
-        if settings.backend_key == settings.backend_admin_key:
+            raise ValueError(f"a node gateway needs both of its tokens; {' and '.join(missing)} not set")
+        if settings.backend_token == settings.backend_admin_token:
             raise ValueError(
-                "ROLLOUTS_BACKEND_KEY and ROLLOUTS_BACKEND_ADMIN_KEY must differ: every worker holds the first"
+                "ROLLOUTS_BACKEND_TOKEN and ROLLOUTS_BACKEND_ADMIN_TOKEN must differ: every worker holds the first"
             )
         return cls(
             upstream=upstream.rstrip("/"),
-            data_key=settings.backend_key,
-            admin_key=settings.backend_admin_key,
+            data_token=settings.backend_token,
+            admin_token=settings.backend_admin_token,
             policy=ControlPolicy(list(settings.checkpoint_roots)),
             max_data_bytes=settings.max_body_bytes,
             # A bytes upload arrives base64 in a JSON envelope: 4/3 of the largest update the API sends.
@@ -142,18 +142,18 @@ class _CallerGone(Exception):
 
 
 def _authorize(method: str, path: str, headers: dict[str, str], config: GatewayConfig) -> Scope:
-    """The route's scope, if the caller's key opens it: 401 without a valid key (before anything is said about
-    routes), 404 for a route the gateway does not forward, 403 with the data key on a control route."""
-    key = _bearer(headers)
-    is_admin = key is not None and hmac.compare_digest(key.encode(), config.admin_key.encode())
-    is_data = key is not None and hmac.compare_digest(key.encode(), config.data_key.encode())
+    """The route's scope, if the caller's token opens it: 401 without a valid token (before anything is said about
+    routes), 404 for a route the gateway does not forward, 403 with the data token on a control route."""
+    token = _bearer(headers)
+    is_admin = token is not None and hmac.compare_digest(token.encode(), config.admin_token.encode())
+    is_data = token is not None and hmac.compare_digest(token.encode(), config.data_token.encode())
     if not (is_admin or is_data):
-        raise Refused(401, "a gateway key is required: Authorization: Bearer <ROLLOUTS_BACKEND_KEY>")
+        raise Refused(401, "a gateway token is required: Authorization: Bearer <ROLLOUTS_BACKEND_TOKEN>")
     scope = ROUTES.get((method, path))
     if scope is None:
         raise Refused(404, f"{method} {path} is not forwarded by this gateway")
     if scope is Scope.CONTROL and not is_admin:
-        raise Refused(403, f"{path} is a control route: it needs the admin key (ROLLOUTS_BACKEND_ADMIN_KEY)")
+        raise Refused(403, f"{path} is a control route: it needs the admin token (ROLLOUTS_BACKEND_ADMIN_TOKEN)")
     return scope
 
 

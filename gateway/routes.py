@@ -1,4 +1,4 @@
-"""The routes a node gateway forwards, the key each needs, and what a control call may ask for.
+"""The routes a node gateway forwards, the token each needs, and what a control call may ask for.
 
 A short list, and nothing else: vLLM's dev mode also serves routes that sleep the engine, run a
 profiler or reset the whole server, and `/collective_rpc` calls any worker method by name. Of the
@@ -19,7 +19,7 @@ from shared.weights.checkpoint import outside_roots
 
 
 class Scope(enum.Enum):
-    """Who may call a route: any holder of the deployment key, or only of the admin key."""
+    """Who may call a route: any holder of the deployment token, or only of the admin token."""
 
     DATA = "data"
     CONTROL = "control"

@@ -1,8 +1,8 @@
-"""The credential an external agent holds for its one job: derived from a deployment secret, never stored.
+"""The token an external agent holds for its one job: derived from a deployment secret, never stored.
 
-`job_credential(secret, job_id)` is an HMAC of the job id, so the API (which hands it out and checks it
+`job_token(secret, job_id)` is an HMAC of the job id, so the API (which hands it out and checks it
 before forwarding) and the rollout worker (which checks it again on its own port) agree without
-writing any key anywhere; a credential opens exactly one job, and another job's credential is refused.
+writing any key anywhere; a token opens exactly one job, and another job's token is refused.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from redis import Redis
 from shared.config import Settings
 from shared.keys import Keys
 
-CREDENTIAL_PREFIX = "rk-"
-# a worker's agent endpoint names its job in every answer (api/external_agent/route_cache.py)
+TOKEN_PREFIX = "rk-"
+# a worker's agent endpoint names its job in every answer (api/external_agent/endpoint_cache.py)
 JOB_HEADER = "x-rollouts-job"
 # which of the job's conversations a call belongs to, when the agent names it (docs/TRAJECTORY.md); the API forwards it
 CONVERSATION_HEADER = "x-rollouts-conversation"
@@ -34,18 +34,18 @@ def deployment_secret(redis: Redis, keys: Keys, settings: Settings) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
-def job_credential(secret: bytes, job_id: str) -> str:
-    """The bearer credential of `job_id`'s agent endpoint."""
-    return CREDENTIAL_PREFIX + hmac.new(secret, job_id.encode(), hashlib.sha256).hexdigest()
+def job_token(secret: bytes, job_id: str) -> str:
+    """The bearer token of `job_id`'s agent endpoint."""
+    return TOKEN_PREFIX + hmac.new(secret, job_id.encode(), hashlib.sha256).hexdigest()
 
 
-def credential_opens(secret: bytes, job_id: str, key: str | None) -> bool:
+def token_opens(secret: bytes, job_id: str, key: str | None) -> bool:
     """Whether `key` is `job_id`'s (constant-time)."""
-    return key is not None and hmac.compare_digest(key.encode(), job_credential(secret, job_id).encode())
+    return key is not None and hmac.compare_digest(key.encode(), job_token(secret, job_id).encode())
 
 
-def presented_credential(authorization: str | None, x_api_key: str | None) -> str | None:
-    """The credential an agent presents: `Authorization: Bearer <key>` (OpenAI clients) or `x-api-key: <key>`
+def presented_token(authorization: str | None, x_api_key: str | None) -> str | None:
+    """The token an agent presents: `Authorization: Bearer <key>` (OpenAI clients) or `x-api-key: <key>`
     (Anthropic clients)."""
     return bearer(authorization) or (x_api_key.strip() if x_api_key and x_api_key.strip() else None)
 

@@ -40,7 +40,7 @@ class Keys:
 
     @property
     def external_agent_secret(self) -> str:
-        """String: the deployment's secret the per-job credentials of external agents derive from (unless configured)."""
+        """String: the deployment's secret the per-job tokens of external agents derive from (unless configured)."""
         return f"{self.prefix}:agent:secret"
 
     def external_agent_endpoint(self, job_id: str) -> str:

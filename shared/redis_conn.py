@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from redis import Redis
@@ -53,31 +54,26 @@ def connect_for_requests(settings: Settings) -> Redis:
     Retry-After, the client retries) rather than holding the caller through the patient client's
     ~7 s of retries. One quick retry covers a pooled connection that Redis closed; a frozen Redis
     (accepting, never answering) costs one `redis_request_timeout_s`."""
-    timeout = settings.redis_request_timeout_s
-    return Redis.from_url(
-        _url(settings),
-        health_check_interval=30,
-        retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), retries=1, supported_errors=(ConnectionError,)),
-        socket_connect_timeout=timeout,
-        socket_timeout=timeout,
-        socket_keepalive=True,
-        max_connections=MAX_CONNECTIONS,
-    )
+    return Redis.from_url(_url(settings), **_fail_fast_options(settings, Retry))
 
 
 def connect_for_requests_async(settings: Settings) -> AsyncRedis:
     """`connect_for_requests` for an async route on the API's hot path (an external agent's every
     call): the same fail-fast timeouts and retry, without a thread-pool hop per request."""
+    return AsyncRedis.from_url(_url(settings), **_fail_fast_options(settings, AsyncRetry))
+
+
+def _fail_fast_options(settings: Settings, retry: type[Retry] | type[AsyncRetry]) -> dict[str, Any]:
+    """The API's client options, sync or async alike (`retry` is redis-py's Retry class of either)."""
     timeout = settings.redis_request_timeout_s
-    return AsyncRedis.from_url(
-        _url(settings),
-        health_check_interval=30,
-        retry=AsyncRetry(ExponentialBackoff(cap=0.05, base=0.01), retries=1, supported_errors=(ConnectionError,)),
-        socket_connect_timeout=timeout,
-        socket_timeout=timeout,
-        socket_keepalive=True,
-        max_connections=MAX_CONNECTIONS,
-    )
+    return {
+        "health_check_interval": 30,
+        "retry": retry(ExponentialBackoff(cap=0.05, base=0.01), retries=1, supported_errors=(ConnectionError,)),
+        "socket_connect_timeout": timeout,
+        "socket_timeout": timeout,
+        "socket_keepalive": True,
+        "max_connections": MAX_CONNECTIONS,
+    }
 
 
 def _url(settings: Settings) -> str:

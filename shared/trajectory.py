@@ -18,6 +18,13 @@ from shared.errors import RolloutsError
 
 SCHEMA_VERSION = 1
 
+
+def _own_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """The entries of a stored record that are fields of the dataclass `cls` (others are dropped)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
 # Turn roles: the initial prompt, a model generation, and the template/observation tokens between two generations.
 PROMPT, ASSISTANT, OBSERVATION = "prompt", "assistant", "observation"
 ROLES = (PROMPT, ASSISTANT, OBSERVATION)
@@ -59,8 +66,7 @@ class ToolCallRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ToolCallRecord:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**_own_fields(cls, data))
 
 
 @dataclass
@@ -99,8 +105,7 @@ class Turn:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Turn:
-        names = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in names}
+        values = _own_fields(cls, data)
         values["tool_calls"] = [ToolCallRecord.from_dict(c) for c in data.get("tool_calls") or []]
         return cls(**values)
 
@@ -116,8 +121,7 @@ class Counts:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Counts:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**_own_fields(cls, data))
 
 
 @dataclass
@@ -211,8 +215,7 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], validate: bool = True) -> Trajectory:
-        names = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in names}
+        values = _own_fields(cls, data)
         values["turns"] = [Turn.from_dict(t) for t in data.get("turns") or []]
         values["counts"] = Counts.from_dict(data.get("counts") or {})
         for key in ("token_ids", "loss_mask", "logprobs"):

@@ -35,14 +35,14 @@ rollouts_redact() {
 
 # Makes the deployment's secrets, in $ROLLOUTS_RUN_DIR/secrets.env (mode 0600): a Redis password
 # (when the stack runs its own Redis), an API token for trainers, an admin token (the operator's
-# CLI and the backends' registrars send it) and the node gateways' two keys. Only what is not set
+# CLI and the backends' registrars send it) and the node gateways' two tokens. Only what is not set
 # yet is made: a value from the environment, the config file or the file itself is kept, so a
 # second `up` keeps the tokens trainers hold, and a line removed from the file is made anew.
 rollouts_make_secrets() {
   local file=$ROLLOUTS_RUN_DIR/secrets.env var value needed=(ROLLOUTS_API_TOKENS ROLLOUTS_ADMIN_TOKENS)
   [ -r "$file" ] && rollouts_load_env_file "$file"
   [ -n "${ROLLOUTS_REDIS_URL:-}" ] || needed+=(ROLLOUTS_SLURM_REDIS_PASSWORD)
-  needed+=(ROLLOUTS_TOKEN ROLLOUTS_BACKEND_KEY ROLLOUTS_BACKEND_ADMIN_KEY)
+  needed+=(ROLLOUTS_TOKEN ROLLOUTS_BACKEND_TOKEN ROLLOUTS_BACKEND_ADMIN_TOKEN)
   if [ ! -e "$file" ]; then  # private from its first byte
     (umask 077 && echo "# made by slurm/stack.sh up; every job reads it (slurm/lib.sh)" > "$file")
   fi
@@ -50,6 +50,10 @@ rollouts_make_secrets() {
     [ -z "${!var:-}" ] || continue
     if [ "$var" = ROLLOUTS_TOKEN ]; then
       value=${ROLLOUTS_ADMIN_TOKENS%%,*}  # the operator's own CLI and the registrars: the admin scope
+    elif [ "$var" = ROLLOUTS_BACKEND_TOKEN ] && [ -n "${ROLLOUTS_BACKEND_KEY:-}" ]; then
+      value=$ROLLOUTS_BACKEND_KEY  # its name before it was a token: the running gateways hold it
+    elif [ "$var" = ROLLOUTS_BACKEND_ADMIN_TOKEN ] && [ -n "${ROLLOUTS_BACKEND_ADMIN_KEY:-}" ]; then
+      value=$ROLLOUTS_BACKEND_ADMIN_KEY
     else
       value=$($ROLLOUTS_PYTHON -c 'import secrets; print(secrets.token_urlsafe(32))') || return 1
     fi

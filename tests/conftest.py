@@ -15,12 +15,14 @@ from api.app import create_app
 from cli.embedded_redis import EmbeddedRedis
 from shared.config import Settings
 from tests.support.vllm_server import (  # noqa: F401 - fixtures
+    launch_due_servers,
     launch_session_servers,
     long_context_vllm_server,
     start_vllm_servers,
     stop_session_servers,
     tiny_model,
     vllm_server,
+    weights_vllm_server,
 )
 
 # Run as a foreground terminal would: a suite launched in the background by a non-interactive
@@ -30,7 +32,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-VLLM_FIXTURES = {"vllm_server", "start_vllm_servers", "long_context_vllm_server"}
+VLLM_FIXTURES = {"vllm_server", "start_vllm_servers", "long_context_vllm_server", "weights_vllm_server"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -41,10 +43,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The session's vLLM servers start now, in the background, if a selected test uses them."""
+    """The vLLM servers the selected tests use are planned now; the session's start now, in the background."""
     if not session.config.option.collectonly:
         # the tmp_path_factory fixture is not reachable from a hook: its object, as pytest keeps it
         launch_session_servers(session.items, session.config._tmp_path_factory.mktemp("vllm-logs"))
+
+
+def pytest_runtest_protocol(item: pytest.Item) -> None:
+    """The other servers start in the background a few modules before the first test that uses them."""
+    launch_due_servers(item)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -48,3 +48,11 @@ def test_no_old_name_no_warning(recwarn: pytest.WarningsRecorder) -> None:
     assert Settings().external_agent_host == "127.0.0.1"
     assert not [w for w in recwarn.list if issubclass(w.category, DeprecationWarning) and "setting" in str(w.message)]
     assert set(RENAMED.values()) <= set(config.Settings.model_fields)
+
+
+def test_a_gateways_old_key_names_are_read_as_its_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLOUTS_BACKEND_KEY", "data-secret")
+    monkeypatch.setenv("ROLLOUTS_BACKEND_ADMIN_KEY", "admin-secret")
+    with pytest.warns(DeprecationWarning, match="backend_key .* called backend_token now"):
+        settings = Settings()
+    assert (settings.backend_token, settings.backend_admin_token) == ("data-secret", "admin-secret")

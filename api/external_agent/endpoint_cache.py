@@ -11,7 +11,7 @@ An entry (job id -> the worker's endpoint URL) is only ever a hint that fails sa
 - the caller (api/external_agent/forward.py) drops it when the worker cannot be reached, answers 409, or
   does not name the job in its answer (`x-rollouts-job`: another server now holds the address).
 
-The credential is always checked by the API before a cached route is used, and by the worker again.
+The token is always checked by the API before a cached route is used, and by the worker again.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 MAX_AGE_S = 5.0
 
 
-class RouteCache:
+class EndpointCache:
     """job id -> worker URL, valid while the events subscription (api/job_events.py) is live."""
 
     def __init__(self, max_age_s: float = MAX_AGE_S) -> None:

@@ -1,13 +1,13 @@
 """An external agent's call forwarded to the rollout worker serving its job (the routes: router.py).
 
-The agent authenticates with its job's credential (shared/external_agent_credentials.py), not an API token: the credential opens
+The agent authenticates with its job's token (shared/external_agent_tokens.py), not an API token: the token opens
 this one job and nothing else (as `Authorization: Bearer` or, for Anthropic clients, `x-api-key`).
 The API checks it, finds where the job's rollout worker serves it (shared/jobs/agent_endpoints.py, remembered by
-this process while it holds: route_cache.py) and forwards the call there unchanged, streaming
+this process while it holds: endpoint_cache.py) and forwards the call there unchanged, streaming
 the answer back; only an answer that names the job (`x-rollouts-job`) is relayed. Refusals are
 OpenAI's error body (Anthropic's on `v1/messages`), so the agent's client shows the message:
 
-- no credential 401, another job's credential 403, no such job 404;
+- no token 401, another job's token 403, no such job 404;
 - the rollout has ended (eval, done, failed, cancelled, timed out) 409;
 - the rollout has not started serving yet (queued, init, sandbox starting) 503 with Retry-After.
 """
@@ -24,10 +24,10 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from api.external_agent.endpoint import secret_of
-from api.external_agent.route_cache import RouteCache
+from api.external_agent.endpoint_cache import EndpointCache
 from api.job_events import listener
-from shared.external_agent_credentials import CONVERSATION_HEADER, JOB_HEADER, credential_opens, presented_credential
 from shared.external_agent_errors import anthropic_error, openai_error
+from shared.external_agent_tokens import CONVERSATION_HEADER, JOB_HEADER, presented_token, token_opens
 from shared.jobs.agent_endpoints import AgentEndpoints
 from shared.jobs.status import JobStatus
 
@@ -38,23 +38,23 @@ _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 
 async def forward(job_id: str, path: str, request: Request, endpoints: AgentEndpoints) -> Response:
-    """Check the credential and the job's state, then forward the call to the worker serving the job.
+    """Check the token and the job's state, then forward the call to the worker serving the job.
 
-    A route this process remembers (route_cache.py) skips the Redis lookup; any doubt about it
+    A route this process remembers (endpoint_cache.py) skips the Redis lookup; any doubt about it
     (the worker gone, not naming the job, or saying the rollout ended) drops it and looks again."""
     anthropic = path.rstrip("/") == "v1/messages"
-    key = presented_credential(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    key = presented_token(request.headers.get("authorization"), request.headers.get("x-api-key"))
     if key is None:
         return _refusal(
             401,
-            "the job's credential is required: Authorization: Bearer <agent.api_key> (or x-api-key)",
+            "the job's token is required: Authorization: Bearer <agent.api_key> (or x-api-key)",
             "authentication_error",
             anthropic=anthropic,
         )
     state = request.app.state
     secret = getattr(state, "agent_secret", None) or await run_in_threadpool(secret_of, request)
-    if not credential_opens(secret, job_id, key):
-        return _refusal(403, "this credential does not open this job", "permission_error", anthropic=anthropic)
+    if not token_opens(secret, job_id, key):
+        return _refusal(403, "this token does not open this job", "permission_error", anthropic=anthropic)
     call = _Call(request, path, job_id, await request.body())
     routes = _routes(request)
     cached = routes.get(job_id)
@@ -114,9 +114,9 @@ async def _unreachable(endpoints: AgentEndpoints, job_id: str, error: Exception,
     )
 
 
-def _routes(request: Request) -> RouteCache:
-    """This process's route cache, subscribed to the jobs' events on first use."""
-    return listener(request, "external_agent_routes", RouteCache)
+def _routes(request: Request) -> EndpointCache:
+    """This process's endpoint cache, subscribed to the jobs' events on first use."""
+    return listener(request, "external_agent_routes", EndpointCache)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """An external agent's endpoint: `/v1/jobs/{id}/agent/...`, every call forwarded to the worker serving its job.
 
-The agent authenticates with its job's credential, not an API token; forward.py says what is refused and how.
+The agent authenticates with its job's token, not an API token; forward.py says what is refused and how.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from shared.jobs.agent_endpoints import AgentEndpoints
 router = APIRouter(prefix="/v1/jobs/{job_id}/agent", tags=["agent"])
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"description": "No credential"},
-    403: {"description": "Another job's credential"},
+    401: {"description": "No token"},
+    403: {"description": "Another job's token"},
     404: {"description": "No such job"},
     409: {"description": "The job's rollout has ended"},
     503: {"description": "The job's rollout is not serving yet (Retry-After), or its worker cannot be reached"},

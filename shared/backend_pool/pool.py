@@ -407,7 +407,7 @@ class BackendPool:
         backend = self.get(backend_id)
         if backend is None:
             return False
-        reason = probe_health(backend.url, self.settings.llm_probe_timeout_s, self.settings.backend_key)
+        reason = probe_health(backend.url, self.settings.llm_probe_timeout_s, self.settings.backend_token)
         if reason is None:
             return True
         self.set_health(backend_id, False, f"{reason} (after: {error})")
@@ -451,7 +451,7 @@ class BackendPool:
             return []
         timeout = self.settings.llm_probe_timeout_s
         with ThreadPoolExecutor(max_workers=min(32, len(backends))) as executor:
-            return list(executor.map(lambda b: probe_health(b.url, timeout, self.settings.backend_key), backends))
+            return list(executor.map(lambda b: probe_health(b.url, timeout, self.settings.backend_token), backends))
 
     def reap_expired(self, now: float | None = None, batch: int = 1000) -> int:
         """Release trajectories whose lease expired (their rollout died without releasing)."""

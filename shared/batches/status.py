@@ -4,14 +4,11 @@ holds them to these."""
 
 from __future__ import annotations
 
-from enum import Enum
+from shared.words import Word
 
 
-class BatchStatus(str, Enum):
+class BatchStatus(Word):
     RUNNING = "running"
     COMPLETED = "completed"
     EXHAUSTED = "exhausted"
     CANCELLED = "cancelled"
-
-    def __str__(self) -> str:
-        return self.value

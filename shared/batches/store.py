@@ -219,7 +219,7 @@ class BatchStore:
         return sorted(int(k) for k in self.redis.smembers(self.keys.inflight(batch_id)))
 
     def group_job_ids(self, batch_id: str, k: int) -> list[str]:
-        return self.jobs.list_ids(group_id=group_id(batch_id, k), limit=10_000)
+        return self.jobs.list_page(group_id=group_id(batch_id, k), limit=10_000)[0]
 
     def group(self, batch_id: str, k: int) -> dict[str, Any]:
         return decode_group(self.redis.hgetall(self.keys.group(batch_id, k)))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from shared.words import Word
 
 
-class JobStatus(str, Enum):
-    """A str enum: members compare equal to, and are stored in Redis and JSON as, their values."""
+class JobStatus(Word):
+    """A job's status (a `Word`: equal to its value, which is what Redis and JSON hold)."""
 
     QUEUED = "queued"  # accepted, waiting for an init worker
     INIT = "init"  # in the init stage (queued for it or running)
@@ -17,12 +17,8 @@ class JobStatus(str, Enum):
     CANCELLED = "cancelled"
     TIMED_OUT = "timed_out"
 
-    def __str__(self) -> str:
-        # The value, as 3.11's StrEnum gives (3.10 is supported): statuses go into f-strings and logs.
-        return self.value
 
-
-class AttemptResult(str, Enum):
+class AttemptResult(Word):
     """What one stage attempt did: the stage runner's answer, in logs, metrics and tests.
 
     QUEUED, LOST_RACE and SKIPPED are prefixes: `.at(where)` adds the next stage or the status found
@@ -40,9 +36,6 @@ class AttemptResult(str, Enum):
     QUEUED = "queued"
     LOST_RACE = "lost-race"
     SKIPPED = "skipped"
-
-    def __str__(self) -> str:
-        return self.value
 
     def at(self, where: str) -> str:
         """The result with what it refers to: the next stage, or the status the attempt found."""

@@ -218,16 +218,6 @@ class JobStore:
         value = self.redis.hget(self.keys.job(job_id), "status")
         return value.decode() if value else None
 
-    def list_ids(
-        self,
-        status: str | None = None,
-        group_id: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
-    ) -> list[str]:
-        """Newest first; by group: in sample order. Entries whose record expired are dropped."""
-        return self.list_page(status, group_id, limit, offset=offset)[0]
-
     def list_page(
         self,
         status: str | None = None,
@@ -237,7 +227,8 @@ class JobStore:
         offset: int = 0,
         after: str | None = None,
     ) -> tuple[list[str], str | None]:
-        """A page of ids and the cursor of the next one (None after the last page).
+        """A page of ids, newest first (by group: in sample order; entries whose record expired are
+        dropped), and the cursor of the next one (None after the last page).
 
         `after` is a cursor from an earlier page: the page starts right after the job it names,
         wherever that job is now, so jobs submitted meanwhile neither repeat nor push others off a

@@ -8,24 +8,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from shared.config import Settings
 from shared.jobs.spec import JobRequest
+from shared.words import Word
 
 
-class InterruptReason(str, Enum):
+class InterruptReason(Word):
     """Why a stage must stop before its handler returns."""
 
     CANCELLED = "cancelled"
     TIMED_OUT = "timed_out"  # the stage's (or the job's) time limit
     REQUEUE = "requeue"  # hand the job back to its queue (the worker drains, Redis went away)
     SUPERSEDED = "superseded"  # a newer attempt owns the job
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class StageInterrupted(Exception):

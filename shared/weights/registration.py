@@ -37,7 +37,7 @@ def register_backend(
 ) -> Registered:
     """Register (or refresh) a backend; NotAModelServer unless `url` is an OpenAI-compatible server of `model`.
     Its tokenizer defaults to the model's local path the server reports."""
-    timeout, key = pool.settings.llm_probe_timeout_s, pool.settings.backend_key
+    timeout, key = pool.settings.llm_probe_timeout_s, pool.settings.backend_token
     root = check_serves_model(url, model, timeout, key)
     stale = (
         ""

@@ -80,7 +80,7 @@ def _update_locked(pool: BackendPool, model: str, checkpoint: Checkpoint) -> Upd
     if checkpoint.data is not None:
         check_payload(checkpoint.data, reference)
     else:
-        if pool.settings.backend_admin_key and not pool.settings.checkpoint_roots:
+        if pool.settings.backend_admin_token and not pool.settings.checkpoint_roots:
             # Behind node gateways, which refuse every path then: refused here, before a backend is paused.
             raise ValidationError(
                 "the backends are behind node gateways and ROLLOUTS_CHECKPOINT_ROOTS is empty, so "
@@ -104,7 +104,7 @@ def _apply_one(pool: BackendPool, backend: Backend, checkpoint: Checkpoint, time
     outcome = BackendOutcome(backend.id, backend.url)
     times = StepTimes()
     try:
-        apply(backend.url, checkpoint, timeout, times, pool.settings.backend_admin_key)
+        apply(backend.url, checkpoint, timeout, times, pool.settings.backend_admin_token)
     except StepFailed as exc:
         outcome.error, outcome.seconds = str(exc), times.seconds
         outcome.removed_from_pool = pool.set_health(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 
@@ -87,36 +87,18 @@ def apply(url: str, checkpoint: Checkpoint, timeout_s: float, times: StepTimes, 
 
 
 def _load(client: httpx.Client, checkpoint: Checkpoint, times: StepTimes) -> None:
+    path, body = _load_request(checkpoint)
+    _call(client, "reload", times, "POST", path, json=body)
+
+
+def _load_request(checkpoint: Checkpoint) -> tuple[str, dict[str, Any]]:
+    """The route and body that load the checkpoint: its bytes, a full checkpoint's path, or a LoRA adapter."""
     if checkpoint.data is not None:  # collective_rpc passes JSON strings only: base64
-        _call(
-            client,
-            "reload",
-            times,
-            "POST",
-            "/collective_rpc",
-            json={
-                "method": "load_weights_from_bytes",
-                "kwargs": {"data": base64.b64encode(checkpoint.data).decode("ascii")},
-            },
-        )
-    elif checkpoint.lora is None:
-        _call(
-            client,
-            "reload",
-            times,
-            "POST",
-            "/collective_rpc",
-            json={"method": "reload_weights", "kwargs": {"weights_path": checkpoint.path}},
-        )
-    else:
-        _call(
-            client,
-            "reload",
-            times,
-            "POST",
-            "/v1/load_lora_adapter",
-            json={"lora_name": checkpoint.lora, "lora_path": checkpoint.path, "load_inplace": True},
-        )
+        data = base64.b64encode(checkpoint.data).decode("ascii")
+        return "/collective_rpc", {"method": "load_weights_from_bytes", "kwargs": {"data": data}}
+    if checkpoint.lora is None:
+        return "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": checkpoint.path}}
+    return "/v1/load_lora_adapter", {"lora_name": checkpoint.lora, "lora_path": checkpoint.path, "load_inplace": True}
 
 
 def _json(response: httpx.Response) -> dict[str, object]:

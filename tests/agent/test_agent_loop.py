@@ -19,7 +19,8 @@ from tests.support.scripted_llm import ScriptedLLM
 from tests.support.trajectory_checks import Served, assert_decodes_to_conversation, assert_exact_against_backend
 from workers.rollout.agent_loop import AgentLoop, LoopConfig
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
-from workers.rollout.llm_client import LLMClient, Sampling
+from workers.rollout.llm_client import LLMClient
+from workers.rollout.llm_completion import Sampling
 from workers.rollout.tool_parsers import get_parser
 from workers.sandbox import Sandbox
 from workers.toolserver.result import ToolResult

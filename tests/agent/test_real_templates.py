@@ -26,7 +26,7 @@ from tests.agent.conftest import Unlimited
 from tests.support.trajectory_checks import Served, assert_decodes_to_conversation, assert_exact_against_backend
 from workers.rollout.agent_loop import AgentLoop, LoopConfig
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
-from workers.rollout.llm_client import Completion, Sampling
+from workers.rollout.llm_completion import Completion, Sampling
 from workers.rollout.tool_parsers import get_parser
 from workers.toolserver.result import ToolResult
 

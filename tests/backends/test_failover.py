@@ -14,7 +14,8 @@ from shared.config import Settings
 from shared.keys import Keys
 from tests.support.vllm_server import LOG_REQUESTS, freeze, kill_server, requests_taken
 from tests.support.waiting import wait_for
-from workers.rollout.llm_client import LLMClient, Sampling
+from workers.rollout.llm_client import LLMClient
+from workers.rollout.llm_completion import Sampling
 from workers.rollout.llm_routing import complete_routed
 
 

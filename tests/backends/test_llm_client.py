@@ -14,13 +14,9 @@ import torch
 from cli.embedded_redis import free_port
 from cli.tiny_model import load
 from cli.vllm_server import VLLMServer
-from workers.rollout.llm_client import (
-    BackendRequestError,
-    BackendUnavailable,
-    BadBackendResponse,
-    LLMClient,
-    Sampling,
-)
+from workers.rollout.llm_client import LLMClient
+from workers.rollout.llm_completion import Sampling
+from workers.rollout.llm_errors import BackendRequestError, BackendUnavailable, BadBackendResponse
 
 
 @pytest.fixture(scope="module")

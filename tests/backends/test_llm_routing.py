@@ -14,7 +14,9 @@ import shared.backend_pool.pool as backend_pool
 from shared.backend_pool import BackendPool, NoBackendAvailable
 from shared.config import Settings
 from shared.keys import Keys
-from workers.rollout.llm_client import BackendUnavailable, BadBackendResponse, LLMClient, Sampling
+from workers.rollout.llm_client import LLMClient
+from workers.rollout.llm_completion import Sampling
+from workers.rollout.llm_errors import BackendUnavailable, BadBackendResponse
 from workers.rollout.llm_routing import complete_routed
 
 Handler = Callable[[httpx.Request], httpx.Response]

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import cli.jobs
 from cli.hang_watch import HangWatch
-from cli.stack import Stack
+from cli.stack_weights import load_current_weights
 from cli.supervision import RestartPolicy, StayDown, Supervised
 from cli.vllm_server import VLLMServer
 from shared.keys import Keys
@@ -141,18 +141,19 @@ def test_the_stacks_restarts_show_in_status(make_client, redis, settings, monkey
 
 
 def test_a_restarted_vllm_stays_out_when_the_current_weights_cannot_be_loaded(settings, redis, tmp_path) -> None:
-    """The restart's weights rule (Stack._load_current_weights), without a server: every refusal comes before
+    """The restart's weights rule (cli/stack_weights.py), without a server: every refusal comes before
     vLLM is touched (a failed reload kills vLLM's engine: shared/weights/checkpoint.py)."""
-    stack = Stack(settings)
     server = VLLMServer(python=tmp_path, model=tmp_path, served_name="tiny", port=9)  # nothing listens on port 9
-    assert stack._load_current_weights(server) is None  # never updated: the weights it starts with are current
+    assert (
+        load_current_weights(server, "tiny", settings) is None
+    )  # never updated: the weights it starts with are current
     versions = WeightVersions(redis, Keys(settings.redis_prefix))
     versions.record("tiny", "up-1", "upload:sha256:0123456789abcdef")
     with pytest.raises(StayDown, match=r"'up-1' .* were sent as bytes, which the service does not keep"):
-        stack._load_current_weights(server)
+        load_current_weights(server, "tiny", settings)
     versions.record("tiny", "step-2", str(tmp_path / "gone"))
     with pytest.raises(StayDown, match=r"'step-2' .* could not be loaded, so it stays out of the pool: .* not a dir"):
-        stack._load_current_weights(server)
+        load_current_weights(server, "tiny", settings)
 
 
 def test_a_restart_runs_on_the_supervising_thread_unless_threaded_and_rejoins_there() -> None:

@@ -9,16 +9,18 @@ from typing import Any
 
 import pytest
 
-from shared.external_agent_credentials import job_credential
+from shared.external_agent_tokens import job_token
 from shared.kinds.agentic import DEFAULT_TOOLS
 from shared.tool_schemas import TOOL_SCHEMAS
 from tests.support.sandboxes import running_sandbox
 from tests.support.trajectory_checks import Served
 from workers.rollout.agent_loop import LoopConfig
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
-from workers.rollout.external_agent.server import ThreadServer, build_app
+from workers.rollout.external_agent.server import build_app, endpoint_server
 from workers.rollout.external_agent.session import ExternalAgentSession
-from workers.rollout.llm_client import Completion, LLMClient, Sampling, TokenSink
+from workers.rollout.llm_client import LLMClient
+from workers.rollout.llm_completion import Completion, Sampling
+from workers.rollout.llm_stream import TokenSink
 from workers.rollout.tool_parsers import get_parser
 from workers.sandbox import Sandbox
 
@@ -37,7 +39,7 @@ def tokenizer(tiny_model: Path) -> Any:
 
 @dataclass
 class Endpoint:
-    """One job's endpoint: its session, the URL it is served at, its credential, and every backend call it made."""
+    """One job's endpoint: its session, the URL it is served at, its token, and every backend call it made."""
 
     session: ExternalAgentSession
     url: str
@@ -100,7 +102,7 @@ def serve(
         generate_stream=generate,
     )
     task = {"messages": TASK, "tools": TOOLS, "model": model}
-    server = ThreadServer(build_app(session, job_id, SECRET, lambda: task), "127.0.0.1").start()
-    yield Endpoint(session, server.url, job_credential(SECRET, job_id), served)
+    server = endpoint_server(build_app(session, job_id, SECRET, lambda: task), "127.0.0.1").start()
+    yield Endpoint(session, server.url, job_token(SECRET, job_id), served)
     server.stop()
     client.close()

@@ -20,7 +20,7 @@ class JobToolsEnvironmentConfig(LocalEnvironmentConfig):
     base_url: str
     """The job's endpoint (the submit answer's `agent[i].base_url`)."""
     api_key: str
-    """The job's credential (the submit answer's `agent[i].api_key`)."""
+    """The job's token (the submit answer's `agent[i].api_key`)."""
 
 
 class JobToolsEnvironment(LocalEnvironment):

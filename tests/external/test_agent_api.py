@@ -1,4 +1,4 @@
-"""The API's side of external agents: the endpoint handed out at submit, the credential checks, the job's state, forwarding."""
+"""The API's side of external agents: the endpoint handed out at submit, the token checks, the job's state, forwarding."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from redis import Redis
 
 from rollouts_client import Job
-from shared.external_agent_credentials import CONVERSATION_HEADER, job_credential
+from shared.external_agent_tokens import CONVERSATION_HEADER, job_token
 from shared.keys import Keys
 from tests.external.conftest import SECRET, TOOLS, serve
 from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
@@ -36,7 +36,7 @@ def test_submit_hands_out_each_external_jobs_base_url_and_key(client: TestClient
     assert body["agent"][1] is None
     endpoint = body["agent"][0]
     assert endpoint["base_url"].endswith(f"/v1/jobs/{external}/agent")
-    assert endpoint["api_key"] == job_credential(SECRET, external) != job_credential(SECRET, builtin)
+    assert endpoint["api_key"] == job_token(SECRET, external) != job_token(SECRET, builtin)
     assert client.get(f"/v1/jobs/{external}").json()["agent"] == endpoint
     assert client.get(f"/v1/jobs/{builtin}").json().get("agent") is None
     typed = Job.from_api(client.get(f"/v1/jobs/{external}").json())  # the trainer's typed client reads it too
@@ -63,9 +63,9 @@ def test_keys_and_the_jobs_state_decide_before_anything_is_forwarded(client: Tes
     url = f"/v1/jobs/{one}/agent/v1/chat/completions"
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
     assert client.post(url, json=body).status_code == 401
-    other = client.post(url, json=body, headers={"Authorization": f"Bearer {job_credential(SECRET, two)}"})
+    other = client.post(url, json=body, headers={"Authorization": f"Bearer {job_token(SECRET, two)}"})
     assert other.status_code == 403 and other.json()["error"]["type"] == "permission_error"
-    mine = {"Authorization": f"Bearer {job_credential(SECRET, one)}"}
+    mine = {"Authorization": f"Bearer {job_token(SECRET, one)}"}
     waiting = client.post(url, json=body, headers=mine)  # queued: no worker serves it yet
     assert waiting.status_code == 503 and waiting.headers["retry-after"] == "1"
     assert client.delete(f"/v1/jobs/{one}").status_code == 200
@@ -76,12 +76,12 @@ def test_keys_and_the_jobs_state_decide_before_anything_is_forwarded(client: Tes
     gone = client.post(
         f"/v1/jobs/{two}/agent/v1/chat/completions",
         json=body,
-        headers={"Authorization": f"Bearer {job_credential(SECRET, two)}"},
+        headers={"Authorization": f"Bearer {job_token(SECRET, two)}"},
     )
     assert gone.status_code == 503 and "cannot be reached" in gone.json()["error"]["message"]
     ghost = "0" * 32
     missing = client.get(
-        f"/v1/jobs/{ghost}/agent/task", headers={"Authorization": f"Bearer {job_credential(SECRET, ghost)}"}
+        f"/v1/jobs/{ghost}/agent/task", headers={"Authorization": f"Bearer {job_token(SECRET, ghost)}"}
     )
     assert missing.status_code == 404
 
@@ -94,8 +94,8 @@ def test_anthropic_calls_are_keyed_by_x_api_key_and_refused_in_anthropics_shape(
     body = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
     refusals = [
         (client.post(url, json=body), 401, "authentication_error"),
-        (client.post(url, json=body, headers={"x-api-key": job_credential(SECRET, two)}), 403, "permission_error"),
-        (client.post(url, json=body, headers={"x-api-key": job_credential(SECRET, one)}), 503, "overloaded_error"),
+        (client.post(url, json=body, headers={"x-api-key": job_token(SECRET, two)}), 403, "permission_error"),
+        (client.post(url, json=body, headers={"x-api-key": job_token(SECRET, one)}), 503, "overloaded_error"),
     ]
     for response, status, kind in refusals:
         assert response.status_code == status
@@ -104,7 +104,7 @@ def test_anthropic_calls_are_keyed_by_x_api_key_and_refused_in_anthropics_shape(
     responses = client.post(
         f"/v1/jobs/{one}/agent/v1/responses",
         json={"model": "tiny", "input": "hi"},
-        headers={"x-api-key": job_credential(SECRET, two)},
+        headers={"x-api-key": job_token(SECRET, two)},
     )
     assert responses.status_code == 403 and responses.json()["error"]["type"] == "permission_error", "OpenAI's shape"
 
@@ -164,7 +164,7 @@ def test_redis_away_is_a_503_not_a_500(make_client) -> None:
     response = client.post(
         f"/v1/jobs/{job_id}/agent/v1/chat/completions",
         json={},
-        headers={"Authorization": f"Bearer {job_credential(SECRET, job_id)}"},
+        headers={"Authorization": f"Bearer {job_token(SECRET, job_id)}"},
     )
     assert response.status_code == 503 and "retry-after" in response.headers
 

@@ -1,7 +1,7 @@
-"""The API's remembered route to a job's worker (api/external_agent/route_cache.py) fails safe: real redis-server, real endpoints.
+"""The API's remembered route to a job's worker (api/external_agent/endpoint_cache.py) fails safe: real redis-server, real endpoints.
 
 Each test first has the route remembered (a call through the API while its events subscription is
-live), then changes the world under it: the job moves to another endpoint, is cancelled, the credential is
+live), then changes the world under it: the job moves to another endpoint, is cancelled, the token is
 wrong, the worker goes, the address answers for another job, the subscription drops.
 """
 
@@ -16,8 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 from redis import Redis
 
-from api.external_agent.route_cache import RouteCache
-from shared.external_agent_credentials import job_credential
+from api.external_agent.endpoint_cache import EndpointCache
+from shared.external_agent_tokens import job_token
 from shared.keys import Keys
 from tests.external.conftest import SECRET, Endpoint, serve
 from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
@@ -52,8 +52,8 @@ def register(redis: Redis, job_id: str, endpoint: Endpoint) -> None:
     redis.publish(Keys().job_events, f"{job_id} serving")
 
 
-def routes(client: TestClient) -> RouteCache:
-    cache: RouteCache = client.app.state.external_agent_routes  # type: ignore[attr-defined]
+def routes(client: TestClient) -> EndpointCache:
+    cache: EndpointCache = client.app.state.external_agent_routes  # type: ignore[attr-defined]
     return cache
 
 
@@ -69,7 +69,7 @@ def chat(client: TestClient, job_id: str, key: str | None = None) -> Any:
     return client.post(
         f"/v1/jobs/{job_id}/agent/v1/chat/completions",
         json=CHAT,
-        headers={"Authorization": f"Bearer {key or job_credential(SECRET, job_id)}"},
+        headers={"Authorization": f"Bearer {key or job_token(SECRET, job_id)}"},
     )
 
 
@@ -167,7 +167,7 @@ def test_a_wrong_key_is_refused_before_a_remembered_route_is_used(
     job_id, other = serving_job(client, redis), serving_job(client, redis)
     with ExitStack() as stack:
         endpoint = remembered_endpoint(stack, client, redis, tokenizer, scripted, job_id)
-        assert chat(client, job_id, key=job_credential(SECRET, other)).status_code == 403
+        assert chat(client, job_id, key=job_token(SECRET, other)).status_code == 403
         assert chat(client, job_id, key="rk-" + "0" * 64).status_code == 403
         assert client.post(f"/v1/jobs/{job_id}/agent/v1/chat/completions", json=CHAT).status_code == 401
         assert len(endpoint.served) == 2

@@ -252,7 +252,7 @@ def test_a_messages_stop_reason_names_the_agents_stop_sequence(
 
 def test_anthropic_refusals_are_anthropic_errors_naming_the_field(endpoint: Endpoint) -> None:
     hi = [{"role": "user", "content": "[script:hi]"}]
-    with pytest.raises(anthropic.PermissionDeniedError):  # another job's credential
+    with pytest.raises(anthropic.PermissionDeniedError):  # another job's token
         claude(endpoint, key="not-this-jobs-key").messages.create(model=SCRIPTED_MODEL, max_tokens=8, messages=hi)
     with pytest.raises(anthropic.BadRequestError) as wrong_model:
         claude(endpoint).messages.create(model="not-the-jobs-model", max_tokens=8, messages=hi)

@@ -26,7 +26,7 @@ from tests.support.trajectory_checks import (
 )
 from tests.support.vllm_server import SERVED_NAME
 from workers.rollout.external_agent import anthropic_api
-from workers.rollout.llm_client import Sampling
+from workers.rollout.llm_completion import Sampling
 
 pytestmark = pytest.mark.vllm
 

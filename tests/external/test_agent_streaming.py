@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from shared.external_agent_credentials import CONVERSATION_HEADER
+from shared.external_agent_tokens import CONVERSATION_HEADER
 from tests.external.conftest import Endpoint, serve
 from tests.external.test_agent_formats import GOOD, SYSTEM
 from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM

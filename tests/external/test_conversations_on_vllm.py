@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from cli.vllm_server import VLLMServer
-from shared.external_agent_credentials import CONVERSATION_HEADER
+from shared.external_agent_tokens import CONVERSATION_HEADER
 from shared.trajectory import ASSISTANT, Trajectory
 from tests.external.conftest import TASK, TOOLS, Endpoint, serve
 from tests.support.trajectory_checks import assert_decodes_to_conversation, assert_exact_against_backend

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from cli.vllm_server import VLLMServer
-from shared.external_agent_credentials import CONVERSATION_HEADER, job_credential
+from shared.external_agent_tokens import CONVERSATION_HEADER, job_token
 from shared.trajectory import ASSISTANT, Trajectory
 from tests.external.conftest import SECRET, TASK, TOOLS, Endpoint, serve
 from tests.support.trajectory_checks import assert_decodes_to_conversation, assert_exact_against_backend
@@ -130,8 +130,8 @@ def test_the_tools_run_in_the_jobs_sandbox_and_are_recorded(endpoint: Endpoint) 
 
 
 def test_refusals_name_what_is_wrong(endpoint: Endpoint) -> None:
-    other = job_credential(SECRET, "another-job")
-    with pytest.raises(openai.PermissionDeniedError):  # another job's credential: 403
+    other = job_token(SECRET, "another-job")
+    with pytest.raises(openai.PermissionDeniedError):  # another job's token: 403
         agent(endpoint, key=other).chat.completions.create(model=SERVED_NAME, messages=TASK)
     assert httpx.post(f"{endpoint.url}/v1/chat/completions", json={}).status_code == 401
     with pytest.raises(openai.BadRequestError) as wrong_model:  # 400 naming the field

@@ -14,7 +14,7 @@ from typing import Any
 import openai
 import pytest
 
-from shared.external_agent_credentials import CONVERSATION_HEADER
+from shared.external_agent_tokens import CONVERSATION_HEADER
 from tests.external.conftest import TOOLS, Endpoint, serve
 from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
 from tests.support.trajectory_checks import assert_decodes_to_conversation, assert_exact_against_backend

@@ -91,9 +91,9 @@ def test_a_lora_name_must_be_an_adapter_the_server_serves(roots: Path) -> None:
 @pytest.mark.parametrize(
     ("keys", "words"),
     [
-        ({}, "ROLLOUTS_BACKEND_KEY and ROLLOUTS_BACKEND_ADMIN_KEY not set"),
-        ({"backend_key": "k"}, "ROLLOUTS_BACKEND_ADMIN_KEY not set"),
-        ({"backend_key": "same", "backend_admin_key": "same"}, "must differ"),
+        ({}, "ROLLOUTS_BACKEND_TOKEN and ROLLOUTS_BACKEND_ADMIN_TOKEN not set"),
+        ({"backend_token": "k"}, "ROLLOUTS_BACKEND_ADMIN_TOKEN not set"),
+        ({"backend_token": "same", "backend_admin_token": "same"}, "must differ"),
     ],
 )
 def test_a_gateway_will_not_start_without_two_distinct_keys(keys: dict[str, str], words: str) -> None:

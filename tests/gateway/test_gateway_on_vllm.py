@@ -23,8 +23,9 @@ from starlette.routing import Route
 
 from cli.embedded_redis import free_port
 from gateway.app import GatewayConfig
-from gateway.server import ThreadedServer
+from gateway.server import gateway_server
 from shared.config import Settings
+from shared.thread_server import ThreadServer
 from tests.support.vllm_server import SERVED_NAME
 
 pytestmark = pytest.mark.vllm
@@ -49,10 +50,10 @@ def auth(key: str) -> dict[str, str]:
 def gateway(vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     roots = tmp_path_factory.mktemp("checkpoints")
     settings = Settings(
-        backend_key=DATA, backend_admin_key=ADMIN, checkpoint_roots=[str(roots)], max_weight_bytes=1024 * 1024
+        backend_token=DATA, backend_admin_token=ADMIN, checkpoint_roots=[str(roots)], max_weight_bytes=1024 * 1024
     )
     config = GatewayConfig.from_settings(vllm_server.url, settings)
-    server = ThreadedServer.gateway(config, "127.0.0.1", free_port()).start()
+    server = gateway_server(config, "127.0.0.1", free_port()).start()
     yield Gateway(server.url, vllm_server.url, roots, config.max_control_bytes)
     server.stop()
 
@@ -88,7 +89,7 @@ def test_without_a_valid_key_every_route_is_401(gateway: Gateway, method: str, p
 )
 def test_the_data_key_opens_no_control_route(gateway: Gateway, path: str) -> None:
     response = httpx.post(gateway.url + path, headers=auth(DATA), params={"mode": "keep"}, timeout=10)
-    assert response.status_code == 403 and "ROLLOUTS_BACKEND_ADMIN_KEY" in response.text, response.text
+    assert response.status_code == 403 and "ROLLOUTS_BACKEND_ADMIN_TOKEN" in response.text, response.text
     assert not paused(gateway.upstream)
 
 
@@ -164,9 +165,9 @@ class StallingStream:
             return StreamingResponse(events(), media_type="text/event-stream")
 
         app = Starlette(routes=[Route("/v1/completions", endpoint, methods=["POST"])])
-        self.server = ThreadedServer(app, "127.0.0.1", free_port()).start()
-        config = GatewayConfig.from_settings(self.server.url, Settings(backend_key=DATA, backend_admin_key=ADMIN))
-        self.gateway = ThreadedServer.gateway(config, "127.0.0.1", free_port()).start()
+        self.server = ThreadServer(app, "127.0.0.1", free_port()).start()
+        config = GatewayConfig.from_settings(self.server.url, Settings(backend_token=DATA, backend_admin_token=ADMIN))
+        self.gateway = gateway_server(config, "127.0.0.1", free_port()).start()
 
     def stop(self) -> None:
         self.release.set()

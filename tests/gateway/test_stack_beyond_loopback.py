@@ -53,9 +53,9 @@ def test_a_stack_beyond_loopback_reaches_its_loopback_backend_through_a_gateway(
         assert backend["url"] == gateway and gateway.startswith(f"http://{node}:"), backend
         assert refuses(node, int(vllm_server.url.rsplit(":", 1)[1])), "vLLM itself answers on the node's address"
         assert httpx.get(f"{gateway}/v1/models", timeout=10).status_code == 401
-        data_key = stack.extra_env["ROLLOUTS_BACKEND_KEY"]
-        assert data_key != stack.extra_env["ROLLOUTS_BACKEND_ADMIN_KEY"]
-        answer = httpx.post(f"{gateway}/pause", headers={"Authorization": f"Bearer {data_key}"}, timeout=10)
+        data_token = stack.extra_env["ROLLOUTS_BACKEND_TOKEN"]
+        assert data_token != stack.extra_env["ROLLOUTS_BACKEND_ADMIN_TOKEN"]
+        answer = httpx.post(f"{gateway}/pause", headers={"Authorization": f"Bearer {data_token}"}, timeout=10)
         assert answer.status_code == 403, answer.text
 
         job = {

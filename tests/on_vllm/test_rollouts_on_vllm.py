@@ -1,7 +1,8 @@
 """The whole service in front of real vLLM servers: token-exact multi-turn trajectories, versions, failover.
 
 The stack is started the way a user does it (`Stack`, as `rollouts up --backend-url` does:
-`rollouts register` beside each server), with the session's vLLM server on the tiny model.
+`rollouts register` beside each server), with the session's vLLM server on the tiny model; the
+server the failover test kills is its own, launched in the background a few modules ahead.
 """
 
 from __future__ import annotations
@@ -16,7 +17,16 @@ from cli.stack import Stack
 from cli.vllm_server import VLLMServer
 from shared.config import Settings
 from shared.trajectory import ASSISTANT, Trajectory
-from tests.support.vllm_server import LOG_REQUESTS, freeze, kill_server, requests_taken
+from tests.support.vllm_server import (
+    LOG_REQUESTS,
+    freeze,
+    kill_server,
+    launch_server,
+    register_launch,
+    requests_taken,
+    session_server,
+    tiny_model_path,
+)
 from tests.support.waiting import client_for, wait_for, wait_status
 
 pytestmark = pytest.mark.vllm
@@ -28,6 +38,15 @@ ENV = {
     "ROLLOUTS_LLM_HEARTBEAT_INTERVAL_S": "1",
     "ROLLOUTS_LLM_HEARTBEAT_TIMEOUT_S": "5",
 }
+
+
+register_launch("doomed_vllm_server", lambda directory: launch_server(tiny_model_path(), directory, args=LOG_REQUESTS))
+
+
+@pytest.fixture()
+def doomed_vllm_server(tmp_path: Path) -> Iterator[VLLMServer]:
+    """A server of the tiny model counting the requests it takes (LOG_REQUESTS), for a test to kill."""
+    yield from session_server("doomed_vllm_server", tmp_path)
 
 
 @pytest.fixture()
@@ -108,9 +127,9 @@ def test_multi_turn_trajectories_are_token_exact_and_carry_vllms_versions(
 def test_a_backend_killed_mid_run_costs_no_job_and_leaves_no_count(
     stack_on: Callable[[list[VLLMServer]], Stack],
     vllm_server: VLLMServer,
-    start_vllm_servers: Callable[[int], list[VLLMServer]],
+    doomed_vllm_server: VLLMServer,
 ) -> None:
-    [doomed] = start_vllm_servers(1, LOG_REQUESTS)
+    doomed = doomed_vllm_server
     stack = stack_on([vllm_server, doomed])
     api = client_for(stack)
     freeze(doomed)  # the trajectories routed to it stay mid-request until it dies, however fast the machine
@@ -147,7 +166,8 @@ def test_a_conversation_past_the_servers_context_stops_as_context_length(vllm_se
     from tests.agent.conftest import Unlimited
     from workers.rollout.agent_loop import AgentLoop, LoopConfig
     from workers.rollout.chat_delta import ChatRenderer
-    from workers.rollout.llm_client import LLMClient, Sampling
+    from workers.rollout.llm_client import LLMClient
+    from workers.rollout.llm_completion import Sampling
     from workers.rollout.tool_parsers import get_parser
 
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model, local_files_only=True))

@@ -28,10 +28,10 @@ import pytest
 from cli.stack import Stack
 from cli.vllm_server import VLLMServer
 from shared.config import Settings
-from tests.support.proc_table import process_table
+from tests.support.vllm_processes import vllm_process
 from tests.support.vllm_server import SERVED_NAME, freeze, requests_taken
 from tests.support.waiting import TERMINAL, client_for, job, wait_for
-from tests.weights.test_weight_update_on_vllm import checkpoint, gap_to, sample
+from tests.support.weight_checks import checkpoint, gap_to, sample
 
 pytestmark = pytest.mark.vllm
 
@@ -43,8 +43,9 @@ ENV = {
 }
 # Generous caps on waiting for events (a vLLM restart on 2 busy cores is 30-120 s); never asserted as speeds.
 RESTART_CAP_S = 600.0
-# A serving vLLM answers /health within a second or two even on busy cores; a minute of silence is a hang.
-HANG_AFTER_S = 60.0
+# A serving vLLM answers /health within a second or two even on busy cores; half a minute of silence is a hang
+# (the watch probes every 5 s: six probes in a row unanswered).
+HANG_AFTER_S = 30.0
 
 
 @dataclass
@@ -168,23 +169,6 @@ def registrar_log(up: Up) -> str:
     """What the stack's vLLM's registrars said (`rollouts register`: "registered ...", "deregistered ...")."""
     assert up.stack.log_dir is not None and up.stack._vllm_slot is not None
     return (up.stack.log_dir / f"register-{up.stack._vllm_slot}.log").read_text()
-
-
-def process_group(leader: int) -> list[int]:
-    return [pid for pid, (_parent, group) in process_table().items() if group == leader]
-
-
-def vllm_process(server: VLLMServer, needle: bytes) -> int:
-    """The one process of the server's group whose command line holds `needle` (vLLM titles its engine
-    `VLLM::EngineCore`; its API server runs `vllm.entrypoints.openai.api_server`)."""
-    assert server.process is not None
-    found = [
-        p
-        for p in process_group(server.process.pid)
-        if needle in Path(f"/proc/{p}/cmdline").read_bytes() and p != server.process.pid
-    ]
-    assert len(found) == 1, (needle, found, [Path(f"/proc/{p}/cmdline").read_bytes() for p in found])
-    return found[0]
 
 
 def test_a_killed_api_and_a_killed_redis_are_restarted_and_jobs_run_to_done(up: Up, figure) -> None:

@@ -16,8 +16,8 @@ import pytest
 
 from shared.config import Settings
 from workers.sandbox import SandboxSpec, create_sandbox
-from workers.sandbox.base import SandboxDiskQuotaExceeded
 from workers.sandbox.quota import DiskQuota, disk_usage
+from workers.sandbox.sandbox import SandboxDiskQuotaExceeded
 from workers.sandbox.spec import SandboxLimits
 
 from .conftest import pid_namespace_members

@@ -46,7 +46,7 @@ SCRIPT = textwrap.dedent(
 
     # The disk quota holds rootless: a dd loop into /tmp, and a big file hidden in a directory made
     # unreadable (chmod 0) in the workspace, each past a 16 MiB quota.
-    from workers.sandbox.base import SandboxDiskQuotaExceeded
+    from workers.sandbox.sandbox import SandboxDiskQuotaExceeded
     writers = [
         "for i in $(seq 4096); do dd if=/dev/zero of=/tmp/f$i bs=1M count=1 status=none; done",
         "mkdir h && head -c 40000000 /dev/zero > h/big; chmod 0 h; sleep 60",

@@ -70,9 +70,9 @@ def test_a_fleet_scales_renews_before_its_time_limit_and_hides_its_password(slur
         status = _stack(slurm, config, "status").stdout
         assert PASSWORD not in status and "redis://:***@" in status and f"ROLLOUTS_API_URL={api_url}" in status
         made = {k: v for k, v in _published(run_dir, "secrets").items() if not k.startswith("#")}
-        assert {"ROLLOUTS_API_TOKENS", "ROLLOUTS_BACKEND_KEY"} <= set(made)
+        assert {"ROLLOUTS_API_TOKENS", "ROLLOUTS_BACKEND_TOKEN"} <= set(made)
         assert "ROLLOUTS_SLURM_REDIS_PASSWORD" not in made
-        assert not [k for k, v in made.items() if v in status] and "ROLLOUTS_BACKEND_KEY=***" in status
+        assert not [k for k, v in made.items() if v in status] and "ROLLOUTS_BACKEND_TOKEN=***" in status
 
         # A task with two minutes, warned (USR1) 100 s before its end: it submits its successor, then drains.
         before = set(_recorded(run_dir, "rollout"))

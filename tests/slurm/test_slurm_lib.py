@@ -102,7 +102,7 @@ def _settings(path: Path) -> dict[str, str]:
 
 
 def test_up_makes_private_secrets_once_and_every_job_reads_them(tmp_path: Path):
-    env = {"ROLLOUTS_RUN_DIR": str(tmp_path), "ROLLOUTS_PYTHON": "python3", "ROLLOUTS_BACKEND_KEY": "from-config"}
+    env = {"ROLLOUTS_RUN_DIR": str(tmp_path), "ROLLOUTS_PYTHON": "python3", "ROLLOUTS_BACKEND_TOKEN": "from-config"}
     _bash("rollouts_make_secrets", env)
     made = _settings(tmp_path / "secrets.env")
     assert (tmp_path / "secrets.env").stat().st_mode & 0o077 == 0
@@ -111,7 +111,7 @@ def test_up_makes_private_secrets_once_and_every_job_reads_them(tmp_path: Path):
         "ROLLOUTS_API_TOKENS",
         "ROLLOUTS_ADMIN_TOKENS",
         "ROLLOUTS_TOKEN",
-        "ROLLOUTS_BACKEND_ADMIN_KEY",
+        "ROLLOUTS_BACKEND_ADMIN_TOKEN",
     }, "a configured value is not made"
     assert len(set(made.values())) == 4 and made["ROLLOUTS_TOKEN"] == made["ROLLOUTS_ADMIN_TOKENS"]
     assert all(len(value) >= 40 for value in made.values())
@@ -119,15 +119,25 @@ def test_up_makes_private_secrets_once_and_every_job_reads_them(tmp_path: Path):
     _bash("rollouts_make_secrets", env)  # a second `up`: the tokens trainers hold stay valid
     assert _settings(tmp_path / "secrets.env") == made
     # Rotation: a line removed from the file is made anew; the rest stay.
-    kept = [line for line in (tmp_path / "secrets.env").read_text().splitlines() if "BACKEND_ADMIN_KEY" not in line]
+    kept = [line for line in (tmp_path / "secrets.env").read_text().splitlines() if "BACKEND_ADMIN_TOKEN" not in line]
     (tmp_path / "secrets.env").write_text("\n".join(kept) + "\n")
     _bash("rollouts_make_secrets", env)
     rotated = _settings(tmp_path / "secrets.env")
-    assert rotated.pop("ROLLOUTS_BACKEND_ADMIN_KEY") != made.pop("ROLLOUTS_BACKEND_ADMIN_KEY") and rotated == made
+    assert rotated.pop("ROLLOUTS_BACKEND_ADMIN_TOKEN") != made.pop("ROLLOUTS_BACKEND_ADMIN_TOKEN") and rotated == made
     out = _bash(
-        'rollouts_setup; echo "$ROLLOUTS_API_TOKENS $ROLLOUTS_BACKEND_KEY"', {**env, "SLURM_SUBMIT_DIR": str(REPO)}
+        'rollouts_setup; echo "$ROLLOUTS_API_TOKENS $ROLLOUTS_BACKEND_TOKEN"', {**env, "SLURM_SUBMIT_DIR": str(REPO)}
     )
     assert out.split() == [rotated["ROLLOUTS_API_TOKENS"], "from-config"], "the environment wins over the file"
+
+
+def test_a_deployments_gateway_keys_from_before_the_rename_become_its_tokens(tmp_path: Path):
+    """A secrets file written when the gateways' secrets were called keys: its values are carried over as the
+    tokens, so the gateways already running (holding the old values) keep opening to the workers and the API."""
+    (tmp_path / "secrets.env").write_text("ROLLOUTS_BACKEND_KEY=old-data\nROLLOUTS_BACKEND_ADMIN_KEY=old-admin\n")
+    (tmp_path / "secrets.env").chmod(0o600)
+    _bash("rollouts_make_secrets", {"ROLLOUTS_RUN_DIR": str(tmp_path), "ROLLOUTS_PYTHON": "python3"})
+    made = _settings(tmp_path / "secrets.env")
+    assert (made["ROLLOUTS_BACKEND_TOKEN"], made["ROLLOUTS_BACKEND_ADMIN_TOKEN"]) == ("old-data", "old-admin")
 
 
 def test_a_site_redis_gets_no_password_made(tmp_path: Path):
@@ -147,7 +157,7 @@ def test_redaction_hides_every_secret_value_and_keeps_the_rest():
         "ROLLOUTS_REDIS_URL=redis://:pw@node:6379/0",
         "ROLLOUTS_API_TOKENS=a,b",
         "ROLLOUTS_TOKEN=t",
-        "ROLLOUTS_BACKEND_ADMIN_KEY=k",
+        "ROLLOUTS_BACKEND_ADMIN_TOKEN=k",
         "ROLLOUTS_SLURM_REDIS_PASSWORD=p",
         "ROLLOUTS_API_URL=http://node:8000",
     ]
@@ -156,7 +166,7 @@ def test_redaction_hides_every_secret_value_and_keeps_the_rest():
         "ROLLOUTS_REDIS_URL=redis://:***@node:6379/0",
         "ROLLOUTS_API_TOKENS=***",
         "ROLLOUTS_TOKEN=***",
-        "ROLLOUTS_BACKEND_ADMIN_KEY=***",
+        "ROLLOUTS_BACKEND_ADMIN_TOKEN=***",
         "ROLLOUTS_SLURM_REDIS_PASSWORD=***",
         "ROLLOUTS_API_URL=http://node:8000",
     ]

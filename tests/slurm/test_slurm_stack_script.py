@@ -5,7 +5,7 @@ The vLLM job runs the real slurm/vllm.sbatch: vLLM's CPU build serving the tiny 
 behind its node gateway, bound to this machine's non-loopback address, so its
 serve/wait/register/heartbeat/deregister path and a weight update run under Slurm as on a GPU
 cluster. No secret is configured: the stack makes its own, and what a cluster neighbour would try
-(no token, no key, the data key on a control route, vLLM's own port) is refused.
+(no token, no key, the data token on a control route, vLLM's own port) is refused.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.slurm.conftest import REPO, job_env
 from tests.support.addresses import node_address, refuses
 from tests.support.vllm_server import SERVED_NAME
 from tests.support.waiting import trace, wait_for, wait_status
-from tests.weights.test_weight_update_on_vllm import PROMPT, checkpoint, gap_to
+from tests.support.weight_checks import PROMPT, checkpoint, gap_to
 
 
 def _stack(slurm, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -120,8 +120,8 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(
         # What a cluster neighbour would try, each refused; vLLM itself answers on loopback only.
         assert refuses(node, vllm_port) and not refuses("127.0.0.1", vllm_port)
         assert httpx.post(f"{gateway}/pause", timeout=10).status_code == 401
-        data_key = {"Authorization": f"Bearer {secrets['ROLLOUTS_BACKEND_KEY']}"}
-        assert httpx.post(f"{gateway}/pause", headers=data_key, timeout=10).status_code == 403
+        data_token = {"Authorization": f"Bearer {secrets['ROLLOUTS_BACKEND_TOKEN']}"}
+        assert httpx.post(f"{gateway}/pause", headers=data_token, timeout=10).status_code == 403
 
         # A weight update through the API reaches the Slurm-launched backend through its gateway.
         step = checkpoint(checkpoints, seed=1)
@@ -134,7 +134,7 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(
         )
         assert update.status_code == 200, update.text
         assert [b["status"] for b in update.json()["backends"]] == ["updated"], update.text
-        tokens, logprobs = _sample(gateway, secrets["ROLLOUTS_BACKEND_KEY"])
+        tokens, logprobs = _sample(gateway, secrets["ROLLOUTS_BACKEND_TOKEN"])
         assert gap_to(step, tokens, logprobs) < 1e-3 < gap_to(tiny_model, tokens, logprobs)
 
         # vLLM dies (its API server SIGKILLed): the job restarts it in place, its registration follows, and
@@ -153,9 +153,9 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(
             f"back behind its gateway with step-1 {time.monotonic() - killed:.1f} s after"
         )
         assert back["url"] == gateway
-        info = httpx.get(f"{gateway}/weight_info", headers=data_key, timeout=10).json()
+        info = httpx.get(f"{gateway}/weight_info", headers=data_token, timeout=10).json()
         assert info["weight_version"] == "step-1", info
-        tokens, logprobs = _sample(gateway, secrets["ROLLOUTS_BACKEND_KEY"])
+        tokens, logprobs = _sample(gateway, secrets["ROLLOUTS_BACKEND_TOKEN"])
         assert gap_to(step, tokens, logprobs) < 1e-3 < gap_to(tiny_model, tokens, logprobs)
         vllm_log = next((run_dir / "logs").glob(f"rollouts-vllm-{roles['vllm']}_0.log")).read_text()
         assert "vLLM exited (code" in vllm_log and "restarting it on port" in vllm_log

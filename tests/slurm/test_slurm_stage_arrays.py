@@ -136,10 +136,11 @@ def test_a_task_near_its_time_limit_is_warned_and_hands_its_job_back(fleet, trac
     gate = Gate(tmp_path / "release")  # the job runs until it is handed back, however late the warning comes
     ids = _submit(api, trace_dir, [gate.hold("rollout")])
 
-    # Four minutes of time with the warning 120 s before the end. sbatch(1): "the signal may be
-    # sent up to 60 seconds earlier than specified", so SIGTERM reaches the batch shell (the
-    # worker) 60 to 120 s in (not at once, as a warning 100 s before a two-minute limit could):
-    # a minute for the worker to start and take the job, and two before the kill.
+    # Time limit warnings: SIGTERM to the batch shell (the worker) 240 s before the end. sbatch(1): "the
+    # signal may be sent up to 60 seconds earlier than specified" (slurmctld checks limits periodically).
+    # The task starts with ten minutes; once its worker has taken the job, the limit is cut to 180-240 s
+    # from now: the warning is due at once and comes at slurmctld's next check, the worker keeps the
+    # same two minutes or more to hand the job back before the kill, and no test waits out a limit.
     def rollout_task(*options: str) -> str:
         return slurm.sbatch(
             REPO / "slurm" / "rollout.sbatch",
@@ -150,9 +151,10 @@ def test_a_task_near_its_time_limit_is_warned_and_hands_its_job_back(fleet, trac
             cwd=REPO,
         )
 
-    short = rollout_task("--time=4", "--signal=B:TERM@120")
+    short = rollout_task("--time=10", "--signal=B:TERM@240")
     try:
         pid = _started(trace_dir, ids[0], "rollout")
+        _cut_time_limit(slurm, f"{short}_0", left_s=180)
         wait_for(lambda: not slurm.tasks(short), timeout=300, what="the short task to end")
         assert slurm.job_state(f"{short}_0") == "COMPLETED", "the worker should have exited before its time limit"
         record = api.get(f"/v1/jobs/{ids[0]}").json()
@@ -164,6 +166,22 @@ def test_a_task_near_its_time_limit_is_warned_and_hands_its_job_back(fleet, trac
     record = wait_status(api, ids[0], timeout=90)
     assert record["status"] == "done" and record["attempts"]["rollout"] == 2
     assert _started(trace_dir, ids[0], "rollout", attempt=2) != pid
+
+
+def _run_seconds(slurm, task: str) -> int:
+    """How long the task has run, as Slurm counts it (squeue's %M: [[days-]hours:]minutes:seconds)."""
+    elapsed = slurm.run(["squeue", "-h", "-j", task, "-o", "%M"]).stdout.strip()
+    days, _, clock = elapsed.rpartition("-")
+    seconds = 0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + int(part)
+    return seconds + int(days or 0) * 86400
+
+
+def _cut_time_limit(slurm, task: str, left_s: int) -> None:
+    """Set the running task's limit (whole minutes, as Slurm keeps it) to end left_s to left_s + 60 s from now."""
+    minutes = (_run_seconds(slurm, task) + left_s) // 60 + 1
+    slurm.run(["scontrol", "update", f"JobId={task}", f"TimeLimit={minutes}"])
 
 
 def test_a_preempted_task_is_warned_and_hands_its_job_back(fleet, trace_dir, tmp_path):

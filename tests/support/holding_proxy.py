@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from workers.rollout.llm_client import COMPLETIONS_PATH, GENERATE_PATH
+from workers.rollout.llm_wire import COMPLETIONS_PATH, GENERATE_PATH
 
 GENERATION_PATHS = frozenset({GENERATE_PATH, COMPLETIONS_PATH, "/v1/chat/completions"})
 _HOP_BY_HOP = {"connection", "content-length", "content-encoding", "transfer-encoding", "keep-alive", "host"}

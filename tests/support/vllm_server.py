@@ -2,7 +2,11 @@
 
 One server per test session (`vllm_server`, ~25-80 s to start on 2 cores, launched in the background
 as soon as the collected tests show one uses it, then shared by every test that asks for it); `start_vllm_servers(n)` starts more for the tests that need two (routing,
-failover, SIGKILL of a backend) and stops them at the end of the test. Tests that use them are
+failover, SIGKILL of a backend) and stops them at the end of the test. A server that tests change
+(weights, adapters) or that serves another model is its own, not the session's `vllm_server`:
+`weights_vllm_server`, shared by the modules that update weights (each restores the base weights
+when it ends), or one a test module registers with `register_launch` (a tied-embedding model, LoRA);
+those are launched in the background too, a few modules before their first test. Tests that use them are
 marked `vllm` (`pytest -m "not vllm"` skips them where vLLM is not installed).
 """
 
@@ -55,9 +59,11 @@ def launch_server(
     served_name: str = SERVED_NAME,
     args: list[str] | None = None,
     max_model_len: int = 4096,
+    env: dict[str, str] | None = None,
 ) -> VLLMServer:
     """Start one vLLM server on a free loopback port, without waiting for it; float32, as the trainer computes.
-    A prompt is prefilled in one step (vLLM refuses a model length over its batched-token budget)."""
+    A prompt is prefilled in one step (vLLM refuses a model length over its batched-token budget).
+    `env`: the server's own variables (e.g. VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
     port = free_port()
     batched = ["--max-num-batched-tokens", str(max_model_len)] if max_model_len > 8192 else []  # 8192: vLLM's own
     server = VLLMServer.from_settings(
@@ -68,6 +74,7 @@ def launch_server(
         log_path=log_dir / f"vllm-{port}.log",
         args=["--dtype", "float32", "--max-model-len", str(max_model_len), *batched, *(args or [])],
     )
+    server.env.update(env or {})
     return server.start()
 
 
@@ -86,22 +93,65 @@ def start_server(model: Path, log_dir: Path, **options: Any) -> VLLMServer:
     return ready(launch_server(model, log_dir, **options))
 
 
-# The session's servers, launched as soon as the collected tests show they are needed (a start costs 25-160 s
-# on 2 cores, most of it vLLM's imports and compile): the tests that come before the first one that uses
-# a server run meanwhile, and its fixture only waits for what is left of the start.
+# The suite's servers, launched in the background before the first test that uses them (a start costs
+# 25-160 s on 2 cores, most of it vLLM's imports and compile): the tests that come before it run meanwhile,
+# and its fixture only waits for what is left of the start. The session's `vllm_server` and
+# `long_context_vllm_server`, used from the suite's first modules on, are launched at collection; the
+# others LEAD_MODULES test modules before the first module that uses them, so that servers used only
+# near the suite's end do not hold their memory (a few GB each) all along.
 _SESSION_SERVERS: dict[str, Callable[[Path], VLLMServer]] = {
     "vllm_server": lambda logs: launch_server(tiny_model_path(), logs),
     "long_context_vllm_server": lambda logs: launch_server(long_context_model_path(), logs, max_model_len=LONG_CONTEXT),
+    # The same tiny model for the tests that change its weights (tests/weights): never the session's
+    # `vllm_server`, whose tests see the base weights; each module using it restores them as it ends.
+    "weights_vllm_server": lambda logs: launch_server(tiny_model_path(), logs),
 }
+_AT_COLLECTION = {"vllm_server", "long_context_vllm_server"}
+LEAD_MODULES = 2
 _launched: dict[str, VLLMServer] = {}
+_planned: dict[str, int] = {}  # server -> the position, in the run's order of modules, at which it is launched
+_module_positions: dict[str, int] = {}
+_log_dir: list[Path] = []
+
+
+def register_launch(name: str, launch: Callable[[Path], VLLMServer]) -> None:
+    """A test module's own server, launched ahead like the suite's when a collected test uses the fixture
+    `name`, which takes it with `session_server(name, ...)` (module-scoped: stopped as the module ends).
+    `launch` gets a fresh directory for its files and log, and must not wait for the server."""
+    _SESSION_SERVERS.setdefault(name, launch)
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def _launch(name: str) -> None:
+    try:
+        server = _SESSION_SERVERS[name](_log_dir[0] / name)
+    except Exception:  # noqa: BLE001 - not launched: its fixture starts it, and fails its tests with the error
+        return
+    _launched[name] = server
 
 
 def launch_session_servers(items: list[pytest.Item], log_dir: Path) -> None:
-    """Launch each session server some collected test uses (pytest_collection_finish)."""
-    wanted = set().union(*(getattr(item, "fixturenames", ()) for item in items)) if items else set()
-    for name, launch in _SESSION_SERVERS.items():
-        if name in wanted and name not in _launched:
-            _launched[name] = launch(log_dir)
+    """Plan a launch for each server some collected test uses, and launch those due now (pytest_collection_finish)."""
+    _log_dir[:] = [log_dir]
+    for item in items:
+        _module_positions.setdefault(_module(item), len(_module_positions))
+    for name in _SESSION_SERVERS:
+        users = [_module_positions[_module(item)] for item in items if name in getattr(item, "fixturenames", ())]
+        if users and name not in _launched:
+            _planned[name] = 0 if name in _AT_COLLECTION else max(0, min(users) - LEAD_MODULES)
+    launch_due_servers(items[0] if items else None)
+
+
+def launch_due_servers(item: pytest.Item | None) -> None:
+    """Launch the planned servers whose time has come, as the run reaches `item` (pytest_runtest_protocol)."""
+    position = _module_positions.get(_module(item), 0) if item is not None else 0
+    for name, at in list(_planned.items()):
+        if at <= position:
+            del _planned[name]
+            _launch(name)
 
 
 def stop_session_servers() -> None:
@@ -111,10 +161,14 @@ def stop_session_servers() -> None:
 
 
 def session_server(name: str, log_dir: Path) -> Iterator[VLLMServer]:
-    """The session server `name`: the launched one, else one started now; stopped at the session's end."""
-    server = _launched.pop(name, None) or _SESSION_SERVERS[name](log_dir)
-    yield ready(server)
-    server.stop()
+    """The server `name`: the launched one, else one started now; stopped as its fixture ends (the session's
+    at the session's end, a module's as the module ends)."""
+    _planned.pop(name, None)
+    server = _launched.pop(name, None) or _SESSION_SERVERS[name](log_dir / name)
+    try:
+        yield ready(server)
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -126,6 +180,21 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
 def long_context_vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     """A server of the tiny model with a LONG_CONTEXT window, for harnesses whose first prompt is tens of kB."""
     yield from session_server("long_context_vllm_server", tmp_path_factory.mktemp("vllm-logs"))
+
+
+@pytest.fixture(scope="session")
+def weights_vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """A server of the tiny model whose weights tests change: each module that uses it restores
+    them as it ends (`restore_base_weights`), so no module's checks depend on another's."""
+    yield from session_server("weights_vllm_server", tmp_path_factory.mktemp("vllm-logs"))
+
+
+def restore_base_weights(server: VLLMServer) -> None:
+    """Load the server's own model directory back under vLLM's initial version label ("default"),
+    through the service's per-backend steps: its weights, label and prefix cache as at start."""
+    from shared.weights.vllm_routes import Checkpoint, StepTimes, apply
+
+    apply(server.url, Checkpoint(str(server.model), "default"), 300, StepTimes())
 
 
 @pytest.fixture()

@@ -112,8 +112,8 @@ def test_the_projects_exceptions_share_one_root_and_keep_their_builtin_base() ->
     from cli.stack import StackError
     from shared.backend_pool import NoBackendAvailable, NotAModelServer
     from shared.trajectory import TrajectoryError
-    from workers.rollout.llm_client import BackendUnavailable
-    from workers.sandbox.base import SandboxError
+    from workers.rollout.llm_errors import BackendUnavailable
+    from workers.sandbox.sandbox import SandboxError
 
     for error, builtin in [
         (StackError, RuntimeError),

@@ -3,8 +3,9 @@
 The conversion keeps SmolLM2's own chat template and control tokens, the agent loop is
 token-exact with its real BPE tokenizer, a failed conversion leaves nothing behind, and a
 LoRA adapter pushed into a real vLLM server gives the logprobs PEFT computes (slow: vLLM
-loads the 135M model). `scripts/setup.sh train` installs the package (`--no-deps`); the conversion
-runs once per user (~30 s, cached).
+loads the 135M model; its server is launched in the background a few modules ahead).
+`scripts/setup.sh train` installs the package (`--no-deps`); the conversion runs once per user
+(~30 s, cached).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 from examples.smollm2 import model as smollm2_model
 from tests.agent.test_real_templates import FAMILIES, TEMPLATES, TOOL_NAMES, run_loop
 from tests.support.trajectory_checks import assert_decodes_to_conversation, assert_exact_against_backend
+from tests.support.vllm_server import launch_server, register_launch, session_server
 
 try:
     importlib.metadata.distribution(smollm2_model.PACKAGE)
@@ -30,6 +32,34 @@ except importlib.metadata.PackageNotFoundError:  # pragma: no cover - scripts/se
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
     return smollm2_model.smollm2_dir()
+
+
+RANK, ALPHA = 8, 16
+
+
+def launch_lora_server(directory: Path) -> Any:
+    """vLLM on SmolLM2 with LoRA enabled, serving a fresh adapter (B = 0) as `policy`, without waiting for it."""
+    import torch
+
+    from examples.smollm2.lora import lora_policy, save_adapter
+
+    torch.manual_seed(0)
+    first = save_adapter(lora_policy(smollm2_model.smollm2_dir(), rank=RANK, alpha=ALPHA), directory / "v0")
+    return launch_server(
+        smollm2_model.smollm2_dir(),
+        directory,
+        served_name="smollm2",
+        args=["--enable-lora", "--max-lora-rank", str(RANK), "--lora-modules", f"policy={first}"],
+        env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},  # /v1/load_lora_adapter, as stack.py sets it
+    )
+
+
+register_launch("smollm2_lora_server", launch_lora_server)
+
+
+@pytest.fixture()
+def smollm2_lora_server(tmp_path: Path) -> Any:
+    yield from session_server("smollm2_lora_server", tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -102,55 +132,45 @@ def test_without_the_package_the_error_says_how_to_install_it(monkeypatch: pytes
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_a_pushed_lora_adapter_serves_the_logprobs_peft_computes(
-    smollm2: Path, tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    smollm2: Path, tokenizer: Any, tmp_path: Path, smollm2_lora_server: Any
 ) -> None:
     import torch
 
     from examples.smollm2.lora import lora_policy, save_adapter
     from shared.config import Settings
     from shared.weights.vllm_routes import Checkpoint, StepTimes, apply
-    from tests.support.vllm_server import start_server
-    from workers.rollout.llm_client import LLMClient, Sampling
+    from workers.rollout.llm_client import LLMClient
+    from workers.rollout.llm_completion import Sampling
 
     torch.manual_seed(0)
-    policy = lora_policy(smollm2, rank=8, alpha=16)
-    first = save_adapter(policy, tmp_path / "v0")
-    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")  # /v1/load_lora_adapter, as stack.py sets it
-    server = start_server(
-        smollm2,
-        tmp_path,
-        served_name="smollm2",
-        args=["--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"policy={first}"],
+    policy = lora_policy(smollm2, rank=RANK, alpha=ALPHA)  # the server's adapter `policy` is this one, B = 0
+    server = smollm2_lora_server
+    with torch.no_grad():  # a trained adapter: B away from 0
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.02)
+    # The service's own per-backend steps (pause, load in place, reset cache, label, resume)
+    apply(server.url, Checkpoint(str(save_adapter(policy, tmp_path / "v1")), "v1", lora="policy"), 120, StepTimes())
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 7 + 5?"}], tokenize=False, add_generation_prompt=True
     )
-    try:
-        with torch.no_grad():  # a trained adapter: B away from 0
-            for name, param in policy.named_parameters():
-                if "lora_B" in name:
-                    param.normal_(0, 0.02)
-        # The service's own per-backend steps (pause, load in place, reset cache, label, resume)
-        apply(server.url, Checkpoint(str(save_adapter(policy, tmp_path / "v1")), "v1", lora="policy"), 120, StepTimes())
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "What is 7 + 5?"}], tokenize=False, add_generation_prompt=True
+    prompt = tokenizer.encode(text, add_special_tokens=False)
+    with LLMClient.from_settings(Settings()) as llm:
+        turn = llm.complete(server.url, prompt, Sampling(max_tokens=12, seed=1), model="policy")
+    generated, served = turn.token_ids, turn.logprobs
+    assert [span.version for span in turn.weight_versions] == ["v1"]
+    ids = torch.tensor([prompt + generated])
+    with torch.no_grad():
+        logits = policy(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    mine = torch.log_softmax(logits, -1).gather(-1, torch.tensor(generated)[:, None]).squeeze(-1)
+    assert max(abs(a - float(b)) for a, b in zip(served, mine)) < 1e-3
+    with torch.no_grad(), policy.disable_adapter():  # the adapter changed them: this is not the base model
+        base = torch.log_softmax(policy(input_ids=ids).logits[0, len(prompt) - 1 : -1].float(), -1)
+    assert (
+        max(
+            abs(float(a) - float(b))
+            for a, b in zip(mine, base.gather(-1, torch.tensor(generated)[:, None]).squeeze(-1))
         )
-        prompt = tokenizer.encode(text, add_special_tokens=False)
-        with LLMClient.from_settings(Settings()) as llm:
-            turn = llm.complete(server.url, prompt, Sampling(max_tokens=12, seed=1), model="policy")
-        generated, served = turn.token_ids, turn.logprobs
-        assert [span.version for span in turn.weight_versions] == ["v1"]
-        ids = torch.tensor([prompt + generated])
-        with torch.no_grad():
-            logits = policy(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-        mine = torch.log_softmax(logits, -1).gather(-1, torch.tensor(generated)[:, None]).squeeze(-1)
-        assert max(abs(a - float(b)) for a, b in zip(served, mine)) < 1e-3
-        with torch.no_grad(), policy.disable_adapter():  # the adapter changed them: this is not the base model
-            base = torch.log_softmax(policy(input_ids=ids).logits[0, len(prompt) - 1 : -1].float(), -1)
-        assert (
-            max(
-                abs(float(a) - float(b))
-                for a, b in zip(mine, base.gather(-1, torch.tensor(generated)[:, None]).squeeze(-1))
-            )
-            > 1e-2
-        )
-        assert httpx.get(f"{server.url}/weight_info").json()["weight_version"] == "v1"
-    finally:
-        server.stop()
+        > 1e-2
+    )
+    assert httpx.get(f"{server.url}/weight_info").json()["weight_version"] == "v1"

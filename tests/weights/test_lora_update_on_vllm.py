@@ -1,4 +1,5 @@
-"""The LoRA path of the weights route against a real vLLM server started with LoRA enabled.
+"""The LoRA path of the weights route against a real vLLM server started with LoRA enabled
+(its own, launched in the background a few modules ahead, stopped as the module ends).
 
 The server serves adapter 0 under the name `policy-lora` from the start (`--lora-modules`), and
 the pool knows the backend under that name; the update loads adapter 1 in place under the same
@@ -17,10 +18,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from cli.embedded_redis import free_port
 from cli.vllm_server import VLLMServer
-from shared.config import Settings
-from tests.weights.test_weight_update_on_vllm import PROMPT
+from tests.support.vllm_server import launch_server, register_launch, session_server, tiny_model_path
+from tests.support.weight_checks import PROMPT
 
 pytestmark = pytest.mark.vllm
 
@@ -56,35 +56,29 @@ def write_adapter(directory: Path, seed: int, layers: int = 2) -> dict[str, torc
     return tensors
 
 
-@pytest.fixture(scope="module")
-def lora_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VLLMServer, Path]]:
-    root = tmp_path_factory.mktemp("lora")
-    write_adapter(root / "adapter-0", seed=0)
-    server = VLLMServer.from_settings(
-        Settings(),
-        tiny_model,
-        free_port(),
-        served_name="tiny",
-        log_path=root / "vllm.log",
-        args=[
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "4096",
-            "--enable-lora",
-            "--max-lora-rank",
-            str(RANK),
-            "--lora-modules",
-            f"{NAME}={root / 'adapter-0'}",
-        ],
+def launch_lora_server(directory: Path) -> VLLMServer:
+    """vLLM on the tiny model with LoRA enabled, serving adapter 0 as NAME, without waiting for it."""
+    write_adapter(directory / "adapter-0", seed=0)
+    return launch_server(
+        tiny_model_path(),
+        directory,
+        args=["--enable-lora", "--max-lora-rank", str(RANK), "--lora-modules", f"{NAME}={directory / 'adapter-0'}"],
+        env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
     )
-    server.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-    server.start()
+
+
+register_launch("lora_server", launch_lora_server)
+
+
+@pytest.fixture(scope="module")
+def lora_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VLLMServer, Path]]:
+    root = tmp_path_factory.mktemp("lora")
+    servers = session_server("lora_server", tmp_path_factory.mktemp("vllm-logs"))
+    server = next(servers)
     try:
-        server.wait_until_ready(timeout_s=900)
         yield server, root
     finally:
-        server.stop()
+        servers.close()  # stops it
 
 
 def merged_logprobs(base: Path, adapter: dict[str, torch.Tensor], tokens: list[int]) -> torch.Tensor:

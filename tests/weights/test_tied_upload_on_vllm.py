@@ -1,4 +1,5 @@
-"""The worker extension on a model with tied embeddings (its own vLLM server: the tiny model, tied).
+"""The worker extension on a model with tied embeddings (its own vLLM server: the tiny model, tied,
+launched in the background a few modules ahead, stopped as the module ends).
 
 A tied checkpoint has no lm_head.weight. The extension loads the payload with vLLM's in-place
 reload, then copies the new embeddings into lm_head when vLLM holds it as its own tensor; the
@@ -17,8 +18,9 @@ import pytest
 import torch
 
 from cli.tiny_model import build_tiny_model, build_tokenizer
-from tests.support.vllm_server import start_server
-from tests.weights.test_weight_update_on_vllm import gap_to, sample
+from cli.vllm_server import VLLMServer
+from tests.support.vllm_server import launch_server, register_launch, session_server
+from tests.support.weight_checks import gap_to, sample
 
 pytestmark = pytest.mark.vllm
 
@@ -35,14 +37,23 @@ def tied_checkpoint(directory: Path, seed: int) -> Path:
     return directory
 
 
+def launch_tied_server(directory: Path) -> VLLMServer:
+    """vLLM serving the tiny model tied (seed 0) as its base, without waiting for it."""
+    return launch_server(tied_checkpoint(directory / "base", 0), directory)
+
+
+register_launch("tied_server", launch_tied_server)
+
+
 @pytest.fixture(scope="module")
 def tied_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     root = tmp_path_factory.mktemp("tied")
-    server = start_server(tied_checkpoint(root / "base", 0), root)
+    servers = session_server("tied_server", tmp_path_factory.mktemp("vllm-logs"))
+    server = next(servers)
     try:
         yield server.url, root
     finally:
-        server.stop()
+        servers.close()  # stops it
 
 
 def test_an_upload_into_a_tied_model_refreshes_its_lm_head(tied_server) -> None:

@@ -1,7 +1,9 @@
-"""A weight update through the service against a real vLLM server (its own: the update changes it).
+"""A weight update through the service against a real vLLM server (not the session's: the update changes it).
 
-One module-scoped server and stack (as `rollouts up --backend-url` runs them); the tests run in
-order and each leaves the server on the version it applied. Checkpoints are the tiny model with
+One module-scoped stack (as `rollouts up --backend-url` runs it) in front of the suite's
+`weights_vllm_server`, whose base weights the module restores as it ends (test_weight_upload_on_vllm.py
+uses the same fixture, with a stack of its own); the tests run in order and each leaves the server on the
+version it applied. Checkpoints are the tiny model with
 other seeds; the logprobs the server reports are compared with transformers' on the same tokens.
 The pool reaches the server through a HoldingProxy, so a test that needs a job between two of its
 turns holds it there instead of racing the model.
@@ -9,22 +11,21 @@ turns holds it there instead of racing the model.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 from cli.stack import Stack
-from cli.tiny_model import build_tiny_model, build_tokenizer
+from cli.vllm_server import VLLMServer
 from shared.config import Settings
 from tests.support.broken_weights_backend import BrokenWeightsBackend
 from tests.support.holding_proxy import HoldingProxy
-from tests.support.vllm_server import SERVED_NAME, start_server
+from tests.support.vllm_server import SERVED_NAME, restore_base_weights
 from tests.support.waiting import client_for, wait_for, wait_status
+from tests.support.weight_checks import checkpoint, gap_to, sample
 
 pytestmark = pytest.mark.vllm
 
@@ -33,8 +34,6 @@ ENV = {
     "ROLLOUTS_MAINTENANCE_INTERVAL_S": "1",
     "ROLLOUTS_LLM_HEARTBEAT_INTERVAL_S": "1",
 }
-# 300 tokens: several full KV blocks, so a second request with this prefix hits the prefix cache.
-PROMPT = [(7 * i) % 200 + 40 for i in range(300)]
 
 
 @dataclass
@@ -48,9 +47,11 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(weights_vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A fresh stack (its own Redis: no version applied yet) before the shared server, whose base weights
+    come back as the module ends."""
     root = tmp_path_factory.mktemp("weights")
-    server = start_server(tiny_model, root)
+    server = weights_vllm_server
     proxy = HoldingProxy(server.url).start()
     stack = Stack(
         Settings(redis_url=None, state_dir=root / "state"),
@@ -67,52 +68,13 @@ def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     finally:
         stack.stop(timeout=20)
         proxy.stop()
-        server.stop()
-
-
-def checkpoint(root: Path, seed: int, intermediate: int | None = None) -> Path:
-    """The tiny model with other weights (or, with `intermediate`, other shapes), saved as the trainer saves."""
-    model = build_tiny_model(build_tokenizer(), seed, 4096)
-    if intermediate is not None:
-        config = copy.deepcopy(model.config)
-        config.intermediate_size = intermediate
-        model = type(model)(config)
-    directory = root / f"ckpt-s{seed}-{intermediate}"
-    model.save_pretrained(directory)
-    return directory
-
-
-def sample(url: str, seed: int) -> tuple[list[int], list[float]]:
-    """Four tokens after PROMPT at temperature 1, with the logprob vLLM reports for each."""
-    body = {
-        "model": SERVED_NAME,
-        "prompt": PROMPT,
-        "max_tokens": 4,
-        "temperature": 1.0,
-        "seed": seed,
-        "logprobs": 0,
-        "return_token_ids": True,
-    }
-    choice = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"][0]
-    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+        restore_base_weights(server)
 
 
 def prefix_hits(url: str) -> float:
     """Prompt tokens vLLM found in its prefix cache so far (its own counter, GET /metrics)."""
     lines = httpx.get(f"{url}/metrics", timeout=10).text.splitlines()
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:prefix_cache_hits_total"))
-
-
-def gap_to(directory: Path, tokens: list[int], logprobs: list[float]) -> float:
-    """max |vLLM's logprob - transformers' logprob| of the sampled tokens, under the checkpoint in `directory`."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    ids = torch.tensor([PROMPT + tokens])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(PROMPT) - 1 : -1].log_softmax(-1)
-    expected = logits.gather(1, torch.tensor(tokens)[:, None])[:, 0]
-    return float((expected - torch.tensor(logprobs)).abs().max())
 
 
 def update(api: httpx.Client, version: str, path: Path | str, **extra: object) -> httpx.Response:

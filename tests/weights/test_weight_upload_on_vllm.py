@@ -1,7 +1,8 @@
 """Weights sent as bytes (PUT, a safetensors body) through the service into a real vLLM server.
 
-The same module-scoped server and stack as test_weight_update_on_vllm.py (its fixture, its own
-instance here) and its helpers: checkpoints are the tiny model with other seeds, and the logprobs
+The same server as test_weight_update_on_vllm.py (the suite's `weights_vllm_server`, base weights
+restored as each module ends), and a stack of this module's own (its fixture, its own instance here),
+and its helpers: checkpoints are the tiny model with other seeds, and the logprobs
 vLLM reports after an upload are compared with transformers' on the same checkpoint.
 """
 
@@ -15,7 +16,8 @@ import pytest
 
 from rollouts_client import ApiError, AsyncRolloutClient, RolloutClient
 from tests.support.vllm_server import SERVED_NAME
-from tests.weights.test_weight_update_on_vllm import checkpoint, gap_to, sample, served  # noqa: F401 - the fixture
+from tests.support.weight_checks import checkpoint, gap_to, sample
+from tests.weights.test_weight_update_on_vllm import served  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.vllm
 

@@ -75,7 +75,7 @@ def test_behind_gateways_without_roots_a_path_update_is_refused_naming_the_setti
 ) -> None:
     double = doubles()
     register(redis, settings, double.url)
-    api = make_client(backend_key="data", backend_admin_key="admin")
+    api = make_client(backend_token="data", backend_admin_token="admin")
     response = api.post("/v1/models/tiny/weights", json={"version": "v1", "path": str(checkpoint)})
     assert response.status_code == 422 and "ROLLOUTS_CHECKPOINT_ROOTS" in response.text, response.text
     assert not double.received.is_set()

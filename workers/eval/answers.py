@@ -101,24 +101,29 @@ def math_answer(final_text: str, answer: str | None, with_units: bool = False) -
         if found.text is not None:
             return found
         note = found.note
-    markers = _MARKER.findall(final_text)
-    if markers:
-        return Extracted(plain_final_answer(markers[-1]), "final_text.marker")
-    phrase = answer_phrase(final_text, with_units)
-    if phrase is not None:
-        return Extracted(phrase, "final_text.phrase")
+    stated = _marked_or_phrased(final_text, with_units, "final_text")
+    if stated is not None:
+        return stated
     return Extracted(None, "none", note or 'no \\boxed{}, "#### N" line, "the answer is" phrase or finish answer')
+
+
+def _marked_or_phrased(text: str, with_units: bool, source: str) -> Extracted | None:
+    """The text's last "#### N" line, else its "the answer is" phrase, labelled `<source>.marker` or `.phrase`."""
+    marked = _MARKER.findall(text)
+    if marked:
+        return Extracted(plain_final_answer(marked[-1]), f"{source}.marker")
+    phrase = answer_phrase(text, with_units)
+    if phrase is not None:
+        return Extracted(phrase, f"{source}.phrase")
+    return None
 
 
 def _from_finish(answer: str, with_units: bool) -> Extracted:
     """The finish argument's answer: its "####" line, its answer phrase, itself (the number of "15 dollars"),
     or a sentence's last number."""
-    marked = _MARKER.findall(answer)
-    if marked:
-        return Extracted(plain_final_answer(marked[-1]), "finish.marker")
-    phrase = answer_phrase(answer, with_units)
-    if phrase is not None:
-        return Extracted(phrase, "finish.phrase")
+    stated = _marked_or_phrased(answer, with_units, "finish")
+    if stated is not None:
+        return stated
     if with_units or not is_sentence(answer):
         leading = None if with_units else _LEADING_NUMBER.match(answer)
         return Extracted(plain_final_answer(leading.group(1) if leading else answer), "finish")

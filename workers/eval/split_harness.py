@@ -218,35 +218,27 @@ class RemoteObject:
     def __call__(self, *args, **kwargs):
         return self._ask("call", *args, **kwargs)
 
-    def __iter__(self):
-        return self._ask("iter")
-
-    def __next__(self):
-        return self._ask("next")
-
-    def __len__(self):
-        return self._ask("len")
-
-    def __getitem__(self, key):
-        return self._ask("getitem", key)
-
-    def __contains__(self, item):
-        return self._ask("contains", item)
-
-    def __bool__(self):
-        return self._ask("bool")
-
-    def __repr__(self):
-        return self._ask("repr")
-
-    def __str__(self):
-        return self._ask("str")
-
     def __eq__(self, other):
         return isinstance(other, RemoteObject) and other._handle == self._handle
 
     def __hash__(self):
         return hash(("remote", self._handle))
+
+
+def _asked(op):
+    """A special method of RemoteObject that runs as the child's `__<op>__` of the object."""
+
+    def method(self, *args):
+        return self._ask(op, *args)
+
+    method.__name__ = f"__{op}__"
+    method.__qualname__ = f"RemoteObject.__{op}__"
+    return method
+
+
+# The special methods asked of the child, each by the op of its name (__len__ asks "len").
+for _op in ("iter", "next", "len", "getitem", "contains", "bool", "repr", "str"):
+    setattr(RemoteObject, f"__{_op}__", _asked(_op))
 
 
 def stand_in_module(name, connection, names):
@@ -395,6 +387,10 @@ def serve(module_name, sock):
             _send_error(sock, exc)
 
 
+# The ops that are a builtin applied to the target alone (RemoteObject's special methods of those names).
+_BUILTIN_OPS = {"iter": iter, "next": next, "len": len, "bool": bool, "repr": repr, "str": str}
+
+
 def _perform(op, target, args, kwargs):
     if op == "call":
         return target(*args, **kwargs)
@@ -403,22 +399,12 @@ def _perform(op, target, args, kwargs):
     if op == "setattr":
         setattr(target, args[0], args[1])
         return None
-    if op == "iter":
-        return iter(target)
-    if op == "next":
-        return next(target)
-    if op == "len":
-        return len(target)
+    if op in _BUILTIN_OPS:
+        return _BUILTIN_OPS[op](target)
     if op == "getitem":
         return target[args[0]]
     if op == "contains":
         return args[0] in target
-    if op == "bool":
-        return bool(target)
-    if op == "repr":
-        return repr(target)
-    if op == "str":
-        return str(target)
     if op == "origin":
         return _origin(target)
     raise ValueError(f"unknown operation {op!r}")

@@ -20,14 +20,15 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from shared.errors import RolloutsError
 from shared.tool_schemas import validate_call
-from shared.trajectory import ASSISTANT, OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
+from shared.trajectory import OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
 from workers.rollout.chat_delta import ChatRenderer
-from workers.rollout.llm_client import BackendRequestError, Completion, Sampling
+from workers.rollout.llm_completion import Completion, Sampling, assistant_turn
+from workers.rollout.llm_errors import BackendRequestError
 from workers.rollout.tool_parsers import ParsedCall, ParseResult, ToolParser
 from workers.toolserver.result import ToolResult
 
@@ -78,30 +79,23 @@ class _Stop(Exception):
         self.reason, self.detail = reason, detail
 
 
+@dataclass(eq=False)
 class AgentLoop:
     """Runs one trajectory; `trajectory` holds the record so far, also when `run` raises."""
 
-    def __init__(
-        self,
-        renderer: ChatRenderer,
-        parser: ToolParser,
-        generate: Generate,
-        run_tool: RunTool,
-        config: LoopConfig,
-        sampling: Sampling,
-        budget: Budget,
-    ) -> None:
-        self.renderer = renderer
-        self.parser = parser
-        self.generate = generate
-        self.run_tool = run_tool
-        self.config = config
-        self.sampling = sampling
-        self.budget = budget
-        self.trajectory = Trajectory(tokenizer=str(renderer.tokenizer.name_or_path), tool_parser=parser.name)
-        self._special_ids = set(renderer.tokenizer.all_special_ids)
+    renderer: ChatRenderer
+    parser: ToolParser
+    generate: Generate
+    run_tool: RunTool
+    config: LoopConfig
+    sampling: Sampling
+    budget: Budget
+
+    def __post_init__(self) -> None:
+        self.trajectory = Trajectory(tokenizer=str(self.renderer.tokenizer.name_or_path), tool_parser=self.parser.name)
+        self._special_ids = set(self.renderer.tokenizer.all_special_ids)
         self._timings = {"llm_s": 0.0, "tools_s": 0.0, "template_s": 0.0}
-        self.context_tokens = config.max_context_tokens  # lowered if a backend's context is smaller
+        self.context_tokens = self.config.max_context_tokens  # lowered if a backend's context is smaller
         self._context_note: str | None = None
 
     # --- the loop ------------------------------------------------------------------
@@ -135,20 +129,7 @@ class AgentLoop:
         stopped_on_token = completion.ends_on_stop_token(self._special_ids)
         content, stop_text = self.renderer.split_generation(completion.token_ids, stopped_on_token)
         parsed = self._parse(content)
-        turn = Turn(
-            role=ASSISTANT,
-            start=0,
-            end=0,
-            text=self.renderer.decode(completion.token_ids),
-            backend_id=completion.backend_id,
-            model=completion.model,
-            policy_version=completion.policy_version,
-            weight_versions=[asdict(span) for span in completion.weight_versions],
-            finish_reason=completion.finish_reason,
-            stop_reason=completion.stop_reason,
-            latency_s=completion.latency_s,
-            cached_tokens=completion.cached_tokens,
-        )
+        turn = assistant_turn(completion, self.renderer.decode(completion.token_ids))
         record.append(turn, completion.token_ids, completion.logprobs)
         record.final_text = content
 

@@ -12,17 +12,11 @@ import logging
 from dataclasses import replace
 
 from shared import log_context
-from shared.backend_pool import NOT_SERVING_MODEL, BackendPool, NoBackendAvailable
-from workers.rollout.llm_client import (
-    BackendRequestError,
-    BackendUnavailable,
-    BadBackendResponse,
-    Completion,
-    LLMClient,
-    Sampling,
-    TokenSink,
-    WeightSpan,
-)
+from shared.backend_pool import NOT_SERVING_MODEL, BackendPool, NoBackendAvailable, Pin
+from workers.rollout.llm_client import LLMClient
+from workers.rollout.llm_completion import Completion, Sampling, WeightSpan
+from workers.rollout.llm_errors import BackendRequestError, BackendUnavailable, BadBackendResponse
+from workers.rollout.llm_stream import TokenSink
 
 log = logging.getLogger(__name__)
 
@@ -68,67 +62,100 @@ def complete_routed(
     A failover happens only before the first of them: a backend that fails after it is reported
     as above, and its error is raised (the caller has tokens it cannot take back).
     """
-    delivered = False
-
-    def deliver(ids: list[int]) -> None:
-        nonlocal delivered
-        delivered = True
-        assert on_tokens is not None
-        on_tokens(ids)
-
-    failed: list[str] = []
-    still_open = False  # whether a backend that failed this call is still in the pool
-    last_error: BackendUnavailable | BadBackendResponse | None = None
+    failover = _Failover(pool, job_id, group_id, model)
+    stream = _Delivery(on_tokens)
     for _ in range(failovers + 1):
-        try:
-            pin = pool.acquire(job_id, group_id, exclude=failed, model=model)
-        except NoBackendAvailable as exc:
-            if last_error is None:
-                raise
-            if still_open:
-                raise last_error from None
-            # Every backend that failed this call has left the pool: none is open to the job, which
-            # waits for one (the stage runner) rather than failing for its backend's death.
-            raise NoBackendAvailable(f"{exc} (it failed this call: {last_error})") from last_error
+        pin = failover.acquire()
         try:
             declared = pool.declared_version(pin.backend_id)  # read before: an update during the call is newer
             with log_context.bind(backend=pin.backend_id):  # every record of this call names its backend
-                if on_tokens is None:
-                    completion = client.complete(
-                        pin.url, prompt_token_ids, sampling, model=pin.model or None, backend_id=pin.backend_id
-                    )
-                else:
-                    completion = client.stream(
-                        pin.url, prompt_token_ids, sampling, deliver, model=pin.model or None, backend_id=pin.backend_id
-                    )
+                completion = stream.generate(client, pin, prompt_token_ids, sampling)
             return _labelled(completion, declared)
         except BackendUnavailable as exc:
-            failed.append(pin.backend_id)
-            _record_failover(pool, job_id, pin.backend_id)
-            last_error = exc
-            still_healthy = pool.report_failure(pin.backend_id, str(exc))
-            still_open = still_open or still_healthy
-            if delivered:
+            still_healthy = failover.unavailable(pin.backend_id, exc)
+            if stream.delivered:
                 raise
             log.warning("job %s: %s (healthy after probe: %s); failing over", job_id, exc, still_healthy)
         except BadBackendResponse as exc:
-            failed.append(pin.backend_id)
-            _record_failover(pool, job_id, pin.backend_id)
-            last_error = exc
-            still_open = True
-            if delivered:
+            failover.unusable(pin.backend_id, exc)
+            if stream.delivered:
                 raise
             log.warning("job %s: backend %s sent an unusable response (%s); failing over", job_id, pin.backend_id, exc)
         except BackendRequestError as exc:
             if exc.status != 404:
                 raise
-            failed.append(pin.backend_id)
-            _record_failover(pool, job_id, pin.backend_id)
-            last_error = BadBackendResponse(f"does not serve model {pin.model!r}: {exc.message}", pin.backend_id)
-            pool.set_health(pin.backend_id, False, f"{NOT_SERVING_MODEL} {pin.model!r}")
-            log.warning("job %s: %s; failing over", job_id, last_error)
-    assert last_error is not None
-    raise last_error
+            failover.not_serving(pin, exc)
+            log.warning("job %s: %s; failing over", job_id, failover.last_error)
+    assert failover.last_error is not None
+    raise failover.last_error
+
+
+class _Delivery:
+    """How a turn is generated: in one piece, or streamed to `on_tokens`, noting whether any token went out
+    (after that, a failover would hand the caller tokens it cannot take back)."""
+
+    def __init__(self, on_tokens: TokenSink | None) -> None:
+        self.on_tokens = on_tokens
+        self.delivered = False
+
+    def generate(self, client: LLMClient, pin: Pin, prompt_token_ids: list[int], sampling: Sampling) -> Completion:
+        model = pin.model or None
+        if self.on_tokens is None:
+            return client.complete(pin.url, prompt_token_ids, sampling, model=model, backend_id=pin.backend_id)
+        return client.stream(pin.url, prompt_token_ids, sampling, self._deliver, model=model, backend_id=pin.backend_id)
+
+    def _deliver(self, ids: list[int]) -> None:
+        self.delivered = True
+        assert self.on_tokens is not None
+        self.on_tokens(ids)
+
+
+class _Failover:
+    """What one routed call has met so far: the backends that failed it (excluded for the rest of the call),
+    whether one of them is still in the pool, and the last error."""
+
+    def __init__(self, pool: BackendPool, job_id: str, group_id: str | None, model: str | None) -> None:
+        self.pool, self.job_id, self.group_id, self.model = pool, job_id, group_id, model
+        self.failed: list[str] = []
+        self.still_open = False  # whether a backend that failed this call is still in the pool
+        self.last_error: BackendUnavailable | BadBackendResponse | None = None
+
+    def acquire(self) -> Pin:
+        """The next backend to try; when none is open, the error that says best why."""
+        try:
+            return self.pool.acquire(self.job_id, self.group_id, exclude=self.failed, model=self.model)
+        except NoBackendAvailable as exc:
+            if self.last_error is None:
+                raise
+            if self.still_open:
+                raise self.last_error from None
+            # Every backend that failed this call has left the pool: none is open to the job, which
+            # waits for one (the stage runner) rather than failing for its backend's death.
+            raise NoBackendAvailable(f"{exc} (it failed this call: {self.last_error})") from self.last_error
+
+    def unavailable(self, backend_id: str, error: BackendUnavailable) -> bool:
+        """Unreachable or failing: reported to the pool (a /health probe); whether it is still healthy."""
+        self._failed(backend_id, error)
+        still_healthy = self.pool.report_failure(backend_id, str(error))
+        self.still_open = self.still_open or still_healthy
+        return still_healthy
+
+    def unusable(self, backend_id: str, error: BadBackendResponse) -> None:
+        """A 2xx that is not a usable completion: the backend stays in the pool."""
+        self._failed(backend_id, error)
+        self.still_open = True
+
+    def not_serving(self, pin: Pin, error: BackendRequestError) -> None:
+        """A 404 for the model: the server was restarted with another model since it registered."""
+        self._failed(
+            pin.backend_id, BadBackendResponse(f"does not serve model {pin.model!r}: {error.message}", pin.backend_id)
+        )
+        self.pool.set_health(pin.backend_id, False, f"{NOT_SERVING_MODEL} {pin.model!r}")
+
+    def _failed(self, backend_id: str, error: BackendUnavailable | BadBackendResponse) -> None:
+        self.failed.append(backend_id)
+        _record_failover(self.pool, self.job_id, backend_id)
+        self.last_error = error
 
 
 def _labelled(completion: Completion, declared: str) -> Completion:

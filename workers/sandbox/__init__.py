@@ -11,7 +11,7 @@ from pathlib import Path
 
 from shared.config import Settings
 from shared.tool_schemas import TOOL_NAMES, TOOL_SCHEMAS
-from workers.sandbox.base import Sandbox, SandboxError
+from workers.sandbox.sandbox import Sandbox, SandboxError
 from workers.sandbox.spec import ExecResult, SandboxLimits, SandboxSpec
 from workers.toolserver.result import ToolResult
 

@@ -14,7 +14,7 @@ import os
 import uuid
 from pathlib import Path
 
-from workers.sandbox.base import Sandbox, SandboxError
+from workers.sandbox.sandbox import Sandbox, SandboxError
 
 
 class HandoffError(SandboxError):

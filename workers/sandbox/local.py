@@ -23,9 +23,9 @@ from pathlib import Path
 
 from shared.config import Settings
 from workers.sandbox import slirp_launcher
-from workers.sandbox.base import Sandbox, SandboxError
 from workers.sandbox.isolation import UidSlot, chown_tree
 from workers.sandbox.network import network_launcher, resolv_conf_target, slirp_resolv_conf
+from workers.sandbox.sandbox import Sandbox, SandboxError
 from workers.sandbox.seccomp import with_filter
 from workers.sandbox.spec import SandboxSpec
 

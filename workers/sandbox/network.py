@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from workers.sandbox import slirp_launcher
-from workers.sandbox.base import SandboxError
+from workers.sandbox.sandbox import SandboxError
 
 RESOLV_CONF = "/etc/resolv.conf"
 SLIRP_PACKAGE = "slirp4netns"  # Debian's and Ubuntu's name; the binary's too

@@ -32,11 +32,11 @@ from pathlib import Path
 
 from shared.config import Settings
 from workers.sandbox import create_sandbox
-from workers.sandbox.base import Sandbox, SandboxError
 from workers.sandbox.handoff import HandoffError, move_out
 from workers.sandbox.pool_sizing import Asked, Demand, targets
 from workers.sandbox.profile import SandboxProfile
 from workers.sandbox.reset import reset_processes, take_fingerprint, warm
+from workers.sandbox.sandbox import Sandbox, SandboxError
 
 log = logging.getLogger("rollouts.sandbox.pool")
 
@@ -223,7 +223,7 @@ class SandboxPool:
             shutil.rmtree(home, ignore_errors=True)
             raise _Unpoolable(box.poolable)
         try:
-            box.start()
+            box.start(spare=True)  # a job's own start goes first (start_gate.py)
             why = warm(box, profile.python, _WARM_TIMEOUT_S)
             if why is not None:
                 raise SandboxError(f"pooled sandbox did not warm up: {why}")
@@ -314,4 +314,4 @@ class SandboxPool:
 
 
 class _Unpoolable(SandboxError):
-    """Sandboxes here cannot be started ahead of their job (workers/sandbox/base.py ``poolable``)."""
+    """Sandboxes here cannot be started ahead of their job (workers/sandbox/sandbox.py ``poolable``)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from workers.sandbox.base import SCRATCH_NAME, SOCKET_NAME, Sandbox, SandboxError
+from workers.sandbox.sandbox import SCRATCH_NAME, SOCKET_NAME, Sandbox, SandboxError
 from workers.toolserver.reaper import descendants
 
 _RUNTIME_ENTRIES = frozenset({SOCKET_NAME, SCRATCH_NAME, "toolserver", "toolserver.log"})

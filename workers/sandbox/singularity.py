@@ -19,8 +19,8 @@ import shutil
 from pathlib import Path
 
 from shared.config import Settings
-from workers.sandbox.base import Sandbox, SandboxError
 from workers.sandbox.images import ImageCache
+from workers.sandbox.sandbox import Sandbox, SandboxError
 from workers.sandbox.spec import SandboxSpec
 
 # Where singularity/sandbox.def installs the project and its tool server.

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.external_agent_errors import anthropic_error
 from workers.rollout.external_agent import wire
+from workers.rollout.external_agent.messages import chat_tool, joined_text
 
 if TYPE_CHECKING:
     from workers.rollout.external_agent.streaming import Progress, StreamedCall
@@ -121,16 +122,9 @@ def _assistant(content: list[Any], where: str) -> dict[str, Any]:
 
 def _text(content: Any, where: str) -> str:
     """A string, or its text blocks joined."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise wire.ExternalAgentError(400, "a string or a list of text blocks", where)
-    parts = []
-    for i, block in enumerate(content):
-        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-            raise wire.ExternalAgentError(400, "only text blocks are supported here", f"{where}[{i}]")
-        parts.append(block["text"])
-    return "".join(parts)
+    return joined_text(
+        content, where, ("text",), "a string or a list of text blocks", "only text blocks are supported here"
+    )
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -145,12 +139,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
             )
         if not isinstance(tool.get("input_schema"), dict):
             raise wire.ExternalAgentError(400, "a tool has an input_schema object", f"tools[{i}].input_schema")
-        function = {
-            "name": tool["name"],
-            "description": tool.get("description") or "",
-            "parameters": tool["input_schema"],
-        }
-        out.append({"type": "function", "function": function})
+        out.append(chat_tool(tool["name"], tool.get("description"), tool["input_schema"]))
     return out
 
 

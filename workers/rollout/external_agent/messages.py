@@ -41,18 +41,33 @@ def _one(message: Any, where: str) -> dict[str, Any]:
 
 def _text(content: Any, where: str) -> str:
     """A string, or the text parts of a list joined; images and audio are not for this service's models."""
-    if content is None:
-        return ""
+    return "" if content is None else joined_text(content, where)
+
+
+def joined_text(
+    content: Any,
+    where: str,
+    types: tuple[str, ...] = ("text",),
+    not_content: str = "content is a string or a list of text parts",
+    not_text: str = "only text content parts are supported",
+) -> str:
+    """A string, or the text of a list's parts (of one of `types`) joined; anything else is refused (400), as
+    each format words it (`not_content`, `not_text`)."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        parts = []
-        for i, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ExternalAgentError(400, "only text content parts are supported", f"{where}[{i}]")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise ExternalAgentError(400, "content is a string or a list of text parts", where)
+    if not isinstance(content, list):
+        raise ExternalAgentError(400, not_content, where)
+    parts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") not in types or not isinstance(part.get("text"), str):
+            raise ExternalAgentError(400, not_text, f"{where}[{i}]")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def chat_tool(name: str, description: str | None, parameters: dict[str, Any]) -> dict[str, Any]:
+    """A tool as the chat template takes it (OpenAI's function tool)."""
+    return {"type": "function", "function": {"name": name, "description": description or "", "parameters": parameters}}
 
 
 def _call(call: Any, where: str) -> dict[str, Any]:

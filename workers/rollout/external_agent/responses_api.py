@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from workers.rollout.external_agent import wire
+from workers.rollout.external_agent.messages import chat_tool, joined_text
 
 if TYPE_CHECKING:
     from workers.rollout.external_agent.streaming import Progress, StreamedCall
@@ -121,23 +122,13 @@ def _function_call(item: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _text(content: Any, where: str) -> str:
-    """A string, or its text parts (input_text, output_text, text) joined."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise wire.ExternalAgentError(400, "content is a string or a list of text parts", where)
-    parts = []
-    for i, part in enumerate(content):
-        if (
-            not isinstance(part, dict)
-            or part.get("type") not in ("input_text", "output_text", "text")
-            or not isinstance(part.get("text"), str)
-        ):
-            raise wire.ExternalAgentError(
-                400, "only text content parts (input_text, output_text) are supported", f"{where}[{i}]"
-            )
-        parts.append(part["text"])
-    return "".join(parts)
+    """A string, or its text content parts joined."""
+    return joined_text(
+        content,
+        where,
+        ("input_text", "output_text", "text"),
+        not_text="only text content parts (input_text, output_text) are supported",
+    )
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -150,12 +141,8 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
             raise wire.ExternalAgentError(400, "only function tools are supported", f"tools[{i}].type")
         if not isinstance(tool.get("name"), str):
             raise wire.ExternalAgentError(400, "a function tool has a name", f"tools[{i}].name")
-        function = {
-            "name": tool["name"],
-            "description": tool.get("description") or "",
-            "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
-        }
-        out.append({"type": "function", "function": function})
+        parameters = tool.get("parameters") or {"type": "object", "properties": {}}
+        out.append(chat_tool(tool["name"], tool.get("description"), parameters))
     return out
 
 

@@ -1,6 +1,6 @@
 """The HTTP face of one job's ExternalAgentSession, served by its rollout worker on a port of its own.
 
-The API forwards the agent's calls here (api/routes/external_agent.py) after checking the job's credential; the
+The API forwards the agent's calls here (api/routes/external_agent.py) after checking the job's token; the
 key is checked here again, since this port is reachable on the worker's network too. Routes stay
 thin: parse, call the session, answer; a ExternalAgentError becomes the called format's error body
 (OpenAI's, or Anthropic's on /v1/messages) with its status. The Responses and Messages routes
@@ -12,24 +12,21 @@ follow the tokens as the backend generates them.
 from __future__ import annotations
 
 import re
-import socket
-import threading
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
-import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.external_agent_credentials import CONVERSATION_HEADER, JOB_HEADER, credential_opens, presented_credential
+from shared.external_agent_tokens import CONVERSATION_HEADER, JOB_HEADER, presented_token, token_opens
+from shared.thread_server import ThreadServer
 from workers.rollout.external_agent import anthropic_api, responses_api, wire
 from workers.rollout.external_agent.session import ExternalAgentSession
-from workers.rollout.external_agent.streaming import StreamedCall, chat_stream
+from workers.rollout.external_agent.streaming import Progress, StreamedCall, chat_stream
 
 _CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:/@-]{1,128}")
 
@@ -41,21 +38,43 @@ class FinishRequest(BaseModel):
 
 
 def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: Callable[[], dict[str, Any]]) -> FastAPI:
-    """The app of one job: chat/completions, completions, models, the task, tools, finish."""
+    """The app of one job: chat/completions, completions, responses, messages, models, the task, tools, finish."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     app.add_middleware(NamesJob, job_id=job_id)
+    _answer_errors(app, job_id)
+    guard = [Depends(_authorizer(job_id, secret))]
+    calls = _Calls(session)
+    _openai_routes(app, calls, guard)
+    _format_routes(app, calls, guard)
+    _job_routes(app, session, task, guard)
+    return app
+
+
+def endpoint_server(app: FastAPI, host: str) -> ThreadServer:
+    """The job's endpoint served from a thread, on a port the OS picks: `start()` it, then hand out its `url`."""
+    return ThreadServer(app, host, name="external-agent", lifespan="off")
+
+
+def _authorizer(job_id: str, secret: bytes) -> Callable[[Request], Awaitable[None]]:
+    """The dependency every route has: the job's token, as a bearer token or an x-api-key."""
 
     async def authorized(request: Request) -> None:
-        key = presented_credential(request.headers.get("authorization"), request.headers.get("x-api-key"))
+        key = presented_token(request.headers.get("authorization"), request.headers.get("x-api-key"))
         if key is None:
             raise wire.ExternalAgentError(
                 401,
-                "this job's credential is required: Authorization: Bearer <agent.api_key> (or x-api-key: <agent.api_key>)",
+                "this job's token is required: Authorization: Bearer <agent.api_key> (or x-api-key: <agent.api_key>)",
                 None,
                 "authentication_error",
             )
-        if not credential_opens(secret, job_id, key):
-            raise wire.ExternalAgentError(403, "this credential does not open this job", None, "permission_error")
+        if not token_opens(secret, job_id, key):
+            raise wire.ExternalAgentError(403, "this token does not open this job", None, "permission_error")
+
+    return authorized
+
+
+def _answer_errors(app: FastAPI, job_id: str) -> None:
+    """A refusal in the called format's error body, and any other failure as the service's (502), said so."""
 
     @app.exception_handler(wire.ExternalAgentError)
     async def _refused(request: Request, exc: wire.ExternalAgentError) -> JSONResponse:
@@ -72,35 +91,71 @@ def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: C
         failed.headers[JOB_HEADER] = job_id  # answered outside NamesJob (Starlette's outermost error middleware)
         return failed
 
-    guard = [Depends(authorized)]
 
-    async def unblocked(call: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+StreamEvents = Callable[[StreamedCall, Progress], AsyncIterator[str]]
+
+
+class _Calls:
+    """How a route calls the session: on the server's loop, or from the thread pool while a streamed call
+    holds it; a streamed chat as its events while it is generated.
+
+    One server per job and its calls serialized by the session: a call may run on the server's own
+    loop (the thread pool hop cost ~2 ms a call; nothing else of this job could run meanwhile anyway)."""
+
+    def __init__(self, session: ExternalAgentSession) -> None:
+        self.session = session
+
+    async def unblocked(self, call: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
         """On the loop (no thread hop) unless a streamed call holds the session: waiting for it there would
         stop that stream's chunks, so then from the thread pool."""
-        return await run_in_threadpool(call, *args) if session.busy else call(*args)
+        return await run_in_threadpool(call, *args) if self.session.busy else call(*args)
 
-    # One server per job and its calls serialized by the session: a call may run on the server's own
-    # loop (the thread pool hop cost ~2 ms a call; nothing else of this job could run meanwhile anyway).
+    async def chat(
+        self, call: wire.ChatRequest, conversation: str | None, stream: bool, events: StreamEvents
+    ) -> dict[str, Any] | StreamingResponse:
+        """The chat.completion of `call`; streamed (`stream`, and the backend streams), its `events` as it is
+        generated, unless it ended before it opened (then the whole answer, as unstreamed)."""
+        session = self.session
+        if not (stream and session.generate_stream is not None):
+            return await self.unblocked(session.chat, call, conversation)
+        streamed = StreamedCall(lambda on_progress: session.chat(call, conversation, on_progress))
+        opened = await streamed.opened()
+        if opened is not None:
+            return _sse(events(streamed, opened))
+        return streamed.result
+
+
+def _openai_routes(app: FastAPI, calls: _Calls, guard: list[Any]) -> None:
+    """OpenAI's chat/completions, completions and models."""
+    session = calls.session
+
     @app.post("/v1/chat/completions", dependencies=guard)
     async def chat(request: Request) -> Any:
         call = _parse(wire.ChatRequest, await request.body())
-        conversation = _conversation(request)
-        if call.stream and session.generate_stream is not None:
-            streamed = StreamedCall(lambda on_progress: session.chat(call, conversation, on_progress))
-            opened = await streamed.opened()
-            if opened is not None:
-                return _sse(chat_stream(streamed, opened, session.model))
-            response = streamed.result
-        else:
-            response = await unblocked(session.chat, call, conversation)
+        response = await calls.chat(
+            call,
+            _conversation(request),
+            call.stream,
+            lambda streamed, opened: chat_stream(streamed, opened, session.model),
+        )
+        if isinstance(response, StreamingResponse):
+            return response
         return _sse(wire.chat_chunks(response)) if call.stream else JSONResponse(response)
 
     @app.post("/v1/completions", dependencies=guard)
     async def completions(request: Request) -> Any:
         call = _parse(wire.CompletionRequest, await request.body())
-        response = await unblocked(session.complete, call, _conversation(request))
+        response = await calls.unblocked(session.complete, call, _conversation(request))
         return _sse(wire.text_chunks(response)) if call.stream else JSONResponse(response)
 
+    @app.get("/v1/models", dependencies=guard)
+    def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": session.model, "object": "model", "owned_by": "rollouts"}]}
+
+
+def _format_routes(app: FastAPI, calls: _Calls, guard: list[Any]) -> None:
+    """OpenAI's Responses and Anthropic's Messages, each a translation to and from the one chat call."""
+    session = calls.session
     history = responses_api.ResponseHistory()  # previous_response_id, per job
 
     @app.post("/v1/responses", dependencies=guard)
@@ -117,14 +172,12 @@ def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: C
                 history.keep(response_id, responses_api.conversation_after(chat_call, skip, chat))
             return response
 
-        if call.stream and session.generate_stream is not None:
-            streamed = StreamedCall(lambda on_progress: session.chat(chat_call, conversation, on_progress))
-            opened = await streamed.opened()
-            if opened is not None:
-                return _sse(responses_api.stream_events(streamed, opened, call, response_id, session.model, respond))
-            chat = streamed.result
-        else:
-            chat = await unblocked(session.chat, chat_call, conversation)
+        def events(streamed: StreamedCall, opened: Progress) -> AsyncIterator[str]:
+            return responses_api.stream_events(streamed, opened, call, response_id, session.model, respond)
+
+        chat = await calls.chat(chat_call, conversation, call.stream, events)
+        if isinstance(chat, StreamingResponse):
+            return chat
         response = respond(chat)
         return _sse(responses_api.events(response)) if call.stream else JSONResponse(response)
 
@@ -132,21 +185,22 @@ def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: C
     async def messages(request: Request) -> Any:
         call = _parse(anthropic_api.MessagesRequest, await request.body())
         conversation = _conversation(request)
-        chat_call = anthropic_api.chat_request(call)
-        if call.stream and session.generate_stream is not None:
-            streamed = StreamedCall(lambda on_progress: session.chat(chat_call, conversation, on_progress))
-            opened = await streamed.opened()
-            if opened is not None:
-                return _sse(anthropic_api.stream_events(streamed, opened, call, session.model))
-            chat = streamed.result
-        else:
-            chat = await unblocked(session.chat, chat_call, conversation)
+        chat = await calls.chat(
+            anthropic_api.chat_request(call),
+            conversation,
+            call.stream,
+            lambda streamed, opened: anthropic_api.stream_events(streamed, opened, call, session.model),
+        )
+        if isinstance(chat, StreamingResponse):
+            return chat
         message = anthropic_api.message_of(chat, call)
         return _sse(anthropic_api.events(message)) if call.stream else JSONResponse(message)
 
-    @app.get("/v1/models", dependencies=guard)
-    def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": session.model, "object": "model", "owned_by": "rollouts"}]}
+
+def _job_routes(
+    app: FastAPI, session: ExternalAgentSession, task: Callable[[], dict[str, Any]], guard: list[Any]
+) -> None:
+    """The service's own: the task, its tools, and finish."""
 
     @app.get("/task", dependencies=guard)
     def the_task() -> dict[str, Any]:
@@ -160,8 +214,6 @@ def build_app(session: ExternalAgentSession, job_id: str, secret: bytes, task: C
     def finish(body: FinishRequest | None = None) -> dict[str, Any]:
         session.finish(body.answer if body is not None else None)
         return {"finished": True}
-
-    return app
 
 
 class NamesJob:
@@ -215,36 +267,3 @@ def _sse(lines: Iterable[str] | AsyncIterator[str]) -> StreamingResponse:
         yield from lines
 
     return StreamingResponse(chunks(), media_type="text/event-stream")
-
-
-class ThreadServer:
-    """uvicorn serving one app from a thread, on a port the OS picks (bound before the thread starts)."""
-
-    def __init__(self, app: FastAPI, host: str, lifespan: str = "off") -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host, 0))
-        self._socket.listen(128)  # connections wait in the backlog until uvicorn accepts them, never refused
-        self.port = self._socket.getsockname()[1]
-        self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, access_log=False)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True, name=f"external-agent-{self.port}"
-        )
-
-    def start(self, timeout_s: float = 30.0) -> ThreadServer:
-        """Start serving; returns once uvicorn has started (or raises if it could not)."""
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the agent endpoint on port {self.port} did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._socket.close()

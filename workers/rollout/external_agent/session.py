@@ -27,52 +27,22 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from shared.tasks.context import StageInterrupted
 from shared.tool_schemas import validate_call
-from shared.trajectory import ASSISTANT, OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
+from shared.trajectory import OBSERVATION, ToolCallRecord, Trajectory, Turn
 from workers.rollout.agent_loop import FINISH_TOOL, Generate, LoopConfig, RunTool, StreamGenerate
 from workers.rollout.chat_delta import ChatRenderer, ChatTemplateError, tool_instructions_json
 from workers.rollout.external_agent import wire
+from workers.rollout.external_agent.conversations import Conversations, Savepoint, Segment
 from workers.rollout.external_agent.messages import canonical, wire_tool_call
 from workers.rollout.external_agent.streaming import OnProgress, Progress
-from workers.rollout.llm_client import BackendRequestError, Completion, Sampling, TokenSink
+from workers.rollout.llm_completion import Completion, Sampling, assistant_turn
+from workers.rollout.llm_errors import BackendRequestError
+from workers.rollout.llm_stream import TokenSink
 from workers.rollout.tool_parsers import ParsedCall, ParseResult, ToolParser
-
-
-@dataclass
-class _Segment:
-    """The open segment: its record, what it renders from, and the conversation it holds so far."""
-
-    record: Trajectory
-    renderer: ChatRenderer | None  # None for a text (/v1/completions) segment
-    tools: list[dict[str, Any]] | None
-    conversation: list[dict[str, Any]] = field(default_factory=list)  # the messages of its last call
-    stop_text: str = ""  # the end-of-turn token text the model generated last
-
-
-@dataclass
-class _Savepoint:
-    """What a call may change, to take it back if its generation fails."""
-
-    open: dict[str, _Segment]
-    segments: int
-    turns: list[tuple[_Segment, int]]
-
-
-def _extends(segment: _Segment, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bool:
-    """Whether `messages` are the segment's last call's messages (with its answer) followed by new ones."""
-    n = len(segment.conversation)
-    return (
-        segment.renderer is not None
-        and (tools or None) == segment.tools
-        and n > 0
-        and len(messages) > n
-        and messages[:n] == segment.conversation
-    )
-
 
 _OVERLAP = 4  # tokens decoded again before the new ones, so a token's text does not depend on where a window starts
 
@@ -101,10 +71,7 @@ class ExternalAgentSession:
         self.finished = threading.Event()
         self.answer: str | None = None
         self.tool_runs: list[dict[str, Any]] = []
-        self.max_conversations = max_conversations
-        self._segments: list[_Segment] = []  # every segment, in the order they opened
-        self._open: dict[str, _Segment] = {}  # each conversation's open segment, least recently called first
-        self._last: _Segment | None = None  # the segment of the last recorded call: the result's top record
+        self._conversations = Conversations(max_conversations)
         self._recorded = 0  # calls recorded, every conversation: the next call's index
         self._calls = 0
         self._call_ids = 0
@@ -124,7 +91,7 @@ class ExternalAgentSession:
         with self._lock:
             self._check_open(request.model)
             messages = canonical(request.messages)
-            savepoint = self._savepoint()
+            savepoint = self._conversations.savepoint()
             segment = self._extend_chat(messages, request.tools, conversation)
             completion = self._generate_or_undo(
                 savepoint,
@@ -150,7 +117,7 @@ class ExternalAgentSession:
         record (a prompt that starts with an open text conversation's record extends it)."""
         with self._lock:
             self._check_open(request.model)
-            savepoint = self._savepoint()
+            savepoint = self._conversations.savepoint()
             segment = self._extend_text(request.prompt, conversation)
             completion = self._generate_or_undo(
                 savepoint, segment.record, request.max_tokens, wire.stops_of(request.stop)
@@ -209,10 +176,11 @@ class ExternalAgentSession:
         A copy of the segment's record, so one asked for mid-run leaves nothing behind in a segment that is
         not the last one later."""
         with self._lock:
-            top = self._last.record if self._last is not None else self._empty_record()
+            last_segment = self._conversations.last
+            top = last_segment.record if last_segment is not None else self._empty_record()
             last = replace(
                 top,
-                segments=[s.record.to_dict() for s in self._segments if s is not self._last],
+                segments=[s.record.to_dict() for s in self._conversations.segments if s is not last_segment],
                 answer=self.answer,
                 stop_reason=top.stop_reason or self.closed,
                 timings={"llm_s": self._llm_s, "total_s": time.perf_counter() - self._started},
@@ -224,8 +192,8 @@ class ExternalAgentSession:
     # --- extending the record ---------------------------------------------------------
     def _extend_chat(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, named: str | None
-    ) -> _Segment:
-        segment = next((s for s in self._candidates(named) if _extends(s, messages, tools)), None)
+    ) -> Segment:
+        segment = next((s for s in self._conversations.candidates(named) if s.extended_by(messages, tools)), None)
         try:
             if segment is not None:
                 assert segment.renderer is not None
@@ -241,14 +209,8 @@ class ExternalAgentSession:
         except ChatTemplateError as exc:
             raise wire.ExternalAgentError(400, str(exc), "messages") from exc
         return self._new_segment(
-            _Segment(self._fresh_record(), renderer, tools or None), prompt.token_ids, prompt.text, named
+            Segment(self._fresh_record(), renderer, tools or None), prompt.token_ids, prompt.text, named
         )
-
-    def _candidates(self, named: str | None) -> list[_Segment]:
-        """The open segments a call may extend: the named conversation's, else all, most recently called first."""
-        if named is not None:
-            return [self._open[named]] if named in self._open else []
-        return list(reversed(self._open.values()))
 
     def _renderer(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
         """The renderer for a conversation with `tools`, built once per tool list (building one reads the
@@ -265,8 +227,8 @@ class ExternalAgentSession:
             )
         return self._renderers[key]
 
-    def _extend_text(self, prompt: str | list[int], named: str | None) -> _Segment:
-        for segment in self._candidates(named):
+    def _extend_text(self, prompt: str | list[int], named: str | None) -> Segment:
+        for segment in self._conversations.candidates(named):
             if segment.renderer is not None:
                 continue
             held = segment.record.token_ids
@@ -278,17 +240,17 @@ class ExternalAgentSession:
             if len(prompt) > len(before) and prompt.startswith(before):
                 suffix = prompt[len(before) :]
                 return self._observe(segment, self._encode(suffix, special=False), suffix)
-        fresh = _Segment(self._fresh_record(), None, None)
+        fresh = Segment(self._fresh_record(), None, None)
         if isinstance(prompt, list):
             return self._new_segment(fresh, prompt, self._decode(prompt), named)
         return self._new_segment(fresh, self._encode(prompt, special=True), prompt, named)
 
-    def _observe(self, segment: _Segment, token_ids: list[int], text: str) -> _Segment:
+    def _observe(self, segment: Segment, token_ids: list[int], text: str) -> Segment:
         self._fits(segment.record, len(token_ids))
         segment.record.append(Turn(role=OBSERVATION, start=0, end=0, text=text), token_ids)
         return segment
 
-    def _new_segment(self, segment: _Segment, token_ids: list[int], text: str, named: str | None) -> _Segment:
+    def _new_segment(self, segment: Segment, token_ids: list[int], text: str, named: str | None) -> Segment:
         """Open `segment` in the named conversation (closing its open segment as `new_segment`), else in a new one."""
         if len(token_ids) >= self.config.max_context_tokens:
             raise wire.ExternalAgentError(
@@ -296,28 +258,7 @@ class ExternalAgentSession:
                 f"the prompt has {len(token_ids)} tokens; the job's context is {self.config.max_context_tokens}",
                 "messages",
             )
-        name = named if named is not None else self._new_conversation_id()
-        if name not in self._open and len(self._open) >= self.max_conversations:
-            raise wire.ExternalAgentError(
-                409,
-                f"this job already holds {len(self._open)} conversations, its limit "
-                "(external_agent_max_conversations); continue one of them (x-rollouts-conversation names it)",
-                None,
-                "conflict",
-            )
-        earlier = self._open.get(name)
-        if earlier is not None:
-            earlier.record.stop_reason = "new_segment"
-        segment.record.conversation = name
-        segment.record.append(Turn(role=PROMPT, start=0, end=0, text=text), token_ids)
-        self._open[name] = segment
-        self._segments.append(segment)
-        return segment
-
-    def _new_conversation_id(self) -> str:
-        """`c0`, `c1`, ...: the first not taken (an agent may have named one so)."""
-        taken = {s.record.conversation for s in self._segments}
-        return next(f"c{i}" for i in range(len(taken) + 1) if f"c{i}" not in taken)
+        return self._conversations.start(segment, token_ids, text, named)
 
     def _fits(self, record: Trajectory, more: int) -> None:
         if len(record.token_ids) + more >= self.config.max_context_tokens:
@@ -329,14 +270,9 @@ class ExternalAgentSession:
             )
 
     # --- a call that fails leaves the record as it was ---------------------------------
-    def _savepoint(self) -> _Savepoint:
-        return _Savepoint(
-            dict(self._open), len(self._segments), [(s, len(s.record.turns)) for s in self._open.values()]
-        )
-
     def _generate_or_undo(
         self,
-        savepoint: _Savepoint,
+        savepoint: Savepoint,
         record: Trajectory,
         asked: int | None,
         stops: tuple[str, ...],
@@ -347,24 +283,11 @@ class ExternalAgentSession:
         try:
             return self._generate(record, asked, stops, on_tokens)
         except BaseException:
-            self._undo(savepoint)
+            self._conversations.undo(savepoint)
             raise
 
-    def _undo(self, savepoint: _Savepoint) -> None:
-        del self._segments[savepoint.segments :]  # a segment this call started: dropped
-        for segment in savepoint.open.values():  # the one it closed (if any): open again
-            segment.record.stop_reason = None
-        self._open = savepoint.open
-        for segment, turns in savepoint.turns:  # the observation it appended (if any): taken back
-            record = segment.record
-            if len(record.turns) == turns:
-                continue
-            dropped, end = record.turns[turns:], record.turns[turns].start
-            del record.turns[turns:], record.token_ids[end:], record.loss_mask[end:], record.logprobs[end:]
-            record.counts.observation_tokens -= sum(t.length for t in dropped)
-
     # --- generating and recording ------------------------------------------------------
-    def _streamer(self, segment: _Segment, on_progress: OnProgress | None) -> TokenSink | None:
+    def _streamer(self, segment: Segment, on_progress: OnProgress | None) -> TokenSink | None:
         """The token sink of a streamed call: the reply's text so far (whole characters, less a trailing
         end-of-turn or stop token, which the content leaves out), as far as the parser is sure of it."""
         if on_progress is None or self.generate_stream is None or segment.renderer is None:
@@ -434,30 +357,13 @@ class ExternalAgentSession:
             )
         return completion
 
-    def _record(self, segment: _Segment, completion: Completion, content: str) -> Turn:
+    def _record(self, segment: Segment, completion: Completion, content: str) -> Turn:
         """Append the generation as the call's assistant turn; its conversation becomes the most recent."""
-        turn = Turn(
-            role=ASSISTANT,
-            start=0,
-            end=0,
-            text=self._decode(completion.token_ids),
-            backend_id=completion.backend_id,
-            model=completion.model,
-            policy_version=completion.policy_version,
-            weight_versions=[asdict(span) for span in completion.weight_versions],
-            finish_reason=completion.finish_reason,
-            stop_reason=completion.stop_reason,
-            latency_s=completion.latency_s,
-            cached_tokens=completion.cached_tokens,
-            call=self._recorded,
-        )
+        turn = assistant_turn(completion, self._decode(completion.token_ids), call=self._recorded)
         segment.record.append(turn, completion.token_ids, completion.logprobs)
         segment.record.final_text = content
         self._recorded += 1
-        self._last = segment
-        name = segment.record.conversation
-        assert name is not None
-        self._open[name] = self._open.pop(name)  # most recently called: tried first next time
+        self._conversations.called(segment)
         return turn
 
     def _message(
@@ -505,7 +411,7 @@ class ExternalAgentSession:
 
     def _close(self, reason: str, detail: str | None = None) -> None:
         self.closed = reason
-        for segment in self._open.values():  # every open conversation ends with the rollout
+        for segment in self._conversations.open.values():  # every open conversation ends with the rollout
             segment.record.stop_reason, segment.record.stop_detail = reason, detail
         self.finished.set()
 

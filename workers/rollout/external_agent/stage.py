@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.external_agent_credentials import deployment_secret
+from shared.external_agent_tokens import deployment_secret
 from shared.tasks.context import InterruptReason, StageContext, StageInterrupted
+from shared.thread_server import ThreadServer
 from workers.rollout.agent_loop import FINISH_TOOL
 from workers.rollout.agent_task import (
     AgentKind,
@@ -23,7 +24,7 @@ from workers.rollout.agent_task import (
     start_sandbox,
     tool_runner,
 )
-from workers.rollout.external_agent.server import ThreadServer, build_app
+from workers.rollout.external_agent.server import build_app, endpoint_server
 from workers.rollout.external_agent.session import ExternalAgentSession
 from workers.rollout.job_sandbox import JobSandbox
 from workers.rollout.llm_services import llm_services, load_tokenizer
@@ -70,7 +71,7 @@ def run_external_agent(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
         )
         secret = deployment_secret(st.redis, st.store.keys, ctx.settings)
         task = {"messages": kind.messages(ctx.task), "tools": kind.tool_schemas(), "model": pin.model}
-        server = ThreadServer(build_app(session, ctx.job_id, secret, lambda: task), ctx.settings.external_agent_host)
+        server = endpoint_server(build_app(session, ctx.job_id, secret, lambda: task), ctx.settings.external_agent_host)
         server.start()
         st.redis.set(endpoint_key, server.url, ex=max(1, int(ctx.remaining) + 60))
         st.redis.publish(st.store.keys.job_events, f"{ctx.job_id} serving")  # API processes drop their old route

@@ -12,25 +12,22 @@ import logging
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from shared.config import Settings
 from shared.errors import RolloutsError
+from workers.sandbox.host_processes import kill_group, read_capped, spawn
 from workers.sandbox.isolation import rlimit_preexec
 from workers.sandbox.quota import DiskQuota, QuotaWatch
 from workers.sandbox.spec import ExecResult, SandboxSpec
 from workers.sandbox.start_gate import start_gate
 from workers.toolserver.client import ToolClient, ToolServerError
-from workers.toolserver.output import CappedBuffer
-from workers.toolserver.reaper import descendants, kill_descendants
 from workers.toolserver.result import ToolResult
 
 log = logging.getLogger("rollouts.sandbox")
@@ -38,24 +35,6 @@ log = logging.getLogger("rollouts.sandbox")
 SOCKET_NAME = "tools.sock"
 SCRATCH_NAME = "tmp"  # the sandbox's /tmp, on disk in the runtime dir, inside the disk quota
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes; the kernel's ipc sockets add a suffix
-
-
-# bwrap --die-with-parent (PR_SET_PDEATHSIG) fires when the *thread* that forked
-# it exits, so every sandbox process is spawned from one long-lived thread per
-# process: a sandbox started from a short-lived worker thread would otherwise die
-# with it. Per process, because a forked child (rq's work horse) inherits the
-# executor but not its thread.
-_spawner: tuple[int, ThreadPoolExecutor] | None = None
-_spawner_lock = threading.Lock()
-
-
-def _spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-    global _spawner
-    with _spawner_lock:
-        if _spawner is None or _spawner[0] != os.getpid():
-            _spawner = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner"))
-        executor = _spawner[1]
-    return executor.submit(subprocess.Popen, argv, **kwargs).result()
 
 
 class SandboxError(RolloutsError, RuntimeError):
@@ -225,7 +204,7 @@ class Sandbox(ABC):
             live = list(self._live)
         try:
             for proc in live:
-                _kill_group(proc, self.launcher_reaps)
+                kill_group(proc, self.launcher_reaps)
         finally:
             self._quota_ended.set()
 
@@ -235,17 +214,18 @@ class Sandbox(ABC):
             self._live.add(proc)
             over = self._over_quota is not None
         if over:
-            _kill_group(proc, self.launcher_reaps)
+            kill_group(proc, self.launcher_reaps)
 
-    def start(self) -> Sandbox:
+    def start(self, spare: bool = False) -> Sandbox:
         """Start the sandbox and its tool server; returns once the server answers.
 
         At most ``sandbox_start_concurrency`` starts run at once in this process (and per image):
-        a start beyond that waits for a turn (``start_gate.py``)."""
+        a start beyond that waits for a turn (``start_gate.py``); a ``spare`` one (the pool's) lets
+        every waiting job's start go first."""
         if self._proc is not None:
             return self
         self._ensure_runtime_dir()
-        with start_gate(self.settings).turn(self.spec.image or self.backend):  # waits its turn, never fails
+        with start_gate(self.settings).turn(self.spec.image or self.backend, spare):  # waits its turn, never fails
             return self._start()
 
     def _start(self) -> Sandbox:
@@ -257,7 +237,7 @@ class Sandbox(ABC):
             argv = self.wrap(self.toolserver_argv(), self.base_env())
             log.debug("starting sandbox: %s", shlex.join(argv))
             with open(log_path, "ab") as log_file:
-                self._proc = _spawn(
+                self._proc = spawn(
                     argv,
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
@@ -317,7 +297,7 @@ class Sandbox(ABC):
         try:
             self._watch_begin()
             with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-                proc = _spawn(
+                proc = spawn(
                     self.wrap(argv, {**self.base_env(), **(env or {})}),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
@@ -332,13 +312,13 @@ class Sandbox(ABC):
                     code: int | None = proc.wait(timeout)
                 except subprocess.TimeoutExpired:
                     timed_out = True
-                    _kill_group(proc, self.launcher_reaps)
+                    kill_group(proc, self.launcher_reaps)
                     code = None
                 finally:
                     with self._live_lock:
                         self._live.discard(proc)
-                stdout, cut_out = _read_capped(out, cap)
-                stderr, cut_err = _read_capped(err, cap)
+                stdout, cut_out = read_capped(out, cap)
+                stderr, cut_err = read_capped(err, cap)
             self._raise_if_over_quota()
         finally:
             self._watch_end()
@@ -427,7 +407,7 @@ class Sandbox(ABC):
                 # No graceful shutdown first: if the tool server exited on its own,
                 # bwrap would return before its init had reaped the rest of the tree.
                 # Killing first also ends a call another thread is blocked in.
-                _kill_group(proc, self.launcher_reaps)
+                kill_group(proc, self.launcher_reaps)
             if client is not None:
                 client.close()
             if self._start_watched:
@@ -448,75 +428,3 @@ class Sandbox(ABC):
         if getattr(self, "_proc", None) is not None:
             with contextlib.suppress(Exception):  # best effort at interpreter exit
                 self.stop()
-
-
-def _kill_group(proc: subprocess.Popen[bytes], launcher_reaps: bool = True) -> None:
-    """SIGKILL the sandbox's own process tree and wait until it is gone.
-
-    The launcher's descendants are found by parentage (never by name) and
-    killed; with bwrap that includes its init in the sandbox's pid namespace, so
-    the kernel kills everything in that namespace, and bwrap, which waits for
-    its init, returns only once they are all reaped. Without a pid namespace
-    (the unisolated fallback) the descendant walk is what reaches background
-    jobs that bash put in process groups of their own, and the launcher (the
-    tool server itself) does not exit on its own (``launcher_reaps`` False).
-    """
-    namespaces = _foreign_pid_namespaces(descendants(proc.pid))
-    kill_descendants(proc.pid)
-    if launcher_reaps:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(5.0)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
-    proc.wait()
-    _wait_namespaces_empty(namespaces, timeout=5.0)
-
-
-def _foreign_pid_namespaces(pids: list[int]) -> set[str]:
-    """The pid namespaces (other than ours) these processes live in."""
-    own = os.readlink("/proc/self/ns/pid")
-    found = set()
-    for pid in pids:
-        try:
-            found.add(os.readlink(f"/proc/{pid}/ns/pid"))
-        except OSError:
-            continue
-    found.discard(own)
-    return found
-
-
-def _wait_namespaces_empty(namespaces: set[str], timeout: float) -> None:
-    """Wait until no process is left in these pid namespaces (tasks still being torn down)."""
-    deadline = time.monotonic() + timeout
-    while namespaces and time.monotonic() < deadline:
-        busy = False
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    if os.readlink(f"/proc/{entry}/ns/pid") in namespaces:
-                        busy = True
-                        break
-                except OSError:
-                    continue
-        if not busy:
-            return
-        time.sleep(0.01)
-    if namespaces:
-        log.warning("processes still in pid namespace(s) %s after stop", ", ".join(sorted(namespaces)))
-
-
-def _read_capped(handle: Any, cap: int) -> tuple[str, bool]:
-    """Head and tail of a captured stream, without reading a huge file whole."""
-    size = handle.seek(0, os.SEEK_END)
-    buffer = CappedBuffer(cap)
-    handle.seek(0)
-    if size <= cap:
-        buffer.write(handle.read())
-        return buffer.text(), False
-    buffer.write(handle.read(cap // 2))
-    buffer.total += size - cap  # what lies between head and tail is counted, not read
-    handle.seek(size - (cap - cap // 2))
-    buffer.write(handle.read())
-    return buffer.text(), True
