@@ -28,6 +28,8 @@ SANDBOX_LIFETIMES: tuple[str, ...] = ("single-use", "reuse")
 RENAMED: dict[str, str] = {
     "agent_proxy_host": "external_agent_host",
     "agent_key_secret": "external_agent_secret",
+    "backend_key": "backend_token",
+    "backend_admin_key": "backend_admin_token",
 }
 
 log = logging.getLogger("rollouts.config")
@@ -161,7 +163,7 @@ class Settings(BaseSettings):
     # --- Workers -----------------------------------------------------------
     init_concurrency: int = Field(default=4, gt=0)
     rollout_concurrency: int = Field(default=32, gt=0)
-    eval_concurrency: int = Field(default=4, gt=0)
+    eval_concurrency: int | None = Field(default=None, gt=0, description="Unset: rollout_concurrency / 4, at least 4.")
     heartbeat_interval_s: float = Field(default=5.0, gt=0, description="Job and worker heartbeats.")
     heartbeat_ttl_s: int = Field(
         default=20, gt=0, description="A job whose worker sent no heartbeat for this long is abandoned."
@@ -240,14 +242,14 @@ class Settings(BaseSettings):
     )
 
     # --- Node gateways (gateway/, `rollouts register --gateway`) -------------------
-    backend_key: str | None = Field(
+    backend_token: str | None = Field(
         default=None,
-        description="Bearer key of the data routes (generate, completions, models, health, metrics) of every node "
+        description="Bearer token of the data routes (generate, completions, models, health, metrics) of every node "
         "gateway; the workers and the API send it to the backends. Unset: backends are called without one.",
     )
-    backend_admin_key: str | None = Field(
+    backend_admin_token: str | None = Field(
         default=None,
-        description="Bearer key of a node gateway's control routes (pause, resume, reload, bytes upload, prefix "
+        description="Bearer token of a node gateway's control routes (pause, resume, reload, bytes upload, prefix "
         "cache, weight version, LoRA load); only the API, which runs weight updates, sends it.",
     )
     checkpoint_roots: WordList = Field(
@@ -326,14 +328,15 @@ class Settings(BaseSettings):
     sandbox_uid_slots: int = Field(default=4096, gt=0)
     sandbox_start_timeout_s: float = Field(default=60.0, gt=0)
     sandbox_start_concurrency: int = Field(
-        default=2,
+        default_factory=lambda: max(2, len(os.sched_getaffinity(0))),  # the node's cores, as measured
         gt=0,
-        description="Most sandboxes one worker process starts at a time (pool refills and cold starts alike); "
-        "more wait their turn. Measured in docs/BENCHMARKS.md (sandbox start cap).",
+        description="Most sandboxes one worker process starts at a time (a job's own first, then pool refills); "
+        "more wait their turn. Default: the cores, at least 2 (docs/BENCHMARKS.md, sandbox start cap).",
     )
     sandbox_start_concurrency_per_image: int = Field(
-        default=2, gt=0, description="Most sandboxes of one image (or of the local backend) starting at a time."
+        default_factory=lambda: max(2, len(os.sched_getaffinity(0))), gt=0, description="The same, per image."
     )
+    sandbox_on_demand: bool = Field(default=True, description="Open a job's sandbox at its first tool call.")
     sandbox_pool: bool = Field(
         default=True,
         description="Keep started sandboxes ready for the rollout stage (workers/sandbox/pool.py); off: every "
@@ -392,8 +395,7 @@ class Settings(BaseSettings):
     external_agent_secret: str | None = Field(
         default=None,
         min_length=16,
-        description="Secret the per-job credentials of external agents derive from; unset: one made once and kept "
-        "in Redis.",
+        description="Secret the per-job tokens of external agents derive from; unset: one made once and kept in Redis.",
     )
     external_agent_host: str = Field(
         default="127.0.0.1",
@@ -480,7 +482,7 @@ class Settings(BaseSettings):
         return {
             "init": self.init_concurrency,
             "rollout": self.rollout_concurrency,
-            "eval": self.eval_concurrency,
+            "eval": self.eval_concurrency or max(4, self.rollout_concurrency // 4),
         }[stage]
 
     def default_stage_timeout(self, stage: str) -> float:

@@ -87,6 +87,16 @@ def test_sandbox_pool_stack(capsys: pytest.CaptureFixture[str]) -> None:
     lines_with(out, r"^\| on, reuse \| 1 \| 1 \| {n} \| {n} \| {n} \|$")
 
 
+def test_sandbox_burst(capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/mixed.jsonl once (8 jobs), the scripted backend, one configuration: one stack, ~20 s."""
+    skip_without_bwrap()
+    out = run_bench(capsys, "sandbox_burst", "--llm", "scripted", "--repeat", "1", "--configs", "new")
+    for kind in ("code", "math", "stem", "swe"):
+        lines_with(
+            out, rf"^\| new \| {{n}} \| {{n}} \| {{n}} \| {kind} \| {{n}} \| {{n}} \| {{n}} \| {{n}}% \| {{n}} \|$"
+        )
+
+
 def test_tools(capsys: pytest.CaptureFixture[str]) -> None:
     skip_without_bwrap()
     out = run_bench(capsys, "tools", "--calls", "2", "--rounds", "1")
@@ -98,7 +108,7 @@ def test_tools(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_trainer_bridges(capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.trainers.conftest import trainers_python
+    from tests.support.trainers_env import trainers_python
 
     trainers_python()  # skips (fails in CI) without the trainers' virtualenv, before the stack starts
     out = run_bench(capsys, "trainer_bridges", "--trajectories", "2", "--concurrency", "1")

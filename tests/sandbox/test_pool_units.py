@@ -67,3 +67,36 @@ def test_the_gate_holds_starts_to_the_cap_and_waits_rather_than_fails(per_image:
         thread.join()
     assert gate.most_starting <= min(2, 2 * per_image)
     assert gate.starting == 0
+
+
+def test_a_jobs_start_goes_before_the_pools_refills() -> None:
+    """With every turn taken, a refill waiting first still lets a job's start (waiting later) in first; a refill
+    of another image whose turn no waiting job could take goes ahead."""
+    gate = StartGate(total=2, per_image=1)
+    order: list[str] = []
+    hold_a, entered_a = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with gate.turn("a"):
+            entered_a.set()
+            hold_a.wait()
+
+    def start(name: str, image: str, spare: bool) -> None:
+        with gate.turn(image, spare):
+            order.append(name)
+
+    first = threading.Thread(target=holder)
+    first.start()
+    entered_a.wait()
+    refill = threading.Thread(target=start, args=("refill", "a", True))
+    refill.start()
+    wait_for(lambda: gate.waited >= 1, what="the refill to wait")
+    job = threading.Thread(target=start, args=("job", "a", False))
+    job.start()
+    wait_for(lambda: gate.waited >= 2, what="the job to wait")
+    start("other image", "b", True)  # a turn no waiting job can take: image a is at its cap
+    hold_a.set()
+    for thread in (first, refill, job):
+        thread.join()
+    assert order == ["other image", "job", "refill"]
+    assert gate.starting == 0

@@ -17,12 +17,20 @@ from shared.tasks.context import InterruptReason, StageContext, StageInterrupted
 from workers.rollout.agent_loop import FINISH_TOOL, AgentLoop, Generate, LoopConfig, RunTool
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.interruptible import call_interruptibly
-from workers.rollout.job_sandbox import JobSandbox, lifetime_for, open_job_sandbox, sandbox_pool
-from workers.rollout.llm_client import Completion, Sampling, TokenSink
+from workers.rollout.job_sandbox import (
+    JobSandbox,
+    OnDemandSandbox,
+    lifetime_for,
+    new_runtime_dir,
+    open_job_sandbox,
+    sandbox_pool,
+)
+from workers.rollout.llm_completion import Completion, Sampling
 from workers.rollout.llm_routing import complete_routed
 from workers.rollout.llm_services import llm_services, load_tokenizer
+from workers.rollout.llm_stream import TokenSink
 from workers.rollout.tool_parsers import get_parser
-from workers.sandbox import Sandbox, SandboxError, SandboxSpec
+from workers.sandbox import Sandbox, SandboxError, SandboxSpec, create_sandbox
 from workers.toolserver.result import ToolResult
 
 log = logging.getLogger("rollouts.rollout")
@@ -89,8 +97,7 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
     llm = llm_services()
     request = ctx.request
     group_id = request.group_id
-    sandbox: Sandbox | None = None
-    held: JobSandbox | None = None
+    held: JobSandbox | OnDemandSandbox | None = None
     loop: AgentLoop | None = None
 
     def release_pin() -> None:
@@ -113,21 +120,20 @@ def run_agent_task(kind: AgentKind, ctx: StageContext) -> dict[str, Any]:
 
         generate = pinned_generate(ctx, pin.model, release_pin)
         if any(name != FINISH_TOOL for name in kind.tools):
-            held = start_sandbox(kind, ctx)
-            sandbox = held.sandbox
+            held = job_sandbox(kind, ctx)
         loop = AgentLoop(
             renderer,
             parser,
             generate,
-            tool_runner(sandbox, ctx),
+            tool_runner(held.sandbox if isinstance(held, JobSandbox) else held, ctx),
             config,
             sampling_for(request.sampling, config.max_tokens_per_turn),
             ctx,
         )
         trajectory = loop.run(kind.messages(ctx.task))
         ctx.check()
-        trajectory.extra = kind.collect(ctx, sandbox)
-        trajectory.sandbox = sandbox_origin(held)
+        trajectory.extra = kind.collect(ctx, collected(held))
+        trajectory.sandbox = sandbox_origin(held.held if isinstance(held, OnDemandSandbox) else held)
     except StageInterrupted as stop:
         keep_partial(ctx, loop, stop.reason, None)
         raise
@@ -164,6 +170,31 @@ def pinned_generate(ctx: StageContext, model: str | None, release_pin: Callable[
     return generate
 
 
+def job_sandbox(kind: AgentKind, ctx: StageContext) -> JobSandbox | OnDemandSandbox:
+    """The job's sandbox: opened at its first tool call (``sandbox_on_demand``, the default), else now."""
+    if not ctx.settings.sandbox_on_demand:
+        return start_sandbox(kind, ctx)
+
+    def open_now() -> JobSandbox:
+        ctx.check()  # a cancel or the deadline before the first call starts nothing
+        return start_sandbox(kind, ctx)
+
+    def unstarted() -> Sandbox:
+        return create_sandbox(kind.sandbox_spec(ctx.task, ctx.settings), ctx.workspace, new_runtime_dir(), ctx.settings)
+
+    return OnDemandSandbox(open_now, unstarted)
+
+
+def collected(held: JobSandbox | OnDemandSandbox | None) -> Any:
+    """What ``collect`` gets: the running sandbox; while none was opened, the on-demand one (which opens on a
+    call and runs an ``exec`` in a sandbox of its own); None for a kind without tools."""
+    if held is None:
+        return None
+    if isinstance(held, OnDemandSandbox):
+        return held.sandbox or held
+    return held.sandbox
+
+
 def start_sandbox(kind: AgentKind, ctx: StageContext) -> JobSandbox:
     """The job's sandbox over its workspace, started (or taken ready from the pool); stopped by a cancel,
     the deadline or the stage's end, or given back to the pool for the next job (lifetime ``reuse``)."""
@@ -190,13 +221,20 @@ def start_sandbox(kind: AgentKind, ctx: StageContext) -> JobSandbox:
 
 
 def sandbox_origin(held: JobSandbox | None) -> str | None:
-    """What the trajectory records of its sandbox: taken from the pool, started for it, or none."""
+    """What the trajectory records of its sandbox: taken from the pool, started for it, or none (none was
+    needed: no tool was called)."""
     if held is None:
         return None
     return "pool" if held.pooled else "started"
 
 
-def tool_runner(sandbox: Sandbox | None, ctx: StageContext) -> RunTool:
+class ToolCaller(Protocol):
+    """What runs a tool call: a started Sandbox, or an OnDemandSandbox that starts one first."""
+
+    def call(self, tool: str, args: dict[str, Any], timeout: float | None = None) -> ToolResult: ...
+
+
+def tool_runner(sandbox: ToolCaller | None, ctx: StageContext) -> RunTool:
     """Run a tool in the job's sandbox; an interruption that killed the sandbox says so, not "sandbox failed"."""
 
     def run_tool(name: str, args: dict[str, Any], timeout: float | None) -> ToolResult:

@@ -16,6 +16,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from shared.config import Settings
 from workers.sandbox import Sandbox, SandboxError, SandboxSpec, create_sandbox
@@ -24,6 +25,7 @@ from workers.sandbox.pool import SandboxPool
 from workers.sandbox.pool_sizing import Demand
 from workers.sandbox.profile import SandboxProfile
 from workers.sandbox.reset import take_fingerprint
+from workers.toolserver.result import ToolResult
 
 _pool: tuple[int, SandboxPool] | None = None
 _pool_lock = threading.Lock()
@@ -112,6 +114,59 @@ class JobSandbox:
                 self.sandbox.stop()
 
 
+def new_runtime_dir() -> Path:
+    """A sandbox's runtime dir: node-local and short (the tool server's Unix socket path must fit in 108 bytes)."""
+    return Path(tempfile.gettempdir()) / f"ro-{uuid.uuid4().hex[:12]}"
+
+
+class OnDemandSandbox:
+    """A job's sandbox opened at its first tool call (``sandbox_on_demand``), so a rollout that calls no tool
+    starts none, takes none from the pool and teaches the pool nothing. ``open`` runs once, on the loop's
+    thread; ``finish`` ends what it opened, if anything. A kind's ``collect`` gets this object while nothing
+    is open: its ``call`` opens the sandbox, its ``exec`` runs in a sandbox of ``unstarted`` (same spec and
+    isolation, no tool server: ``exec`` needs none) and stops it."""
+
+    def __init__(self, open_: Callable[[], JobSandbox], unstarted: Callable[[], Sandbox] | None = None) -> None:
+        self._open = open_
+        self._unstarted = unstarted
+        self._lock = threading.Lock()
+        self.held: JobSandbox | None = None
+
+    @property
+    def sandbox(self) -> Sandbox | None:
+        """The running sandbox, or None while no tool was called."""
+        return None if self.held is None else self.held.sandbox
+
+    def open(self) -> JobSandbox:
+        """The job's sandbox, opened now if this is the first call."""
+        with self._lock:
+            if self.held is None:
+                self.held = self._open()
+            return self.held
+
+    def call(self, tool: str, args: dict[str, Any], timeout: float | None = None) -> ToolResult:
+        """One tool call in the job's sandbox (opened first if need be)."""
+        return self.open().sandbox.call(tool, args, timeout)
+
+    def exec(self, command: str | list[str], timeout: float, **kwargs: Any) -> Any:
+        """``Sandbox.exec`` in the open sandbox, else in one of its own, stopped after."""
+        opened = self.sandbox
+        if opened is not None or self._unstarted is None:
+            return (opened or self.open().sandbox).exec(command, timeout, **kwargs)
+        box = self._unstarted()
+        try:
+            return box.exec(command, timeout, **kwargs)
+        finally:
+            box.stop()
+
+    def finish(self) -> None:
+        """The rollout is over: stop (or give back) the sandbox if one was opened."""
+        with self._lock:
+            held = self.held
+        if held is not None:
+            held.finish()
+
+
 def open_job_sandbox(
     spec: SandboxSpec,
     workspace: Path,
@@ -142,9 +197,7 @@ def open_job_sandbox(
         except BaseException:
             held.stop()
             raise
-    # Node-local and short: the tool server's Unix socket path must fit in 108 bytes.
-    runtime_dir = Path(tempfile.gettempdir()) / f"ro-{uuid.uuid4().hex[:12]}"
-    held = JobSandbox(create_sandbox(spec, workspace, runtime_dir, settings), profile, lifetime, pool, workspace)
+    held = JobSandbox(create_sandbox(spec, workspace, new_runtime_dir(), settings), profile, lifetime, pool, workspace)
     hold(held)
     held.sandbox.start()  # waits for a turn under the start cap (start_gate.py)
     if held.stopped:  # a cancel or the deadline came while it started: nothing else would stop it now

@@ -18,53 +18,54 @@ from shared.config import Settings
 
 
 class StartGate:
-    """Counting gates for all starts and for each image's; records how many ran at once."""
+    """Counting gates for all starts and for each image's; records how many ran at once.
+
+    A job's own start (``spare=False``: a job is waiting on it) goes before the pool's refills
+    (``spare=True``): a refill takes a turn only when no waiting job could take it, so a burst's
+    cold starts never queue behind starts made for later jobs, and refills use the turns they leave.
+    """
 
     def __init__(self, total: int, per_image: int) -> None:
         self.total = total
         self.per_image = per_image
-        self._all = threading.BoundedSemaphore(total)
-        self._images: dict[str, threading.BoundedSemaphore] = {}
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._by_image: dict[str, int] = {}  # starts in progress per image
+        self._jobs_waiting: dict[str, int] = {}  # jobs' own starts waiting for a turn, per image
         self.starting = 0  # starts in progress now
         self.most_starting = 0  # the most ever in progress at once (tests, metrics)
         self.waited = 0  # starts that had to wait for a turn
 
-    def _image_gate(self, image: str) -> threading.BoundedSemaphore:
-        with self._lock:
-            gate = self._images.get(image)
-            if gate is None:
-                gate = self._images[image] = threading.BoundedSemaphore(self.per_image)
-            return gate
+    def _free(self, image: str) -> bool:
+        return self.starting < self.total and self._by_image.get(image, 0) < self.per_image
+
+    def _may_enter(self, image: str, spare: bool) -> bool:
+        if not self._free(image):
+            return False
+        return not spare or not any(n and self._free(img) for img, n in self._jobs_waiting.items())
 
     @contextmanager
-    def turn(self, image: str) -> Iterator[None]:
-        """Hold one start's turn for ``image`` (the local backend's key is "local")."""
-        image_gate = self._image_gate(image)
-        if not image_gate.acquire(blocking=False):
-            self._count_wait()
-            image_gate.acquire()
-        try:
-            if not self._all.acquire(blocking=False):
-                self._count_wait()
-                self._all.acquire()
-            try:
-                with self._lock:
-                    self.starting += 1
-                    self.most_starting = max(self.most_starting, self.starting)
+    def turn(self, image: str, spare: bool = False) -> Iterator[None]:
+        """Hold one start's turn for ``image`` (the local backend's key is "local"); ``spare``: a pool refill."""
+        with self._cond:
+            if not self._may_enter(image, spare):
+                self.waited += 1
+                if not spare:
+                    self._jobs_waiting[image] = self._jobs_waiting.get(image, 0) + 1
                 try:
-                    yield
+                    self._cond.wait_for(lambda: self._may_enter(image, spare))
                 finally:
-                    with self._lock:
-                        self.starting -= 1
-            finally:
-                self._all.release()
+                    if not spare:
+                        self._jobs_waiting[image] -= 1
+            self.starting += 1
+            self._by_image[image] = self._by_image.get(image, 0) + 1
+            self.most_starting = max(self.most_starting, self.starting)
+        try:
+            yield
         finally:
-            image_gate.release()
-
-    def _count_wait(self) -> None:
-        with self._lock:
-            self.waited += 1
+            with self._cond:
+                self.starting -= 1
+                self._by_image[image] -= 1
+                self._cond.notify_all()
 
 
 _gate: tuple[int, StartGate] | None = None
