@@ -24,7 +24,7 @@ from tests.slurm.conftest import REPO, job_env
 from tests.support.addresses import node_address, refuses
 from tests.support.vllm_server import SERVED_NAME
 from tests.support.waiting import trace, wait_for, wait_status
-from tests.support.weight_checks import PROMPT, checkpoint, gap_to
+from tests.support.weight_checks import checkpoint, gap_to, sample
 
 
 def _stack(slurm, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -53,22 +53,6 @@ def _vllm_pid(port: int) -> int:
         if serves and argv[argv.index(b"--port") + 1] == str(port).encode():
             return int(proc.name)
     raise AssertionError(f"no vLLM server on port {port}")
-
-
-def _sample(url: str, key: str) -> tuple[list[int], list[float]]:
-    body = {
-        "model": SERVED_NAME,
-        "prompt": PROMPT,
-        "max_tokens": 4,
-        "temperature": 1.0,
-        "seed": 5,
-        "logprobs": 0,
-        "return_token_ids": True,
-    }
-    answer = httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120)
-    assert answer.status_code == 200, answer.text
-    choice = answer.json()["choices"][0]
-    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
 
 
 @pytest.mark.vllm
@@ -134,7 +118,7 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(
         )
         assert update.status_code == 200, update.text
         assert [b["status"] for b in update.json()["backends"]] == ["updated"], update.text
-        tokens, logprobs = _sample(gateway, secrets["ROLLOUTS_BACKEND_TOKEN"])
+        tokens, logprobs = sample(gateway, 5, secrets["ROLLOUTS_BACKEND_TOKEN"])
         assert gap_to(step, tokens, logprobs) < 1e-3 < gap_to(tiny_model, tokens, logprobs)
 
         # vLLM dies (its API server SIGKILLed): the job restarts it in place, its registration follows, and
@@ -155,7 +139,7 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(
         assert back["url"] == gateway
         info = httpx.get(f"{gateway}/weight_info", headers=data_token, timeout=10).json()
         assert info["weight_version"] == "step-1", info
-        tokens, logprobs = _sample(gateway, secrets["ROLLOUTS_BACKEND_TOKEN"])
+        tokens, logprobs = sample(gateway, 5, secrets["ROLLOUTS_BACKEND_TOKEN"])
         assert gap_to(step, tokens, logprobs) < 1e-3 < gap_to(tiny_model, tokens, logprobs)
         vllm_log = next((run_dir / "logs").glob(f"rollouts-vllm-{roles['vllm']}_0.log")).read_text()
         assert "vLLM exited (code" in vllm_log and "restarting it on port" in vllm_log

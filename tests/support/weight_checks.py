@@ -28,8 +28,9 @@ def checkpoint(root: Path, seed: int, intermediate: int | None = None) -> Path:
     return directory
 
 
-def sample(url: str, seed: int) -> tuple[list[int], list[float]]:
-    """Four tokens after PROMPT at temperature 1, with the logprob vLLM reports for each."""
+def sample(url: str, seed: int, token: str | None = None) -> tuple[list[int], list[float]]:
+    """Four tokens after PROMPT at temperature 1, with the logprob vLLM reports for each (through a node
+    gateway: with its `token`)."""
     body = {
         "model": SERVED_NAME,
         "prompt": PROMPT,
@@ -39,7 +40,10 @@ def sample(url: str, seed: int) -> tuple[list[int], list[float]]:
         "logprobs": 0,
         "return_token_ids": True,
     }
-    choice = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"][0]
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    answer = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=120)
+    assert answer.status_code == 200, answer.text
+    choice = answer.json()["choices"][0]
     return choice["token_ids"], choice["logprobs"]["token_logprobs"]
 
 
