@@ -1,8 +1,8 @@
 """Error responses: every rejection is a 4xx whose message names the field; Redis trouble is a 503.
 
 Every error has one body (`Refusal`: `detail`, and `errors` naming each field), whoever found it:
-pydantic, a route, a task kind, auth, a missing id, the body-size cap, Redis being away, a weight update
-refused by shared/weights/.
+pydantic, a route, a task kind, auth, a missing id, the body-size cap, Redis being away or refusing writes
+(its disk full), a weight update refused by shared/weights/.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from pydantic import ValidationError as PydanticValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError as RedisResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.json_body import MalformedJSON
 from shared.errors import NotPermitted, StoredResultError, StoredResultGone, ValidationError
 from shared.jobs.store import IdempotencyConflict
+from shared.redis_conn import write_refusal
 from shared.weights import NoBackendsForModel, UpdateInProgress
 from shared.weights.declare import BackendNotRegistered
 
@@ -108,9 +110,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RedisConnectionError)
     @app.exception_handler(RedisTimeoutError)
+    @app.exception_handler(RedisResponseError)
     async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
-        message = f"the job store (Redis) is unavailable: {type(exc).__name__}; retry shortly"
-        return error_response(message, "", 503, {"Retry-After": "1"})
+        # Away, or up but refusing writes it cannot keep (its disk full: MISCONF): either way nothing
+        # was accepted and a retry will do once Redis recovers. Any other error reply is a bug: a 500.
+        refusal = write_refusal(exc)
+        if isinstance(exc, RedisResponseError) and refusal is None:
+            raise exc
+        cause = f"cannot keep writes: {refusal}" if refusal else f"is unavailable: {type(exc).__name__}"
+        return error_response(f"the job store (Redis) {cause}; retry shortly", "", 503, {"Retry-After": "1"})
 
 
 # Where an error that is not about one field of the input lies, as a Problem's `field`.

@@ -11,7 +11,7 @@ from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError, OutOfMemoryError, ReadOnlyError, ResponseError, TimeoutError
 from redis.retry import Retry
 
 from shared.config import Settings
@@ -29,6 +29,25 @@ MAX_CONNECTIONS = 10_000
 
 # What a client retries: the server gone (refused, reset) or not answering in time.
 RETRIED = (ConnectionError, TimeoutError)
+
+
+# What redis-py puts in front of a pipeline command's error ("Command # 2 (SET ...) of pipeline caused error: ").
+_PIPELINE_NOTE = "of pipeline caused error: "
+
+
+def write_refusal(exc: BaseException) -> str | None:
+    """Redis' own reason when `exc` is Redis up but refusing writes it cannot keep, else None.
+
+    MISCONF: its AOF or RDB write failed (its disk is full); READONLY: a replica; OOM: maxmemory
+    under noeviction. None of these is the job's fault, and each passes once the server can write
+    again, so the API answers 503 and the workers hold their results and retry, as for an outage.
+    """
+    if not isinstance(exc, ResponseError):
+        return None
+    message = str(exc).partition(_PIPELINE_NOTE)[2] or str(exc)
+    if isinstance(exc, ReadOnlyError | OutOfMemoryError) or message.startswith("MISCONF "):
+        return message
+    return None
 
 
 class RedisNotConfigured(RolloutsError, RuntimeError):

@@ -14,6 +14,7 @@ from shared.jobs.admission import redis_memory
 from shared.jobs.queues import stage_queue, stage_workers
 from shared.jobs.status import TERMINAL
 from shared.jobs.store import JobStore
+from shared.redis_conn import write_refusal
 
 
 def service_status(store: JobStore) -> dict[str, Any]:
@@ -70,7 +71,8 @@ def liveness(store: JobStore) -> dict[str, str]:
     try:
         store.redis.ping()
     except Exception as exc:  # noqa: BLE001 - any Redis failure means "not healthy", never a 500
-        body["redis"] = f"unreachable: {type(exc).__name__}"
+        refusal = write_refusal(exc)  # up, but refusing writes (its disk full): not "unreachable"
+        body["redis"] = f"refusing writes: {refusal}" if refusal else f"unreachable: {type(exc).__name__}"
     results = store.results.health()
     if not results.healthy:
         body["results"] = results.reason

@@ -10,3 +10,4 @@ from __future__ import annotations
 from tests.agent.conftest import model_dir, tokenizer  # noqa: F401
 from tests.pipeline.conftest import make_stack, trace_dir  # noqa: F401
 from tests.reliability.backend_fixtures import api, healthy  # noqa: F401
+from tests.reliability.outage_stack import persistent_stack  # noqa: F401

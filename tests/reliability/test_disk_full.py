@@ -19,7 +19,6 @@ Where a full disk lands decides the outcome:
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +37,7 @@ from tests.reliability.agent_stack import (
     use_only,
 )
 from tests.support.scripted_llm import ScriptedLLM
+from tests.support.small_disk import small_tmpfs
 from tests.support.waiting import TERMINAL, client_for, job, wait_for, wait_status
 
 DISK_BYTES = 8 * 1024 * 1024
@@ -62,31 +62,12 @@ SCRIPTS = {
 }
 
 
-def _unmount(path: Path) -> None:
-    if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode != 0:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
-
-
 @pytest.fixture(scope="module")
 def disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     """(base dir for the stack, the workspaces dir with an 8 MiB tmpfs over it); unmounted at the end."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a size-capped tmpfs over the workspaces needs root")
     base = tmp_path_factory.mktemp("disk-full")
-    workspaces = base / "state" / "workspaces"
-    workspaces.mkdir(parents=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES},mode=0755", "tmpfs", str(workspaces)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
-    try:
+    with small_tmpfs(base / "state" / "workspaces", DISK_BYTES) as workspaces:
         yield base, workspaces
-    finally:
-        _unmount(workspaces)
 
 
 @pytest.fixture(scope="module")

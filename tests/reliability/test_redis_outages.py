@@ -22,51 +22,30 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
 from cli.stack import Stack
-from shared.config import STAGES, Settings
-from tests.pipeline.conftest import FAST_RECOVERY_ENV
+from shared.config import STAGES
 from tests.reliability.jobs import scripted_jobs, statuses, wait_all_terminal
+from tests.reliability.outage_stack import SLEEP, SLOTS, every_second_for, submit_until_accepted
 from tests.support.holds import Gate
 from tests.support.waiting import client_for, trace, wait_for
 
 KILL_OUTAGE_S = float(os.environ.get("ROLLOUTS_REDIS_OUTAGE_S", "15"))
 FREEZE_OUTAGE_S = float(os.environ.get("ROLLOUTS_REDIS_FREEZE_S", "5"))
-SLOTS = {"init": 2, "rollout": 4, "eval": 2}
-# Each stage slower than the one before it, so every stage has a queue when Redis goes away and
-# when it comes back: a slot that does not take a job then is a slot that did not resume.
-SLEEP = {"init": 0.5, "rollout": 2.0, "eval": 1.5}
 FIRST_WAVE = 24
 SECOND_WAVE = 12
-
-
-@pytest.fixture()
-def persistent_stack(tmp_path: Path) -> Iterator[Stack]:
-    """A stack whose embedded Redis keeps an append-only file (as `rollouts up`), one process per stage."""
-    settings = Settings(redis_url=None, state_dir=tmp_path / "state")
-    stack = Stack(
-        settings,
-        api_port=0,
-        concurrency=SLOTS,
-        log_dir=tmp_path / "logs",
-        persistent_redis=True,
-        extra_env=FAST_RECOVERY_ENV,
-    )
-    with stack:
-        stack.wait_for_workers()
-        yield stack
 
 
 def _kill_and_restart(stack: Stack, seconds: float, during: Callable[[], None]) -> float:
     assert stack.redis is not None and stack.redis.process is not None
     stack.redis.process.kill()
     stack.redis.process.wait()
-    _for(seconds, during)
+    every_second_for(seconds, during)
     stack.redis.restart()
     return time.monotonic()
 
@@ -75,32 +54,10 @@ def _freeze_and_thaw(stack: Stack, seconds: float, during: Callable[[], None]) -
     assert stack.redis is not None and stack.redis.process is not None
     stack.redis.process.send_signal(signal.SIGSTOP)
     try:
-        _for(seconds, during)
+        every_second_for(seconds, during)
     finally:
         stack.redis.process.send_signal(signal.SIGCONT)
     return time.monotonic()
-
-
-def _for(seconds: float, action: Callable[[], None]) -> None:
-    """Call `action` once a second (at least once) until `seconds` have passed."""
-    end = time.monotonic() + seconds
-    while True:
-        action()
-        left = end - time.monotonic()
-        if left <= 0:
-            return
-        time.sleep(min(1.0, left))
-
-
-def _submit_until_accepted(api: httpx.Client, jobs: list[dict]) -> list[str]:
-    def accepted() -> list[str] | None:
-        try:
-            response = api.post("/v1/jobs", json=jobs)
-        except httpx.HTTPError:
-            return None
-        return response.json()["job_ids"] if response.status_code == 202 else None
-
-    return wait_for(accepted, timeout=60, interval=0.2, what="the API to accept jobs again")
 
 
 def _held_in(trace_dir: Path, ids: list[str], stage: str) -> list[str]:
@@ -139,7 +96,7 @@ def test_workers_take_jobs_again_after_a_redis_outage_and_no_job_is_lost(
     stack = persistent_stack
     api = client_for(stack)
     pids = {stage: [p.pid for p in stack.workers[stage]] for stage in STAGES}
-    first = _submit_until_accepted(api, scripted_jobs(FIRST_WAVE, trace_dir, SLEEP))
+    first = submit_until_accepted(api, scripted_jobs(FIRST_WAVE, trace_dir, SLEEP))
     wait_for(lambda: sum(s == "done" for s in statuses(api, first).values()) >= 1, what="a first job done")
     running = [
         i
@@ -170,7 +127,7 @@ def test_workers_take_jobs_again_after_a_redis_outage_and_no_job_is_lost(
         {**job, "task": {**job["task"], **holds}, "idempotency_key": f"second-{n}"}
         for n, job in enumerate(scripted_jobs(SECOND_WAVE, trace_dir, SLEEP))
     ]
-    second = _submit_until_accepted(api, second_jobs)
+    second = submit_until_accepted(api, second_jobs)
     try:
         for stage in STAGES:  # in stage order: a stage's gate lets the wave on to the next stage
             wait_for(

@@ -3,7 +3,8 @@
 The stage runner catches every exception a task raises, so rq reports a
 failure only when
 - a worker vanished mid-job (an abandoned job found by registry cleanup), or
-  Redis was unreachable past the client's retries: rq re-queues the job while
+  Redis was unreachable past the client's retries, or refused writes (its disk full:
+  MISCONF) where the runner does not hold the write: rq re-queues the job while
   it has retries left (the runner re-takes a job whose status is its own
   stage), and after the last one the record is marked failed;
 - the runner itself raised (a bug): the job fails at once with the traceback,
@@ -31,6 +32,7 @@ from shared.jobs.record_fields import lost_field
 from shared.jobs.status import TERMINAL, JobStatus
 from shared.jobs.store import JobStore
 from shared.metrics import MetricsRecorder
+from shared.redis_conn import write_refusal
 from workers.runtime.job_end import Ended, worker_job_ended
 from workers.runtime.stage_runner import runner_returned
 from workers.runtime.state import state
@@ -60,7 +62,7 @@ def on_stage_failure(job: Job, connection: Redis, exc_type: type, exc_value: Bas
     # The process's own store and settings: its workspaces are where the stage runner put them.
     st = state()
     store, metrics = st.store, st.metrics
-    if not issubclass(exc_type, RETRYABLE):
+    if not issubclass(exc_type, RETRYABLE) and write_refusal(exc_value) is None:
         error = {
             "stage": stage,
             "type": "internal_error",

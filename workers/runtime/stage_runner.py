@@ -7,7 +7,8 @@ defines and passes in from its rq entry point.
 
 It never lets an exception escape: a task's error becomes a `failed` record with the traceback, an
 interruption becomes `cancelled`, `timed_out` or a hand-back to the same queue. rq's own retry is
-left for the one case the runner cannot see: its process dying mid-job. Each path returns an
+left for the one case the runner cannot see: its process dying mid-job. A record write that Redis
+refuses (its disk full: MISCONF) is held until Redis takes it (held_writes.py). Each path returns an
 Outcome; one that ended the job carries `Ended`, and `run_stage` hands that to the job end
 (workers/runtime/job_end.py) in one place.
 """
@@ -43,7 +44,9 @@ from shared.jobs.spec import JobRequest
 from shared.jobs.status import NEXT_STAGE, STAGE_ENTRY_FROM, TERMINAL, AttemptResult, JobStatus
 from shared.jobs.store import STORED_PARTS
 from shared.metrics import MetricsRecorder
+from shared.redis_conn import write_refusal
 from shared.tasks import InterruptReason, StageContext, StageInterrupted, TaskKind, get_kind
+from workers.runtime.held_writes import until_written
 from workers.runtime.job_end import Ended, worker_job_ended
 from workers.runtime.state import WorkerState, log, state
 
@@ -113,7 +116,10 @@ def _attempt(st: WorkerState, stage: Stage, job_id: str) -> Outcome:
     name = stage.name
     # Taking the job moves it into the stage and counts a new attempt, whose number is this
     # attempt's fencing token; a job that is terminal or past this stage is not taken.
-    taken = st.store.take(job_id, name, STAGE_ENTRY_FROM[name], _worker_name(st))
+    worker = _worker_name(st)
+    taken = until_written(
+        lambda: st.store.take(job_id, name, STAGE_ENTRY_FROM[name], worker), f"job {job_id}: taking {name}", st.draining
+    )
     if not taken.applied:
         return _not_taken(job_id, name, taken.previous)
     record = taken.record
@@ -198,6 +204,9 @@ def _perform(stage: Stage, ctx: StageContext, workspaces: Path) -> Performed:
     except NoBackendAvailable as exc:  # infrastructure, not the job's fault: it waits (_wait_for_backend)
         return {}, None, {"stage": stage.name, "type": NO_BACKEND, "message": str(exc)}
     except Exception as exc:  # noqa: BLE001 - whatever a stage raises fails the job with its type and message
+        if write_refusal(exc) is not None:  # Redis up but refusing writes (disk full): as if it were away
+            log.warning("job %s: Redis refuses writes in %s (%s); handing the job back", ctx.job_id, stage.name, exc)
+            return {}, InterruptReason.REQUEUE, None
         log.warning("job %s: %s failed: %s: %s", ctx.job_id, stage.name, type(exc).__name__, exc)
         message = str(exc) + _disk_full_note(exc, workspaces)
         return (
@@ -254,21 +263,40 @@ def _hand_on(st: WorkerState, stage: Stage, ctx: StageContext, output: dict[str,
         error = {"stage": name, "type": "results_unavailable", "message": str(exc)}
         return _finish(st, job_id, name, JobStatus.FAILED, error, None, guard, ctx.request.group_id)
     stage.record(output, st.metrics)
+    what = f"job {job_id}: the {name} result"
     if next_stage is None:
-        moved = st.store.transition(job_id, (name,), JobStatus.DONE, fields, guard)
+        done = JobStatus.DONE
+        moved = until_written(lambda: st.store.transition(job_id, (name,), done, fields, guard), what, st.draining)
         if moved.applied:
             return Outcome(AttemptResult.DONE, Ended(JobStatus.DONE, moved=True, group_id=ctx.request.group_id))
         return _lost_race(moved.previous)
     fields[time_field(next_stage, "queued")] = now
-    with st.redis.pipeline(transaction=True) as pipe:
-        # Queued even if the move is refused: the next stage's worker then finds the job
-        # cancelled or already taken and skips it. One transaction, so never the reverse.
-        enqueue_stage(pipe, next_stage, [(job_id, ctx.request.limits)], st.settings, st.redis)
-        st.store.queue_transition(pipe, job_id, (name,), next_stage, fields, guard)
-        applied, previous = pipe.execute()[-1][:2]
+    applied, previous = until_written(lambda: _queue_next(st, ctx, next_stage, fields, guard), what, st.draining)
     if applied:
         return Outcome(AttemptResult.QUEUED.at(next_stage))
     return _lost_race(previous.decode() if isinstance(previous, bytes) else previous)
+
+
+def _queue_next(
+    st: WorkerState, ctx: StageContext, next_stage: str, fields: dict[str, Any], guard: tuple[str, int]
+) -> tuple[Any, Any]:
+    """Queue the next stage and move the job there; (applied, previous status) of the move."""
+    with st.redis.pipeline(transaction=True) as pipe:
+        # Queued even if the move is refused: the next stage's worker then finds the job
+        # cancelled or already taken and skips it. One transaction, so never the reverse.
+        enqueue_stage(pipe, next_stage, [(ctx.job_id, ctx.request.limits)], st.settings, st.redis)
+        st.store.queue_transition(pipe, ctx.job_id, (ctx.stage,), next_stage, fields, guard)
+        applied, previous = pipe.execute()[-1][:2]
+    return applied, previous
+
+
+def _hand_back(st: WorkerState, ctx: StageContext, guard: tuple[str, int]) -> None:
+    """Queue the job's stage again (a new attempt) and note when it was handed back, in one transaction."""
+    with st.redis.pipeline(transaction=True) as pipe:
+        enqueue_stage(pipe, ctx.stage, [(ctx.job_id, ctx.request.limits)], st.settings, st.redis, handback=ctx.attempt)
+        requeued = {time_field(ctx.stage, "requeued"): time.time()}
+        st.store.queue_transition(pipe, ctx.job_id, (ctx.stage,), ctx.stage, requeued, guard)
+        pipe.execute()
 
 
 def _output_fields(st: WorkerState, job_id: str, stage: str, output: dict[str, Any]) -> dict[str, Any]:
@@ -305,12 +333,8 @@ def _interrupted(st: WorkerState, ctx: StageContext, reason: str, limit: str) ->
         log.warning("job %s: %s attempt %d superseded by a newer one; dropping it", job_id, stage, ctx.attempt)
         return Outcome(AttemptResult.SUPERSEDED)
     if reason == InterruptReason.REQUEUE:
-        # The worker is shutting down: hand the job back to its stage's queue for another worker.
-        with st.redis.pipeline(transaction=True) as pipe:
-            enqueue_stage(pipe, stage, [(job_id, ctx.request.limits)], st.settings, st.redis, handback=ctx.attempt)
-            requeued = {time_field(stage, "requeued"): time.time()}
-            st.store.queue_transition(pipe, job_id, (stage,), stage, requeued, guard)
-            pipe.execute()
+        # The worker is shutting down (or Redis failed the stage): hand the job back to its stage's queue.
+        until_written(lambda: _hand_back(st, ctx, guard), f"job {job_id}: handing {stage} back", st.draining)
         return Outcome(AttemptResult.REQUEUED)
     if reason == InterruptReason.TIMED_OUT:
         error = _timeout_error(stage, limit)
@@ -321,7 +345,7 @@ def _interrupted(st: WorkerState, ctx: StageContext, reason: str, limit: str) ->
         fields.update(_partial_fields(st, job_id, ctx.partial))
     except ResultsUnavailable as exc:
         log.error("job %s: partial output of the cancelled %s not stored: %s", job_id, stage, exc)
-    st.store.set_fields(job_id, fields)
+    until_written(lambda: st.store.set_fields(job_id, fields), f"job {job_id}: where {stage} stopped", st.draining)
     return Outcome(AttemptResult.CANCELLED, Ended(JobStatus.CANCELLED, moved=False))
 
 
@@ -362,7 +386,8 @@ def _finish(
     except ResultsUnavailable as exc:
         error = {**error, "message": f"{error.get('message', '')} (its partial output was not stored: {exc})"}
     fields["error"] = error
-    moved = st.store.transition(job_id, "*", status, fields, guard)
+    what = f"job {job_id}: its {status} record"
+    moved = until_written(lambda: st.store.transition(job_id, "*", status, fields, guard), what, st.draining)
     if moved.applied:
         return Outcome(status, Ended(status, moved=True, error=error, group_id=group_id))
     if moved.previous == AttemptResult.SUPERSEDED:
