@@ -60,6 +60,11 @@ class JobView(JobHeader):
         description="Per LLM backend, the model calls it failed (it died, restarted or answered "
         "unusably) that went on to another backend or waited for one.",
     )
+    sandboxes: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="Per stage and attempt, the id of the sandbox it used (`<host>-<pid>.<start>-<random>`; "
+        "its runtime dir on that host is `ro-<pid>.<start>-<random>`), named as it opened.",
+    )
     result: JobResult | None = Field(default=None, description="Present once the job is done.")
     error: dict[str, Any] | None = Field(default=None, description="Why it failed, timed out or was cancelled.")
     partial: dict[str, Any] | None = Field(default=None, description="What a stage had when it was cut short.")

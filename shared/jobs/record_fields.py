@@ -40,6 +40,11 @@ def worker_field(stage: str) -> str:
     return f"worker:{stage}"
 
 
+def sandbox_field(stage: str, attempt: int) -> str:
+    """The sandbox an attempt at the stage used (its id, workers/sandbox/owner.py), written as it opens."""
+    return f"sandbox:{stage}:{attempt}"
+
+
 def lost_field(stage: str) -> str:
     """How many of the stage's workers were lost (killed, given up for dead)."""
     return f"lost:{stage}"

@@ -463,6 +463,7 @@ def decode_record(raw: dict[bytes, bytes]) -> dict[str, Any]:
         "refs": {},
         "wait": {},
         "failovers": {},
+        "sandboxes": {},
     }
     for raw_name, raw_value in raw.items():
         name = raw_name.decode()
@@ -478,6 +479,9 @@ def decode_record(raw: dict[bytes, bytes]) -> dict[str, Any]:
             record[group][rest] = int(value)
         elif group == "worker":
             record["workers"][rest] = value
+        elif group == "sandbox":
+            stage, _, attempt = rest.partition(":")
+            record["sandboxes"].setdefault(stage, {})[attempt] = value
         elif group == "ref":
             record["refs"][rest] = value
         elif name in ("created_at", "updated_at", "finished_at"):

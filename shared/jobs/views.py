@@ -54,6 +54,7 @@ def job_view(record: dict[str, Any]) -> dict[str, Any]:
         "workers": record["workers"],
         "lost": record["lost"],
         "failovers": record["failovers"],
+        "sandboxes": record.get("sandboxes", {}),
         "result": None,
         "error": record.get("error"),
         "partial": record.get("partial"),

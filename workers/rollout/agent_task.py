@@ -21,6 +21,7 @@ from workers.rollout.job_sandbox import (
     JobSandbox,
     OnDemandSandbox,
     lifetime_for,
+    name_on_record,
     new_runtime_dir,
     open_job_sandbox,
     sandbox_pool,
@@ -200,6 +201,7 @@ def start_sandbox(kind: AgentKind, ctx: StageContext) -> JobSandbox:
     the deadline or the stage's end, or given back to the pool for the next job (lifetime ``reuse``)."""
 
     def hold(held: JobSandbox) -> None:
+        name_on_record(ctx.job_id, ctx.stage, ctx.attempt, held.sandbox)  # joinable even if this worker dies
         ctx.on_cleanup(held.stop)
         ctx.on_interrupt(lambda _reason: held.stop())  # unblocks a tool call the cancel must not wait for
 
@@ -213,7 +215,8 @@ def start_sandbox(kind: AgentKind, ctx: StageContext) -> JobSandbox:
             pool=sandbox_pool(ctx.settings),
             hold=hold,
         )
-        log.info("job %s: sandbox %s", ctx.job_id, "ready from the pool" if held.pooled else "started for it")
+        origin = "ready from the pool" if held.pooled else "started for it"
+        log.info("job %s: sandbox %s %s", ctx.job_id, held.sandbox.sandbox_id, origin)
         return held
     except SandboxError:
         ctx.check()  # the deadline or a cancel stopped it mid-start: timed_out/cancelled, not failed

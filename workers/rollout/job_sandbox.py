@@ -10,10 +10,9 @@ the reset is proven clean. The pool is per worker process, built on the first jo
 from __future__ import annotations
 
 import atexit
+import logging
 import os
-import tempfile
 import threading
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,14 @@ from typing import Any
 from shared.config import Settings
 from workers.sandbox import Sandbox, SandboxError, SandboxSpec, create_sandbox
 from workers.sandbox.handoff import HandoffError, move_in
+from workers.sandbox.owner import new_sandbox_id, runtime_dir_for
 from workers.sandbox.pool import SandboxPool
 from workers.sandbox.pool_sizing import Demand
 from workers.sandbox.profile import SandboxProfile
 from workers.sandbox.reset import take_fingerprint
 from workers.toolserver.result import ToolResult
+
+log = logging.getLogger("rollouts.rollout")
 
 _pool: tuple[int, SandboxPool] | None = None
 _pool_lock = threading.Lock()
@@ -115,8 +117,27 @@ class JobSandbox:
 
 
 def new_runtime_dir() -> Path:
-    """A sandbox's runtime dir: node-local and short (the tool server's Unix socket path must fit in 108 bytes)."""
-    return Path(tempfile.gettempdir()) / f"ro-{uuid.uuid4().hex[:12]}"
+    """A sandbox's runtime dir: node-local and short (the tool server's Unix socket path must fit in 108 bytes),
+    named after a fresh sandbox id of this worker (workers/sandbox/owner.py), so a dead worker's is swept."""
+    return runtime_dir_for(new_sandbox_id())
+
+
+def name_on_record(job_id: str, stage: str, attempt: int, sandbox: Sandbox) -> None:
+    """Name the attempt's sandbox on the job's record (``sandboxes`` in GET /v1/jobs/{id}) before it starts,
+    so a sandbox an operator finds on a node (its id is in its runtime dir's name and its processes' argv)
+    joins to its rollout, even when its worker was killed mid-job. Best effort: a rollout never fails for it."""
+    from shared.jobs.record_fields import sandbox_field
+    from workers.runtime import state as worker_state
+
+    st = worker_state._state  # only in a worker process: a stage run in a test has no record to name it on
+    if st is None:
+        return
+    try:
+        key = st.store.keys.job(job_id)
+        if st.redis.exists(key):  # never a stray hash for a job that is gone (or a stage run outside a job)
+            st.redis.hset(key, sandbox_field(stage, attempt), sandbox.sandbox_id)
+    except Exception as exc:  # noqa: BLE001 - Redis away: the sandbox still runs, the record misses one name
+        log.warning("job %s: could not name its sandbox on its record: %s", job_id, exc)
 
 
 class OnDemandSandbox:

@@ -10,12 +10,14 @@ import sys
 from shared.config import get_settings
 from shared.logs import setup_logging
 from workers.runtime.process import WorkerProcess
+from workers.sandbox.owner import POOL_DIR, sweep
 
 
 def run_worker(stage: str, concurrency: int | None = None, drain_timeout_s: float | None = None) -> None:
     settings = get_settings()
     setup_logging(settings)
     drain = settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+    sweep(settings.workspaces / POOL_DIR)  # the sandbox directories this node's dead workers left (SANDBOX.md)
     WorkerProcess(stage, settings, concurrency=concurrency, drain_timeout_s=drain).run()
     exit_without_abandoned_calls()
 

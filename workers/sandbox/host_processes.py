@@ -8,12 +8,14 @@ pid namespace, and a one-shot command's captured output read without reading it 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,16 +31,39 @@ log = logging.getLogger("rollouts.sandbox")
 # executor but not its thread.
 _spawner: tuple[int, ThreadPoolExecutor] | None = None
 _spawner_lock = threading.Lock()
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: a forked child should not dlopen
 
 
 def spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-    """`subprocess.Popen(argv, **kwargs)`, from this process's spawner thread."""
+    """`subprocess.Popen(argv, **kwargs)`, from this process's spawner thread, the child dying with it."""
     global _spawner
+    # A preexec_fn in a threaded process is safe only if it takes no lock: this one calls prctl and getppid.
+    kwargs["preexec_fn"] = _die_with_worker(os.getpid(), kwargs.get("preexec_fn"))
     with _spawner_lock:
         if _spawner is None or _spawner[0] != os.getpid():
             _spawner = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner"))
         executor = _spawner[1]
     return executor.submit(subprocess.Popen, argv, **kwargs).result()
+
+
+def _die_with_worker(worker: int, then: Callable[[], Any] | None) -> Callable[[], None]:
+    """A ``preexec_fn`` arming SIGKILL for when the spawner thread (so, a SIGKILLed worker) dies.
+
+    bwrap's ``--die-with-parent`` arms the same only once bwrap runs, after the shell that opens its
+    seccomp filter (or the network launcher) has started: a worker killed in between left a sandbox
+    with no parent to die with. Armed here, in the child before it execs, it holds from the fork on
+    (kept across exec; bwrap and the launcher arm it again), and a child whose worker is already gone
+    exits. It also ends the unisolated fallback's tool server with its worker."""
+
+    def arm() -> None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != worker:  # the worker died before the signal was armed
+            os._exit(1)
+        if then is not None:
+            then()
+
+    return arm
 
 
 def kill_group(proc: subprocess.Popen[bytes], launcher_reaps: bool = True) -> None:

@@ -14,9 +14,11 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from workers.sandbox import slirp_launcher
+from workers.sandbox.owner import owned_prefix
 from workers.sandbox.sandbox import SandboxError
 
 RESOLV_CONF = "/etc/resolv.conf"
@@ -45,11 +47,19 @@ def resolv_conf_target() -> str | None:
     return os.path.realpath(RESOLV_CONF)
 
 
-@functools.cache
+_RESOLV_LOCK = threading.Lock()
+
+
 def slirp_resolv_conf() -> Path:
     """A resolv.conf naming slirp's DNS, written once per process in a private directory (only bwrap,
     as the worker, reads it there; the sandbox sees it read-only at ``resolv_conf_target()``)."""
-    directory = Path(tempfile.mkdtemp(prefix="ro-resolv-"))
+    with _RESOLV_LOCK:  # one per process, not one per thread that asked first at once
+        return _slirp_resolv_conf(os.getpid())  # per process: a forked child builds its own, named after it
+
+
+@functools.cache
+def _slirp_resolv_conf(pid: int) -> Path:
+    directory = Path(tempfile.mkdtemp(prefix=owned_prefix("resolv")))  # swept if the worker is killed
     atexit.register(shutil.rmtree, directory, ignore_errors=True)
     path = directory / "resolv.conf"
     path.write_text(f"nameserver {slirp_launcher.DNS}\n")

@@ -20,11 +20,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
-import tempfile
 import threading
 import time
-import uuid
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +30,7 @@ from pathlib import Path
 from shared.config import Settings
 from workers.sandbox import create_sandbox
 from workers.sandbox.handoff import HandoffError, move_out
+from workers.sandbox.owner import POOL_DIR, new_sandbox_id, runtime_dir_for, sweep
 from workers.sandbox.pool_sizing import Asked, Demand, targets
 from workers.sandbox.profile import SandboxProfile
 from workers.sandbox.reset import reset_processes, take_fingerprint, warm
@@ -41,6 +39,7 @@ from workers.sandbox.sandbox import Sandbox, SandboxError
 log = logging.getLogger("rollouts.sandbox.pool")
 
 _WARM_TIMEOUT_S = 120.0
+_SWEEP_INTERVAL_S = 60.0  # how often a live pool removes what dead workers of its node left (owner.py)
 
 
 @dataclass
@@ -67,7 +66,7 @@ class SandboxPool:
         self.settings = settings
         self.refill = refill
         self.demand = demand
-        self.root = root or settings.workspaces / ".pool"
+        self.root = root or settings.workspaces / POOL_DIR
         self.max_ready = settings.sandbox_pool_memory_bytes // settings.sandbox_pool_sandbox_bytes
         self.stats = PoolStats()
         self.unpoolable: str | None = None  # set once sandboxes here cannot be pooled (the fallback)
@@ -77,6 +76,7 @@ class SandboxPool:
         self._retry_at: dict[SandboxProfile, tuple[float, int]] = {}
         self._cond = threading.Condition()
         self._closed = False
+        self._swept_at = 0.0
         self._sweep_dead_homes()
         self._thread = threading.Thread(target=self._refill_loop, name="sandbox-pool", daemon=True)
         self._thread.start()
@@ -115,7 +115,7 @@ class SandboxPool:
         why = reset_processes(sandbox)
         if why is None:
             try:
-                move_out(sandbox, job_workspace, self._new_home())
+                move_out(sandbox, job_workspace, self._home_of(sandbox))
             except (HandoffError, SandboxError) as exc:
                 why = str(exc)
         if why is not None:
@@ -190,23 +190,22 @@ class SandboxPool:
             return len(self._ready.get(profile, ()))
         return sum(len(ready) for ready in self._ready.values())
 
-    def _new_home(self) -> Path:
-        """A directory name of the pool's, unique across the nodes that share the workspaces root."""
+    def _home_of(self, sandbox: Sandbox) -> Path:
+        """The sandbox's own directory in the pool, named by its id (owner.py: host, owner, random part), so
+        that it is unique across the nodes that share the workspaces root and a dead owner's can be swept."""
         self.root.mkdir(parents=True, exist_ok=True)
-        return self.root / f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        return self.root / sandbox.sandbox_id
 
     def _sweep_dead_homes(self) -> None:
-        """Remove the directories pools of this node left when their worker died (SIGKILL, the OOM killer):
-        ``<host>-<pid>-<id>`` whose pid is no longer running. Other nodes' are theirs to sweep."""
-        prefix = f"{socket.gethostname()}-"
+        """Remove what this node's dead workers left (SIGKILL, the OOM killer): pool directories and sandbox
+        runtime dirs whose owner no longer runs (owner.py). Other nodes' are theirs to sweep. Run when the
+        pool is built and every ``_SWEEP_INTERVAL_S`` after, so a worker killed beside this one is cleaned
+        up even if none starts on the node again."""
+        self._swept_at = time.monotonic()
         try:
-            entries = list(os.scandir(self.root))
-        except OSError:
-            return
-        for entry in entries:
-            pid = entry.name[len(prefix) :].split("-", 1)[0] if entry.name.startswith(prefix) else ""
-            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-                shutil.rmtree(entry.path, ignore_errors=True)
+            sweep(self.root)
+        except OSError as exc:  # the refill thread must live on; the next sweep tries again
+            log.warning("sandbox pool: could not sweep what dead workers left: %s", exc)
 
     def _forget(self, sandbox: Sandbox) -> None:
         sandbox.stop()
@@ -215,10 +214,11 @@ class SandboxPool:
             shutil.rmtree(home, ignore_errors=True)
 
     def _start_one(self, profile: SandboxProfile) -> Sandbox:
-        home = self._new_home()
+        sandbox_id = new_sandbox_id()
+        self.root.mkdir(parents=True, exist_ok=True)
+        home = self.root / sandbox_id
         home.mkdir()
-        runtime = Path(tempfile.gettempdir()) / f"ro-{uuid.uuid4().hex[:12]}"
-        box = create_sandbox(profile.spec(), home, runtime, self.settings)
+        box = create_sandbox(profile.spec(), home, runtime_dir_for(sandbox_id), self.settings)
         if box.poolable is not None:
             shutil.rmtree(home, ignore_errors=True)
             raise _Unpoolable(box.poolable)
@@ -288,6 +288,8 @@ class SandboxPool:
 
     def _refill_loop(self) -> None:
         while True:
+            if time.monotonic() - self._swept_at >= _SWEEP_INTERVAL_S:
+                self._sweep_dead_homes()
             try:
                 demand = self.demand()
             except Exception as exc:  # noqa: BLE001 - Redis away: keep one ready per profile in use

@@ -24,6 +24,7 @@ from shared.config import Settings
 from shared.errors import RolloutsError
 from workers.sandbox.host_processes import kill_group, read_capped, spawn
 from workers.sandbox.isolation import rlimit_preexec
+from workers.sandbox.owner import sandbox_id_of
 from workers.sandbox.quota import DiskQuota, QuotaWatch
 from workers.sandbox.spec import ExecResult, SandboxSpec
 from workers.sandbox.start_gate import start_gate
@@ -336,6 +337,13 @@ class Sandbox(ABC):
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def sandbox_id(self) -> str:
+        """What the job's record names (``sandboxes``), so an operator can join a sandbox found on a node to
+        its rollout: ``<host>-<pid>.<start>-<random>`` for a rollout's (owner.py), whose runtime dir, named
+        in its processes' argv (the tool server's socket), is ``<tmp>/ro-<pid>.<start>-<random>``."""
+        return sandbox_id_of(self.runtime_dir)
 
     # --- what a pool needs (workers/sandbox/pool.py, handoff.py, reset.py) ---
     @property

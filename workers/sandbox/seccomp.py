@@ -19,11 +19,15 @@ import atexit
 import contextlib
 import errno
 import functools
+import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import pyseccomp as seccomp
+
+from workers.sandbox.owner import owned_prefix
 
 # The flags of clone(2) and unshare(2) that create namespaces.
 CLONE_NEWNS = 0x00020000
@@ -109,11 +113,19 @@ def _build(path: Path) -> None:
         rules.export_bpf(handle)
 
 
-@functools.cache
+_FILTER_LOCK = threading.Lock()
+
+
 def filter_path() -> Path:
     """The compiled filter (a file of BPF instructions), built once per process in a private directory
     that goes with it. Only the launching shell, which runs as the worker, opens it."""
-    directory = Path(tempfile.mkdtemp(prefix="ro-seccomp-"))
+    with _FILTER_LOCK:  # one per process, not one per thread that asked first at once
+        return _filter_path(os.getpid())  # per process: a forked child builds its own, named after it
+
+
+@functools.cache
+def _filter_path(pid: int) -> Path:
+    directory = Path(tempfile.mkdtemp(prefix=owned_prefix("seccomp")))  # swept if the worker is killed
     atexit.register(shutil.rmtree, directory, ignore_errors=True)
     path = directory / "filter.bpf"
     _build(path)
