@@ -20,6 +20,7 @@ from pathlib import Path
 
 from shared.config import Settings
 from workers.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec, create_sandbox
+from workers.sandbox.owner import owned_prefix
 
 PROBE_TIMEOUT_S = 60.0
 
@@ -74,7 +75,7 @@ def fresh_sandbox(
 
     The probe also imports `needs` (e.g. pytest): a missing test runner is the deployment's fault.
     """
-    base = Path(tempfile.mkdtemp(prefix="ro-ev-"))
+    base = Path(tempfile.mkdtemp(prefix=owned_prefix("ev")))  # swept if this worker dies (owner.py)
     workspace, runtime = base / "ws", base / "rt"
     workspace.mkdir()
     runtime.mkdir(mode=0o700)

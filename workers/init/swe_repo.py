@@ -65,9 +65,10 @@ def export_from_image(instance: SweInstance, dest: Path) -> None:
 
     from shared.config import get_settings
     from workers.sandbox import SandboxSpec, create_sandbox
+    from workers.sandbox.owner import owned_prefix
 
     image = instance.image or instance.official_image
-    runtime = Path(tempfile.mkdtemp(prefix="ro-img-"))
+    runtime = Path(tempfile.mkdtemp(prefix=owned_prefix("img")))  # swept if this worker dies (owner.py)
     sandbox = create_sandbox(SandboxSpec(image=image, workdir=IMAGE_EXPORT_DIR), dest, runtime, get_settings())
     try:
         copied = sandbox.exec(
