@@ -288,12 +288,14 @@ class JobStore:
             return dict(zip(ALL_STATUSES, pipe.execute()))
 
     # --- stored results ---------------------------------------------------
-    def store_part(self, job_id: str, part: str, value: Any) -> dict[str, Any]:
+    def store_part(self, job_id: str, part: str, value: Any, attempt: int | None = None) -> dict[str, Any]:
         """Write one large part to the results store; returns the record field that refers to it.
+        A stage attempt passes its number (its fencing token): its file is its own, so a superseded
+        attempt finishing late never replaces the file of the attempt whose record write won.
 
         Raises ResultsUnavailable (naming the path) when the store cannot take it.
         """
-        ref, size = self.results.put(job_id, part, value)
+        ref, size = self.results.put(job_id, part, value, attempt=attempt)
         try:
             with self.redis.pipeline(transaction=False) as pipe:
                 pipe.hincrby(self.keys.results_usage, "bytes", size)

@@ -2,7 +2,9 @@
 
 A file is one msgpack document compressed with zstd, written atomically (a temporary file in
 the same directory, then a rename), so a reader never sees half a result and a crash leaves at
-worst a stray temporary file. Files live in hourly buckets, `<root>/<YYYYmmddTHH>/<job>.<part>.msgpack.zst`,
+worst a stray temporary file. Files live in hourly buckets, `<root>/<YYYYmmddTHH>/<job>.<part>.msgpack.zst`
+(`<job>.<part>.a<N>.msgpack.zst` for stage attempt N: two attempts of a stage never write the same file,
+so a superseded attempt that finishes late cannot replace the output the record refers to),
 so retention removes whole expired buckets without reading the rest. The root is a plain path: a
 directory every worker and the API see (shared storage on a cluster) works the same as a local one.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import calendar
 import errno
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -27,6 +30,7 @@ from shared.errors import ResultsUnavailable, StoredResultCorrupt, StoredResultG
 SUFFIX = ".msgpack.zst"
 _BUCKET_FORMAT = "%Y%m%dT%H"
 _BUCKET_SECONDS = 3600
+_ATTEMPT = re.compile(r"a[0-9]{1,9}")
 
 
 @dataclass(frozen=True)
@@ -53,20 +57,24 @@ class ResultStore:
         self.level = level
 
     # --- write ------------------------------------------------------------
-    def put(self, job_id: str, part: str, value: Any, now: float | None = None) -> tuple[str, int]:
-        """Store `value` as the job's `part`; returns its reference (the bucket: the file's path
-        follows from it, the job and the part, so the record keeps only these 11 bytes) and its size.
+    def put(
+        self, job_id: str, part: str, value: Any, now: float | None = None, attempt: int | None = None
+    ) -> tuple[str, int]:
+        """Store `value` as the job's `part`; returns its reference (the bucket, and `.a<attempt>` when
+        given: the file's path follows from it, the job and the part, so the record keeps only these
+        few bytes) and its size.
 
         Raises ResultsUnavailable, naming the path, when the root is missing, unwritable or full:
         the bucket is created under an existing root, never the root itself (a missing shared
         mount must not be replaced by a local directory in silence).
         """
         bucket = time.strftime(_BUCKET_FORMAT, time.gmtime(time.time() if now is None else now))
+        ref = bucket if attempt is None else f"{bucket}.a{int(attempt)}"
         data = zstandard.ZstdCompressor(level=self.level).compress(pack(value))
         if not self.root.is_dir():
             raise ResultsUnavailable(f"results directory {self.root} does not exist")
         directory = self.root / bucket
-        target = self.path(job_id, part, bucket)
+        target = self.path(job_id, part, ref)
         temp: str | None = None
         try:
             directory.mkdir(exist_ok=True)
@@ -82,7 +90,7 @@ class ResultStore:
         finally:
             if temp is not None:
                 Path(temp).unlink(missing_ok=True)
-        return bucket, len(data)
+        return ref, len(data)
 
     # --- read -------------------------------------------------------------
     def get(self, job_id: str, part: str, ref: str) -> Any:
@@ -100,10 +108,11 @@ class ResultStore:
             raise StoredResultCorrupt(job_id, str(path), f"is corrupt: {type(exc).__name__}: {exc}") from exc
 
     def path(self, job_id: str, part: str, ref: str) -> Path:
-        """Where the job's part lives, given the bucket its record refers to."""
-        if _bucket_start(ref) is None:
+        """Where the job's part lives, given the reference its record keeps (bucket[.a<attempt>])."""
+        bucket, _, attempt = ref.partition(".")
+        if _bucket_start(bucket) is None or not (attempt == "" or _ATTEMPT.fullmatch(attempt)):
             raise StoredResultCorrupt(job_id, ref, "is not a results bucket (the record's reference is damaged)")
-        return self.root / ref / f"{job_id}.{part}{SUFFIX}"
+        return self.root / bucket / f"{job_id}.{part}{'.' + attempt if attempt else ''}{SUFFIX}"
 
     # --- upkeep -----------------------------------------------------------
     def health(self) -> StoreHealth:

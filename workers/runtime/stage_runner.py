@@ -255,7 +255,7 @@ def _hand_on(st: WorkerState, stage: Stage, ctx: StageContext, output: dict[str,
     next_stage = NEXT_STAGE[name]
     fields: dict[str, Any] = {time_field(name, "ended"): now}
     try:
-        fields.update(_output_fields(st, job_id, name, output))
+        fields.update(_output_fields(st, job_id, name, output, ctx.attempt))
         fields.update(stage.summary_fields(output))
     except ResultsUnavailable as exc:
         # The output cannot be kept: the job fails with the store's fault, never a reward.
@@ -299,22 +299,25 @@ def _hand_back(st: WorkerState, ctx: StageContext, guard: tuple[str, int]) -> No
         pipe.execute()
 
 
-def _output_fields(st: WorkerState, job_id: str, stage: str, output: dict[str, Any]) -> dict[str, Any]:
+def _output_fields(st: WorkerState, job_id: str, stage: str, output: dict[str, Any], attempt: int) -> dict[str, Any]:
     """The record fields of a stage's output: a large one (the trajectory, the evaluation) goes to the
-    results store and the record keeps its reference (and the reward); a small one stays inline."""
+    results store, in the attempt's own file, and the record keeps its reference (and the reward);
+    a small one stays inline."""
     if stage not in STORED_PARTS:
         return {output_field(stage): output}
-    fields = st.store.store_part(job_id, stage, output)
+    fields = st.store.store_part(job_id, stage, output, attempt)
     if stage == "eval":
         fields["reward"] = output.get("reward")
     return fields
 
 
-def _partial_fields(st: WorkerState, job_id: str, partial: dict[str, Any] | None) -> dict[str, Any]:
+def _partial_fields(
+    st: WorkerState, job_id: str, partial: dict[str, Any] | None, attempt: int | None
+) -> dict[str, Any]:
     """Where a stopped stage's partial output goes: the results store, like a finished one."""
     if not partial:
         return {}
-    return st.store.store_part(job_id, "partial", partial)
+    return st.store.store_part(job_id, "partial", partial, attempt)
 
 
 def _lost_race(current: str) -> Outcome:
@@ -342,7 +345,7 @@ def _interrupted(st: WorkerState, ctx: StageContext, reason: str, limit: str) ->
     # cancelled: the API already set the status (and told the batch); record where it stopped.
     fields: dict[str, Any] = {time_field(stage, "ended"): time.time()}
     try:
-        fields.update(_partial_fields(st, job_id, ctx.partial))
+        fields.update(_partial_fields(st, job_id, ctx.partial, ctx.attempt))
     except ResultsUnavailable as exc:
         log.error("job %s: partial output of the cancelled %s not stored: %s", job_id, stage, exc)
     until_written(lambda: st.store.set_fields(job_id, fields), f"job {job_id}: where {stage} stopped", st.draining)
@@ -382,7 +385,7 @@ def _finish(
 ) -> Outcome:
     fields: dict[str, Any] = {time_field(stage, "ended"): time.time()}
     try:
-        fields.update(_partial_fields(st, job_id, partial))
+        fields.update(_partial_fields(st, job_id, partial, guard[1] if guard else None))
     except ResultsUnavailable as exc:
         error = {**error, "message": f"{error.get('message', '')} (its partial output was not stored: {exc})"}
     fields["error"] = error
