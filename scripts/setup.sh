@@ -140,7 +140,7 @@ setup_test() {
   # list is what their imported code paths need), rebuilt when the requirements file changes.
   # skyrl 0.3.0 imports on Python 3.11 only with typing_extensions' TypedDict (docs/TRAINERS.md).
   own_env "verl and SkyRL" "${ROLLOUTS_TRAINERS_ENV:-$CACHE/trainers}" "$(cat scripts/trainers-requirements.txt)" \
-    '"$ENV_PY" -c "import typing, typing_extensions; typing.TypedDict = typing_extensions.TypedDict; import verl.experimental.agent_loop.agent_loop, skyrl.train.trainer"' \
+    '"$ENV_PY" -c "import typing, typing_extensions; typing.TypedDict = typing_extensions.TypedDict; import verl.experimental.agent_loop.agent_loop, verl.trainer.ppo.v1.agent_loop_tq, transfer_queue, skyrl.train.trainer"' \
     --no-deps -r scripts/trainers-requirements.txt
 
   setup_npm_harnesses

@@ -1,6 +1,12 @@
-"""verl's own AgentLoopWorker runs rows through the service's agent loop (verl==0.9.1, real vLLM backend).
+"""verl's own workers run rows through the service's agent loop (verl==0.9.1, real vLLM backend).
 
-verl's `generate_sequences` instantiates the loop from an agent-loop YAML (examples/verl/agent_loops.yaml
+V1 (verl's default, `trainer.use_v1: true`; verl_v1_driver.py): TransferQueue on a local Ray, verl's
+`AgentLoopWorkerTQ` runs `rollout.n` sessions of each prompt (the loop's `run()` with `uid`, `session_id`,
+`global_steps`) and stores every output with its own post-processing; what TransferQueue holds is checked
+against the records token by token, a re-issued prompt in a second process finds its jobs, a two-segment record is
+two outputs, and verl's `ReplayBufferAsync` drops a stale prompt and reads the int min/max_global_steps tags.
+
+Legacy (verl_driver.py): verl's `generate_sequences` instantiates the loop from an agent-loop YAML (examples/verl/agent_loops.yaml
 as a user registers it), awaits it per row, pads and masks each output (`_agent_loop_postprocess`) and
 stacks the batch with `rm_scores` (`_postprocess`); the tests read the jobs back and check every tensor
 against the token-exact record, token by token. Every batch runs in one driver process (verl's import
@@ -9,14 +15,20 @@ and config are most of a run), and a second process is the restarted trainer.
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from cli.embedded_redis import free_port
 from rollouts_client import RolloutClient
 from tests.trainers.conftest import Service, run_driver
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import external_agent
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -159,3 +171,143 @@ def test_a_restarted_trainer_finds_its_jobs_by_their_keys(service: Service, runs
     assert again["restart"]["extra"]["rollouts_job_id"] == ids
     assert again["restart"]["tensors"]["responses"] == first["tensors"]["responses"]
     assert not set(again["other_run"]["extra"]["rollouts_job_id"]) & set(ids)
+
+
+# --- V1: AgentLoopWorkerTQ, TransferQueue, ReplayBufferAsync ---------------------------------------------------
+
+V1_ROWS = [row(21, "v1-a", parity("2+2?")), row(22, "v1-b", parity("3*3?"))]
+V1_ENV = {"ROLLOUTS_RUN_ID": "v1"}
+STEP = 3  # the records' step: verl's servers then hold the weights of step 2
+
+
+def segmented_job(api_url: str) -> str:
+    """A finished job whose external agent held two conversations: its record has one earlier segment."""
+    with httpx.Client(base_url=api_url, timeout=60) as api:
+        answer = api.post(
+            "/v1/jobs",
+            json={
+                "task": {"kind": "math", "problem": "What is 2 + 3?", "answer": "5"},
+                "agent": "external",
+                "sampling": {"max_tokens": 16, "seed": 3},
+            },
+        )
+    answer.raise_for_status()
+    job_id, endpoint = answer.json()["job_ids"][0], answer.json()["agent"][0]
+    task = external_agent.wait_until_serving(endpoint)
+    headers = {"Authorization": f"Bearer {endpoint['api_key']}"}
+    with httpx.Client(base_url=endpoint["base_url"], headers=headers, timeout=120) as agent:
+        for messages in (task["messages"], [{"role": "user", "content": "Say 7."}]):  # two unrelated histories
+            agent.post("/v1/chat/completions", json={"model": task["model"], "messages": messages}).raise_for_status()
+        agent.post("/finish", json={"answer": "5"}).raise_for_status()
+    with RolloutClient(api_url) as client:
+        [job] = client.wait_jobs([job_id], timeout=120)
+    assert job.status == "done" and len(job.trajectory["segments"]) == 1, job.raw
+    return job_id
+
+
+@pytest.fixture(scope="module")
+def v1_runs(service: Service, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("verl-v1")
+    given = {
+        "env": V1_ENV,
+        "loops": agent_loops(tmp, "v1"),  # on_segments unset: V1's default, every segment
+        "steps": [
+            {"name": "stale", "global_steps": 1, "rows": [row(20, "v1-stale", parity("1+1?"))]},
+            {"name": "records", "global_steps": STEP, "rows": V1_ROWS},
+        ],
+        "jobs": {"segments": {"job_id": segmented_job(service.api_url), "uid": "v1-seg", "global_steps": STEP}},
+        "sample": {"global_steps": STEP, "batch_size": 3, "max_off_policy_threshold": 1},
+    }
+    return run_driver("verl_v1_driver.py", service.model_dir, given, service.api_url, tmp)
+
+
+def step_versions(split: dict[str, Any]) -> tuple[int, int] | None:
+    """The step range of a record's assistant turns (`step-<n>` versions), as the loop reads it."""
+    steps = [
+        int(m[1])
+        for turn in split["turns"]
+        if turn["role"] == "assistant"
+        for span in (turn.get("weight_versions") or [{"version": turn.get("policy_version")}])
+        if isinstance(span.get("version"), str) and (m := re.fullmatch(r"step-(\d+)", span["version"]))
+    ]
+    return (min(steps), max(steps)) if steps else None
+
+
+def assert_output_is_record(out: dict[str, Any], b: int, record: dict[str, Any], step: int) -> None:
+    """Output b, as V1 stored it in TransferQueue, is the record (or segment) token by token."""
+    tokens, mask, logprobs = record["token_ids"], record["loss_mask"], record["logprobs"]
+    p = record.get("prompt_length") or record["turns"][0]["end"]
+    n = min(len(tokens) - p, WIDTH)
+    tensors = {name: values[b] for name, values in out["tensors"].items()}
+    assert tensors["prompts"] == tokens[:p]
+    assert tensors["responses"] == tokens[p : p + n]
+    assert tensors["input_ids"] == tokens[: p + n]
+    assert tensors["response_mask"] == mask[p : p + n]
+    assert tensors["position_ids"] == list(range(p + n))
+    expected = [logprobs[p + t] if mask[p + t] else 0.0 for t in range(n)]
+    assert tensors["rollout_log_probs"] == pytest.approx(expected, abs=1e-5)
+    tag = out["tags"][b]
+    low, high = step_versions(record) or (step - 1, step - 1)
+    assert (tag["min_global_steps"], tag["max_global_steps"]) == (low, high)
+    assert type(tag["min_global_steps"]) is int and type(tag["max_global_steps"]) is int
+    assert tag["status"] == "success" and tag["global_steps"] == step
+
+
+def test_v1_stores_every_session_of_a_prompt_as_its_record(service: Service, v1_runs):
+    out = v1_runs["records"]
+    assert "error" not in out, out
+    assert out["keys"] == [f"{uid}_{s}_0" for uid in ("v1-a", "v1-b") for s in range(2)], out["keys"]
+    assert all(tag["status"] == "finished" for tag in out["prompts"].values()), out["prompts"]
+    job_ids = [extra["rollouts_job_id"] for extra in out["extra"]]
+    assert len(set(job_ids)) == 4, "each session of each prompt is its own job"
+    with RolloutClient(service.api_url) as client:
+        jobs = [client.get_job(job_id) for job_id in job_ids]
+    for b, job in enumerate(jobs):
+        assert_output_is_record(out, b, job.trajectory, STEP)
+        assert out["tensors"]["rm_scores"][b] == [0.0] * (len(out["tensors"]["responses"][b]) - 1) + [job.reward]
+        assert job.raw["request"]["metadata"]["trainer"] == "verl"
+
+
+def test_v1_a_reissued_prompt_finds_its_jobs(service: Service, v1_runs, tmp_path: Path):
+    """verl re-issues an in-flight prompt after a resume with its uid and session ids, at a later step."""
+    first = v1_runs["records"]
+    again = run_driver(
+        "verl_v1_driver.py",
+        service.model_dir,
+        {
+            "env": V1_ENV,
+            "loops": agent_loops(tmp_path, "v1"),
+            "steps": [{"name": "again", "global_steps": STEP + 1, "rows": V1_ROWS}],
+        },
+        service.api_url,
+        tmp_path,
+    )["again"]
+    assert "error" not in again, again
+    assert again["keys"] == first["keys"]
+    assert [e["rollouts_job_id"] for e in again["extra"]] == [e["rollouts_job_id"] for e in first["extra"]]
+    assert again["tensors"]["responses"] == first["tensors"]["responses"]
+
+
+def test_v1_a_two_segment_record_is_two_outputs(service: Service, v1_runs):
+    out = v1_runs["segments"]
+    assert "error" not in out, out
+    assert out["outputs"] == 2 and out["keys"] == ["v1-seg_0_0", "v1-seg_0_1"], out
+    with RolloutClient(service.api_url) as client:
+        job = client.get_job(out["extra"][0]["rollouts_job_id"])
+    record = job.trajectory
+    for b, segment in enumerate([record["segments"][0], record]):
+        assert_output_is_record(out, b, segment, STEP)
+        assert out["extra"][b]["rollouts_conversation"] == segment["conversation"]
+        assert out["extra"][b]["rollouts_earlier_segments"] == 1
+        scores = out["tensors"]["rm_scores"][b]  # verl's as_dict: the reward on the last response token
+        assert scores[-1] == job.reward and not any(scores[:-1]), "the evaluated segment's reward, on every output"
+
+
+def test_v1_replay_buffer_drops_the_stale_prompt_and_reads_int_versions(v1_runs):
+    assert v1_runs["stale"]["keys"] == ["v1-stale_0_0", "v1-stale_1_0"], v1_runs["stale"]
+    sampled = v1_runs["sample"]
+    assert "error" not in sampled, sampled
+    assert sorted(sampled["keys"]) == sorted([*v1_runs["records"]["keys"], *v1_runs["segments"]["keys"]])
+    assert sampled["metrics"]["training/off_policy/evicted_samples"] == 1 and sampled["refills"] == [1]
+    assert all(type(v) is int for v in sampled["min_global_steps"] + sampled["max_global_steps"])
+    assert len(sampled["staleness"]) == len(sampled["keys"])

@@ -7,6 +7,7 @@ mask is 0, as both trainers pad them).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from rollouts_client.errors import RolloutsClientError
 from rollouts_client.models import Job
 
 FAILED = frozenset({"failed", "timed_out", "cancelled"})
+_STEP_VERSION = re.compile(r"step-(\d+)")  # engines.step_version's form
 
 
 class JobFailed(RolloutsClientError, RuntimeError):
@@ -50,10 +52,20 @@ class Split:
 
 
 def split_record(job: Job, on_segments: str = "last") -> Split:
-    """The done job's record, split at its prompt; SegmentedRecord if it has earlier segments and they are refused."""
-    record = job.trajectory
-    if not record or "token_ids" not in record:
-        raise ValueError(f"job {job.id}: no trajectory in its result")
+    """The done job's record, split at its prompt; SegmentedRecord if it has earlier segments and they are refused.
+
+    One sequence per row (SkyRL, TRL, verl's legacy worker): `on_segments` "last" or "raise"; "all" is refused
+    here, since only a trainer that takes several sequences per row (verl's V1 worker) can use it.
+    """
+    if on_segments == "all":
+        raise ValueError("on_segments: all needs a trainer that takes several sequences per row (verl's V1 worker)")
+    return split_segments(job, on_segments)[-1]
+
+
+def split_segments(job: Job, on_segments: str = "all") -> list[Split]:
+    """The record's segments to train on, oldest first, the last call's (the evaluated one) last: every segment
+    ("all"), only the last ("last"), or SegmentedRecord when there are earlier ones ("raise")."""
+    record = _record(job)
     segments = record.get("segments") or []
     if segments and on_segments == "raise":
         raise SegmentedRecord(
@@ -61,15 +73,30 @@ def split_record(job: Job, on_segments: str = "last") -> Split:
             "held several conversations); "
             "a trainer row holds one sequence, so it is refused (on_segments: raise)"
         )
+    evaluation = (job.result or {}).get("evaluation") or {}
+    last = _split(job.id, record, record.get("token_rewards", evaluation.get("token_rewards")), len(segments))
+    if on_segments != "all":
+        return [last]
+    earlier = [_split(job.id, s, s.get("token_rewards"), len(segments)) for s in segments]
+    return [*earlier, last]
+
+
+def _record(job: Job) -> dict[str, Any]:
+    record = job.trajectory
+    if not record or "token_ids" not in record:
+        raise ValueError(f"job {job.id}: no trajectory in its result")
+    return record
+
+
+def _split(job_id: str, record: dict[str, Any], own_rewards: list[Any] | None, earlier_segments: int) -> Split:
+    """One segment (a whole record of its own) split at its prompt; `own_rewards` its per-token rewards, if any."""
     tokens, mask, logprobs = record["token_ids"], record["loss_mask"], record["logprobs"]
     turns = record.get("turns") or []
     start = int(record.get("prompt_length") or (turns[0]["end"] if turns else 0))
     if not 0 < start <= len(tokens) or not (len(mask) == len(logprobs) == len(tokens)):
-        raise ValueError(f"job {job.id}: malformed record ({len(tokens)} tokens, prompt {start})")
-    evaluation = (job.result or {}).get("evaluation") or {}
-    own_rewards = record.get("token_rewards", evaluation.get("token_rewards"))
+        raise ValueError(f"job {job_id}: malformed record ({len(tokens)} tokens, prompt {start})")
     if own_rewards is not None and len(own_rewards) != len(tokens):
-        raise ValueError(f"job {job.id}: {len(own_rewards)} token_rewards for {len(tokens)} tokens")
+        raise ValueError(f"job {job_id}: {len(own_rewards)} token_rewards for {len(tokens)} tokens")
     return Split(
         prompt_ids=list(tokens[:start]),
         response_ids=list(tokens[start:]),
@@ -83,10 +110,22 @@ def split_record(job: Job, on_segments: str = "last") -> Split:
             for i, t in enumerate(turns)
             if t.get("role") == "assistant"
         ],
-        earlier_segments=len(segments),
+        earlier_segments=earlier_segments,
         conversation=record.get("conversation"),
         timings={k: float(v) for k, v in (record.get("timings") or {}).items() if isinstance(v, (int, float))},
     )
+
+
+def step_range(weight_versions: list[dict[str, Any]]) -> tuple[int, int] | None:
+    """The lowest and highest trainer step among the versions that sampled a split's assistant turns, where they
+    are step versions (`step-<n>`, engines.step_version; a turn's spans, else its `policy_version`); None when
+    none is (the service's own names, or none reported)."""
+    steps: list[int] = []
+    for turn in weight_versions:
+        spans = turn.get("weight_versions") or []
+        names = [span.get("version") for span in spans] if spans else [turn.get("policy_version")]
+        steps += [int(m[1]) for name in names if isinstance(name, str) and (m := _STEP_VERSION.fullmatch(name))]
+    return (min(steps), max(steps)) if steps else None
 
 
 def job_seconds(job: Job, since: float = 0.0) -> float:

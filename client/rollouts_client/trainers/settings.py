@@ -9,7 +9,7 @@ from typing import Any
 from rollouts_client.wire import RetryPolicy
 
 ON_FAILURE = ("retry", "raise")
-ON_SEGMENTS = ("last", "raise")
+ON_SEGMENTS = ("last", "raise", "all")
 ENGINES = ("service", "trainer")
 
 
@@ -26,7 +26,9 @@ class BridgeSettings:
     evaluation failure, never the model's answer) is resubmitted up to `max_attempts` times in
     all ("retry") or raised at once ("raise"); either way it never becomes a reward.
     `on_segments`: a record whose external agent rewrote its history holds earlier segments;
-    "last" trains on the last segment (the one evaluated), "raise" refuses the record.
+    "last" trains on the last segment (the one evaluated), "raise" refuses the record, "all" trains on every
+    segment as a sequence of its own (only where the trainer takes several per row: verl's V1 worker, whose
+    loop makes it the default when unset; SkyRL, TRL and verl's legacy worker refuse it).
     `engines`: "service" (the service's own backends; a trainer updates them with POST
     /v1/models/{model}/weights) or "trainer" (the trainer's own vLLM servers, updated in place by it:
     the bridge registers them in the pool, declares the trainer's step as their weight version and
