@@ -32,6 +32,7 @@ class RolloutsExp(BasePPOExp):
         # model_name) sample, registered in the service's pool; otherwise the service's backends do.
         return RolloutsGenerator(
             inference_engine_client,
+            generator_cfg=cfg.generator,  # step_wise_trajectories: one row per turn when SkyRL asks for it
             run_id=os.environ.get("ROLLOUTS_RUN_ID", "default"),
             on_failure="retry",
             max_attempts=3,

@@ -3,7 +3,9 @@
 The generator sends a whole GeneratorInput as one submission; SkyRL's trainer `generate` (with its
 `validate_generator_output`), `postprocess_generator_output` and `convert_to_training_input`, and its
 GRPO advantage code run on what it returns. The tests read the jobs back and check the output against
-the records (order, groups, tokens, rewards, advantages). Every batch runs in one driver process.
+the records (order, groups, tokens, rewards, advantages). Every batch runs in one driver process; the
+step-wise batches (`generator.step_wise_trajectories`) and the time-splits batch find the jobs of the
+one-row-per-trajectory batches again (same run, step and trajectories), so they add no job.
 """
 
 from __future__ import annotations
@@ -65,6 +67,24 @@ def runs(service: Service, counted: int, tmp_path_factory: pytest.TempPathFactor
             "global_step": 1,
             "settings": {"run_id": "skyrl-tokens"},
         },
+        "steps": {
+            "rows": [one(inst, parity(f"{inst}?"), rep) for inst, rep in ORDER],
+            "global_step": 7,
+            "settings": {"run_id": "skyrl-test"},
+            "step_wise": True,
+        },
+        "time_splits": {
+            "rows": [one(inst, parity(f"{inst}?"), rep) for inst, rep in ORDER],
+            "global_step": 7,
+            "settings": {"run_id": "skyrl-test"},
+            "time_splits": True,
+        },
+        "token_steps": {
+            "rows": [one("t", parity("t?", token_rewards=True), rep) for rep in range(2)],
+            "global_step": 1,
+            "settings": {"run_id": "skyrl-tokens"},
+            "step_wise": True,
+        },
         "restart_1": {"rows": good, "global_step": 2, "settings": {"run_id": "skyrl-restart"}},
         "restart_2": {"rows": good, "global_step": 2, "settings": {"run_id": "skyrl-restart"}},
         "fail": {
@@ -81,6 +101,8 @@ def test_skyrl_validation_and_grpo_run_on_the_generated_batch(service: Service, 
     assert "error" not in out, out
     generated = out["generated"]
     assert generated["trajectory_ids"] == [list(pair) for pair in ORDER]
+    # as SkyRL's own generator outside step-wise training; 0.3.0's GeneratorOutput has no time splits
+    assert generated["is_last_step"] is None and "trajectory_time_splits" not in generated["fields"]
     with RolloutClient(service.api_url) as client:
         jobs = [client.get_job(job_id) for job_id in generated["job_ids"]]
     groups: dict[str, set[str]] = {}
@@ -142,3 +164,77 @@ def test_a_bad_row_fails_naming_it_before_any_job_and_a_restart_finds_the_jobs(s
 def test_a_failed_job_is_raised_never_a_reward(runs):
     out = runs["fail"]
     assert out.get("error") == "JobFailed" and "after 1 attempt(s)" in out["message"], out
+
+
+def assistant_starts(record: dict[str, Any]) -> list[tuple[int, int]]:
+    """Each assistant turn's (start, end) in the record's tokens."""
+    return [(t["start"], t["end"]) for t in record["turns"] if t["role"] == "assistant"]
+
+
+def test_step_wise_output_is_one_row_per_assistant_turn_and_skyrl_trains_on_it(service: Service, runs):
+    out, whole = runs["steps"], runs["groups"]
+    assert "error" not in out, out
+    generated = out["generated"]
+    assert sorted(set(generated["job_ids"])) == sorted(whole["generated"]["job_ids"]), "the same jobs, found again"
+    with RolloutClient(service.api_url) as client:
+        jobs = [client.get_job(job_id) for job_id in whole["generated"]["job_ids"]]
+    row, expected_advantage = 0, {}
+    for (instance, repetition), job in zip(ORDER, jobs):
+        record, tokens = job.trajectory, job.trajectory["token_ids"]
+        spans = assistant_starts(record)
+        ends = [start for start, _ in spans[1:]] + [len(tokens)]
+        for j, ((start, generated_end), end) in enumerate(zip(spans, ends)):
+            last = j == len(spans) - 1
+            assert generated["job_ids"][row] == job.id and generated["trajectory_ids"][row] == [instance, repetition]
+            assert generated["is_last_step"][row] is last
+            # prompt: every token before the turn; response: the turn and the observation after it
+            assert generated["prompt_token_ids"][row] == tokens[:start]
+            assert generated["response_ids"][row] == tokens[start:end]
+            assert generated["loss_masks"][row] == record["loss_mask"][start:end]
+            assert generated["rollout_logprobs"][row] == [lp or 0.0 for lp in record["logprobs"][start:end]]
+            rewards = [0.0] * (end - start)
+            if last:
+                rewards[generated_end - start - 1] = job.reward
+            assert generated["rewards"][row] == rewards
+            turn = [t for t in record["turns"] if t["role"] == "assistant"][j]
+            own = turn.get("finish_reason") or record["stop_reason"]  # the turn's own (vLLM's), as SkyRL's steps
+            assert generated["stop_reasons"][row] == (record["stop_reason"] if last else own)
+            row += 1
+        mates = [m.reward for m, (i, _) in zip(jobs, ORDER) if i == instance]
+        expected_advantage[job.id] = (job.reward - statistics.mean(mates)) / (statistics.stdev(mates) + 1e-6)
+    assert row == len(generated["response_ids"]) and row > len(ORDER), "multi-turn records: several steps each"
+
+    # SkyRL's merge_stepwise_output joins a trajectory's steps back into the one-row-per-trajectory output
+    merged, one_row = out["merged"], whole["generated"]
+    assert merged["is_last_step"] == [True] * len(ORDER)
+    for key in ("prompt_token_ids", "response_ids", "loss_masks"):
+        assert merged[key] == one_row[key], key
+    assert [sum(r) for r in merged["rewards"]] == one_row["rewards"]
+
+    # the trainer's step-wise advantages: the last step's GRPO advantage on every step's response tokens
+    training, advantages = out["training"], out["advantages"]
+    for i, job_id in enumerate(generated["job_ids"]):
+        expected = [expected_advantage[job_id] * m for m in training["response_mask"][i]]
+        assert advantages[i] == pytest.approx(expected, abs=1e-4), (i, job_id)
+    assert out["metrics"]["loss/avg_final_rewards"] == pytest.approx(statistics.mean(j.reward for j in jobs))
+
+
+def test_step_wise_per_token_rewards_are_cut_per_step(runs):
+    out = runs["token_steps"]
+    assert "error" not in out, out
+    generated = out["generated"]
+    assert len(generated["job_ids"]) > len(set(generated["job_ids"])), "a multi-turn record: several steps"
+    for rewards, mask in zip(generated["rewards"], generated["loss_masks"]):
+        assert rewards == [0.01 * m for m in mask]
+
+
+def test_trajectory_time_splits_are_the_records_llm_and_tool_seconds(service: Service, runs):
+    """SkyRL 0.4.0's field, set here as where GeneratorOutput declares it (0.3.0 does not: not set there)."""
+    out = runs["time_splits"]
+    assert "error" not in out, out
+    with RolloutClient(service.api_url) as client:
+        timings = [client.get_job(job_id).trajectory["timings"] for job_id in out["generated"]["job_ids"]]
+    assert out["generated"]["time_splits"] == {
+        "llm": [t["llm_s"] for t in timings],
+        "env": [t["tools_s"] for t in timings],
+    }
