@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 Loc = tuple[str | int, ...]
 
@@ -108,6 +108,14 @@ def _pydantic_message(error: Mapping[str, Any]) -> str:
         if message.startswith(prefix):
             return message[len(prefix) :]
     return message
+
+
+class JobInputError(RolloutsError, ValueError):
+    """The job's own input cannot run (found only by a stage, e.g. once its prompt is rendered): the job fails at
+    once under `error_type`, its own `error.type`, so a trainer tells it from an infrastructure failure and
+    does not retry it (it would fail again)."""
+
+    error_type: ClassVar[str] = "invalid_input"
 
 
 class ResultsUnavailable(RolloutsError, OSError):

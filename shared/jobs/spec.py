@@ -93,6 +93,12 @@ class Limits(BaseModel):
 
     max_turns: int = Field(default=16, gt=0, le=10_000)
     max_tokens: int = Field(default=8192, gt=0, description="Total tokens of the trajectory (prompt included).")
+    max_prompt_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="The rendered first prompt's tokens at most: a longer one fails the job (prompt_too_long) before "
+        "any generation. A trainer that pads prompts to a fixed length sets it to that length.",
+    )
     init_timeout_s: float | None = Field(default=None, gt=0)
     rollout_timeout_s: float | None = Field(default=None, gt=0)
     eval_timeout_s: float | None = Field(default=None, gt=0)

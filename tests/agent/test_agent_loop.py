@@ -17,7 +17,7 @@ from shared.trajectory import OBSERVATION, Trajectory
 from tests.agent.conftest import Unlimited
 from tests.support.scripted_llm import ScriptedLLM
 from tests.support.trajectory_checks import Served, assert_decodes_to_conversation, assert_exact_against_backend
-from workers.rollout.agent_loop import AgentLoop, LoopConfig
+from workers.rollout.agent_loop import AgentLoop, LoopConfig, PromptTooLong
 from workers.rollout.chat_delta import ChatRenderer, tool_instructions_json
 from workers.rollout.llm_client import LLMClient
 from workers.rollout.llm_completion import Sampling
@@ -180,6 +180,19 @@ def test_a_prompt_longer_than_the_context_stops_before_any_call(scripted_llm: Sc
     record = Harness(scripted_llm, tokenizer, None, max_context_tokens=50).run(task("none"))
     assert record.stop_reason == "context_length" and record.counts.turns == 0
     assert scripted_llm.exchanges == []
+
+
+def test_a_prompt_over_max_prompt_tokens_fails_before_any_call(scripted_llm: ScriptedLLM, tokenizer: Any) -> None:
+    scripted_llm.scripts["chat"] = ["The answer is 4."]
+    harness = Harness(scripted_llm, tokenizer, None, max_prompt_tokens=50)
+    with pytest.raises(PromptTooLong, match=r"has \d+ tokens, more than limits.max_prompt_tokens=50") as raised:
+        harness.loop.run(task("chat"))
+    assert raised.value.error_type == "prompt_too_long"
+    assert scripted_llm.exchanges == [] and harness.loop.trajectory.counts.turns == 0
+    tokens = len(harness.loop.trajectory.token_ids)  # the rendered prompt, kept for the job's partial
+    assert f"has {tokens} tokens" in str(raised.value)
+    # a prompt of exactly the limit runs
+    assert Harness(scripted_llm, tokenizer, None, max_prompt_tokens=tokens).run(task("chat")).counts.turns == 1
 
 
 def test_llama3_json_calls_drive_the_loop_too(scripted_llm: ScriptedLLM, tokenizer: Any, sandbox: Sandbox) -> None:

@@ -59,6 +59,8 @@ def test_job_ids_are_random_not_sequential(client):
         ({"task": {"kind": "demo"}}, 422, "body.task.text"),  # the demo kind's own check: task.text is required
         ({**DEMO, "limits": {"max_turns": -1}}, 422, "body.limits.max_turns"),
         ({**DEMO, "limits": {"rollout_timeout_s": -5}}, 422, "body.limits.rollout_timeout_s"),
+        ({**DEMO, "limits": {"max_prompt_tokens": 0}}, 422, "body.limits.max_prompt_tokens"),
+        ({**DEMO, "limits": {"max_prompt_tokens": "long"}}, 422, "body.limits.max_prompt_tokens"),
         ({**DEMO, "sampling": {"temperature": "hot"}}, 422, "body.sampling.temperature"),
         ({**DEMO, "sample_index": -1}, 422, "body.sample_index"),
         ({**DEMO, "unexpected": 1}, 422, "body.unexpected"),

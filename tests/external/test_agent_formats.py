@@ -387,3 +387,16 @@ def test_a_backend_failure_is_each_formats_502_and_leaves_the_record_as_it_was(b
     assert also.value.status_code == 502 and also.value.body["type"] == "server_error"
     record = backendless.session.record()
     assert record.token_ids == [] and record.segments == [], "no prompt or segment without its generation"
+
+
+def test_a_conversation_whose_prompt_is_over_max_prompt_tokens_is_refused_before_the_model(tokenizer: Any) -> None:
+    from cli.embedded_redis import free_port
+
+    for endpoint in serve(tokenizer, f"http://127.0.0.1:{free_port()}", SCRIPTED_MODEL, None, max_prompt_tokens=8):
+        with pytest.raises(openai.BadRequestError) as refused:
+            responses(endpoint).chat.completions.create(
+                model=SCRIPTED_MODEL, messages=[{"role": "user", "content": "What is 2 + 2?"}]
+            )
+        assert refused.value.status_code == 400 and refused.value.body["param"] == "messages", refused.value.body
+        assert "more than limits.max_prompt_tokens=8" in refused.value.body["message"]
+        assert endpoint.served == [] and endpoint.session.record().token_ids == [], "nothing reached the model"

@@ -7,6 +7,7 @@ server the failover test kills is its own, launched in the background a few modu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -189,3 +190,41 @@ def test_a_conversation_past_the_servers_context_stops_as_context_length(vllm_se
     # (the model never saw it: loss mask 0), and the next turn's refusal stopped the loop.
     last = [t for t in record.turns if t.role == ASSISTANT][-1]
     assert last.end <= 4096 and last.finish_reason == "length" and "4096" in (record.stop_detail or "")
+
+
+def prompt_tokens_served(url: str) -> float:
+    """Prompt tokens the server's engine has taken so far (vLLM's own counter, GET /metrics)."""
+    lines = httpx.get(f"{url}/metrics", timeout=10).text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:prompt_tokens_total"))
+
+
+def answer_job(max_prompt_tokens: int) -> dict[str, object]:
+    return {
+        "task": {"kind": "agent-answer", "problem": "What is 2 + 2?", "answer": "4", "stop_on_no_tool_call": False},
+        "limits": {"max_turns": 1, "max_tokens": 3000, "max_prompt_tokens": max_prompt_tokens},
+        "sampling": {"max_tokens": 8, "seed": 5},
+    }
+
+
+def test_a_prompt_over_max_prompt_tokens_fails_the_job_before_any_generation(
+    stack_on: Callable[[list[VLLMServer]], Stack], vllm_server: VLLMServer
+) -> None:
+    api = client_for(stack_on([vllm_server]))
+    served = prompt_tokens_served(vllm_server.url)
+    [over] = api.post("/v1/jobs", json=answer_job(8)).json()["job_ids"]
+    record = wait_status(api, over, timeout=300)
+    assert record["status"] == "failed", record
+    error = record["error"]
+    assert error["stage"] == "rollout" and error["type"] == "prompt_too_long", error
+    named = re.search(r"the rendered prompt has (\d+) tokens, more than limits.max_prompt_tokens=8", error["message"])
+    assert named, error["message"]
+    partial = record["partial"]["trajectory"]  # the rendered prompt, and nothing generated
+    assert [t["role"] for t in partial["turns"]] == ["prompt"] and len(partial["token_ids"]) == int(named[1])
+    assert prompt_tokens_served(vllm_server.url) == served, "no request reached vLLM"
+
+    # the same task under a limit its prompt fits runs as any job
+    [fits] = api.post("/v1/jobs", json=answer_job(int(named[1]))).json()["job_ids"]
+    done = wait_status(api, fits, timeout=300)
+    assert done["status"] == "done", done.get("error")
+    assert done["result"]["trajectory"]["prompt_length"] == int(named[1])
+    assert prompt_tokens_served(vllm_server.url) > served

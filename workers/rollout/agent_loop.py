@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from shared.errors import RolloutsError
+from shared.errors import JobInputError, RolloutsError
 from shared.tool_schemas import validate_call
 from shared.trajectory import OBSERVATION, PROMPT, ToolCallRecord, Trajectory, Turn
 from workers.rollout.chat_delta import ChatRenderer
@@ -58,6 +58,13 @@ class BackendProtocolError(RolloutsError, RuntimeError):
     """The backend's answer breaks the token contract (more tokens than asked, logprobs misaligned)."""
 
 
+class PromptTooLong(JobInputError):
+    """The rendered first prompt is longer than the job's `limits.max_prompt_tokens`: the job fails before any
+    generation (a trainer that pads prompts to that length would cut or drop the row after the rollout)."""
+
+    error_type = "prompt_too_long"
+
+
 @dataclass(frozen=True)
 class LoopConfig:
     max_turns: int
@@ -68,9 +75,19 @@ class LoopConfig:
     allowed_tools: tuple[str, ...] = ()
     time_reserve_s: float = 0.0
     tool_timeout_s: float = 60.0
+    max_prompt_tokens: int | None = None  # the job's limit on the rendered first prompt (None: none)
 
 
 MIN_TOOL_TIMEOUT_S = 1.0
+
+
+def check_prompt_length(tokens: int, limit: int | None) -> None:
+    """PromptTooLong when a rendered prompt of `tokens` is over the job's `limits.max_prompt_tokens`."""
+    if limit is not None and tokens > limit:
+        raise PromptTooLong(
+            f"the rendered prompt has {tokens} tokens, more than limits.max_prompt_tokens={limit}; "
+            "nothing was generated (shorten the prompt or raise the limit)"
+        )
 
 
 class _Stop(Exception):
@@ -117,6 +134,7 @@ class AgentLoop:
         prompt = self.renderer.prompt(self.renderer.prepare(messages))
         self._timings["template_s"] += time.perf_counter() - t0
         self.trajectory.append(Turn(role=PROMPT, start=0, end=0, text=prompt.text), prompt.token_ids)
+        check_prompt_length(len(prompt.token_ids), self.config.max_prompt_tokens)
         if len(prompt.token_ids) >= self.context_tokens:
             raise _Stop("context_length", f"the prompt has {len(prompt.token_ids)} tokens")
 

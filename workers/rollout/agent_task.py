@@ -2,7 +2,8 @@
 
 Settings come from three places, most specific first: the task (`max_turns`,
 `max_context_tokens`, `stop_on_no_tool_call`, `tool_parser`), the job
-(`limits.max_turns`, `limits.max_tokens`, `sampling`), then the deployment's Settings.
+(`limits.max_turns`, `limits.max_tokens`, `limits.max_prompt_tokens`, `sampling`), then the
+deployment's Settings.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def loop_config(kind: AgentKind, ctx: StageContext) -> LoopConfig:
         max_turns=task.get("max_turns") or request.limits.max_turns,
         max_context_tokens=context,
         max_tokens_per_turn=request.sampling.max_tokens or settings.agent_max_tokens_per_turn,
+        max_prompt_tokens=request.limits.max_prompt_tokens,
         stop_on_no_tool_call=task.get("stop_on_no_tool_call", settings.agent_stop_on_no_tool_call),
         no_tool_call_message=settings.agent_no_tool_call_message,
         allowed_tools=tuple(kind.tools),

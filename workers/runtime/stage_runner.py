@@ -35,7 +35,7 @@ from shared import log_context
 from shared.backend_pool import NoBackendAvailable
 from shared.batches.replenish import UNKNOWN, Unknown
 from shared.config import STAGES
-from shared.errors import ResultsUnavailable, StoredResultError
+from shared.errors import JobInputError, ResultsUnavailable, StoredResultError
 from shared.jobs.backend_wait import park, plan_wait
 from shared.jobs.queues import enqueue_stage, is_job_id, stage_timeout, total_timeout
 from shared.jobs.record_fields import attempts_field, output_field, time_field
@@ -212,8 +212,13 @@ def _perform(stage: Stage, ctx: StageContext, workspaces: Path) -> Performed:
         return (
             {},
             None,
-            {"stage": stage.name, "type": type(exc).__name__, "message": message, "traceback": traceback.format_exc()},
+            {"stage": stage.name, "type": _error_type(exc), "message": message, "traceback": traceback.format_exc()},
         )
+
+
+def _error_type(exc: BaseException) -> str:
+    """The job's `error.type`: a JobInputError's own (prompt_too_long, ...), else the exception's class name."""
+    return exc.error_type if isinstance(exc, JobInputError) else type(exc).__name__
 
 
 def _disk_full_note(exc: BaseException, workspaces: Path) -> str:

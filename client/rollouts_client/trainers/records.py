@@ -15,18 +15,28 @@ from rollouts_client.errors import RolloutsClientError
 from rollouts_client.models import Job
 
 FAILED = frozenset({"failed", "timed_out", "cancelled"})
+# A failed job's `error.type`s that say its input cannot run (the service's JobInputError types): a retry
+# would fail the same way, so the bridge raises at once.
+INPUT_ERRORS = frozenset({"prompt_too_long"})
 _STEP_VERSION = re.compile(r"step-(\d+)")  # engines.step_version's form
 
 
 class JobFailed(RolloutsClientError, RuntimeError):
     """A job that ended without a result (infrastructure, time limit, cancel or evaluation error): never a reward."""
 
-    def __init__(self, job: Job, attempts: int) -> None:
+    def __init__(self, job: Job, attempts: int, row: str | None = None) -> None:
         error = job.error or {}
         detail = error.get("message") or error.get("type") or job.status
-        super().__init__(f"job {job.id} ended {job.status} after {attempts} attempt(s): {detail}")
+        kind = f" ({error['type']})" if input_error(job) else ""
+        where = f"row {row}: " if row is not None else ""
+        super().__init__(f"{where}job {job.id} ended {job.status}{kind} after {attempts} attempt(s): {detail}")
         self.job = job
         self.attempts = attempts
+
+
+def input_error(job: Job) -> bool:
+    """The failed job's own input cannot run (prompt_too_long, ...): retrying it would fail again."""
+    return (job.error or {}).get("type") in INPUT_ERRORS
 
 
 class SegmentedRecord(RolloutsClientError, ValueError):

@@ -24,7 +24,8 @@ class BridgeSettings:
 
     `on_failure`: a job that ends `failed`, `timed_out` or `cancelled` (an infrastructure or
     evaluation failure, never the model's answer) is resubmitted up to `max_attempts` times in
-    all ("retry") or raised at once ("raise"); either way it never becomes a reward.
+    all ("retry") or raised at once ("raise"); either way it never becomes a reward. A job whose own input
+    cannot run (`error.type` prompt_too_long: over `limits.max_prompt_tokens`) is raised at once either way.
     `on_segments`: a record whose external agent rewrote its history holds earlier segments;
     "last" trains on the last segment (the one evaluated), "raise" refuses the record, "all" trains on every
     segment as a sequence of its own (only where the trainer takes several per row: verl's V1 worker, whose

@@ -33,7 +33,15 @@ from typing import Any
 from shared.tasks.context import StageInterrupted
 from shared.tool_schemas import validate_call
 from shared.trajectory import OBSERVATION, ToolCallRecord, Trajectory, Turn
-from workers.rollout.agent_loop import FINISH_TOOL, Generate, LoopConfig, RunTool, StreamGenerate
+from workers.rollout.agent_loop import (
+    FINISH_TOOL,
+    Generate,
+    LoopConfig,
+    PromptTooLong,
+    RunTool,
+    StreamGenerate,
+    check_prompt_length,
+)
 from workers.rollout.chat_delta import ChatRenderer, ChatTemplateError, tool_instructions_json
 from workers.rollout.external_agent import wire
 from workers.rollout.external_agent.conversations import Conversations, Savepoint, Segment
@@ -251,7 +259,12 @@ class ExternalAgentSession:
         return segment
 
     def _new_segment(self, segment: Segment, token_ids: list[int], text: str, named: str | None) -> Segment:
-        """Open `segment` in the named conversation (closing its open segment as `new_segment`), else in a new one."""
+        """Open `segment` in the named conversation (closing its open segment as `new_segment`), else in a new one;
+        a prompt over the job's `limits.max_prompt_tokens` is refused as one past its context is."""
+        try:
+            check_prompt_length(len(token_ids), self.config.max_prompt_tokens)
+        except PromptTooLong as exc:
+            raise wire.ExternalAgentError(400, str(exc), "messages") from exc
         if len(token_ids) >= self.config.max_context_tokens:
             raise wire.ExternalAgentError(
                 400,
