@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from rollouts_client.models import Job
 from rollouts_client.trainers.engines import engine_url, engines_for
-from rollouts_client.trainers.records import SegmentedRecord, split_record
+from rollouts_client.trainers.records import JobFailed, SegmentedRecord, split_record
 from rollouts_client.trainers.rows import RowError, group_id, idempotency_key, sampling_from, task_from
 from rollouts_client.trainers.settings import BridgeSettings
+from rollouts_client.trainers.waiting import ServiceConnection
 
 
 def record(**more):
@@ -119,3 +122,31 @@ def test_engine_addresses_as_trainers_list_them_become_urls():
         engine_url(" ")
     with pytest.raises(ValueError, match="engine_urls"):
         engines_for(BridgeSettings(model="m", engines="trainer", engine_urls=None), "skyrl", None)
+
+
+class _FailedJobs:
+    """The waiter's part of a connection: every job it is asked about ended failed with `error`."""
+
+    def __init__(self, error: dict[str, str]) -> None:
+        self.error, self.waited = error, []
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        self.waited.append(job_id)
+        return Job(id=job_id, status="failed", error={"stage": "rollout", **self.error})
+
+
+@pytest.mark.parametrize(("error_type", "attempts"), [("prompt_too_long", 1), ("ValueError", 3)])
+def test_a_job_whose_input_cannot_run_is_raised_at_once_not_retried(error_type, attempts):
+    message = "the rendered prompt has 1240 tokens, more than limits.max_prompt_tokens=1024; nothing was generated"
+    connection = ServiceConnection(BridgeSettings(api_url="http://127.0.0.1:9", on_failure="retry", max_attempts=3))
+    connection.waiter = waiter = _FailedJobs({"type": error_type, "message": message})
+
+    async def resubmit(bodies, keys, rows):
+        return [f"j{len(waiter.waited) + 1}"]
+
+    connection.submit = resubmit
+    with pytest.raises(JobFailed) as raised:
+        asyncio.run(connection.settle({"task": {"kind": "math"}}, "k", "7 (gsm8k)", "j1"))
+    assert len(waiter.waited) == attempts, "an input error fails the same way again: never resubmitted"
+    assert str(raised.value).startswith(f"row 7 (gsm8k): job j{attempts} ended failed")
+    assert message in str(raised.value) and ("(prompt_too_long)" in str(raised.value)) == (attempts == 1)

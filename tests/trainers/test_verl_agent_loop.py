@@ -86,6 +86,8 @@ def runs(service: Service, tmp_path_factory: pytest.TempPathFactory) -> dict[str
             "rows": [row(4, "f2", parity("fails", fail_eval=True))],
             "loops": agent_loops(tmp, "raise", on_failure="raise"),
         },
+        # a prompt verl would cut: its job fails when the service renders it, and is not retried (default: retry)
+        "long_prompt": {"rows": [row(11, "long", parity("x " * (2 * WIDTH)))]},
         "restart": {"rows": RESTART_ROWS, "env": {"ROLLOUTS_RUN_ID": "restart"}},
         "unreachable": {
             "rows": [row(0, "x", parity("anyone?"))],
@@ -147,6 +149,14 @@ def test_a_failed_job_is_retried_or_raised_never_a_reward(runs, batch, attempts)
     assert out.get("error") == "JobFailed", out
     assert f"ended failed after {attempts} attempt(s)" in out["message"]
     assert "evaluation fails by request" in out["message"]
+
+
+def test_a_prompt_over_prompt_length_fails_before_generation_naming_the_row(runs):
+    out = runs["long_prompt"]
+    assert out.get("error") == "JobFailed", out
+    assert "row 11 (test): job " in out["message"]
+    assert "ended failed (prompt_too_long) after 1 attempt(s)" in out["message"], "never retried: it would fail again"
+    assert re.search(rf"the rendered prompt has \d+ tokens, more than limits.max_prompt_tokens={WIDTH}", out["message"])
 
 
 def test_an_unreachable_service_is_retried_then_raised_never_a_reward(runs):

@@ -112,14 +112,14 @@ class RolloutsAgentLoop(AgentLoopBase):
         started, started_at = time.perf_counter(), time.time()
         sample = Sample.of(kwargs)
         on_segments = self.segments_for(sample)
-        row = self._row_name(kwargs)
+        row = self.row_name(kwargs)
         body = self.job_body(sampling_params, kwargs, row)
         if self.settings.engines == "trainer":
-            step = await self._declare_step(sample)
+            step = await self.declare_step(sample)
             if not sample.v1:  # under V1 a re-issued prompt must send the same body: its step is a later one
                 body["metadata"]["policy_version"] = None if step is None else step_version(step)
         connection = ServiceConnection.shared(self.settings)
-        job, attempts = await connection.run_job(body, self._key(kwargs, sample), row)
+        job, attempts = await connection.run_job(body, self.job_key(kwargs, sample), row)
         outputs = self.outputs(job, attempts, sample, row, on_segments)
         bridge_s = time.perf_counter() - started - job_seconds(job, started_at)
         for output in outputs:
@@ -181,7 +181,7 @@ class RolloutsAgentLoop(AgentLoopBase):
             "rollouts_response_truncated": len(split.response_ids) > response_length,
         }
 
-    async def _declare_step(self, sample: Sample) -> int | None:
+    async def declare_step(self, sample: Sample) -> int | None:
         """Register verl's own servers (`engine_urls`, else the addresses verl's load balancer routes to) and
         declare the step when verl says it (V1: its weights' version for the prompt's step; legacy: the trace's
         step); the step, None when verl does not say (see the module's doc)."""
@@ -196,7 +196,11 @@ class RolloutsAgentLoop(AgentLoopBase):
         return step
 
     def job_body(self, sampling_params: dict[str, Any], row_fields: dict[str, Any], row: str) -> dict[str, Any]:
-        """The job for one row; RowError (naming the row and the field) before anything is sent."""
+        """The job for one row; RowError (naming the row and the field) before anything is sent.
+
+        `limits.max_prompt_tokens` is rollout.prompt_length: verl pads every prompt to it, so a longer one fails
+        the job when the service renders it, before any generation (JobFailed, prompt_too_long, not retried),
+        instead of after the whole rollout in `_output`."""
         extra_info = plain(row_fields.get("extra_info")) or {}
         if TASK_FIELD in row_fields:
             task = task_from(row_fields[TASK_FIELD], row, TASK_FIELD)
@@ -205,7 +209,10 @@ class RolloutsAgentLoop(AgentLoopBase):
         else:
             raise RowError(row, f"extra_info.{TASK_FIELD}", "missing: the service task this row runs")
         rollout = self.rollout_config
-        limits: dict[str, Any] = {"max_tokens": int(rollout.prompt_length) + int(rollout.response_length)}
+        limits: dict[str, Any] = {
+            "max_tokens": int(rollout.prompt_length) + int(rollout.response_length),
+            "max_prompt_tokens": int(rollout.prompt_length),
+        }
         max_turns = rollout.multi_turn.get("max_assistant_turns") if rollout.get("multi_turn") else None
         if max_turns:
             limits["max_turns"] = int(max_turns)
@@ -221,7 +228,7 @@ class RolloutsAgentLoop(AgentLoopBase):
             body["model"] = self.settings.model
         return body
 
-    def _key(self, row_fields: dict[str, Any], sample: Sample) -> str:
+    def job_key(self, row_fields: dict[str, Any], sample: Sample) -> str:
         """The job's idempotency key: run id, row identity and which sample of that row this is.
 
         The identity is the row's `rollouts_key` (in extra_info) when it has one, else verl's `uid` of the
@@ -241,7 +248,7 @@ class RolloutsAgentLoop(AgentLoopBase):
         return idempotency_key(self.settings.run_id, identity, occurrence)
 
     @staticmethod
-    def _row_name(row_fields: dict[str, Any]) -> str:
+    def row_name(row_fields: dict[str, Any]) -> str:
         index = plain(row_fields.get("index"))
         source = plain(row_fields.get("data_source"))
         return f"{index}" + (f" ({source})" if source else "")

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from rollouts_client.aio import AsyncRolloutClient
 from rollouts_client.errors import ApiError, WaitTimeout
 from rollouts_client.models import Job, JobsProgress
-from rollouts_client.trainers.records import FAILED, JobFailed
+from rollouts_client.trainers.records import FAILED, JobFailed, input_error
 from rollouts_client.trainers.rows import RowError
 from rollouts_client.trainers.settings import BridgeSettings
 
@@ -151,20 +151,22 @@ class ServiceConnection:
 
     async def run_jobs(self, bodies: list[dict[str, Any]], keys: list[str], rows: list[str]) -> list[tuple[Job, int]]:
         """Submit every job in one request (each under its key, so a repeat finds it), wait for each as it ends,
-        and resubmit or raise the failed ones; the done jobs and the attempts each took, in the order given.
+        and resubmit or raise the failed ones (JobFailed naming the row; one whose input cannot run, such as a
+        prompt over `limits.max_prompt_tokens`, at once); the done jobs and the attempts each took, in the order given.
 
         A 422 is a row's fault: RowError names the row and the service's field. Attempt k > 1 of a row
         is keyed `<key>.r<k>`: a new job, since the failed one keeps its key.
         """
-        ids = await self._submit(bodies, keys, rows)
-        return list(await asyncio.gather(*(self._settle(b, k, r, i) for b, k, r, i in zip(bodies, keys, rows, ids))))
+        ids = await self.submit(bodies, keys, rows)
+        return list(await asyncio.gather(*(self.settle(b, k, r, i) for b, k, r, i in zip(bodies, keys, rows, ids))))
 
     async def run_job(self, body: dict[str, Any], key: str, row: str) -> tuple[Job, int]:
         """One job, as run_jobs."""
         [result] = await self.run_jobs([body], [key], [row])
         return result
 
-    async def _submit(self, bodies: list[dict[str, Any]], keys: list[str], rows: list[str]) -> list[str]:
+    async def submit(self, bodies: list[dict[str, Any]], keys: list[str], rows: list[str]) -> list[str]:
+        """Submit the jobs in one request, each under its key; their ids (RowError naming the row on a 422)."""
         jobs = [{**body, "idempotency_key": key} for body, key in zip(bodies, keys)]
         try:
             return await self.client.submit_jobs(jobs if len(jobs) > 1 else jobs[0])
@@ -178,12 +180,15 @@ class ServiceConnection:
                 field, index = f"body{listed[2]}", int(listed[1])
             raise RowError(rows[index], field, str(first.get("message", exc.detail))) from exc
 
-    async def _settle(self, body: dict[str, Any], key: str, row: str, job_id: str) -> tuple[Job, int]:
+    async def settle(self, body: dict[str, Any], key: str, row: str, job_id: str) -> tuple[Job, int]:
+        """Wait for a submitted job; resubmit it on failure or raise JobFailed (run_jobs' rules); (job, attempts)."""
         attempts = self.settings.max_attempts if self.settings.on_failure == "retry" else 1
         for attempt in range(1, attempts + 1):
             if attempt > 1:
-                [job_id] = await self._submit([body], [f"{key}.r{attempt}"], [row])
+                [job_id] = await self.submit([body], [f"{key}.r{attempt}"], [row])
             job = await self.waiter.wait(job_id, self.settings.wait_timeout_s)
             if job.status not in FAILED:
                 return job, attempt
-        raise JobFailed(job, attempts)
+            if input_error(job):  # prompt_too_long, ...: it would fail again
+                raise JobFailed(job, attempt, row)
+        raise JobFailed(job, attempts, row)
