@@ -78,6 +78,7 @@ def _double(model: Path, *args: str) -> EngineDouble:
 def real_server(model: str, log: str) -> VLLMServer:
     from cli.embedded_redis import free_port
     from shared.config import Settings
+    from tests.support.vllm_server import TEST_VLLM_ARGS
 
     return VLLMServer.from_settings(
         Settings(),
@@ -85,7 +86,7 @@ def real_server(model: str, log: str) -> VLLMServer:
         free_port(),
         served_name="tiny",
         log_path=Path(log),
-        args=["--dtype", "float32", "--max-model-len", "4096"],
+        args=[*TEST_VLLM_ARGS, "--max-model-len", "4096"],
     )
 
 

@@ -29,7 +29,7 @@ from cli.stack import Stack
 from cli.vllm_server import VLLMServer
 from shared.config import Settings
 from tests.support.vllm_processes import vllm_process
-from tests.support.vllm_server import SERVED_NAME, freeze, requests_taken
+from tests.support.vllm_server import SERVED_NAME, TEST_VLLM_ARGS, freeze, requests_taken
 from tests.support.waiting import TERMINAL, client_for, job, wait_for
 from tests.support.weight_checks import checkpoint, gap_to, sample
 
@@ -75,7 +75,7 @@ def up(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[U
         redis_url=None,
         state_dir=root / "state",
         vllm_served_model_name=SERVED_NAME,
-        vllm_args="--dtype float32 --max-model-len 4096 --enable-log-requests",
+        vllm_args=" ".join([*TEST_VLLM_ARGS, "--max-model-len", "4096", "--enable-log-requests"]),
         vllm_hang_timeout_s=HANG_AFTER_S,
     )
     lines: list[tuple[float, str]] = []

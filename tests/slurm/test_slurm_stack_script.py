@@ -22,7 +22,7 @@ import pytest
 from cli.embedded_redis import free_port
 from tests.slurm.conftest import REPO, job_env
 from tests.support.addresses import node_address, refuses
-from tests.support.vllm_server import SERVED_NAME
+from tests.support.vllm_server import SERVED_NAME, TEST_VLLM_ARGS
 from tests.support.waiting import trace, wait_for, wait_status
 from tests.support.weight_checks import checkpoint, gap_to, sample
 
@@ -66,7 +66,7 @@ def test_stack_script_runs_a_batch_scales_up_and_stops_in_order(
         ROLLOUTS_SLURM_VLLM_SBATCH_ARGS="--gres=none --cpus-per-task=1",  # no GPUs here
         ROLLOUTS_VLLM_MODEL=str(tiny_model),
         ROLLOUTS_VLLM_SERVED_MODEL_NAME="tiny",
-        ROLLOUTS_VLLM_ARGS="--dtype float32 --max-model-len 4096",
+        ROLLOUTS_VLLM_ARGS=" ".join([*TEST_VLLM_ARGS, "--max-model-len", "4096"]),
         ROLLOUTS_VLLM_PORT=str(vllm_port),
         ROLLOUTS_GATEWAY_BIND=node,
         ROLLOUTS_CHECKPOINT_ROOTS=str(checkpoints),

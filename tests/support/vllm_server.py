@@ -30,6 +30,11 @@ SERVED_NAME = "tiny"
 # The context of the long-context server: Claude Code's and Codex CLI's first requests are ~50 kB of
 # system prompt and tool schemas, a token a byte with the tiny model's tokenizer.
 LONG_CONTEXT = 98304
+# How the suite's servers run: float32, as the trainer computes, and eager. The suite starts about twenty
+# servers; vLLM's torch.compile costs each start ~12 s of CPU on 2 cores (35 s eager, 47 s compiled, warm
+# compile cache, 11-29) and nothing the suite checks depends on it. `rollouts up`'s own tests
+# (tests/cli/test_cli.py) keep vLLM's default, compiled, as users run it.
+TEST_VLLM_ARGS = ("--dtype", "float32", "--enforce-eager")
 
 
 def tiny_model_path() -> Path:
@@ -61,7 +66,7 @@ def launch_server(
     max_model_len: int = 4096,
     env: dict[str, str] | None = None,
 ) -> VLLMServer:
-    """Start one vLLM server on a free loopback port, without waiting for it; float32, as the trainer computes.
+    """Start one vLLM server on a free loopback port, without waiting for it, as the suite runs them (TEST_VLLM_ARGS).
     A prompt is prefilled in one step (vLLM refuses a model length over its batched-token budget).
     `env`: the server's own variables (e.g. VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
     port = free_port()
@@ -72,7 +77,7 @@ def launch_server(
         port,
         served_name=served_name,
         log_path=log_dir / f"vllm-{port}.log",
-        args=["--dtype", "float32", "--max-model-len", str(max_model_len), *batched, *(args or [])],
+        args=[*TEST_VLLM_ARGS, "--max-model-len", str(max_model_len), *batched, *(args or [])],
     )
     server.env.update(env or {})
     return server.start()
