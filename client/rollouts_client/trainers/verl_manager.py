@@ -210,19 +210,11 @@ class RolloutsAgentLoopManager:
 
 def sampling_params(rollout: Any, validate: bool) -> dict[str, Any]:
     """verl's sampling parameters for a batch, as AgentLoopWorkerTQ.generate_sequences sets them."""
-    if validate:
-        values = rollout.val_kwargs
-        return dict(
-            temperature=values.temperature,
-            top_p=values.top_p,
-            top_k=values.top_k,
-            repetition_penalty=1.0,
-            logprobs=rollout.calculate_log_probs,
-        )
+    values = rollout.val_kwargs if validate else rollout
     return dict(
-        temperature=rollout.temperature,
-        top_p=rollout.top_p,
-        top_k=rollout.top_k,
+        temperature=values.temperature,
+        top_p=values.top_p,
+        top_k=values.top_k,
         repetition_penalty=1.0,
         logprobs=rollout.calculate_log_probs,
     )
