@@ -15,11 +15,14 @@ demo: setup
 	.venv/bin/rollouts run examples/mixed.jsonl
 
 # Lint and the one house format first (ruff, pinned in the dev extra; rules in pyproject.toml): seconds,
-# before the suite (README: how long it takes); its 25 slowest steps close the run, to keep it so.
+# before the suite (README: how long it takes); its 25 slowest steps close the run, to keep it so. The suite runs
+# on TEST_WORKERS pytest-xdist workers, a test module to a worker (tests/conftest.py): most of a test's time is
+# spent waiting on a stack, and two workers keep both cores busy.
+TEST_WORKERS ?= 2
 test: setup-test
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
-	.venv/bin/python -m pytest -q --durations=25
+	.venv/bin/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadscope
 
 # GRPO on the CPU through the service, 3 seeds (examples/train_grpo, docs/TRAINING.md); writes runs/grpo/
 train: setup-train

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,14 +26,6 @@ def pid_namespace_members(ns: str) -> list[int]:
             except OSError:
                 continue
     return members
-
-
-@pytest.fixture()
-def short_dir() -> Iterator[Path]:
-    """A short base path: Unix socket paths are limited to 108 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="sbx-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture()

@@ -70,12 +70,12 @@ def test_network_flag_lifts_only_the_network(tmp_path: Path) -> None:
     assert "--net" not in cmd and "--network" not in cmd and "--contain" in cmd
 
 
-def test_sandbox_wraps_the_tool_server_and_writes_the_env_file(tmp_path: Path) -> None:
+def test_sandbox_wraps_the_tool_server_and_writes_the_env_file(tmp_path: Path, short_dir: Path) -> None:
     (tmp_path / "ws").mkdir()
     image = tmp_path / "base.sif"
     image.write_bytes(b"SIF")
     spec = SandboxSpec(image=str(image), env={"A": "x y", "B": "1,2"})
-    box = create_sandbox(spec, tmp_path / "ws", tmp_path / "rt", _settings(tmp_path))
+    box = create_sandbox(spec, tmp_path / "ws", short_dir / "rt", _settings(tmp_path))
     assert isinstance(box, SingularitySandbox)
     box.runtime_dir.mkdir()
     cmd = box.wrap(box.toolserver_argv(), box.base_env())
@@ -88,14 +88,14 @@ def test_sandbox_wraps_the_tool_server_and_writes_the_env_file(tmp_path: Path) -
 
 
 @pytest.mark.skipif(shutil.which("apptainer") is not None, reason="Apptainer is installed here")
-def test_missing_apptainer_is_a_clear_start_error(tmp_path: Path) -> None:
+def test_missing_apptainer_is_a_clear_start_error(tmp_path: Path, short_dir: Path) -> None:
     (tmp_path / "ws").mkdir()
     image = tmp_path / "base.sif"
     image.write_bytes(b"SIF")
-    box = create_sandbox(SandboxSpec(image=str(image)), tmp_path / "ws", tmp_path / "rt", _settings(tmp_path))
+    box = create_sandbox(SandboxSpec(image=str(image)), tmp_path / "ws", short_dir / "rt", _settings(tmp_path))
     with pytest.raises(SandboxError, match="not installed"):
         box.start()
-    assert not (tmp_path / "rt").exists()
+    assert not (short_dir / "rt").exists()
 
 
 def test_no_image_is_refused(tmp_path: Path) -> None:
@@ -147,12 +147,12 @@ def test_definition_files_are_keyed_by_content(tmp_path: Path) -> None:
         cache.resolve("ubuntu")
 
 
-def test_the_pool_does_not_take_apptainer_sandboxes_it_never_ran(tmp_path: Path) -> None:
+def test_the_pool_does_not_take_apptainer_sandboxes_it_never_ran(tmp_path: Path, short_dir: Path) -> None:
     """Never tried with a real Apptainer: the pool starts none ahead, and jobs start their own as before."""
     settings = Settings(
         state_dir=tmp_path, sandbox_backend="singularity", sandbox_default_image="/x.sif", sandbox_pool_interval_s=0.05
     )
-    box = create_sandbox(SandboxSpec(), tmp_path / "ws", tmp_path / "rt", settings)
+    box = create_sandbox(SandboxSpec(), tmp_path / "ws", short_dir / "rt", settings)
     assert box.poolable and "never tried" in box.poolable
     pool = SandboxPool(settings, lambda: Demand(free_slots=1, queue_depth=1))
     try:

@@ -11,6 +11,5 @@ from tests.sandbox.conftest import (  # noqa: F401
     require_slirp,
     sandbox,
     sandbox_settings,
-    short_dir,
     workspace,
 )

@@ -1,7 +1,7 @@
 """Real vLLM servers for the tests: vLLM's CPU build serving the tiny model, started as `rollouts up` starts it.
 
-One server per test session (`vllm_server`, ~25-80 s to start on 2 cores, launched in the background
-as soon as the collected tests show one uses it, then shared by every test that asks for it); `start_vllm_servers(n)` starts more for the tests that need two (routing,
+One server per test session (per xdist worker under `make test`: `vllm_server`, ~25-80 s to start on 2 cores,
+launched in the background as soon as the collected tests show one uses it, then shared by every test that asks for it); `start_vllm_servers(n)` starts more for the tests that need two (routing,
 failover, SIGKILL of a backend) and stops them at the end of the test. A server that tests change
 (weights, adapters) or that serves another model is its own, not the session's `vllm_server`:
 `weights_vllm_server`, shared by the modules that update weights (each restores the base weights
@@ -138,12 +138,16 @@ def _launch(name: str) -> None:
     _launched[name] = server
 
 
-def launch_session_servers(items: list[pytest.Item], log_dir: Path) -> None:
-    """Plan a launch for each server some collected test uses, and launch those due now (pytest_collection_finish)."""
+def launch_session_servers(items: list[pytest.Item], log_dir: Path, ahead: bool = True) -> None:
+    """Plan a launch for each server some collected test uses, and launch those due now (pytest_collection_finish).
+
+    `ahead=False` (an xdist worker, which collects every test but runs only the units it is sent, and cannot
+    know which in advance): only the session's `vllm_server`, which nearly every unit uses, is launched now;
+    the others start when a test first asks for them, while the other worker goes on."""
     _log_dir[:] = [log_dir]
     for item in items:
         _module_positions.setdefault(_module(item), len(_module_positions))
-    for name in _SESSION_SERVERS:
+    for name in _SESSION_SERVERS if ahead else ("vllm_server",):
         users = [_module_positions[_module(item)] for item in items if name in getattr(item, "fixturenames", ())]
         if users and name not in _launched:
             _planned[name] = 0 if name in _AT_COLLECTION else max(0, min(users) - LEAD_MODULES)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from shared.tasks import StageInterrupted, TaskValidationError, get_kind, load_task_modules
@@ -99,11 +101,11 @@ def test_an_eval_that_overruns_its_stage_is_interrupted(make_ctx: MakeCtx) -> No
     assert stopped.value.reason == "timed_out"
 
 
-def test_collect_reads_the_solution_and_refuses_escapes(make_ctx: MakeCtx, tmp_path) -> None:
+def test_collect_reads_the_solution_and_refuses_escapes(make_ctx: MakeCtx, short_dir: Path) -> None:
     kind = get_kind("code")
     ctx = make_ctx({**TASK, "starter_code": "# write add here\n"}, stage="init")
     assert kind.init(ctx) == {"files": ["solution.py"]}
-    box = create_sandbox(SandboxSpec(), ctx.workspace, tmp_path / "rt", ctx.settings)
+    box = create_sandbox(SandboxSpec(), ctx.workspace, short_dir / "rt", ctx.settings)
     with box:
         box.call("create", {"path": "solution.py", "file_text": RIGHT})
         assert kind.collect(ctx, box) == {"solution": RIGHT}

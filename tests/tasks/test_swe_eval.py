@@ -23,13 +23,13 @@ FIX = ('"[^a-z0-9]", "-", text).replace("--", "-")', '"[^a-z0-9]+", "-", text).s
 CHEAT_TESTS = "def test_collapses_separators():\n    pass\n\n\ndef test_strips_edges():\n    pass\n"
 
 
-def _rollout(make_ctx: MakeCtx, tmp_path: Path, edits: list[tuple[str, dict]]) -> dict:
+def _rollout(make_ctx: MakeCtx, short_dir: Path, edits: list[tuple[str, dict]]) -> dict:
     """init, then the given tool calls in a real sandbox over the workspace, then collect."""
     kind = get_kind("swe")
     ctx = make_ctx(TASK, stage="init")
     init = kind.init(ctx)
     assert init["commit"] == TASK["base_commit"]
-    box = create_sandbox(kind.sandbox_spec(TASK, ctx.settings), ctx.workspace, tmp_path / "rt", ctx.settings)
+    box = create_sandbox(kind.sandbox_spec(TASK, ctx.settings), ctx.workspace, short_dir / "rt", ctx.settings)
     with box:
         for tool, args in edits:
             result = box.call(tool, args)
@@ -41,10 +41,10 @@ def _evaluate(make_ctx: MakeCtx, extra: dict) -> dict:
     return get_kind("swe").evaluate(make_ctx(TASK, outputs=rollout(**extra)))
 
 
-def test_agent_fix_resolves(make_ctx: MakeCtx, tmp_path: Path) -> None:
+def test_agent_fix_resolves(make_ctx: MakeCtx, short_dir: Path) -> None:
     extra = _rollout(
         make_ctx,
-        tmp_path,
+        short_dir,
         [
             ("bash", {"command": "git status --short && python -m pytest -q tests >/dev/null; true"}),
             ("str_replace", {"path": "slugkit/core.py", "old_str": FIX[0], "new_str": FIX[1]}),
@@ -56,8 +56,8 @@ def test_agent_fix_resolves(make_ctx: MakeCtx, tmp_path: Path) -> None:
     assert set(result["FAIL_TO_PASS"].values()) == {"passed"} and set(result["PASS_TO_PASS"].values()) == {"passed"}
 
 
-def test_editing_the_tests_earns_nothing(make_ctx: MakeCtx, tmp_path: Path) -> None:
-    extra = _rollout(make_ctx, tmp_path, [("create", {"path": "tests/test_core.py", "file_text": CHEAT_TESTS})])
+def test_editing_the_tests_earns_nothing(make_ctx: MakeCtx, short_dir: Path) -> None:
+    extra = _rollout(make_ctx, short_dir, [("create", {"path": "tests/test_core.py", "file_text": CHEAT_TESTS})])
     result = _evaluate(make_ctx, extra)
     assert result["reward"] == 0.0 and result["patch_applied"] is True
     assert result["restored_test_files"] == ["tests/test_core.py"]
@@ -65,16 +65,16 @@ def test_editing_the_tests_earns_nothing(make_ctx: MakeCtx, tmp_path: Path) -> N
     assert set(result["PASS_TO_PASS"].values()) == {"passed"}  # the original tests are back
 
 
-def test_a_conftest_that_drops_tests_is_removed(make_ctx: MakeCtx, tmp_path: Path) -> None:
+def test_a_conftest_that_drops_tests_is_removed(make_ctx: MakeCtx, short_dir: Path) -> None:
     hook = "import pytest\n\n\ndef pytest_collection_modifyitems(items):\n    items.clear()\n"
-    extra = _rollout(make_ctx, tmp_path, [("create", {"path": "conftest.py", "file_text": hook})])
+    extra = _rollout(make_ctx, short_dir, [("create", {"path": "conftest.py", "file_text": hook})])
     result = _evaluate(make_ctx, extra)
     assert "conftest.py" in result["restored_test_files"] and result["reward"] == 0.0
     assert set(result["PASS_TO_PASS"].values()) == {"passed"}
 
 
-def test_deleting_the_tests_earns_nothing(make_ctx: MakeCtx, tmp_path: Path) -> None:
-    extra = _rollout(make_ctx, tmp_path, [("bash", {"command": "git rm -q -r tests"})])
+def test_deleting_the_tests_earns_nothing(make_ctx: MakeCtx, short_dir: Path) -> None:
+    extra = _rollout(make_ctx, short_dir, [("bash", {"command": "git rm -q -r tests"})])
     result = _evaluate(make_ctx, extra)
     assert result["reward"] == 0.0 and set(result["PASS_TO_PASS"].values()) == {"passed"}
 
@@ -216,19 +216,19 @@ FAKE_PYTEST = (
 
 
 @pytest.mark.parametrize("path", ["pytest.py", "_pytest/__init__.py", "sitecustomize.py"])
-def test_a_diff_that_shadows_pytest_does_not_resolve(make_ctx: MakeCtx, tmp_path: Path, path: str) -> None:
-    extra = _rollout(make_ctx, tmp_path, [("create", {"path": path, "file_text": FAKE_PYTEST})])
+def test_a_diff_that_shadows_pytest_does_not_resolve(make_ctx: MakeCtx, short_dir: Path, path: str) -> None:
+    extra = _rollout(make_ctx, short_dir, [("create", {"path": path, "file_text": FAKE_PYTEST})])
     result = _evaluate(make_ctx, extra)
     assert result["reward"] == 0.0 and result["resolved"] is False
     assert path in result["restored_test_files"]
     assert set(result["FAIL_TO_PASS"].values()) == {"failed"}
 
 
-def test_xfail_in_the_agents_source_is_not_a_pass(make_ctx: MakeCtx, tmp_path: Path) -> None:
+def test_xfail_in_the_agents_source_is_not_a_pass(make_ctx: MakeCtx, short_dir: Path) -> None:
     """pytest.xfail() in slugify turns every failing test into an xfail: that resolves nothing."""
     xfail = ("    text = text.lower()\n", "    text = text.lower()\n    import pytest\n\n    pytest.xfail('later')\n")
     extra = _rollout(
-        make_ctx, tmp_path, [("str_replace", {"path": "slugkit/core.py", "old_str": xfail[0], "new_str": xfail[1]})]
+        make_ctx, short_dir, [("str_replace", {"path": "slugkit/core.py", "old_str": xfail[0], "new_str": xfail[1]})]
     )
     result = _evaluate(make_ctx, extra)
     assert set(result["FAIL_TO_PASS"].values()) == {"xfailed"}
@@ -270,12 +270,12 @@ def test_shadowing_paths() -> None:
         assert not shadows_tooling(path), path
 
 
-def test_a_change_in_another_encoding_keeps_its_exact_bytes(make_ctx: MakeCtx, tmp_path: Path) -> None:
+def test_a_change_in_another_encoding_keeps_its_exact_bytes(make_ctx: MakeCtx, short_dir: Path) -> None:
     import base64
 
     extra = _rollout(
         make_ctx,
-        tmp_path,
+        short_dir,
         [
             ("str_replace", {"path": "slugkit/core.py", "old_str": FIX[0], "new_str": FIX[1]}),
             ("bash", {"command": "printf '# caf\\351\\n' >> slugkit/core.py"}),  # latin-1, not UTF-8
@@ -287,6 +287,6 @@ def test_a_change_in_another_encoding_keeps_its_exact_bytes(make_ctx: MakeCtx, t
     assert result["patch_applied"] is True and result["reward"] == 1.0
 
 
-def test_a_huge_new_file_is_refused_before_the_diff_is_built(make_ctx: MakeCtx, tmp_path: Path) -> None:
-    extra = _rollout(make_ctx, tmp_path, [("bash", {"command": "head -c 3000000 /dev/zero > blob.bin"})])
+def test_a_huge_new_file_is_refused_before_the_diff_is_built(make_ctx: MakeCtx, short_dir: Path) -> None:
+    extra = _rollout(make_ctx, short_dir, [("bash", {"command": "head -c 3000000 /dev/zero > blob.bin"})])
     assert extra["diff"] is None and "add or remove over" in extra["diff_error"]

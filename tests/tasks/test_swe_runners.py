@@ -152,14 +152,14 @@ def test_rows_without_repo_path_come_from_the_mirror(
         get_settings.cache_clear()
 
 
-def test_singularity_uses_the_official_image_at_testbed(tmp_path: Path) -> None:
+def test_singularity_uses_the_official_image_at_testbed(tmp_path: Path, short_dir: Path) -> None:
     row = {**_row(tmp_path, "django"), "instance_id": "django__django-11099"}
     settings = Settings(state_dir=tmp_path / "state", sandbox_backend="singularity")
     spec = get_kind("swe").sandbox_spec(_task(row), settings)
     assert spec.image == "docker://swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
     assert spec.workdir == "/testbed" and spec.env["PATH"].startswith("/opt/miniconda3/envs/testbed/bin:")
-    (tmp_path / "rt").mkdir()
-    box = SingularitySandbox(spec, tmp_path / "ws", tmp_path / "rt", settings)
+    (short_dir / "rt").mkdir()
+    box = SingularitySandbox(spec, tmp_path / "ws", short_dir / "rt", settings)
     argv = box.wrap(["true"], {})
     assert f"{box.workspace}:/testbed:rw" in argv and argv[argv.index("--pwd") + 1] == "/testbed"
     own = get_kind("swe").sandbox_spec(_task({**row, "image": "/images/x.sif"}), settings)
