@@ -20,8 +20,8 @@ import httpx
 from cli.stack import Stack
 from shared.config import Settings
 from tests.support.proc_table import process_table
-from tests.support.scripted_llm import SCRIPTED_MODEL
-from tests.support.waiting import wait_for, wait_status
+from tests.support.scripted_llm import SCRIPTED_MODEL, ScriptedLLM
+from tests.support.waiting import client_for, wait_for, wait_status
 
 AGENT_ENV = {
     "ROLLOUTS_TASK_MODULES": "tests.support.agent_kinds,tests.reliability.fault_kinds",
@@ -49,6 +49,20 @@ def agent_stack(tmp_path: Path, model_dir: Path, env: dict[str, str]) -> Iterato
         yield stack
     finally:
         stack.stop(timeout=10)
+
+
+@contextmanager
+def scripted_agent_stack(
+    base: Path, model_dir: Path, env: dict[str, str], scripts: dict[str, list[str]], tokenizer: Any
+) -> Iterator[Stack]:
+    """agent_stack whose one LLM backend is a ScriptedLLM playing `scripts` (a module's fault stack)."""
+    llm = ScriptedLLM(tokenizer, scripts=dict(scripts)).start()
+    try:
+        with agent_stack(base, model_dir, env) as stack:
+            use_only(client_for(stack), llm.url)
+            yield stack
+    finally:
+        llm.stop()
 
 
 def call(name: str, **arguments: Any) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -21,21 +22,28 @@ SLOTS = {"init": 2, "rollout": 4, "eval": 2}
 SLEEP = {"init": 0.5, "rollout": 2.0, "eval": 1.5}
 
 
-@pytest.fixture()
-def persistent_stack(tmp_path: Path) -> Iterator[Stack]:
-    """A stack whose embedded Redis keeps an append-only file (as `rollouts up`), one process per stage,
-    its state under tmp_path/state (a test mounts what it needs there first)."""
+@contextmanager
+def running_persistent_stack(tmp_path: Path, slots: dict[str, int]) -> Iterator[Stack]:
+    """A stack whose embedded Redis keeps an append-only file (as `rollouts up`), one process per stage with
+    `slots`, its state under tmp_path/state (a test mounts what it needs there first)."""
     settings = Settings(redis_url=None, state_dir=tmp_path / "state")
     stack = Stack(
         settings,
         api_port=0,
-        concurrency=SLOTS,
+        concurrency=slots,
         log_dir=tmp_path / "logs",
         persistent_redis=True,
         extra_env=FAST_RECOVERY_ENV,
     )
     with stack:
         stack.wait_for_workers()
+        yield stack
+
+
+@pytest.fixture()
+def persistent_stack(tmp_path: Path) -> Iterator[Stack]:
+    """running_persistent_stack with SLOTS."""
+    with running_persistent_stack(tmp_path, SLOTS) as stack:
         yield stack
 
 

@@ -29,14 +29,12 @@ import pytest
 
 from cli.stack import Stack
 from tests.reliability.agent_stack import (
-    agent_stack,
     assert_worker_serves_next_job,
     call,
     observations,
+    scripted_agent_stack,
     submit,
-    use_only,
 )
-from tests.support.scripted_llm import ScriptedLLM
 from tests.support.small_disk import small_tmpfs
 from tests.support.waiting import TERMINAL, client_for, job, wait_for, wait_status
 
@@ -71,21 +69,12 @@ def disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]
 
 
 @pytest.fixture(scope="module")
-def llm(tokenizer: Any) -> Iterator[ScriptedLLM]:
-    server = ScriptedLLM(tokenizer, scripts=dict(SCRIPTS)).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def stack(disk: tuple[Path, Path], model_dir: Path, llm: ScriptedLLM) -> Iterator[Stack]:
+def stack(disk: tuple[Path, Path], model_dir: Path, tokenizer: Any) -> Iterator[Stack]:
     base, workspaces = disk
-    with agent_stack(base, model_dir, ENV) as started:
+    with scripted_agent_stack(base, model_dir, ENV, SCRIPTS, tokenizer) as started:
         assert started.settings.workspaces == workspaces
         # Only the workspaces are on the small disk, not Redis's files in the state dir.
         assert os.stat(workspaces).st_dev != os.stat(started.settings.state_dir).st_dev
-        api = client_for(started)
-        use_only(api, llm.url)
         yield started
 
 

@@ -24,17 +24,15 @@ import pytest
 
 from cli.stack import Stack
 from tests.reliability.agent_stack import (
-    agent_stack,
     argv_of,
     call,
     descendants,
     find_process,
     kill,
     rollout_worker,
+    scripted_agent_stack,
     submit,
-    use_only,
 )
-from tests.support.scripted_llm import ScriptedLLM
 from tests.support.waiting import client_for, job, wait_for, wait_status
 from workers.sandbox.owner import POOL_DIR, alive, owner_tag, start_ticks, sweep
 
@@ -65,17 +63,9 @@ class Proc:
 
 
 @pytest.fixture(scope="module")
-def llm(tokenizer: Any) -> Iterator[ScriptedLLM]:
-    server = ScriptedLLM(tokenizer, scripts=dict(SCRIPTS)).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, llm: ScriptedLLM) -> Iterator[Stack]:
-    with agent_stack(tmp_path_factory.mktemp("orphaned-sandboxes"), model_dir, ENV) as started:
-        use_only(client_for(started), llm.url)
-        yield started
+def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, tokenizer: Any) -> Iterator[Stack]:
+    with scripted_agent_stack(tmp_path_factory.mktemp("orphaned-sandboxes"), model_dir, ENV, SCRIPTS, tokenizer) as up:
+        yield up
 
 
 def test_a_killed_rollout_worker_leaves_no_sandbox_behind(stack: Stack, figure) -> None:

@@ -15,9 +15,8 @@ import pytest
 from redis import Redis
 
 from cli.stack import Stack
-from shared.config import Settings
-from tests.pipeline.conftest import FAST_RECOVERY_ENV
 from tests.reliability.jobs import scripted_jobs, statuses, submit, wait_all_terminal
+from tests.reliability.outage_stack import running_persistent_stack
 from tests.support.waiting import client_for, trace, wait_for
 
 JOBS = 60
@@ -34,18 +33,8 @@ def _aof_settings(stack: Stack) -> tuple[str, str]:
 
 @pytest.fixture()
 def persistent_stack(tmp_path: Path) -> Iterator[Stack]:
-    """A stack whose embedded Redis keeps an append-only file in the state dir (as `rollouts up`)."""
-    settings = Settings(redis_url=None, state_dir=tmp_path / "state")
-    stack = Stack(
-        settings,
-        api_port=0,
-        concurrency={"init": 2, "rollout": 6, "eval": 2},
-        log_dir=tmp_path / "logs",
-        persistent_redis=True,
-        extra_env=FAST_RECOVERY_ENV,
-    )
-    with stack:
-        stack.wait_for_workers()
+    """The Redis fault tests' stack (outage_stack), with 6 rollout slots for this module's 60 short jobs."""
+    with running_persistent_stack(tmp_path, {"init": 2, "rollout": 6, "eval": 2}) as stack:
         yield stack
 
 

@@ -21,18 +21,16 @@ from shared.config import Settings
 from shared.jobs.spec import JobRequest
 from shared.tasks.context import StageContext, StageInterrupted
 from tests.reliability.agent_stack import (
-    agent_stack,
     assert_worker_serves_next_job,
     call,
     find_process,
     kill,
     observations,
     rollout_worker,
+    scripted_agent_stack,
     submit,
-    use_only,
 )
 from tests.reliability.fault_kinds import ToolsAgentKind
-from tests.support.scripted_llm import ScriptedLLM
 from tests.support.waiting import client_for, wait_for, wait_status
 from workers.sandbox import SandboxError
 
@@ -75,18 +73,9 @@ SCRIPTS = {
 
 
 @pytest.fixture(scope="module")
-def llm(tokenizer: Any) -> Iterator[ScriptedLLM]:
-    server = ScriptedLLM(tokenizer, scripts=dict(SCRIPTS)).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, llm: ScriptedLLM) -> Iterator[Stack]:
-    with agent_stack(tmp_path_factory.mktemp("sandbox-faults"), model_dir, ENV) as started:
-        api = client_for(started)
-        use_only(api, llm.url)
-        yield started
+def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, tokenizer: Any) -> Iterator[Stack]:
+    with scripted_agent_stack(tmp_path_factory.mktemp("sandbox-faults"), model_dir, ENV, SCRIPTS, tokenizer) as up:
+        yield up
 
 
 @pytest.fixture()
