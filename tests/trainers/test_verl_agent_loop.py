@@ -243,6 +243,18 @@ def step_versions(split: dict[str, Any]) -> tuple[int, int] | None:
     return (min(steps), max(steps)) if steps else None
 
 
+def assert_each_output_is_its_job(out: dict[str, Any], api_url: str, step: int, jobs: int) -> None:
+    """Each stored output is its own job's record token by token, its reward on the last token, sent as verl's."""
+    job_ids = [extra["rollouts_job_id"] for extra in out["extra"]]
+    assert len(set(job_ids)) == jobs, "each session of each prompt is its own job"
+    with RolloutClient(api_url) as client:
+        records = [client.get_job(job_id) for job_id in job_ids]
+    for b, job in enumerate(records):
+        assert_output_is_record(out, b, job.trajectory, step)
+        assert out["tensors"]["rm_scores"][b] == [0.0] * (len(out["tensors"]["responses"][b]) - 1) + [job.reward]
+        assert job.raw["request"]["metadata"]["trainer"] == "verl"
+
+
 def assert_output_is_record(out: dict[str, Any], b: int, record: dict[str, Any], step: int) -> None:
     """Output b, as V1 stored it in TransferQueue, is the record (or segment) token by token."""
     tokens, mask, logprobs = record["token_ids"], record["loss_mask"], record["logprobs"]
@@ -268,14 +280,7 @@ def test_v1_stores_every_session_of_a_prompt_as_its_record(service: Service, v1_
     assert "error" not in out, out
     assert out["keys"] == [f"{uid}_{s}_0" for uid in ("v1-a", "v1-b") for s in range(2)], out["keys"]
     assert all(tag["status"] == "finished" for tag in out["prompts"].values()), out["prompts"]
-    job_ids = [extra["rollouts_job_id"] for extra in out["extra"]]
-    assert len(set(job_ids)) == 4, "each session of each prompt is its own job"
-    with RolloutClient(service.api_url) as client:
-        jobs = [client.get_job(job_id) for job_id in job_ids]
-    for b, job in enumerate(jobs):
-        assert_output_is_record(out, b, job.trajectory, STEP)
-        assert out["tensors"]["rm_scores"][b] == [0.0] * (len(out["tensors"]["responses"][b]) - 1) + [job.reward]
-        assert job.raw["request"]["metadata"]["trainer"] == "verl"
+    assert_each_output_is_its_job(out, service.api_url, STEP, jobs=4)
 
 
 def test_v1_a_reissued_prompt_finds_its_jobs(service: Service, v1_runs, tmp_path: Path):

@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from rollouts_client import RolloutClient
 from tests.trainers.conftest import Service, run_driver
-from tests.trainers.test_verl_agent_loop import agent_loops, assert_output_is_record, parity, row
+from tests.trainers.test_verl_agent_loop import agent_loops, assert_each_output_is_its_job, parity, row
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -50,14 +49,7 @@ def test_verl_makes_the_manager_and_it_stores_every_session_as_its_record(servic
     assert out["returned_s"] < 1.0 and out["returned_s"] < out["seconds"] / 4, "generate_sequences does not block"
     assert out["keys"] == [f"{uid}_{s}_0" for uid in ("m-a", "m-b") for s in range(2)], out["keys"]
     assert all(tag["status"] == "finished" for tag in out["prompts"].values()), out["prompts"]
-    job_ids = [extra["rollouts_job_id"] for extra in out["extra"]]
-    assert len(set(job_ids)) == 4
-    with RolloutClient(service.api_url) as client:
-        jobs = [client.get_job(job_id) for job_id in job_ids]
-    for b, job in enumerate(jobs):
-        assert_output_is_record(out, b, job.trajectory, STEP)
-        assert out["tensors"]["rm_scores"][b] == [0.0] * (len(out["tensors"]["responses"][b]) - 1) + [job.reward]
-        assert job.raw["request"]["metadata"]["trainer"] == "verl"
+    assert_each_output_is_its_job(out, service.api_url, STEP, jobs=4)
 
 
 def test_a_failing_prompt_is_retried_then_marked_failure_never_a_reward(runs):

@@ -26,16 +26,15 @@ from typing import Any
 
 import ray
 import transfer_queue as tq
-import verl.trainer.config
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from verl.trainer.main_ppo import TaskRunnerV1
 from verl.utils import tensordict_utils as tu
-from verl_v1_driver import TENSORS, column, items, plain_extra, reported, run_step, sample
+from verl_v1_driver import TENSORS, column, items, plain_extra, reported, run_step, sample, v1_config
 
 from rollouts_client.aio import AsyncRolloutClient
 
 MANAGER = "rollouts_client.trainers.verl_manager.RolloutsAgentLoopManager"
+MANAGER_KEY = f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER}"  # not in verl 0.9.1's YAML
 N = 2  # rollout.n
 
 
@@ -48,7 +47,7 @@ def main() -> int:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
     submissions = count_submissions()
-    manager = made_by_verl(config(model, given["loops"]))
+    manager = made_by_verl(v1_config(model, given["loops"], MANAGER_KEY))
     out: dict[str, Any] = {"setup_s": time.perf_counter() - started, "manager": type(manager).__qualname__}
     for step in given.get("steps", []):
         submissions.clear()
@@ -76,23 +75,6 @@ def count_submissions() -> list[int]:
 
     AsyncRolloutClient.submit_jobs = counting
     return counted
-
-
-def config(model: str, loops: str) -> Any:
-    with initialize_config_dir(config_dir=os.path.dirname(verl.trainer.config.__file__), version_base=None):
-        return compose(
-            config_name="ppo_trainer",
-            overrides=[
-                f"actor_rollout_ref.model.path={model}",
-                "actor_rollout_ref.rollout.name=vllm",
-                f"actor_rollout_ref.rollout.n={N}",
-                "actor_rollout_ref.rollout.prompt_length=1024",
-                "actor_rollout_ref.rollout.response_length=1024",
-                "actor_rollout_ref.rollout.calculate_log_probs=true",
-                f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
-                f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER}",  # not in verl 0.9.1's YAML
-            ],
-        )
 
 
 def made_by_verl(cfg: Any) -> Any:

@@ -30,20 +30,19 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 import ray
 import transfer_queue as tq
 import verl.trainer.config
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 from verl.utils import tensordict_utils as tu
 
 from rollouts_client.sync import RolloutClient
 from rollouts_client.trainers.verl_agent_loop import Sample
+from rollouts_client.trainers.verl_manager import loop_as_verl_builds_it
 
 LOOPS = Path(__file__).resolve().parents[2] / "examples" / "verl" / "agent_loops.yaml"
 N = 2  # rollout.n: the sessions of each prompt
@@ -85,7 +84,8 @@ def worker_class() -> type:
     return AgentLoopWorkerTQ.__ray_metadata__.modified_class
 
 
-def v1_config(model: str, loops: str) -> Any:
+def v1_config(model: str, loops: str, *overrides: str) -> Any:
+    """verl's own ppo_trainer config (V1 by default) for the tiny model and the agent-loop YAML, plus `overrides`."""
     with initialize_config_dir(config_dir=os.path.dirname(verl.trainer.config.__file__), version_base=None):
         return compose(
             config_name="ppo_trainer",
@@ -97,6 +97,7 @@ def v1_config(model: str, loops: str) -> Any:
                 "actor_rollout_ref.rollout.response_length=1024",
                 "actor_rollout_ref.rollout.calculate_log_probs=true",
                 f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+                *overrides,
             ],
         )
 
@@ -120,17 +121,7 @@ async def run_step(worker: Any, step: dict[str, Any]) -> dict[str, Any]:
 
 async def run_job(worker: Any, job: dict[str, Any]) -> dict[str, Any]:
     """A finished job's outputs as `run()` makes them (the loop built as the worker builds it), stored by V1."""
-    loop = hydra.utils.instantiate(
-        config=_agent_loop_registry["rollouts"],
-        trainer_config=DictConfigWrap(config=worker.config),
-        server_manager=None,
-        tokenizer=worker.tokenizer,
-        processor=worker.processor,
-        hf_model_type=worker.hf_model_type,
-        dataset_cls=worker.dataset_cls,
-        data_config=DictConfigWrap(worker.config.data),
-        tools=ToolListWrap(worker.tools),
-    )
+    loop = loop_as_verl_builds_it(worker.config, worker, llm_client=None)
     with RolloutClient() as client:
         record = client.get_job(job["job_id"])
     kwargs = {"uid": job["uid"], "session_id": 0, "global_steps": job["global_steps"], "raw_prompt": [], "index": 0}

@@ -87,7 +87,7 @@ class RolloutsAgentLoopManager:
         self.worker = AgentLoopWorkerTQ.__ray_metadata__.modified_class(
             config, llm_client, teacher_client, reward_loop_worker_handles
         )
-        self.loop = self._build_loop(llm_client)
+        self.loop = loop_as_verl_builds_it(self.config, self.worker, llm_client)
         self._pending: list[Future[None]] = []  # the batches started (the done ones dropped at each start)
         self.errors: list[BaseException] = []  # what failed a batch or a session (also logged)
         self._events = asyncio.new_event_loop()  # jobs are followed here while verl's trainer goes on
@@ -114,28 +114,6 @@ class RolloutsAgentLoopManager:
     def close(self) -> None:
         self._events.call_soon_threadsafe(self._events.stop)
         self._thread.join(timeout=5)
-
-    def _build_loop(self, llm_client: Any) -> RolloutsAgentLoop:
-        """The agent loop as verl's worker builds it (`_run_agent_loop`), from its YAML entry when it has one."""
-        agent = self.config.actor_rollout_ref.rollout.agent
-        entry = None
-        for name in (agent.get("default_agent_loop"), AGENT_NAME):
-            found = _agent_loop_registry.get(name)
-            if found is not None and found.get("_target_") == LOOP_TARGET:
-                entry = found
-                break
-        worker = self.worker
-        return hydra.utils.instantiate(
-            config=entry if entry is not None else OmegaConf.create({"_target_": LOOP_TARGET}),
-            trainer_config=DictConfigWrap(config=self.config),
-            server_manager=llm_client,
-            tokenizer=worker.tokenizer,
-            processor=worker.processor,
-            hf_model_type=worker.hf_model_type,
-            dataset_cls=worker.dataset_cls,
-            data_config=DictConfigWrap(self.config.data),
-            tools=ToolListWrap(worker.tools),
-        )
 
     async def _run_batch(self, prompts: list[dict[str, Any]], validate: bool) -> None:
         """Submit every session of every prompt in one request, store each as its job ends, then each prompt's
@@ -234,3 +212,25 @@ def rows_of(batch: TensorDict) -> list[dict[str, Any]]:
             elif isinstance(value, NonTensorData):
                 row[key] = value.data
     return rows
+
+
+def loop_as_verl_builds_it(config: Any, worker: Any, llm_client: Any) -> RolloutsAgentLoop:
+    """The agent loop as verl's worker builds it (`_run_agent_loop`), from its YAML entry when it has one."""
+    agent = config.actor_rollout_ref.rollout.agent
+    entry = None
+    for name in (agent.get("default_agent_loop"), AGENT_NAME):
+        found = _agent_loop_registry.get(name)
+        if found is not None and found.get("_target_") == LOOP_TARGET:
+            entry = found
+            break
+    return hydra.utils.instantiate(
+        config=entry if entry is not None else OmegaConf.create({"_target_": LOOP_TARGET}),
+        trainer_config=DictConfigWrap(config=config),
+        server_manager=llm_client,
+        tokenizer=worker.tokenizer,
+        processor=worker.processor,
+        hf_model_type=worker.hf_model_type,
+        dataset_cls=worker.dataset_cls,
+        data_config=DictConfigWrap(config.data),
+        tools=ToolListWrap(worker.tools),
+    )
