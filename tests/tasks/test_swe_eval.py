@@ -290,3 +290,38 @@ def test_a_change_in_another_encoding_keeps_its_exact_bytes(make_ctx: MakeCtx, s
 def test_a_huge_new_file_is_refused_before_the_diff_is_built(make_ctx: MakeCtx, short_dir: Path) -> None:
     extra = _rollout(make_ctx, short_dir, [("bash", {"command": "head -c 3000000 /dev/zero > blob.bin"})])
     assert extra["diff"] is None and "add or remove over" in extra["diff_error"]
+
+
+ALONE = "def test_alone(request):\n    assert not request.config.pluginmanager.has_plugin('anyio')\n"
+
+
+def test_the_services_own_pytest_plugins_stay_out_of_the_repository(
+    make_ctx: MakeCtx, task_settings, short_dir: Path
+) -> None:
+    """With this service's interpreter, pytest loads none of the plugins installed beside it (anyio's comes
+    with FastAPI), in the eval's run and in the agent's `python -m pytest`: they are no part of the
+    repository, and their loading cost ~3 s of CPU per pytest start here."""
+    from workers.eval.fresh_sandbox import fresh_sandbox, sandbox_python
+    from workers.eval.swe_resolve import run_pytest
+    from workers.sandbox import SandboxSpec
+
+    python = sandbox_python(task_settings)
+    with fresh_sandbox(
+        SandboxSpec(),
+        task_settings,
+        python,
+        lambda: None,
+        lambda: 120.0,
+        lambda ws: (ws / "test_alone.py").write_text(ALONE),
+        needs=("pytest",),
+    ) as box:
+        outcomes, info = run_pytest(box, ["test_alone.py::test_alone"], python, 120.0)
+    assert outcomes == {"test_alone.py::test_alone": "passed"}, info
+
+    ctx = make_ctx(TASK, stage="rollout")
+    ctx.workspace.mkdir(parents=True, exist_ok=True)
+    (ctx.workspace / "test_alone.py").write_text(ALONE)
+    spec = get_kind("swe").sandbox_spec(TASK, ctx.settings)
+    with create_sandbox(spec, ctx.workspace, short_dir / "rt", ctx.settings) as box:
+        result = box.call("bash", {"command": "python -m pytest -q -p no:cacheprovider test_alone.py"})
+    assert "1 passed" in result.output, result.output

@@ -41,7 +41,7 @@ from typing import Any
 
 from shared.kinds.swe_instance import SweInstance, patch_paths
 from shared.kinds.swe_tests import TestPlan, django_command, sympy_command
-from workers.eval.fresh_sandbox import EvalBox
+from workers.eval.fresh_sandbox import EvalBox, pytest_env
 from workers.eval.swe_logs import parse_django_log, parse_sympy_log
 
 GIT_TIMEOUT_S = 120.0
@@ -221,7 +221,7 @@ def run_pytest(
         "--",
         *files,
     ]
-    result = box.run(argv, timeout_s)
+    result = box.run(argv, timeout_s, env=pytest_env(python))
     info: dict[str, Any] = {
         "runner": "pytest",
         "test_command": " ".join(["pytest", *files]),

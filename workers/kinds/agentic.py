@@ -21,6 +21,7 @@ from shared.config import Settings
 from shared.kinds.agentic import AgentSpec
 from shared.tasks.base import TaskKind
 from shared.tasks.context import StageContext
+from workers.eval.fresh_sandbox import SERVICE_PYTEST_ENV
 from workers.rollout.agent_task import run_agent_task
 from workers.sandbox.spec import SandboxSpec
 from workers.sandbox.workspace import place_files
@@ -31,10 +32,10 @@ _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 def agent_env(settings: Settings) -> dict[str, str]:
     """Environment for the agent's sandbox: with the local backend, this service's Python
     environment (bound read-only into the sandbox) comes first on PATH, so `python` and
-    `python -m pytest` inside work as they do for the evaluator."""
+    `python -m pytest` inside work as they do for the evaluator (without this service's own pytest plugins)."""
     if settings.sandbox_backend != "local":
         return {}
-    return {"PATH": f"{Path(sys.executable).parent}:{_SYSTEM_PATH}"}
+    return {"PATH": f"{Path(sys.executable).parent}:{_SYSTEM_PATH}", **SERVICE_PYTEST_ENV}
 
 
 class AgentTask(AgentSpec, TaskKind):
