@@ -17,7 +17,7 @@ trajectory's timings: 1 - (llm_s + tools_s) / stage seconds, over the kind's job
 stage's queue wait (median).
 
     .venv/bin/python -m bench.sandbox_burst [--repeat 12] [--rounds 1] [--llm vllm|scripted]
-        [--configs old pool-cap2 pool-cap8 new] [--backend-url URL]
+        [--configs old pool-cap2 pool-cap8 new] [--settle 15] [--backend-url URL]
 """
 
 from __future__ import annotations
@@ -92,8 +92,11 @@ def burst_bodies(repeat: int, scripted: bool, tool_every: int) -> list[dict[str,
     return bodies
 
 
-def run_burst(name: str, env: dict[str, str], bodies: list[dict[str, Any]], llm: tuple[str, str], base: Path) -> Run:
-    """All of `bodies` submitted at once to a fresh stack under `env`; waits for every one to end."""
+def run_burst(
+    name: str, env: dict[str, str], bodies: list[dict[str, Any]], llm: tuple[str, str], base: Path, settle: float = 0.0
+) -> Run:
+    """All of `bodies` submitted at once to a fresh stack under `env`, `settle` seconds after its backend was
+    registered; waits for every one to end."""
     from tests.support.waiting import client_for, wait_status
 
     settings = Settings(redis_url=None, state_dir=Path(tempfile.mkdtemp(prefix=f"{name}-", dir=base)))
@@ -104,6 +107,7 @@ def run_burst(name: str, env: dict[str, str], bodies: list[dict[str, Any]], llm:
         stack.wait_for_workers()
         api = client_for(stack)
         assert api.post("/v1/backends", json={"url": llm[0], "model": llm[1]}).status_code == 201
+        time.sleep(settle)
         began = time.time()
         response = api.post("/v1/jobs", json=bodies)
         assert response.status_code in (200, 201, 202), response.text
@@ -202,6 +206,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="each configuration this many times, interleaved")
     parser.add_argument("--llm", choices=("vllm", "scripted"), default="vllm")
     parser.add_argument("--tool-every", type=int, default=0, help="scripted: every Nth job calls python once")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=15.0,
+        help="seconds from the stack's start to the burst: `rollouts up` gives its workers its vLLM's start "
+        "(60-80 s) to warm up (Stage.warm_up); 0 submits the moment the workers registered",
+    )
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=["old", "pool-cap2", "pool-cap8", "new"])
     add_backend_option(parser)
     args = parser.parse_args(argv)
@@ -228,7 +239,7 @@ def _rounds(
 ) -> None:
     for round_ in range(args.rounds):
         for name in args.configs:
-            run = run_burst(name, CONFIGS[name], bodies, llm, base)
+            run = run_burst(name, CONFIGS[name], bodies, llm, base, args.settle)
             runs[name].append(run)
             print(f"round {round_ + 1} {name}: {run.wall:.1f} s, {len(bodies) / run.wall:.2f} jobs/s", flush=True)
 

@@ -90,7 +90,7 @@ def test_sandbox_pool_stack(capsys: pytest.CaptureFixture[str]) -> None:
 def test_sandbox_burst(capsys: pytest.CaptureFixture[str]) -> None:
     """examples/mixed.jsonl once (8 jobs), the scripted backend, one configuration: one stack, ~20 s."""
     skip_without_bwrap()
-    out = run_bench(capsys, "sandbox_burst", "--llm", "scripted", "--repeat", "1", "--configs", "new")
+    out = run_bench(capsys, "sandbox_burst", "--llm", "scripted", "--repeat", "1", "--configs", "new", "--settle", "0")
     for kind in ("code", "math", "stem", "swe"):
         lines_with(
             out, rf"^\| new \| {{n}} \| {{n}} \| {{n}} \| {kind} \| {{n}} \| {{n}} \| {{n}} \| {{n}}% \| {{n}} \|$"

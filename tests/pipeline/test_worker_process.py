@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -30,3 +31,36 @@ def test_a_concurrency_override_reaches_the_settings_the_stages_get(settings: Se
     assert process.concurrency == len(process.slots) == configured + 68
     assert worker_state.state().settings.rollout_concurrency == configured + 68
     assert settings.rollout_concurrency == configured, "the caller's settings are left as they were"
+
+
+def test_the_rollout_warm_up_loads_the_registered_backends_tokenizers(
+    settings: Settings, fresh_state: None, tiny_model: Path, tmp_path: Path
+) -> None:
+    """A rollout worker loads, beside its slots as it starts, the tokenizer of every backend registered then:
+    without it, a burst's first 32 jobs each waited ~5 s behind one load (transformers imports torch)."""
+    from shared.backend_pool import BackendPool
+    from workers.rollout import llm_services
+
+    process = WorkerProcess("rollout", settings, concurrency=1)
+    pool = BackendPool(process.state.redis, process.state.store.keys, settings)
+    pool.register("http://127.0.0.1:9/v1", "tiny", tokenizer=str(tiny_model))
+    pool.register("http://127.0.0.1:10/v1", "elsewhere", tokenizer=str(tmp_path / "not-on-this-node"))
+    llm_services._cached_tokenizer.cache_clear()
+    process._warm_up()
+    assert llm_services._cached_tokenizer.cache_info().currsize == 1  # the missing one is left to its jobs
+    llm_services._load_tokenizer(str(tiny_model))
+    assert llm_services._cached_tokenizer.cache_info().hits == 1, "a job finds it loaded"
+
+
+def test_a_failed_warm_up_leaves_the_worker_running(
+    settings: Settings, fresh_state: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from workers.rollout.stage import RolloutStage
+
+    def broken(self: RolloutStage) -> None:
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(RolloutStage, "warm_up", broken)
+    process = WorkerProcess("rollout", settings, concurrency=1)
+    process._warm_up()
+    assert "warm-up failed" in caplog.text and "no space left on device" in caplog.text

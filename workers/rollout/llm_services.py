@@ -6,6 +6,7 @@ share across threads; loading them per trajectory would cost seconds and connect
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
@@ -16,6 +17,7 @@ from shared.backend_pool import BackendPool, Pin
 from shared.errors import RolloutsError
 from workers.rollout.llm_client import LLMClient
 
+log = logging.getLogger("rollouts.rollout")
 _lock = threading.Lock()
 _llm: LLMServices | None = None
 
@@ -76,3 +78,19 @@ def _cached_tokenizer(path: str) -> Any:
 def _load_tokenizer(path: str) -> Any:
     with _tokenizer_lock:  # one load per path, even when many slots start at once
         return _cached_tokenizer(path)
+
+
+def warm_tokenizers() -> None:
+    """Import the tokenizer code and load the tokenizer of every backend registered now (the rollout stage's
+    warm-up). A backend registered later, or a tokenizer that does not load here, is left to the first job that
+    pins it, which reports what is wrong (load_tokenizer)."""
+    from transformers import AutoTokenizer  # noqa: F401 - the bulk of a first load: transformers imports torch
+
+    for backend in llm_services().pool.backends():
+        path = Path(backend.tokenizer) if backend.tokenizer else None
+        if path is None or not ((path / "tokenizer_config.json").exists() or (path / "tokenizer.json").exists()):
+            continue
+        try:
+            _load_tokenizer(str(path))
+        except Exception as exc:  # noqa: BLE001 - the job that pins this backend gets the error
+            log.warning("warm-up: the tokenizer at %s did not load: %s", path, exc)

@@ -12,6 +12,7 @@ from shared.metrics import MetricsRecorder
 from shared.run_stats.summary import rollout_summary
 from shared.tasks import StageContext, TaskKind
 from workers.rollout.external_agent.stage import run_external_agent
+from workers.rollout.llm_services import warm_tokenizers
 from workers.runtime.stage_runner import Stage, run_stage
 
 
@@ -33,6 +34,9 @@ class RolloutStage(Stage):
     def summary_fields(self, output: dict[str, Any]) -> dict[str, Any]:
         summary = rollout_summary(output)  # tokens, LLM time, versions, sandbox: for the run page
         return {ROLLOUT_SUMMARY: summary} if summary is not None else {}
+
+    def warm_up(self) -> None:
+        warm_tokenizers()  # ~5 s of CPU here (transformers imports torch), once per process
 
 
 STAGE = RolloutStage()

@@ -12,6 +12,7 @@ rq's abandoned-job handling re-queues whatever was in flight.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import signal
 import subprocess
@@ -91,6 +92,7 @@ class WorkerProcess:
         signal.signal(signal.SIGUSR1, self._on_time_limit_warning)
         log.info("%s: %d slots on queue %r", self.state.process_name, self.concurrency, queue_name(self.stage))
         self._start_events_listener()
+        threading.Thread(target=self._warm_up, name="warm-up", daemon=True).start()
         for index, slot in enumerate(self.slots):
             thread = threading.Thread(target=self._run_slot, args=(index,), name=slot.name, daemon=True)
             thread.start()
@@ -107,6 +109,16 @@ class WorkerProcess:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _warm_up(self) -> None:
+        """The stage's warm-up (Stage.warm_up), beside the slots: a failure only means the first job loads it."""
+        started = time.monotonic()
+        try:
+            importlib.import_module(f"workers.{self.stage}.stage").STAGE.warm_up()
+        except Exception:
+            log.exception("%s: warm-up failed; the first jobs load what they need", self.state.process_name)
+            return
+        log.info("%s: warm in %.1fs", self.state.process_name, time.monotonic() - started)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1

@@ -67,6 +67,11 @@ class Stage:
         """Small record fields that sum the output up for the run page (shared/run_stats/); none by default."""
         return {}
 
+    def warm_up(self) -> None:
+        """Load what this stage's jobs need once per process (imports, per-process resources). The worker
+        runs it on a thread of its own as it starts, so the first jobs of a burst do not all wait behind one
+        load; a job that comes first waits for what it needs as before. Nothing by default."""
+
 
 # (output, interruption, error): what calling the stage gave; at most one of the last two is set.
 Performed = tuple[dict[str, Any], str | None, dict[str, Any] | None]
