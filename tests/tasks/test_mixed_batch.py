@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DETAIL_KEYS = {"math": "reference", "stem": "reference", "code": "scoring", "swe": "FAIL_TO_PASS"}
+DETAIL_KEYS = {"math": "reference", "stem": "reference", "code": "scoring", "swe": "resolved"}
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("require_bwrap")]
 

@@ -82,8 +82,9 @@ def test_deleting_the_tests_earns_nothing(make_ctx: MakeCtx, short_dir: Path) ->
 def test_reference_patch_resolves_and_empty_diff_does_not(make_ctx: MakeCtx) -> None:
     reference = _evaluate(make_ctx, {"diff": TASK["patch"]})
     assert reference["reward"] == 1.0, str(reference)
-    empty = _evaluate(make_ctx, {"diff": ""})
-    assert empty["reward"] == 0.0 and set(empty["FAIL_TO_PASS"].values()) == {"failed"}
+    for nothing in ("", b"", "\n"):  # as SWE-bench's harness: unresolved, no test run (no sandbox, no pytest)
+        empty = _evaluate(make_ctx, {"diff": nothing})
+        assert empty["reward"] == 0.0 and empty["empty_patch"] is True and "FAIL_TO_PASS" not in empty, empty
 
 
 def test_bad_diffs(make_ctx: MakeCtx) -> None:
@@ -325,3 +326,18 @@ def test_the_services_own_pytest_plugins_stay_out_of_the_repository(
     with create_sandbox(spec, ctx.workspace, short_dir / "rt", ctx.settings) as box:
         result = box.call("bash", {"command": "python -m pytest -q -p no:cacheprovider test_alone.py"})
     assert "1 passed" in result.output, result.output
+
+
+def test_a_rollout_that_called_no_tool_is_collected_without_a_sandbox(make_ctx: MakeCtx) -> None:
+    """Nothing ran in the workspace of a job whose on-demand sandbox no tool opened: collect starts none (the
+    test-cache cleanup would have cost a bwrap start per job, queued at the start cap) and finds no diff."""
+    from workers.rollout.job_sandbox import OnDemandSandbox
+
+    def never() -> None:
+        raise AssertionError("collect started a sandbox for a rollout that called no tool")
+
+    kind = get_kind("swe")
+    ctx = make_ctx(TASK, stage="init")
+    kind.init(ctx)
+    extra = kind.collect(ctx, OnDemandSandbox(never, never))
+    assert extra == {"diff": ""}

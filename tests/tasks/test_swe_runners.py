@@ -35,7 +35,9 @@ def _task(row: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.usefixtures("require_bwrap")
 @pytest.mark.parametrize("runner", ["django", "sympy", "pytest"])
-def test_gold_patch_resolves_and_empty_patch_does_not(runner: str, tmp_path: Path, make_ctx: MakeCtx) -> None:
+def test_gold_patch_resolves_and_no_fix_or_an_empty_patch_does_not(
+    runner: str, tmp_path: Path, make_ctx: MakeCtx
+) -> None:
     task = _task(_row(tmp_path, runner))
     kind = get_kind("swe")
     kind.validate(task)
@@ -44,10 +46,18 @@ def test_gold_patch_resolves_and_empty_patch_does_not(runner: str, tmp_path: Pat
     assert gold["reward"] == 1.0, gold
     assert gold["runner"] == runner and gold["reason"].startswith(f"resolved ({runner})")
     assert set(gold["FAIL_TO_PASS"].values()) == {"passed"} and set(gold["PASS_TO_PASS"].values()) == {"passed"}
+    unfixed = kind.evaluate(make_ctx(task, outputs=rollout(diff=NO_FIX)))
+    assert unfixed["reward"] == 0.0 and set(unfixed["FAIL_TO_PASS"].values()) == {"failed"}, unfixed
+    assert set(unfixed["PASS_TO_PASS"].values()) == {"passed"}  # the runner ran; only the fix is missing
+    assert "not resolved" in unfixed["reason"] and "FAIL_TO_PASS" in unfixed["reason"]
     empty = kind.evaluate(make_ctx(task, outputs=rollout(diff="")))
-    assert empty["reward"] == 0.0 and set(empty["FAIL_TO_PASS"].values()) == {"failed"}, empty
-    assert set(empty["PASS_TO_PASS"].values()) == {"passed"}  # the runner ran; only the fix is missing
-    assert "not resolved" in empty["reason"] and "FAIL_TO_PASS" in empty["reason"]
+    assert empty["reward"] == 0.0 and empty["empty_patch"] is True, empty  # SWE-bench's harness runs no test
+
+
+# A change that fixes nothing: the runner runs and the fix is missing.
+NO_FIX = (
+    "diff --git a/NOTES.md b/NOTES.md\nnew file mode 100644\n--- /dev/null\n+++ b/NOTES.md\n@@ -0,0 +1 @@\n+notes\n"
+)
 
 
 def test_django_labels_come_from_the_test_patch_and_the_ids(tmp_path: Path) -> None:

@@ -77,7 +77,7 @@ class SweKind(SweSpec, AgentTask):
 
     def collect(self, ctx: StageContext, sandbox: Any) -> dict[str, Any]:
         """The agent's changes as a binary git diff against a fresh copy of the base."""
-        if sandbox is not None:
+        if sandbox is not None and getattr(sandbox, "opened", True):  # an on-demand one no tool opened ran nothing
             sandbox.exec(_CACHE_CLEANUP, timeout=60)  # test caches are not part of the fix
         instance = SweInstance.from_task(ctx.task)
         with tempfile.TemporaryDirectory(prefix="ro-base-") as tmp:
@@ -117,6 +117,14 @@ class SweKind(SweSpec, AgentTask):
                 "resolved": False,
                 "error": error,
                 "reason": error,
+            }
+        if not diff.strip():  # as SWE-bench's harness: an empty patch is unresolved, its tests are not run
+            return {
+                "reward": 0.0,
+                "instance_id": instance.instance_id,
+                "resolved": False,
+                "empty_patch": True,
+                "reason": "not resolved: the agent changed nothing (an empty diff); the tests were not run",
             }
         python = sandbox_python(ctx.settings, ctx.task)
         if ctx.settings.sandbox_backend == "singularity" and not instance.image and "python" not in ctx.task:

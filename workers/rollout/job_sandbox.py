@@ -158,6 +158,11 @@ class OnDemandSandbox:
         """The running sandbox, or None while no tool was called."""
         return None if self.held is None else self.held.sandbox
 
+    @property
+    def opened(self) -> bool:
+        """Whether a tool call opened the sandbox: until one did, nothing ran in the job's workspace."""
+        return self.held is not None
+
     def open(self) -> JobSandbox:
         """The job's sandbox, opened now if this is the first call."""
         with self._lock:
