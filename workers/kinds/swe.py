@@ -77,7 +77,9 @@ class SweKind(SweSpec, AgentTask):
 
     def collect(self, ctx: StageContext, sandbox: Any) -> dict[str, Any]:
         """The agent's changes as a binary git diff against a fresh copy of the base."""
-        if sandbox is not None and getattr(sandbox, "opened", True):  # an on-demand one no tool opened ran nothing
+        if sandbox is not None and not getattr(sandbox, "opened", True):
+            return {"diff": ""}  # no tool opened the on-demand sandbox: the workspace is the base init made
+        if sandbox is not None:
             sandbox.exec(_CACHE_CLEANUP, timeout=60)  # test caches are not part of the fix
         instance = SweInstance.from_task(ctx.task)
         with tempfile.TemporaryDirectory(prefix="ro-base-") as tmp:
