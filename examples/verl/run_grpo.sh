@@ -10,7 +10,8 @@
 # prompt_length: the rendered prompt with the kind's tool schemas (math: ~1,240 tokens with a Qwen template);
 # a longer one fails its job before generation (prompt_too_long), never a truncated prompt.
 # What to change for your cluster: MODEL (the model the service's backends serve, same tokenizer),
-# trainer.n_gpus_per_node / nnodes, the batch sizes, and ROLLOUTS_API_URL (an address the rollout
+# trainer.n_gpus_per_node / nnodes, the batch sizes (MICRO_BATCH: samples per GPU per forward pass; verl
+# 0.9.1 refuses a config without one, tests/trainers/test_verl_example.py), and ROLLOUTS_API_URL (an address the rollout
 # workers reach). The service's backends are updated through POST /v1/models/{model}/weights (its own
 # mode); verl's rollout servers sample nothing here.
 set -euo pipefail
@@ -32,6 +33,9 @@ python -m verl.trainer.main_ppo \
   data.train_batch_size=8 data.max_prompt_length=2048 data.max_response_length=3072 \
   actor_rollout_ref.model.path="$MODEL" \
   actor_rollout_ref.actor.ppo_mini_batch_size=8 \
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="${MICRO_BATCH:-4}" \
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="${MICRO_BATCH:-4}" \
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu="${MICRO_BATCH:-4}" \
   actor_rollout_ref.rollout.name=vllm \
   actor_rollout_ref.rollout.n=4 \
   actor_rollout_ref.rollout.prompt_length=2048 actor_rollout_ref.rollout.response_length=3072 \
