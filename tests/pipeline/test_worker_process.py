@@ -64,3 +64,33 @@ def test_a_failed_warm_up_leaves_the_worker_running(
     process = WorkerProcess("rollout", settings, concurrency=1)
     process._warm_up()
     assert "warm-up failed" in caplog.text and "no space left on device" in caplog.text
+
+
+def test_the_warm_up_and_the_first_jobs_load_the_tokenizer_side_by_side(tiny_model: Path) -> None:
+    """In a fresh interpreter, the warm-up's import and eight jobs' loads at once all succeed: transformers' lazy
+    import is not thread-safe, and a job beside an unlocked warm-up failed with an ImportError (AutoTokenizer)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import threading\n"
+        "import time\n"
+        "from workers.rollout.llm_services import _load_tokenizer, _tokenizer_class\n"
+        "errors = []\n"
+        "def job():\n"
+        "    try:\n"
+        f"        _load_tokenizer({str(tiny_model)!r})\n"
+        "    except Exception as exc:\n"
+        "        errors.append(repr(exc))\n"
+        "warm_up = threading.Thread(target=_tokenizer_class)\n"
+        "warm_up.start()\n"
+        "time.sleep(0.3)  # the jobs come while the import is under way (an unlocked one failed them here)\n"
+        "threads = [threading.Thread(target=job) for _ in range(8)]\n"
+        "for thread in threads:\n"
+        "    thread.start()\n"
+        "for thread in [*threads, warm_up]:\n"
+        "    thread.join()\n"
+        "print(errors)\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert ran.returncode == 0 and ran.stdout.strip() == "[]", ran.stdout + ran.stderr[-2000:]

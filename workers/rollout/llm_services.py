@@ -65,14 +65,21 @@ def load_tokenizer(pin: Pin) -> Any:
     return _load_tokenizer(str(path))
 
 
-_tokenizer_lock = threading.Lock()
+_tokenizer_lock = threading.RLock()
+
+
+def _tokenizer_class() -> Any:
+    """transformers' AutoTokenizer, imported under the one lock: its lazy import is not thread-safe (a job's
+    import beside the warm-up's found AutoTokenizer missing from the half-imported module)."""
+    with _tokenizer_lock:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer
 
 
 @lru_cache(maxsize=8)
 def _cached_tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return _tokenizer_class().from_pretrained(path, local_files_only=True)
 
 
 def _load_tokenizer(path: str) -> Any:
@@ -84,8 +91,7 @@ def warm_tokenizers() -> None:
     """Import the tokenizer code and load the tokenizer of every backend registered now (the rollout stage's
     warm-up). A backend registered later, or a tokenizer that does not load here, is left to the first job that
     pins it, which reports what is wrong (load_tokenizer)."""
-    from transformers import AutoTokenizer  # noqa: F401 - the bulk of a first load: transformers imports torch
-
+    _tokenizer_class()  # the bulk of a first load: transformers imports torch
     for backend in llm_services().pool.backends():
         path = Path(backend.tokenizer) if backend.tokenizer else None
         if path is None or not ((path / "tokenizer_config.json").exists() or (path / "tokenizer.json").exists()):
