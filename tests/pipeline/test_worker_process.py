@@ -52,6 +52,32 @@ def test_the_rollout_warm_up_loads_the_registered_backends_tokenizers(
     assert llm_services._cached_tokenizer.cache_info().hits == 1, "a job finds it loaded"
 
 
+def test_the_warm_up_waits_for_a_backend_and_loads_its_tokenizer_once_one_registers(
+    settings: Settings, fresh_state: None, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker usually starts before its backends register (`rollouts up` registers vLLM once it serves): the
+    warm-up loads nothing while none is registered (a stack without a backend never pays for transformers'
+    import), and the tokenizer of the first one that registers."""
+    import threading
+    import time
+
+    from shared.backend_pool import BackendPool
+    from workers.rollout import llm_services
+
+    monkeypatch.setattr(llm_services, "WARM_UP_POLL_S", 0.05)
+    process = WorkerProcess("rollout", settings, concurrency=1)
+    llm_services._cached_tokenizer.cache_clear()
+    warm_up = threading.Thread(target=process._warm_up, daemon=True)
+    warm_up.start()
+    time.sleep(0.5)
+    assert warm_up.is_alive() and llm_services._cached_tokenizer.cache_info().currsize == 0
+    BackendPool(process.state.redis, process.state.store.keys, settings).register(
+        "http://127.0.0.1:9/v1", "tiny", tokenizer=str(tiny_model)
+    )
+    warm_up.join(timeout=120)
+    assert not warm_up.is_alive() and llm_services._cached_tokenizer.cache_info().currsize == 1
+
+
 def test_a_failed_warm_up_leaves_the_worker_running(
     settings: Settings, fresh_state: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from redis.exceptions import RedisError
 
 from shared.backend_pool import BackendPool, Pin
 from shared.errors import RolloutsError
 from workers.rollout.llm_client import LLMClient
 
 log = logging.getLogger("rollouts.rollout")
+WARM_UP_POLL_S = 2.0  # how often the warm-up looks for a registered backend
 _lock = threading.Lock()
 _llm: LLMServices | None = None
 
@@ -88,15 +92,28 @@ def _load_tokenizer(path: str) -> Any:
 
 
 def warm_tokenizers() -> None:
-    """Import the tokenizer code and load the tokenizer of every backend registered now (the rollout stage's
-    warm-up). A backend registered later, or a tokenizer that does not load here, is left to the first job that
-    pins it, which reports what is wrong (load_tokenizer)."""
+    """The rollout stage's warm-up: once a backend with a tokenizer this node can read is registered (a worker
+    usually starts first: `rollouts up` registers its vLLM once it serves), import the tokenizer code and load
+    each such backend's tokenizer. A worker that never sees one never imports it (the suite's many stacks
+    without a backend), and one whose first job came first has nothing left to do. A tokenizer that does not
+    load here is left to the job that pins its backend, which reports what is wrong (load_tokenizer)."""
+    while not (paths := _readable_tokenizers()):
+        if _cached_tokenizer.cache_info().currsize:
+            return
+        time.sleep(WARM_UP_POLL_S)
     _tokenizer_class()  # the bulk of a first load: transformers imports torch
-    for backend in llm_services().pool.backends():
-        path = Path(backend.tokenizer) if backend.tokenizer else None
-        if path is None or not ((path / "tokenizer_config.json").exists() or (path / "tokenizer.json").exists()):
-            continue
+    for path in paths:
         try:
             _load_tokenizer(str(path))
         except Exception as exc:  # noqa: BLE001 - the job that pins this backend gets the error
             log.warning("warm-up: the tokenizer at %s did not load: %s", path, exc)
+
+
+def _readable_tokenizers() -> list[Path]:
+    """The tokenizer directories of the registered backends that this node can read (none while Redis is away)."""
+    try:
+        backends = llm_services().pool.backends()
+    except RedisError:
+        return []
+    paths = {Path(b.tokenizer) for b in backends if b.tokenizer}
+    return sorted(p for p in paths if (p / "tokenizer_config.json").exists() or (p / "tokenizer.json").exists())

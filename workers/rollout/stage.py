@@ -36,7 +36,7 @@ class RolloutStage(Stage):
         return {ROLLOUT_SUMMARY: summary} if summary is not None else {}
 
     def warm_up(self) -> None:
-        warm_tokenizers()  # ~5 s of CPU here (transformers imports torch), once per process
+        warm_tokenizers()  # ~5 s of CPU here (transformers imports torch), once per process, once a backend is up
 
 
 STAGE = RolloutStage()

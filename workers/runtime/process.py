@@ -118,7 +118,7 @@ class WorkerProcess:
         except Exception:
             log.exception("%s: warm-up failed; the first jobs load what they need", self.state.process_name)
             return
-        log.info("%s: warm in %.1fs", self.state.process_name, time.monotonic() - started)
+        log.info("%s: warm-up done %.1fs after the start", self.state.process_name, time.monotonic() - started)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
