@@ -79,6 +79,7 @@ def test_a_killed_rollout_worker_leaves_no_sandbox_behind(stack: Stack, figure) 
     taught = wait_status(api, submit(api, "teach", kind="agent-tools"), timeout=120)
     assert taught["status"] == "done", taught.get("error")
     wait_for(lambda: _sandboxes_up(worker, count=1), timeout=120, what="the pool to have a ready sandbox")
+    wait_for(lambda: _kernels_idle(worker), timeout=120, what="the pooled sandbox's kernel to have started")
 
     job_id = submit(api, "held", kind="agent-tools")
     wait_for((stack.settings.workspaces / job_id / "started").exists, timeout=120, what="the held call to run")
@@ -194,6 +195,24 @@ def _is_kernel(proc: Proc) -> bool:
 
 def _seen(pid: int) -> Proc:
     return Proc(pid, start_ticks(pid) or -1, tuple(argv_of(pid)))
+
+
+def _kernels_idle(worker: int) -> bool:
+    """Whether the worker's kernels used no CPU over half a second: started and answered, so the pool's warm-up
+    call returned and its sandbox is ready (a kernel process alone is not: under two xdist workers a job could
+    reach its first call while the pool's kernel still started, and start its own sandbox)."""
+    kernels = [pid for pid in descendants(worker) if _is_kernel(_seen(pid))]
+    before = [_cpu_ticks(pid) for pid in kernels]
+    time.sleep(0.5)
+    return bool(kernels) and before == [_cpu_ticks(pid) for pid in kernels]
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return -1
+    return int(fields[11]) + int(fields[12])
 
 
 def _sandboxes_up(worker: int, count: int) -> list[Proc] | None:
