@@ -143,6 +143,15 @@ setup_test() {
     '"$ENV_PY" -c "import typing, typing_extensions; typing.TypedDict = typing_extensions.TypedDict; import verl.experimental.agent_loop.agent_loop, verl.trainer.ppo.v1.agent_loop_tq, transfer_queue, skyrl.train.trainer"' \
     --no-deps -r scripts/trainers-requirements.txt
 
+  # What declares Python >= 3.12 (the newest SkyRL of the client's range) runs on a CPython 3.13 built beside
+  # the system's 3.11 (scripts/newer_python.sh: once per machine, a few minutes; it says why it is built).
+  local newer
+  newer=$(bash scripts/newer_python.sh)
+  PY=$newer own_env "the newest SkyRL" "${ROLLOUTS_SKYRL_NEWEST_ENV:-$CACHE/skyrl-newest}" \
+    "$(cat scripts/skyrl-newest-requirements.txt)" \
+    '"$ENV_PY" -c "import skyrl.train.trainer, skyrl.train.generators.base"' \
+    --no-deps -r scripts/skyrl-newest-requirements.txt
+
   setup_npm_harnesses
 }
 

@@ -57,15 +57,24 @@ def service(vllm_server: VLLMServer, tiny_model: Path, tmp_path_factory: pytest.
         stack.stop(timeout=20)
 
 
-def run_driver(script: str, model_dir: Path, given: dict[str, Any], api_url: str, tmp_path: Path) -> dict[str, Any]:
-    """Run tests/trainers/<script> in the trainers' virtualenv on `given` (written as JSON); the JSON it wrote."""
+def run_driver(
+    script: str, model_dir: Path, given: dict[str, Any], api_url: str, tmp_path: Path, python: Path | None = None
+) -> dict[str, Any]:
+    """Run tests/trainers/<script> in the trainers' virtualenv (or `python`'s) on `given` (written as JSON); the JSON
+    it wrote."""
     n = len(list(tmp_path.iterdir()))
     given_path, out = tmp_path / f"{script}.{n}.in.json", tmp_path / f"{script}.{n}.out.json"
     given_path.write_text(json.dumps(given))
     environment = {**os.environ, "ROLLOUTS_API_URL": api_url, "PYTHONPATH": str(REPO / "client")}
     environment.pop("VIRTUAL_ENV", None)
     ran = subprocess.run(
-        [str(trainers_python()), str(REPO / "tests" / "trainers" / script), str(model_dir), str(given_path), str(out)],
+        [
+            str(python or trainers_python()),
+            str(REPO / "tests" / "trainers" / script),
+            str(model_dir),
+            str(given_path),
+            str(out),
+        ],
         env=environment,
         capture_output=True,
         text=True,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import importlib.metadata
 import json
 import sys
 import time
@@ -39,6 +40,7 @@ from rollouts_client.trainers import skyrl_generator
 from rollouts_client.trainers.skyrl_generator import RolloutsGenerator
 
 DECLARED = skyrl_generator.TIME_SPLITS  # whether this SkyRL's GeneratorOutput has `trajectory_time_splits`
+VERSION = importlib.metadata.version("skyrl")
 
 
 def main() -> int:
@@ -101,6 +103,8 @@ def run_batch(tokenizer: AutoTokenizer, given: dict) -> dict:
     batch = RayPPOTrainer.compute_advantages_and_returns(trainer, batch)
     advantages = batch["advantages"]
     return {
+        "skyrl": VERSION,
+        "declares_time_splits": DECLARED,
         "seconds": seconds,
         "generated": generated,
         "merged": None

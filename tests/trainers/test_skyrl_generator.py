@@ -1,4 +1,5 @@
-"""SkyRL's own code takes the service's generator output (skyrl==0.3.0, real vLLM backend).
+"""SkyRL's own code takes the service's generator output (real vLLM backend), on both ends of the client's range:
+skyrl 0.3.0 (the trainers' virtualenv, Python 3.11) and the newest 0.4 (its own, Python 3.13).
 
 The generator sends a whole GeneratorInput as one submission; SkyRL's trainer `generate` (with its
 `validate_generator_output`), `postprocess_generator_output` and `convert_to_training_input`, and its
@@ -11,11 +12,13 @@ one-row-per-trajectory batches again (same run, step and trajectories), so they 
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rollouts_client import RolloutClient
+from tests.support.trainers_env import SKYRL_PYTHONS
 from tests.trainers.conftest import Service, run_driver
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -40,15 +43,23 @@ def one(instance: str, task: dict[str, Any], repetition: int = 0) -> dict[str, A
     return {"instance_id": instance, "repetition_id": repetition, "env_extras": task}
 
 
+@pytest.fixture(scope="module", params=sorted(SKYRL_PYTHONS))
+def skyrl(request: pytest.FixtureRequest) -> tuple[str, Path]:
+    """(version, python): each SkyRL runs the whole module with jobs of its own (its run ids carry the version)."""
+    return request.param, SKYRL_PYTHONS[request.param]()
+
+
 @pytest.fixture(scope="module")
-def counted(service: Service) -> int:
+def counted(service: Service, skyrl: tuple[str, Path]) -> int:
     """Jobs on the service before the batches run (the bad batch must add none)."""
     with RolloutClient(service.api_url) as client:
         return len(client.list_jobs(limit=1000))
 
 
 @pytest.fixture(scope="module")
-def runs(service: Service, counted: int, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def runs(
+    service: Service, skyrl: tuple[str, Path], counted: int, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, Any]]:
     good = [one("x", parity("x?"))]
     batches = {
         "bad": {"rows": [*good, one("y", {"other": 1})], "global_step": 2, "settings": {"run_id": "skyrl-bad"}},
@@ -93,7 +104,14 @@ def runs(service: Service, counted: int, tmp_path_factory: pytest.TempPathFactor
             "settings": {"run_id": "skyrl-fail", "on_failure": "raise"},
         },
     }
-    return run_driver("skyrl_driver.py", service.model_dir, batches, service.api_url, tmp_path_factory.mktemp("skyrl"))
+    version, python = skyrl
+    for batch in batches.values():
+        batch["settings"]["run_id"] += f"-{version}"
+    out = run_driver(
+        "skyrl_driver.py", service.model_dir, batches, service.api_url, tmp_path_factory.mktemp("skyrl"), python
+    )
+    assert out["groups"].get("skyrl", "").startswith(version), out["groups"]
+    return out
 
 
 def test_skyrl_validation_and_grpo_run_on_the_generated_batch(service: Service, runs):
@@ -101,8 +119,10 @@ def test_skyrl_validation_and_grpo_run_on_the_generated_batch(service: Service, 
     assert "error" not in out, out
     generated = out["generated"]
     assert generated["trajectory_ids"] == [list(pair) for pair in ORDER]
-    # as SkyRL's own generator outside step-wise training; 0.3.0's GeneratorOutput has no time splits
-    assert generated["is_last_step"] is None and "trajectory_time_splits" not in generated["fields"]
+    # as SkyRL's own generator outside step-wise training; 0.3.0's GeneratorOutput has no time splits, 0.4's has
+    assert generated["is_last_step"] is None
+    assert out["declares_time_splits"] is not out["skyrl"].startswith("0.3")
+    assert ("trajectory_time_splits" in generated["fields"]) is out["declares_time_splits"]
     with RolloutClient(service.api_url) as client:
         jobs = [client.get_job(job_id) for job_id in generated["job_ids"]]
     groups: dict[str, set[str]] = {}

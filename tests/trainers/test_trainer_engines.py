@@ -24,6 +24,7 @@ from rollouts_client.trainers.engines import TrainerEngines
 from shared.backend_pool import backend_id_for
 from shared.config import Settings
 from tests.support.holding_proxy import HoldingProxy
+from tests.support.trainers_env import SKYRL_PYTHONS
 from tests.support.vllm_server import SERVED_NAME
 from tests.support.waiting import client_for, wait_for, wait_status
 from tests.trainers.conftest import run_driver
@@ -161,11 +162,13 @@ def test_a_crashed_trainers_servers_leave_selection_by_heartbeat_expiry(owned: O
     assert owned.backends() == []
 
 
+@pytest.mark.parametrize("skyrl", sorted(SKYRL_PYTHONS))
 def test_skyrls_generator_registers_skyrls_servers_stamps_its_step_and_deregisters_at_exit(
-    owned: Owned, tmp_path: Path
+    owned: Owned, tmp_path: Path, skyrl: str
 ) -> None:
     task = {"rollouts_task": {"kind": "agent-parity", "problem": "x?", "stop_on_no_tool_call": False, "max_turns": 2}}
-    settings = {"engines": "trainer", "engine_urls": [owned.proxy.url], "model": SERVED_NAME, "run_id": "skyrl-owned"}
+    run_id = f"skyrl-owned-{skyrl}"
+    settings = {"engines": "trainer", "engine_urls": [owned.proxy.url], "model": SERVED_NAME, "run_id": run_id}
     batches = {
         "owned": {
             "rows": [{"instance_id": "x", "repetition_id": r, "env_extras": task} for r in range(2)],
@@ -173,14 +176,16 @@ def test_skyrls_generator_registers_skyrls_servers_stamps_its_step_and_deregiste
             "settings": settings,
         }
     }
-    out = run_driver("skyrl_driver.py", owned.model_dir, batches, owned.stack.api_url, tmp_path)["owned"]
-    assert "error" not in out, out
+    out = run_driver(
+        "skyrl_driver.py", owned.model_dir, batches, owned.stack.api_url, tmp_path, SKYRL_PYTHONS[skyrl]()
+    )["owned"]
+    assert "error" not in out and out["skyrl"].startswith(skyrl), out
     for job_id in out["generated"]["job_ids"]:
         record = owned.api.get(f"/v1/jobs/{job_id}").json()
         assert record["request"]["metadata"]["policy_version"] == "step-6", record["request"]
         assert {t["policy_version"] for t in assistant_turns(record)} == {"step-6"}
     assert owned.backends() == []  # the driver's exit deregistered SkyRL's server
-    assert owned.api.get(f"/v1/models/{SERVED_NAME}/weights").json()["path"] == "trainer:skyrl-owned"
+    assert owned.api.get(f"/v1/models/{SERVED_NAME}/weights").json()["path"] == f"trainer:{run_id}"
 
 
 def test_verls_agent_loop_registers_verls_servers_and_deregisters_at_exit(owned: Owned, tmp_path: Path) -> None:
