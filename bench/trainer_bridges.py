@@ -4,9 +4,10 @@ A stack (embedded Redis, API, one worker per stage) whose one backend is the sta
 (tests/support/standin_llm.py: a two-turn episode in 50-100 ms, no model), so the service's time per
 job is short and the bridge's share shows. bench/trainer_bridges_driver.py runs in the trainers'
 virtualenv (scripts/setup.sh) and alternates verl's `_run_agent_loop` on our loop with the plain
-client's submit-and-wait, `--concurrency` at a time; each sample is the call's wall time minus the job's
-own time on the service. Reports p50/p99 of both and the split's cost per 1k tokens (goal: bridge
-p50 < 20 ms).
+client's submit-and-wait, `--concurrency` at a time, then verl V1's agent-loop manager on the same number
+of trajectories as one batch (into TransferQueue, on a local Ray); each sample is the call's wall time minus
+the job's own time on the service. Reports p50/p99 of each and the split's cost per 1k tokens (goal: bridge
+p50 < 15 ms, p99 < 60 ms).
 
     .venv/bin/python -m bench.trainer_bridges [--trajectories 200] [--concurrency 8]
 """
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{path:8} {percentile(ms, 0.5):8.1f} {percentile(ms, 0.99):8.1f} {statistics.mean(ms):8.1f}")
     bridge, client = (percentile(result["overheads"][k], 0.5) for k in ("bridge", "client"))
     print(f"bridge p50 / client p50: {bridge / client:.2f}")
+    manager = percentile(result["overheads"]["manager"], 0.5)
+    print(f"manager p50 / client p50: {manager / client:.2f} (one batch of {args.trajectories}, not 8 at a time)")
     print(f"split + AgentLoopOutput: {result['split_s_per_1k_tokens'] * 1e3:.3f} ms per 1k tokens")
 
 

@@ -8,6 +8,10 @@ Per trajectory, side by side in one process (alternating, `CONCURRENCY` at a tim
   measured inside it), then verl's own padding (`_agent_loop_postprocess`);
 - **client**: the same job through the plain AsyncRolloutClient (`submit_jobs`, `wait_jobs` at its
   50 ms poll), the baseline a trainer writing its own glue would have.
+- **manager**: verl V1's agent-loop manager (RolloutsAgentLoopManager, made by verl's own TaskRunnerV1 from the
+  config key, a local Ray and TransferQueue as in tests/trainers/verl_manager_driver.py) on N/2 prompts x
+  `rollout.n` 2 as ONE batch, registered and dispatched as V1's trainer does, after the two paths above: a
+  trajectory's call starts with the batch and ends when verl's own post-processing has put it in TransferQueue.
 Each sample is the call's wall time minus the job's own time on the service (created -> finished).
 Also the cost of the split and the AgentLoopOutput per 1k tokens, on the records the run produced.
 """
@@ -21,15 +25,21 @@ import sys
 import time
 from pathlib import Path
 
+import ray
+import transfer_queue as tq
 import verl.trainer.config
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput, AgentLoopWorker
+from verl.utils import tensordict_utils as tu
 
 from rollouts_client.aio import AsyncRolloutClient
+from rollouts_client.sync import RolloutClient
 from rollouts_client.trainers.records import job_seconds, split_record
 
 RUN_OVERHEADS: list[float] = []
-LOOPS = Path(__file__).resolve().parents[1] / "examples" / "verl" / "agent_loops.yaml"
+REPO = Path(__file__).resolve().parents[1]
+LOOPS = REPO / "examples" / "verl" / "agent_loops.yaml"
 TASK = {
     "kind": "agent-parity",
     "problem": "[standin:turns=2 answer=4] bench",
@@ -122,9 +132,47 @@ async def main_async(model: str, n: int, concurrency: int) -> dict:
     return {"overheads": overheads, "split_s_per_1k_tokens": per_1k, "mean_tokens": tokens / len(records)}
 
 
+def manager_overheads(model: str, n: int) -> list[float]:
+    """The manager's path: `n` trajectories as one batch; each one's time from the batch's dispatch to its
+    TransferQueue put, minus its job's own time on the service."""
+    sys.path.insert(0, str(REPO / "tests" / "trainers"))  # the manager test's drivers: verl's own set-up
+    from verl_manager_driver import MANAGER_KEY, made_by_verl
+    from verl_v1_driver import N, column, v1_config
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+    manager = made_by_verl(v1_config(model, str(LOOPS), MANAGER_KEY))
+    stored_at: dict[str, float] = {}
+    postprocess = manager.worker._agent_loop_postprocess
+
+    async def timed(outputs: list, validate: bool, **kwargs: object) -> None:
+        await postprocess(outputs, validate, **kwargs)
+        stored_at[outputs[0].extra_fields["rollouts_job_id"]] = time.time()
+
+    manager.worker._agent_loop_postprocess = timed
+    rows = [{**row(i), "uid": f"bench-manager-{os.getpid()}-{i}"} for i in range(max(n // N, 1))]
+    uids = [r["uid"] for r in rows]
+    tq.kv_batch_put(
+        keys=uids, partition_id="train", tags=[{"is_prompt": True, "status": "pending", "global_steps": 1}] * len(rows)
+    )
+    batch = tu.get_tensordict({key: column([r[key] for r in rows]) for key in rows[0]})
+    tu.assign_non_tensor_data(batch, "global_steps", 1)
+    started_at = time.time()
+    manager.generate_sequences(batch)
+    manager.wait(timeout=600)
+    manager.close()
+    with RolloutClient() as client:
+        jobs = [client.get_job(job_id) for job_id in stored_at]
+    tq.close()
+    ray.shutdown()
+    return [stored_at[job.id] - started_at - job_seconds(job, started_at) for job in jobs]
+
+
 def main() -> int:
     model, out, n, concurrency = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    Path(out).write_text(json.dumps(asyncio.run(main_async(model, n, concurrency))))
+    result = asyncio.run(main_async(model, n, concurrency))
+    result["overheads"]["manager"] = manager_overheads(model, n)
+    Path(out).write_text(json.dumps(result))
     return 0
 
 
