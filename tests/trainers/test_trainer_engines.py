@@ -203,3 +203,31 @@ def test_verls_agent_loop_registers_verls_servers_and_deregisters_at_exit(owned:
     assert record["request"]["metadata"]["policy_version"] is None, record["request"]
     assert {t["backend_id"] for t in assistant_turns(record)} == {backend_id_for(owned.proxy.url)}
     assert owned.backends() == []  # the driver's exit deregistered verl's server
+
+
+def test_verls_manager_registers_verls_servers_declares_the_batchs_step_and_deregisters_at_exit(
+    owned: Owned, tmp_path: Path
+) -> None:
+    """verl V1's agent-loop manager with `engines: trainer`: before its one submission it registers verl's server
+    and declares the weights verl's servers hold for the batch's step (V1: step k samples with version k - 1);
+    every turn records it, and V1's staleness tags carry it."""
+    loops = agent_loops(
+        tmp_path, "manager-engines", engines="trainer", model=SERVED_NAME, engine_urls=[owned.proxy.url]
+    )
+    given = {
+        "env": {"ROLLOUTS_RUN_ID": "verl-manager-owned"},
+        "loops": loops,
+        "steps": [{"name": "owned", "global_steps": 5, "rows": [row(0, "mo-0", parity("2+2?"))]}],
+    }
+    out = run_driver("verl_manager_driver.py", owned.model_dir, given, owned.stack.api_url, tmp_path)
+    stored = out["owned"]
+    assert "error" not in stored and stored["submissions"] == [2], stored  # rollout.n = 2 sessions, one request
+    assert stored["keys"] == ["mo-0_0_0", "mo-0_1_0"], stored["keys"]
+    for extra in stored["extra"]:
+        assert (extra["min_global_steps"], extra["max_global_steps"]) == (4, 4), extra
+        record = owned.api.get(f"/v1/jobs/{extra['rollouts_job_id']}").json()
+        turns = assistant_turns(record)
+        assert {t["policy_version"] for t in turns} == {"step-4"}, turns
+        assert {t["backend_id"] for t in turns} == {backend_id_for(owned.proxy.url)}, turns
+    assert owned.backends() == []  # the driver's exit deregistered verl's server
+    assert owned.api.get(f"/v1/models/{SERVED_NAME}/weights").json()["path"] == "trainer:verl-manager-owned"
