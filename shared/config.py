@@ -75,6 +75,13 @@ class Settings(BaseSettings):
         gt=0,
         description="The API's limit on one Redis call: while Redis is away a request gets its 503 this soon.",
     )
+    redis_tcp_user_timeout_s: float = Field(
+        default=20.0,
+        ge=1,
+        description="How long a process's Redis connection may go with its data or keepalive probes unanswered before "
+        "the kernel drops it (TCP_USER_TIMEOUT and keepalive timings): a worker whose network path to Redis is cut "
+        "finds out this soon and restarts its slots, not after the kernel's ~15 minutes of retransmissions.",
+    )
     state_dir: Path = Field(default_factory=_default_state_dir)
     redis_maxmemory_bytes: int | None = Field(
         default=None,

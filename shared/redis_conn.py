@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -64,6 +65,7 @@ def connect(settings: Settings, *, decode_responses: bool = False) -> Redis:
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8, supported_errors=RETRIED),
         socket_connect_timeout=5.0,
         socket_keepalive=True,
+        socket_keepalive_options=tcp_liveness_options(settings),
         max_connections=MAX_CONNECTIONS,
     )
 
@@ -91,8 +93,25 @@ def _fail_fast_options(settings: Settings, retry: type[Retry] | type[AsyncRetry]
         "socket_connect_timeout": timeout,
         "socket_timeout": timeout,
         "socket_keepalive": True,
+        "socket_keepalive_options": tcp_liveness_options(settings),
         "max_connections": MAX_CONNECTIONS,
     }
+
+
+def tcp_liveness_options(settings: Settings) -> dict[int, int]:
+    """TCP options that bound how long a dead network path to Redis goes unnoticed: an idle connection is probed
+    after half of `redis_tcp_user_timeout_s` and dropped when three probes go unanswered; a connection whose sent
+    data stays unacknowledged (a blocked write, a blackholed peer) is dropped after the whole of it. Without them
+    a worker cut off mid-write waits out the kernel's retransmissions (~15 min) before its slots restart. Options
+    this platform lacks (macOS has no TCP_KEEPIDLE nor TCP_USER_TIMEOUT) are left out."""
+    timeout = settings.redis_tcp_user_timeout_s
+    wanted = {
+        "TCP_KEEPIDLE": max(1, int(timeout / 2)),
+        "TCP_KEEPINTVL": max(1, int(timeout / 6)),
+        "TCP_KEEPCNT": 3,
+        "TCP_USER_TIMEOUT": int(timeout * 1000),
+    }
+    return {getattr(socket, name): value for name, value in wanted.items() if hasattr(socket, name)}
 
 
 def _url(settings: Settings) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 
 from redis import Redis
@@ -45,3 +46,21 @@ def test_reading_worker_status_leaves_the_api_client_s_fail_fast_timeout_alone(r
     assert api_client.connection_pool.connection_kwargs["socket_timeout"] == 0.5
     api_client.close()
     slot_client.close()
+
+
+def test_every_client_bounds_how_long_a_dead_network_path_to_redis_goes_unnoticed(redis_url: str) -> None:
+    # A worker cut off from Redis mid-write otherwise waits out the kernel's retransmissions (~15 min).
+    settings = Settings(redis_url=redis_url, redis_tcp_user_timeout_s=12)
+    for client in (connect(settings), connect_for_requests(settings)):
+        client.ping()
+        connection = client.connection_pool.get_connection()
+        try:
+            sock = connection._sock
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 12_000
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 6
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 2
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+        finally:
+            client.connection_pool.release(connection)
+            client.close()
