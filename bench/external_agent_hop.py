@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 from redis import Redis
 
+from bench.process_cpu import cpu_seconds
 from cli.embedded_redis import EmbeddedRedis, free_port
 from shared.external_agent_tokens import JOB_HEADER, job_token
 from shared.keys import Keys
@@ -60,11 +61,6 @@ def export_ref(ref: str, into: Path) -> Path:
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     return into
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _wait(http: httpx.Client, url: str) -> None:
@@ -146,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         cpu_before: dict[str, float] = {}
         for i in range(args.calls + 50):  # the first 50 rounds warm up (and let the endpoint cache subscribe)
             if i == 50:
-                cpu_before = {name: _cpu_s(process.pid) for name, (_, process) in apis.items()}
+                cpu_before = {name: cpu_seconds(process.pid) for name, (_, process) in apis.items()}
             for name in names[i % len(names) :] + names[: i % len(names)]:
                 t0 = time.perf_counter()
                 response = http.post(targets[name], json=body, headers=headers)
@@ -160,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
             p50 = statistics.median(times[name])
             line = f"{name:>16}: p50 {p50 * 1e3:6.3f} ms  p50 - worker {(p50 - base) * 1e3:+6.3f} ms"
             if name in apis:
-                cpu = (_cpu_s(apis[name][1].pid) - cpu_before[name]) / args.calls
+                cpu = (cpu_seconds(apis[name][1].pid) - cpu_before[name]) / args.calls
                 line += f"  API CPU per call {cpu * 1e3:.3f} ms"
             print(line)
     finally:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from typing import Any
 import httpx
 
 from bench.backends import add_backend_option, vllm_urls
+from bench.process_cpu import cpu_seconds
 from cli.embedded_redis import free_port
 from gateway.app import GatewayConfig
 from gateway.server import gateway_server
@@ -103,12 +103,6 @@ def serve(upstream: str, port: int) -> None:
             time.sleep(3600)
     finally:
         server.stop()
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (/proc/<pid>/stat, fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rollout(client: LLMClient, url: str, sampling: Sampling, turns: int, seed: int) -> int:
