@@ -12,6 +12,8 @@ The load test runs 200 of these at once, which 200 sandboxes on a 2-core machine
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 from shared.tasks import StageContext, TaskValidationError, register
@@ -73,7 +75,8 @@ class ParityAgentKind(AgentTask):
     """`agent-answer`'s episode with a reward the tiny model's random text still varies: 1 when the trajectory
     generated an even number of tokens. With `task.token_rewards`, the evaluation also gives per-token rewards
     (aligned with `token_ids`: 0.01 on each generated token), as a kind with shaped rewards would; with
-    `task.fail_eval` its evaluation raises (the job fails, for the bridges' failure tests)."""
+    `task.fail_eval` its evaluation raises (the job fails, for the bridges' failure tests); with `task.eval_gate`
+    (a path) its evaluation waits while that file exists, up to 120 s (a test cancels a job meanwhile)."""
 
     name = "agent-parity"
     tools = ("finish",)
@@ -92,6 +95,9 @@ class ParityAgentKind(AgentTask):
     def evaluate(self, ctx: StageContext) -> dict[str, Any]:
         if ctx.task.get("fail_eval"):  # a test double's evaluation failure: the job fails, it gets no reward
             raise RuntimeError("evaluation fails by request")
+        gate, deadline = ctx.task.get("eval_gate"), time.monotonic() + 120
+        while gate and Path(gate).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         trajectory = ctx.outputs["rollout"]
         generated = sum(trajectory["loss_mask"])
         out: dict[str, Any] = {"reward": float(generated % 2 == 0), "generated": generated}
