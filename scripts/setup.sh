@@ -151,6 +151,16 @@ setup_test() {
     "$(cat scripts/skyrl-newest-requirements.txt)" \
     '"$ENV_PY" -c "import skyrl.train.trainer, skyrl.train.generators.base"' \
     --no-deps -r scripts/skyrl-newest-requirements.txt
+  # NeMo Gym (Python >= 3.12), for the NeMo Gym agent server's tests: the exact list, resolved by pip (one of its
+  # dependencies is a source distribution only, which --no-deps would not build without its build requirements).
+  PY=$newer own_env "NeMo Gym" "${ROLLOUTS_NEMO_GYM_ENV:-$CACHE/nemo-gym}" "$(cat scripts/nemo-gym-requirements.txt)" \
+    'PYTHONPATH=client "$ENV_PY" -c "import nemo_gym.cli.env, nemo_gym.rollout_collection, rollouts_client.trainers.nemo_gym_agent"' \
+    -r scripts/nemo-gym-requirements.txt
+
+  # slime's rollout-function contract, as miles (`miles-rl`, slime's fork on PyPI) ships it.
+  own_env "miles (slime's contract)" "${ROLLOUTS_SLIME_ENV:-$CACHE/slime}" "$(cat scripts/slime-requirements.txt)" \
+    '"$ENV_PY" -c "import miles.utils.types, miles.rollout.base_types, miles.rollout.data_source, miles.ray.rollout, miles.utils.eval_config"' \
+    --no-deps -r scripts/slime-requirements.txt
 
   setup_npm_harnesses
 }
