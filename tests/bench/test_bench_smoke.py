@@ -56,6 +56,16 @@ def test_graders(capsys: pytest.CaptureFixture[str]) -> None:
         lines_with(out, rf"^\| {grader}, through equivalent\(\) .* \| {{n}} \|$")
 
 
+def test_load(capsys: pytest.CaptureFixture[str]) -> None:
+    """40 jobs queued, 5 locust users seeing 10 through (locust in its own process): zero failures, all done once."""
+    out = run_bench(capsys, "load", "--queued", "40", "--users", "5", "--spawn-rate", "5", "--client-jobs", "10")
+    for request in ("submit", "poll", "read"):
+        lines_with(out, rf"^\| {request}( \(wait_s={{n}}\))? \| {{n}} \| 0 \| {{n}} \| {{n}} \| {{n}} \|$")
+    lines_with(out, r"^jobs: 50 submitted \(40 queued \+ 10 by the clients\), 50 done, 0 lost, 0 duplicated;")
+    lines_with(out, r"^redis used_memory: .* per job {n} B queued, {n} B finished$")
+    lines_with(out, r"^errors: 0$")
+
+
 def test_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_bench(capsys, "pipeline", "--jobs", "20", "--rounds", "1", "--slots", "2", "--submits", "5")
     for run in ("bare", "pipeline x2"):
