@@ -11,7 +11,8 @@ Per trajectory, side by side in one process (alternating, `CONCURRENCY` at a tim
 - **manager**: verl V1's agent-loop manager (RolloutsAgentLoopManager, made by verl's own TaskRunnerV1 from the
   config key, a local Ray and TransferQueue as in tests/trainers/verl_manager_driver.py) on N/2 prompts x
   `rollout.n` 2 as ONE batch, registered and dispatched as V1's trainer does, after the two paths above: a
-  trajectory's call starts with the batch and ends when verl's own post-processing has put it in TransferQueue.
+  trajectory's call starts with the batch and ends when verl's own post-processing has put it in TransferQueue
+  (**mgr end**: the part of it after the job's end).
 Each sample is the call's wall time minus the job's own time on the service (created -> finished).
 Also the cost of the split and the AgentLoopOutput per 1k tokens, on the records the run produced.
 """
@@ -132,9 +133,10 @@ async def main_async(model: str, n: int, concurrency: int) -> dict:
     return {"overheads": overheads, "split_s_per_1k_tokens": per_1k, "mean_tokens": tokens / len(records)}
 
 
-def manager_overheads(model: str, n: int) -> list[float]:
+def manager_overheads(model: str, n: int) -> tuple[list[float], list[float]]:
     """The manager's path: `n` trajectories as one batch; each one's time from the batch's dispatch to its
-    TransferQueue put, minus its job's own time on the service."""
+    TransferQueue put, minus its job's own time on the service; and the part of it after the job's end (seeing
+    the end, reading the record, verl's post-processing and the put)."""
     sys.path.insert(0, str(REPO / "tests" / "trainers"))  # the manager test's drivers: verl's own set-up
     from verl_manager_driver import MANAGER_KEY, made_by_verl
     from verl_v1_driver import N, column, v1_config
@@ -165,13 +167,15 @@ def manager_overheads(model: str, n: int) -> list[float]:
         jobs = [client.get_job(job_id) for job_id in stored_at]
     tq.close()
     ray.shutdown()
-    return [stored_at[job.id] - started_at - job_seconds(job, started_at) for job in jobs]
+    overheads = [stored_at[job.id] - started_at - job_seconds(job, started_at) for job in jobs]
+    after_end = [stored_at[job.id] - float(job.finished_at or 0.0) for job in jobs]
+    return overheads, after_end
 
 
 def main() -> int:
     model, out, n, concurrency = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     result = asyncio.run(main_async(model, n, concurrency))
-    result["overheads"]["manager"] = manager_overheads(model, n)
+    result["overheads"]["manager"], result["overheads"]["mgr end"] = manager_overheads(model, n)
     Path(out).write_text(json.dumps(result))
     return 0
 
