@@ -122,7 +122,7 @@ def test_trainer_bridges(capsys: pytest.CaptureFixture[str]) -> None:
 
     trainers_python()  # skips (fails in CI) without the trainers' virtualenv, before the stack starts
     out = run_bench(capsys, "trainer_bridges", "--trajectories", "2", "--concurrency", "1")
-    for path in ("bridge", "client"):
+    for path in ("bridge", "client", "manager", "mgr end"):
         lines_with(out, rf"^{path} +{{n}} +{{n}} +{{n}}$")
     lines_with(out, r"^bridge p50 / client p50: {n}$")
 

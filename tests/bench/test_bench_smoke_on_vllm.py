@@ -26,6 +26,20 @@ def test_external_agent_endpoint(capsys: pytest.CaptureFixture[str], vllm_server
         lines_with(out, rf"^ *{path}: first chunk p50 +{{n}} ms  p99 +{{n}} ms  \({{n}}x vllm\)  stream end p50")
 
 
+def test_engine_limit(capsys: pytest.CaptureFixture[str], vllm_server: VLLMServer) -> None:
+    """Both sides run (vLLM's own serving benchmark from vLLM's environment) on equal prompt and output tokens."""
+    out = run_bench(
+        capsys, "engine_limit", "--jobs", "2", "--concurrency", "2", "--rounds", "2", "--max-tokens", "4",
+        "--backend-url", vllm_server.url,
+    )  # fmt: skip
+    rows = lines_with(
+        out, r"^ +2 \| +[01] \| +{n} \| +{n} \| +{n}x \| +{n} / {n} +\| +{n} / {n} +\(2 requests\) \| +{n}$"
+    )
+    assert len(rows) == 2
+    service_tokens, alone_tokens = rows[0].split("|")[5:7]  # round 0: vLLM alone runs on the service's jobs
+    assert service_tokens.split() == alone_tokens.split()[:3], "the same prompt and output tokens on both sides"
+
+
 def test_gateway(capsys: pytest.CaptureFixture[str], vllm_server: VLLMServer) -> None:
     out = run_bench(
         capsys, "gateway", "--calls", "2", "--rollouts", "2", "--turns", "2", "--rounds", "1",
