@@ -83,6 +83,7 @@ def start_gym(given: dict[str, Any], work: Path, ray_address: str) -> subprocess
         f"+head_server={{host:127.0.0.1,port:{given['head_port']}}}",
         f"+ray_head_node_address={ray_address}",
         f"+nemo_gym_log_dir={work / 'logs'}",
+        f"hydra.run.dir={work / 'hydra'}",  # not hydra's default, outputs/ under the example's directory
     ]
     log = (work / "gym.log").open("wb")
     return subprocess.Popen(command, cwd=EXAMPLE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
