@@ -217,17 +217,18 @@ def test_verls_manager_registers_verls_servers_declares_the_batchs_step_and_dere
     given = {
         "env": {"ROLLOUTS_RUN_ID": "verl-manager-owned"},
         "loops": loops,
-        "steps": [{"name": "owned", "global_steps": 5, "rows": [row(0, "mo-0", parity("2+2?"))]}],
+        # step 11 declares step-10: past every version this module's stack declared before (they only move forward)
+        "steps": [{"name": "owned", "global_steps": 11, "rows": [row(0, "mo-0", parity("2+2?"))]}],
     }
     out = run_driver("verl_manager_driver.py", owned.model_dir, given, owned.stack.api_url, tmp_path)
     stored = out["owned"]
     assert "error" not in stored and stored["submissions"] == [2], stored  # rollout.n = 2 sessions, one request
     assert stored["keys"] == ["mo-0_0_0", "mo-0_1_0"], stored["keys"]
     for extra in stored["extra"]:
-        assert (extra["min_global_steps"], extra["max_global_steps"]) == (4, 4), extra
+        assert (extra["min_global_steps"], extra["max_global_steps"]) == (10, 10), extra
         record = owned.api.get(f"/v1/jobs/{extra['rollouts_job_id']}").json()
         turns = assistant_turns(record)
-        assert {t["policy_version"] for t in turns} == {"step-4"}, turns
+        assert {t["policy_version"] for t in turns} == {"step-10"}, turns
         assert {t["backend_id"] for t in turns} == {backend_id_for(owned.proxy.url)}, turns
     assert owned.backends() == []  # the driver's exit deregistered verl's server
     assert owned.api.get(f"/v1/models/{SERVED_NAME}/weights").json()["path"] == "trainer:verl-manager-owned"
