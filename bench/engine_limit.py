@@ -38,6 +38,7 @@ from typing import Any
 
 from bench.backends import add_backend_option, tiny_model, vllm_urls
 from bench.process_cpu import cpu_seconds
+from bench.service_vs_direct import chat_stack
 from cli.stack import Stack
 from cli.vllm_server import vllm_python
 from rollouts_client import RolloutClient
@@ -140,14 +141,7 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
         for concurrency in args.concurrency:
-            stack = Stack(
-                Settings(redis_url=None, state_dir=work / f"state-{concurrency}"),
-                api_port=0,
-                concurrency={"init": 8, "rollout": concurrency, "eval": 8},
-                log_dir=work / "logs",
-                backend_urls=[url],
-                extra_env={"ROLLOUTS_TASK_MODULES": "bench.chat_kind", "ROLLOUTS_LOG_LEVEL": "WARNING"},
-            )
+            stack = chat_stack(url, concurrency, work)
             stack.start()
             try:
                 stack.wait_for_workers()

@@ -135,11 +135,9 @@ def main(argv: list[str] | None = None) -> None:
             )
 
 
-def side_by_side(
-    url: str, renderer: ChatRenderer, batch: list[dict[str, Any]], concurrency: int, work: Path
-) -> tuple[float, int, float, int]:
-    """(seconds, generated tokens) of the direct loop, then of the service on a stack of its own."""
-    stack = Stack(
+def chat_stack(url: str, concurrency: int, work: Path) -> Stack:
+    """A stack (not started) running `bench-chat` jobs on the vLLM server at `url`, `concurrency` rollouts at once."""
+    return Stack(
         Settings(redis_url=None, state_dir=work / f"state-{concurrency}"),
         api_port=0,
         concurrency={"init": 8, "rollout": concurrency, "eval": 8},
@@ -147,6 +145,13 @@ def side_by_side(
         backend_urls=[url],
         extra_env={"ROLLOUTS_TASK_MODULES": "bench.chat_kind", "ROLLOUTS_LOG_LEVEL": "WARNING"},
     )
+
+
+def side_by_side(
+    url: str, renderer: ChatRenderer, batch: list[dict[str, Any]], concurrency: int, work: Path
+) -> tuple[float, int, float, int]:
+    """(seconds, generated tokens) of the direct loop, then of the service on a stack of its own."""
+    stack = chat_stack(url, concurrency, work)
     stack.start()
     try:
         stack.wait_for_workers()
