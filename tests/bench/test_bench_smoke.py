@@ -48,6 +48,15 @@ def test_external_agent_hop(capsys: pytest.CaptureFixture[str]) -> None:
     lines_with(out, r"^ +api: p50 +{n} ms  p50 - worker +{n} ms  API CPU per call {n} ms$")
 
 
+def test_fleet_scaling(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two fleet sizes on stand-in turns: a row each, every job done (the bench raises otherwise)."""
+    out = run_bench(
+        capsys, "fleet_scaling", "--processes", "1", "2", "--slots", "2", "--turn-s", "0.2", "--jobs-per-slot", "3"
+    )
+    rows = lines_with(out, r"^\| [12] \| [24] \| (6|12) \| {n} \| {n} \| {n} \| {n} \| " + r"{n} \| " * 6 + r"{n} \|$")
+    assert [row.split("|")[1].strip() for row in rows[-2:]] == ["1", "2"]
+
+
 def test_graders(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_bench(capsys, "graders", "--repeats", "1", "--child", "3", "--cases", "30")
     lines_with(out, r"^\| \*\*all\*\* \| \*\*30\*\* \| \*\*{n}\*\* \| \*\*{n}\*\* \| \*\*{n}\*\* \|$")
