@@ -65,7 +65,7 @@ class Run:
     def backend_serving(self) -> bool:
         """The stack's vLLM is in the pool, healthy and open to new pins."""
         server = self.stack.vllm_server
-        url = server.url if server is not None else self.stack.backend_urls[0]
+        url = self.stack.registered_url(server.url if server is not None else self.stack.backend_urls[0])
         try:
             backends = self.api.get("/v1/backends").json()["backends"]
         except (httpx.HTTPError, ValueError, KeyError):

@@ -76,3 +76,16 @@ def test_stack_faults(capsys: pytest.CaptureFixture[str], vllm_server: VLLMServe
         capsys, "stack_faults", "--rounds", "redis", "--no-update", "--jobs", "4", "--backend-url", vllm_server.url
     )
     lines_with(out, r"^\| redis \| - \| {n} \| [^|]*\b\d+ done\b[^|]* \| {n} \| {n} \|")
+
+
+def test_chaos(capsys: pytest.CaptureFixture[str], vllm_server: VLLMServer) -> None:
+    """A minute of the chaos run on the kinds that leave the shared server alone (a worker, the API):
+    each kill is back in the table, and every job streamed ended done, once, none lost."""
+    out = run_bench(
+        capsys, "chaos", "--hours", "0.012", "--every", "12", "--in-flight", "4", "--kinds", "rollout,api",
+        "--window", "20", "--no-plot", "--backend-url", vllm_server.url,
+    )  # fmt: skip
+    lines_with(out, r"^{n} jobs submitted under {n} keys in {n} h; ended \{'done': {n}\}$")
+    lines_with(out, r"^lost: 0; ids seen twice: 0; keys holding two jobs: 0$")
+    lines_with(out, r"^\| 1 \| (rollout|api) \| {n} \| {n} \|$")
+    lines_with(out, r"^\| 0\.0 \| {n} \| {n} \| {n} \| {n} \|")
