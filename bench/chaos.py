@@ -281,9 +281,8 @@ def report(ledger: Ledger, start: float, args: argparse.Namespace) -> int:
     rows = windows(ledger, start, args.window)
     print("\n| minutes from | jobs/s | p50 (s) | p99 (s) | Redis MiB | kills |\n|---:|---:|---:|---:|---:|---|")
     for r in rows:
-        print(
-            f"| {r['from_min']} | {r['jobs_per_s']} | {r['p50_s']} | {r['p99_s']} | {r['redis_mib']} | {', '.join(r['kills'])} |"
-        )
+        cells = [r["from_min"], r["jobs_per_s"], r["p50_s"], r["p99_s"], r["redis_mib"], ", ".join(r["kills"])]
+        print("| " + " | ".join("-" if cell is None else str(cell) for cell in cells) + " |")
     if rows and not args.no_plot:
         plot(rows, ledger, start, args.out / "chaos.png")
         print(f"plot: {args.out / 'chaos.png'}")
