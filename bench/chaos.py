@@ -42,6 +42,7 @@ from typing import Any, TextIO
 
 import httpx
 from redis import Redis
+from redis.exceptions import RedisError
 
 from bench.backends import add_backend_option
 from bench.redis_memory import used_memory
@@ -51,6 +52,8 @@ from rollouts_client import RolloutClient
 from rollouts_client.errors import ApiError
 from rollouts_client.wire import RetryPolicy
 from shared.config import Settings
+from shared.jobs.status import ALL_STATUSES
+from shared.keys import Keys
 
 STAGES = ("init", "rollout", "eval")
 KINDS = (*STAGES, "engine", "vllm-api", "api", "redis", "gateway")
@@ -78,6 +81,8 @@ class Ledger:
         self.ended: dict[str, dict[str, Any]] = {}
         self.kills: list[dict[str, Any]] = []
         self.samples: list[dict[str, Any]] = []
+        self.held: set[str] = set()  # every job id Redis was seen holding
+        self.ends: Counter[str] = Counter()  # job id -> ends Redis published for it
 
     def write(self, event: str, **fields: Any) -> None:
         with self.lock:
@@ -108,8 +113,7 @@ def stream(
                 key, jobs = pending
                 ids = client.submit_jobs(jobs, idempotency_key=key)
                 with ledger.lock:
-                    ledger.keys.setdefault(key, [])
-                    ledger.keys[key] = sorted(set(ledger.keys[key]) | set(ids))
+                    ledger.keys[key] = ids
                     ledger.kinds.update((job_id, job["task"]["kind"]) for job_id, job in zip(ids, jobs, strict=True))
                 ledger.write("submitted", key=key, ids=ids)
                 outstanding += [i for i in ids if i not in outstanding]
@@ -149,18 +153,47 @@ def settle(client: RolloutClient, ledger: Ledger, job_id: str) -> None:
     ledger.write("ended", **end)
 
 
-def redis_sampler(stack: Stack, ledger: Ledger, period: float, stop: threading.Event) -> None:
-    """Redis' used_memory (and how many jobs have ended) every `period` seconds; a look while it restarts is skipped."""
+def redis_sampler(redis_url: str, keys: Keys, ledger: Ledger, period: float, stop: threading.Event) -> None:
+    """Every `period` s: Redis' used_memory, and (every fourth look) every job id it holds a record of, so
+    the report can name jobs the client was never given (a submission taken twice); records live
+    `job_ttl_s` after their end, far longer than a look's period. A look while Redis restarts is skipped."""
+    looks = 0
     while not stop.wait(period):
         try:
-            assert stack.redis is not None
-            with Redis.from_url(stack.redis.url, socket_timeout=5) as redis:
+            with Redis.from_url(redis_url, socket_timeout=5) as redis:
                 memory = used_memory(redis)
-        except Exception:  # noqa: BLE001 - Redis restarting: no sample this time
+                held = held_job_ids(redis, keys) if looks % 4 == 0 else set()
+        except (RedisError, OSError):
             continue
-        sample = {"t": time.time(), "used_memory": memory, "ended": len(ledger.ended)}
+        looks += 1
+        with ledger.lock:
+            ledger.held |= held
+        sample = {"t": time.time(), "used_memory": memory, "ended": len(ledger.ended), "held": len(held)}
         ledger.samples.append(sample)
         ledger.write("redis", **sample)
+
+
+def held_job_ids(redis: Redis, keys: Keys) -> set[str]:
+    """Every job id Redis holds, in any status (the status indexes)."""
+    return {m.decode() for status in ALL_STATUSES for m in redis.zrange(keys.jobs_by_status(status), 0, -1)}
+
+
+def count_ends(redis_url: str, keys: Keys, ledger: Ledger, stop: threading.Event) -> None:
+    """Every job end Redis publishes ("<id> <status>" on the ends channel), counted per job: a job can move
+    to an end once (the fencing token), so a second would show here. Ends published while the
+    subscription is down (Redis restarting) are missed: the count is a floor, never a false double."""
+    while not stop.is_set():
+        try:
+            with Redis.from_url(redis_url, socket_timeout=5) as redis, redis.pubsub() as pubsub:
+                pubsub.subscribe(keys.job_ends)
+                while not stop.is_set():
+                    message = pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None:
+                        job_id = message["data"].decode().split(" ", 1)[0]
+                        with ledger.lock:
+                            ledger.ends[job_id] += 1
+        except (RedisError, OSError):
+            stop.wait(1.0)
 
 
 def chaos_victim(run: Run, kind: str) -> int:
@@ -260,14 +293,19 @@ def plot(rows: list[dict[str, Any]], ledger: Ledger, start: float, path: Path) -
 def report(ledger: Ledger, start: float, args: argparse.Namespace) -> int:
     """The tables, the plot and the verdict: 1 if a job was lost, submitted twice, or did not end done."""
     ids = [i for key_ids in ledger.keys.values() for i in key_ids]
-    doubled_keys = {k: v for k, v in ledger.keys.items() if len(v) != len(set(v))}
     lost = sorted(set(ids) - set(ledger.ended))
     ended = Counter(e["status"] for e in ledger.ended.values())
     rerun = Counter(stage for e in ledger.ended.values() for stage, n in e["attempts"].items() if int(n) > 1)
     by_kind = Counter(e["kind"] for e in ledger.ended.values() if e["status"] == "done")
     hours = (max([e["finished_at"] or start for e in ledger.ended.values()] + [start]) - start) / 3600
     print(f"\n{len(ids)} jobs submitted under {len(ledger.keys)} keys in {hours:.2f} h; ended {dict(ended)}")
-    print(f"lost: {len(lost)}; ids seen twice: {len(ids) - len(set(ids))}; keys holding two jobs: {len(doubled_keys)}")
+    never_given = ledger.held - set(ids)
+    doubled_ends = sorted(job_id for job_id, n in ledger.ends.items() if n > 1)
+    print(f"lost: {len(lost)}; ids given for two submissions: {len(ids) - len(set(ids))}")
+    print(f"jobs Redis held that the client was never given: {len(never_given)} (of {len(ledger.held)} seen there)")
+    print(
+        f"ends Redis published: {sum(ledger.ends.values())} for {len(ledger.ends)} jobs; jobs that ended twice: {len(doubled_ends)}"
+    )
     print(f"done by kind: {dict(by_kind)}; jobs with a stage run again after a kill: {dict(rerun)}")
     print(f"jobs with a model call failed over: {sum(1 for e in ledger.ended.values() if e['failovers'])}")
     errors = Counter(
@@ -286,7 +324,8 @@ def report(ledger: Ledger, start: float, args: argparse.Namespace) -> int:
     if rows and not args.no_plot:
         plot(rows, ledger, start, args.out / "chaos.png")
         print(f"plot: {args.out / 'chaos.png'}")
-    return int(bool(lost or doubled_keys or len(ids) != len(set(ids)) or set(ended) - {"done"}))
+    twice = len(ids) != len(set(ids)) or never_given or doubled_ends
+    return int(bool(lost or twice or set(ended) - {"done"}))
 
 
 def chaos(run: Run, ledger: Ledger, rows: list[dict[str, Any]], kinds: list[str], args: argparse.Namespace) -> None:
@@ -297,7 +336,12 @@ def chaos(run: Run, ledger: Ledger, rows: list[dict[str, Any]], kinds: list[str]
     threads = [
         threading.Thread(target=killer, args=(run, ledger, kinds, args.every, args.seed, stop_stream)),
         threading.Thread(target=stream, args=(client, ledger, rows, args.in_flight, stop_stream)),
-        threading.Thread(target=redis_sampler, args=(run.stack, ledger, 15.0, stop_side)),
+    ]
+    assert run.stack.redis is not None
+    keys = Keys(run.stack.settings.redis_prefix)
+    threads += [
+        threading.Thread(target=redis_sampler, args=(run.stack.redis.url, keys, ledger, 15.0, stop_side)),
+        threading.Thread(target=count_ends, args=(run.stack.redis.url, keys, ledger, stop_side)),
     ]
     try:
         for thread in threads:
