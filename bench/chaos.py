@@ -46,8 +46,7 @@ from redis.exceptions import RedisError
 
 from bench.backends import add_backend_option
 from bench.redis_memory import used_memory
-from bench.stack_faults import ROWS, Run, serving_again, victim, wait
-from cli.stack import Stack
+from bench.stack_faults import Run, mixed_rows, serving_again, victim, wait
 from rollouts_client import RolloutClient
 from rollouts_client.errors import ApiError
 from rollouts_client.wire import RetryPolicy
@@ -382,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--backend-url: one server, and --kinds among {', '.join(SPARING)}")
 
     from tests.support.addresses import node_address
-    from tests.support.vllm_server import SERVED_NAME, tiny_model_path
+    from tests.support.vllm_server import SERVED_NAME
 
     root = Path(tempfile.mkdtemp(prefix="chaos-"))
     args.out = args.out or root
@@ -405,23 +404,12 @@ def main(argv: list[str] | None = None) -> int:
         **TOKENS,
         "ROLLOUTS_API_HOST": node,
         "ROLLOUTS_JOB_TTL_S": str(args.job_ttl),
+        "ROLLOUTS_RESULTS_TTL_S": str(args.job_ttl),
         "ROLLOUTS_LOG_LEVEL": "WARNING",
     }
-    env["ROLLOUTS_RESULTS_TTL_S"] = str(args.job_ttl)
-    stack = Stack(
-        settings,
-        api_port=0,
-        log_dir=root / "logs",
-        persistent_redis=True,
-        vllm=not args.backend_url,
-        backend_urls=args.backend_url,
-        model=tiny_model_path(),
-        extra_env=env,
-        drain_timeout_s=5,
-    )
-    run = Run(stack, httpx.Client(timeout=30, headers={"Authorization": "Bearer chaos-admin"}))
-    stack.on_progress = lambda line: (run.lines.append((time.monotonic(), line)), print(f"[stack] {line}", flush=True))
-    rows = [json.loads(line) for line in ROWS.read_text().splitlines() if line.strip()]
+    run = Run.of(settings, root, args.backend_url, token="chaos-admin", extra_env=env)
+    stack = run.stack
+    rows = mixed_rows()
     with (args.out / "chaos.jsonl").open("w") as out:
         ledger = Ledger(out)
         stack.start()

@@ -46,12 +46,46 @@ CAP_S = 1800.0  # how long a round may take before the run gives up on it (never
 TERMINAL = {"done", "failed", "cancelled", "timed_out"}
 
 
+def mixed_rows() -> list[dict[str, Any]]:
+    """examples/mixed.jsonl's jobs: math, STEM, code and SWE rows."""
+    return [json.loads(line) for line in ROWS.read_text().splitlines() if line.strip()]
+
+
 class Run:
     """The stack under test, its log lines with their times, and the probes the rounds use."""
 
     def __init__(self, stack: Stack, api: httpx.Client) -> None:
         self.stack, self.api = stack, api
         self.lines: list[tuple[float, str]] = []
+        stack.on_progress = self.said
+
+    @classmethod
+    def of(
+        cls, settings: Settings, root: Path, backend_urls: list[str] | None, token: str | None = None, **stack: Any
+    ) -> Run:
+        """A stack as `rollouts up` starts it for a fault run: the embedded Redis on its append-only file, the
+        tiny model's vLLM unless `backend_urls` are given; logs under `root`; `stack`: Stack's other options."""
+        from tests.support.vllm_server import tiny_model_path
+
+        return cls(
+            Stack(
+                settings,
+                api_port=0,
+                log_dir=root / "logs",
+                persistent_redis=True,
+                vllm=not backend_urls,
+                backend_urls=backend_urls,
+                model=tiny_model_path(),
+                drain_timeout_s=5,
+                **stack,
+            ),
+            httpx.Client(timeout=30, headers={"Authorization": f"Bearer {token}"} if token else None),
+        )
+
+    def said(self, line: str) -> None:
+        """The stack's progress line, kept with its time (the probes read them) and printed."""
+        self.lines.append((time.monotonic(), line))
+        print(f"[stack] {line}", flush=True)
 
     def said_since(self, since: float, *words: str) -> float | None:
         return next((t for t, line in list(self.lines) if t >= since and all(w in line for w in words)), None)
@@ -73,7 +107,7 @@ class Run:
         return any(b["url"] == url.rstrip("/") and b["healthy"] and not b["draining"] for b in backends)
 
     def submit(self, n: int) -> list[str]:
-        rows = [json.loads(line) for line in ROWS.read_text().splitlines() if line.strip()]
+        rows = mixed_rows()
         jobs = [rows[i % len(rows)] for i in range(n)]
         while True:  # a round starts right after the last one's restart: the API may still be coming up
             try:
@@ -176,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.backend_url and (set(kills) - set(SPARING) or not args.no_update or len(args.backend_url) > 1):
         parser.error(f"--backend-url: one server, --rounds among {', '.join(SPARING)} and --no-update")
 
-    from tests.support.vllm_server import SERVED_NAME, tiny_model_path
+    from tests.support.vllm_server import SERVED_NAME
     from tests.support.weight_checks import checkpoint
 
     root = Path(tempfile.mkdtemp(prefix="stack-faults-"))
@@ -187,18 +221,8 @@ def main(argv: list[str] | None = None) -> None:
         vllm_args="--dtype float32 --max-model-len 4096",
         vllm_restart_budget=10,
     )
-    stack = Stack(
-        settings,
-        api_port=0,
-        log_dir=root / "logs",
-        persistent_redis=True,
-        vllm=not args.backend_url,
-        backend_urls=args.backend_url,
-        model=tiny_model_path(),
-        drain_timeout_s=5,
-    )
-    run = Run(stack, httpx.Client(timeout=30))
-    stack.on_progress = lambda line: (run.lines.append((time.monotonic(), line)), print(f"[stack] {line}", flush=True))
+    run = Run.of(settings, root, args.backend_url)
+    stack = run.stack
     stack.start()
     run.api.base_url = httpx.URL(stack.api_url)
     supervisor = threading.Thread(target=stack.supervise, name="supervise", daemon=True)
