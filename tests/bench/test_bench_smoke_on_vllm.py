@@ -90,4 +90,4 @@ def test_chaos(capsys: pytest.CaptureFixture[str], vllm_server: VLLMServer) -> N
     lines_with(out, r"^jobs Redis held that the client was never given: 0 \(of [1-9]\d* seen there\)$")
     lines_with(out, r"^ends Redis published: [1-9]\d* for [1-9]\d* jobs; jobs that ended twice: 0$")
     lines_with(out, r"^\| 1 \| (rollout|api) \| {n} \| {n} \|$")
-    lines_with(out, r"^\| 0\.0 \| {n} \| {n} \| {n} \| {n} \|")
+    lines_with(out, r"^\| 0\.0 \| {n} \| ({n}|-) \| ({n}|-) \| ({n}|-) \|")  # '-': no job ended in it (a busy machine)
