@@ -2,7 +2,7 @@
 
 One stack, started as `rollouts up --host <this node's address>` starts it: the embedded Redis on its
 append-only file, the API, one worker process per stage, the embedded vLLM server on the tiny model
-behind a node gateway (its registrar, `rollouts register --gateway`), the supervisor on a thread. A
+behind a node gateway (its registrar, `rollouts register --gateway`), supervised on the main thread. A
 trainer-like client (rollouts_client's RolloutClient, retrying, every submission under an
 Idempotency-Key) keeps `--in-flight` jobs from examples/mixed.jsonl (math, STEM, code, SWE) running
 and follows them with the service's long poll. Every `--every` seconds (± a third, seeded) one
@@ -10,9 +10,10 @@ process is SIGKILLed, the kinds taken in shuffled rounds so each is hit as often
 vLLM's engine (`VLLM::EngineCore`) and API server, the service's API, the embedded Redis, the gateway.
 After each kill the run waits until the victim serves again (the time is reported) before the next.
 
-At the end the stream stops, every job is followed to its end, and the run checks: each submission
-key holds one job (nothing submitted twice), every job ended (nothing lost), how each ended. Per
-`--window` seconds: jobs ended per second, p50/p99 of the jobs' time from submission to end, and
+At the end the stream stops, every job is followed to its end, and the run checks: every job ended
+(nothing lost) and how; nothing twice, read in Redis itself: every job id it holds is one the client was
+given (a submission taken twice would not be), every end it publishes is a job's first. Per
+`--window` seconds: jobs ended per second, p50/p99/max of the jobs' time from submission to end, and
 Redis' used_memory (finished records expire after `--job-ttl`, the steady state a long run reaches
 with a shorter `job_ttl_s` than the default week); a plot with the kills marked. Progress goes to
 `--out`/chaos.jsonl as the run goes, so a cut run still has its figures.
@@ -238,7 +239,7 @@ def killer(run: Run, ledger: Ledger, kinds: list[str], every: float, seed: int, 
 
 
 def windows(ledger: Ledger, start: float, width: float) -> list[dict[str, Any]]:
-    """Per window of `width` s from `start`: jobs ended per second, p50/p99 latency, Redis memory at its end."""
+    """Per window of `width` s from `start`: jobs ended per second, p50/p99/max latency, Redis memory at its end."""
     ends = sorted((e["finished_at"], e["latency_s"]) for e in ledger.ended.values() if e["finished_at"])
     last = max([t for t, _ in ends] + [start])
     rows = []
@@ -255,6 +256,7 @@ def windows(ledger: Ledger, start: float, width: float) -> list[dict[str, Any]]:
                 "p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 1)
                 if latencies
                 else None,
+                "max_s": round(latencies[-1], 1) if latencies else None,
                 "redis_mib": round(memory[-1] / 2**20, 2) if memory else None,
                 "kills": [k["kind"] for k in ledger.kills if lo <= k["at"] < hi],
             }
@@ -316,9 +318,19 @@ def report(ledger: Ledger, start: float, args: argparse.Namespace) -> int:
     for n, kill in enumerate(ledger.kills, 1):
         print(f"| {n} | {kill['kind']} | {kill['in_flight']} | {kill['back_s']} |")
     rows = windows(ledger, start, args.window)
-    print("\n| minutes from | jobs/s | p50 (s) | p99 (s) | Redis MiB | kills |\n|---:|---:|---:|---:|---:|---|")
+    print(
+        "\n| minutes from | jobs/s | p50 (s) | p99 (s) | max (s) | Redis MiB | kills |\n|---:|---:|---:|---:|---:|---:|---|"
+    )
     for r in rows:
-        cells = [r["from_min"], r["jobs_per_s"], r["p50_s"], r["p99_s"], r["redis_mib"], ", ".join(r["kills"])]
+        cells = [
+            r["from_min"],
+            r["jobs_per_s"],
+            r["p50_s"],
+            r["p99_s"],
+            r["max_s"],
+            r["redis_mib"],
+            ", ".join(r["kills"]),
+        ]
         print("| " + " | ".join("-" if cell is None else str(cell) for cell in cells) + " |")
     if rows and not args.no_plot:
         plot(rows, ledger, start, args.out / "chaos.png")
