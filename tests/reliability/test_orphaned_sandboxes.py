@@ -35,6 +35,7 @@ from tests.reliability.agent_stack import (
 )
 from tests.support.waiting import client_for, job, wait_for, wait_status
 from workers.sandbox.owner import POOL_DIR, alive, owner_tag, start_ticks, sweep
+from workers.toolserver.kernel import KERNEL_NAME
 
 ENV = {
     "ROLLOUTS_HEARTBEAT_TTL_S": "4",  # the killed worker's job is abandoned, and re-queued, soon
@@ -56,6 +57,7 @@ class Proc:
     pid: int
     start: int
     argv: tuple[str, ...]
+    name: str  # /proc/<pid>/comm: a forked kernel keeps its fork server's argv, not its name
 
     @property
     def program(self) -> str:
@@ -190,11 +192,15 @@ def _is_server(proc: Proc) -> bool:
 
 
 def _is_kernel(proc: Proc) -> bool:
-    return proc.program.startswith("python") and any(arg.endswith("kernel.json") for arg in proc.argv)
+    return proc.name == KERNEL_NAME
 
 
 def _seen(pid: int) -> Proc:
-    return Proc(pid, start_ticks(pid) or -1, tuple(argv_of(pid)))
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        name = ""
+    return Proc(pid, start_ticks(pid) or -1, tuple(argv_of(pid)), name)
 
 
 def _kernels_idle(worker: int) -> bool:

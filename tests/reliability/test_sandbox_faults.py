@@ -21,6 +21,7 @@ from shared.config import Settings
 from shared.jobs.spec import JobRequest
 from shared.tasks.context import StageContext, StageInterrupted
 from tests.reliability.agent_stack import (
+    argv_of,
     assert_worker_serves_next_job,
     call,
     find_process,
@@ -33,6 +34,7 @@ from tests.reliability.agent_stack import (
 from tests.reliability.fault_kinds import ToolsAgentKind
 from tests.support.waiting import client_for, wait_for, wait_status
 from workers.sandbox import SandboxError
+from workers.toolserver.reaper import children
 
 FILE_SIZE_BYTES = 1024 * 1024
 DISK_BYTES = 16 * 1024 * 1024
@@ -166,9 +168,10 @@ def test_a_kernel_killed_mid_call_is_an_error_observation(stack: Stack, api: htt
     pid = rollout_worker(stack)
     job_id = submit(api, "kernel-killed", kind="agent-tools")
     server = find_process(pid, "python", "workers.toolserver")
-    kernel = find_process(server, "python")  # the kernel: the server's one python child
     started = stack.settings.workspaces / job_id / "started"
     wait_for(started.exists, timeout=60, what="the call to be running in the kernel")
+    fork_server = next(child for child in children(server) if "--fork-server" in argv_of(child))
+    kernel = find_process(fork_server, "python")  # the kernel: the fork server's one child, a fork of it
     killed = time.monotonic()
     kill(kernel)
     record = wait_status(api, job_id, timeout=90)

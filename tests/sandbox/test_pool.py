@@ -23,6 +23,7 @@ from workers.sandbox.pool import SandboxPool
 from workers.sandbox.pool_sizing import Demand
 from workers.sandbox.profile import SandboxProfile
 from workers.sandbox.start_gate import reset_start_gate, start_gate
+from workers.toolserver.kernel import KERNEL_NAME
 
 pytestmark = pytest.mark.usefixtures("require_bwrap")
 
@@ -68,7 +69,7 @@ def test_a_job_takes_a_ready_warm_sandbox_holding_its_files(pool: SandboxPool, p
         box = held.sandbox
         assert box.workspace == ws.resolve()
         # the kernel was started ahead: it runs before the job's first python call
-        assert "kernel.py" in box.call("bash", {"command": "ps -e -o args"}).output
+        assert KERNEL_NAME in box.call("bash", {"command": "ps -e -o comm"}).output.split()
         assert box.call("bash", {"command": "cat given.txt; echo made > out.txt"}).output == "from init\n"
         assert box.call("python", {"code": "open('out.txt').read()"}).output == "'made\\n'\n"
         assert (ws / "out.txt").read_text() == "made\n"  # where the eval stage reads it

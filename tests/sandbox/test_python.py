@@ -22,7 +22,7 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PythonKernel]:
 
 
 def test_uses_unix_sockets_not_tcp(kernel: PythonKernel) -> None:
-    info = kernel.manager.get_connection_info()  # type: ignore[union-attr]
+    info = kernel.client.get_connection_info()  # type: ignore[union-attr]
     assert info["transport"] == "ipc"
     assert os.path.exists(f"{info['ip']}-{info['shell_port']}")
 

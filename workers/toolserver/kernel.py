@@ -16,15 +16,27 @@ code) goes through a pipe that ipykernel reads in a thread; stock ipykernel does
 for that thread at the end of an execution, so such output could arrive after
 ``status: idle`` and be lost. Here the flush at the end of every execution drains the
 pipe itself, so it cannot.
+
+``kernel.py --fork-server FD`` is the sandbox's kernel fork server: one process that has imported
+ipykernel and the classes below once, and forks every kernel of its sandbox from that state, so a
+kernel's start costs its own set-up, not an interpreter's start-up and imports
+(``workers/toolserver/kernel_forks.py`` is the tool server's end). It runs no code of a job.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
+import ctypes
+import gc
+import json
 import os
 import select
+import signal
+import socket
 import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -184,5 +196,152 @@ def main() -> None:
     IPKernelApp.launch_instance(kernel_class=ToolKernel, outstream_class=f"{_ALIAS}.ToolOutStream")
 
 
+_PR_SET_DUMPABLE = 4
+_PR_SET_NAME = 15
+# What ``ps -o comm`` and /proc/<pid>/comm show: a fork keeps its parent's argv, so this tells them apart.
+FORK_SERVER_NAME, KERNEL_NAME = "kernel-forks", "ipykernel"
+
+
+def _set_name(name: str) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()), 0, 0, 0)
+
+
+def _set_dumpable(dumpable: bool) -> None:
+    """Whether processes of the same user may open this one's ``/proc/<pid>/mem`` (ptrace is refused anyway).
+
+    The fork server outlives the jobs of a reused sandbox, and every later kernel is a copy of its
+    memory: no job's process may write into it.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, int(dumpable), 0, 0, 0)
+
+
+class _ForkServer:
+    """Forks kernels on request and reports their exits, one JSON line each way, single-threaded.
+
+    Requests: ``{"op": "start", "argv", "cwd", "env"}`` (answer ``{"pid"}``), ``{"op": "signal", "pid",
+    "signal"}`` (to the kernel's process group; answer ``{"ok"}``, false once it was reaped).
+    Unasked: ``{"exited": pid}`` once a kernel was reaped. Only this process reaps its kernels and
+    it signals only unreaped ones, so a pid it signals is never another process's.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.kernels: set[int] = set()
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (self.wake_r, self.wake_w):
+            os.set_blocking(fd, False)
+
+    def serve(self) -> None:
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self.wake_w)
+        self._send({"ready": True, "pid": os.getpid()})
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        poller.register(self.wake_r, select.POLLIN)
+        pending = b""
+        while True:
+            for fd, _ in poller.poll():
+                if fd == self.wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self.wake_r, 4096)
+                    self._reap()
+                    continue
+                data = self.sock.recv(65536)
+                if not data:  # the tool server is gone: so are its kernels
+                    self._kill_all()
+                    return
+                pending += data
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    self._answer(json.loads(line))
+
+    def _send(self, message: dict[str, Any]) -> None:
+        self.sock.sendall(json.dumps(message).encode() + b"\n")
+
+    def _answer(self, request: dict[str, Any]) -> None:
+        if request.get("op") == "start":
+            self._send({"pid": self._fork(request)})
+        elif request.get("op") == "signal":
+            pid = request.get("pid")
+            self._reap()  # a kernel that is gone is reported, never signalled
+            ok = pid in self.kernels
+            if ok:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, int(request["signal"]))
+            self._send({"ok": ok})
+        else:
+            self._send({"error": f"unknown op {request.get('op')!r}"})
+
+    def _reap(self) -> None:
+        for pid in list(self.kernels):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue
+            self.kernels.discard(pid)
+            self._send({"exited": pid})
+
+    def _kill_all(self) -> None:
+        for pid in self.kernels:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def _fork(self, request: dict[str, Any]) -> int:
+        pid = os.fork()
+        if pid:
+            self.kernels.add(pid)
+            return pid
+        code = 1
+        try:
+            self._become_kernel(request)
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:  # noqa: BLE001 - reported on the kernel's stderr, then the child ends
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(code)
+
+    def _become_kernel(self, request: dict[str, Any]) -> None:
+        """In the child: nothing of the fork server's (its socket, its signal handling), a session of
+        its own (an interrupt or a kill reaches what the kernel started), and the request's place."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        self.sock.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+        os.setsid()
+        _set_dumpable(True)
+        _set_name(KERNEL_NAME)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = [__file__, *request["argv"]]
+
+
+def serve_forks(fd: int) -> None:
+    """Run as the sandbox's kernel fork server on the connected socket ``fd``."""
+    _set_dumpable(False)
+    _set_name(FORK_SERVER_NAME)
+    # What a kernel's start would import, imported once here (``ipykernel.ipkernel`` came with the classes).
+    from ipykernel.kernelapp import IPKernelApp  # noqa: F401
+
+    # Kernels share the imported modules' memory with this process until they write to it: with them
+    # out of the collector's reach, a kernel's garbage collections do not copy those pages.
+    gc.freeze()
+    _ForkServer(socket.socket(fileno=fd)).serve()
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--fork-server"]:
+        serve_forks(int(sys.argv[2]))
+    else:
+        main()

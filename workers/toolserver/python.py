@@ -6,31 +6,34 @@ has no network, and ports would clash between sandboxes sharing a host
 network). The kernel starts on the first ``python`` call: most bash-only
 rollouts never pay its start-up.
 
-The kernel is ipykernel run through ``kernel.py`` (fewer thread hand-offs per call), and
-the hot path reads the client's ZeroMQ sockets directly: jupyter_client's blocking
-``get_iopub_msg`` runs an asyncio loop for every message it returns.
+The kernel is ipykernel run through ``kernel.py`` (fewer thread hand-offs per call), forked by
+the sandbox's kernel fork server (``kernel_forks.py``: a restart costs a fork, not an
+interpreter's imports), and the hot path reads the client's ZeroMQ sockets directly:
+jupyter_client's blocking ``get_iopub_msg`` runs an asyncio loop for every message it returns.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import os
 import re
-import sys
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workers.toolserver.kernel_forks import ForkServerError, KernelForks
 from workers.toolserver.output import CappedBuffer, cap_text
 
 if TYPE_CHECKING:  # imported when the kernel starts: a sandbox that never runs python skips ~0.2 s of imports
     import zmq
-    from jupyter_client import KernelManager
+    from jupyter_client import BlockingKernelClient
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _INTERRUPT_GRACE_S = 5.0
-_KERNEL_SCRIPT = Path(__file__).with_name("kernel.py")
+_READY_TIMEOUT_S = 60.0
 _DELIM = b"<IDS|MSG>"
 KERNEL_DIED = "the Python kernel died (restarted; state was lost)"
 
@@ -80,51 +83,76 @@ class PythonKernel:
         self.transport = transport
         self.output_cap = output_cap
         self.hard_output_cap = max(hard_output_cap, output_cap)
-        self.manager: KernelManager | None = None
-        self.client = None
+        self.forks = KernelForks(env)
+        self.pid: int | None = None
+        self.client: BlockingKernelClient | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.pid is not None
+
+    def alive(self) -> bool:
+        return self.pid is not None and self.forks.alive(self.pid)
 
     def start(self) -> None:
-        from jupyter_client import KernelManager
+        """Fork a kernel (starting the fork server first if need be) and wait until it answers."""
+        from jupyter_client import BlockingKernelClient
+        from jupyter_client.connect import write_connection_file
 
+        deadline = time.monotonic() + _READY_TIMEOUT_S
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.forks.start(timeout=_READY_TIMEOUT_S)
         ip = str(self.state_dir / "k") if self.transport == "ipc" else "127.0.0.1"
-        manager = KernelManager(
-            transport=self.transport,
-            ip=ip,
-            connection_file=str(self.state_dir / "kernel.json"),
-        )
-        manager.kernel_spec.argv = [  # this interpreter, never a kernel found on PATH
-            sys.executable,
-            str(_KERNEL_SCRIPT),
-            "-f",
-            "{connection_file}",
-        ]
+        connection_file, _ = write_connection_file(str(self.state_dir / "kernel.json"), ip=ip, transport=self.transport)
         env = {**self.env, "IPYTHONDIR": str(self.state_dir / "ipython"), "JPY_PARENT_PID": ""}
-        manager.start_kernel(
-            cwd=str(self.cwd),
-            env=env,
-            extra_arguments=["--HistoryManager.enabled=False", "--colors=NoColor"],
-        )
-        client = manager.blocking_client()
-        # No heartbeat thread: liveness is the kernel process's (manager.is_alive()).
+        argv = ["-f", connection_file, "--HistoryManager.enabled=False", "--colors=NoColor"]
+        self.pid = self.forks.spawn(argv, self.cwd, env)
+        client = BlockingKernelClient(connection_file=connection_file)
+        client.load_connection_file()
+        # No heartbeat thread: liveness is the kernel process's (the fork server reports its exit).
         client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+        self.client = client
         try:
-            client.wait_for_ready(timeout=60)
-        except RuntimeError:
-            client.stop_channels()
-            manager.shutdown_kernel(now=True)
+            self._wait_ready(deadline)
+        except Exception:
+            self.close()
             raise
-        self.manager, self.client = manager, client
+
+    def _wait_ready(self, deadline: float) -> None:
+        """Until the kernel answers ``kernel_info`` and its IOPub reaches us (else early output is lost)."""
+        assert self.client is not None and self.pid is not None
+        shell: zmq.Socket = self.client.shell_channel.socket
+        iopub: zmq.Socket = self.client.iopub_channel.socket
+        while time.monotonic() < deadline:
+            self.client.kernel_info()
+            answered = shell.poll(1000) and (self.client.session.recv(shell)[1] or {}).get("msg_type")
+            if answered == "kernel_info_reply" and iopub.poll(200):
+                iopub.recv_multipart()
+                return
+            if not self.forks.alive(self.pid):
+                raise ForkServerError("the Python kernel died while starting")
+        raise ForkServerError(f"the Python kernel did not answer within {_READY_TIMEOUT_S:.0f} s")
+
+    def interrupt(self) -> None:
+        if self.pid is not None:
+            self.forks.send_signal(self.pid, signal.SIGINT)
 
     def close(self) -> None:
-        manager, client = self.manager, self.client
-        self.manager = self.client = None
+        """Stop the kernel (the fork server stays for the next); its sockets and connection file go."""
+        pid, client = self.pid, self.client
+        self.pid = self.client = None
         if client is not None:
             client.stop_channels()
-        if manager is not None:
-            with contextlib.suppress(Exception):  # a dead kernel is what we want
-                manager.shutdown_kernel(now=True)
-            manager.cleanup_resources()
+        if pid is not None and self.forks.send_signal(pid, signal.SIGKILL):
+            self.forks.wait_exited(pid, 10.0)
+        for leftover in [self.state_dir / "kernel.json", *self.state_dir.glob("k-*")]:
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
+
+    def stop(self) -> None:
+        """Stop the kernel and the fork server: the tool server is going."""
+        self.close()
+        self.forks.stop()
 
     def run(self, code: str, timeout: float) -> PythonOutcome:
         """Execute ``code``; stream output is kept in bounded memory (head and tail, ``output_cap``).
@@ -133,10 +161,10 @@ class PythonKernel:
         as bash's runaway output is. A kernel that dies mid-call is restarted at once
         (not waited on until the timeout) and reported as an error.
         """
-        if self.manager is None or not self.manager.is_alive():
+        if not self.alive():
             self.close()
             self.start()
-        assert self.client is not None and self.manager is not None
+        assert self.client is not None
         msg_id = self.client.execute(code, store_history=True, allow_stdin=False)
         collector = _Collector(self.output_cap)
         outcome = PythonOutcome("", "", None, None)
@@ -152,7 +180,7 @@ class PythonKernel:
                 outcome.overflowed = True
             else:
                 outcome.timed_out = True
-            self.manager.interrupt_kernel()
+            self.interrupt()
             end = self._collect(msg_id, time.monotonic() + _INTERRUPT_GRACE_S, collector, check_overflow=False)
             if end == _IDLE:
                 self._drain_replies()
@@ -208,14 +236,14 @@ class PythonKernel:
 
     def _collect(self, msg_id: str, deadline: float, collector: _Collector, check_overflow: bool = True) -> str:
         """Gather iopub output of one execution until the kernel is idle, dies, or runs out of time/room."""
-        assert self.client is not None and self.manager is not None
+        assert self.client is not None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return _DEADLINE
             msg = self._next_iopub(msg_id, min(remaining, 1.0))
             if msg is None:
-                if not self.manager.is_alive():
+                if not self.alive():
                     return _DEAD
                 continue
             kind, content = msg

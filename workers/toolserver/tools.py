@@ -52,27 +52,34 @@ class ToolBox:
                 self.bash.restart()
         if python:
             with self._locks["python"]:
-                if self.python.manager is None:
+                if not self.python.started:
                     self.python.start()
 
     def locks(self) -> list[threading.Lock]:
         """Every tool's lock, in one order (a reset holds them all)."""
         return [self._locks[name] for name in ("bash", "python", "files")]
 
-    def close(self) -> None:
+    def close(self, keep_fork_server: bool = False) -> None:
+        """Stop the shell and the kernel; the kernel fork server too, unless a reset keeps it for the next job."""
         self.bash.close()
-        self.python.close()
+        if keep_fork_server:
+            self.python.close()
+        else:
+            self.python.stop()
+
+    def fork_server_pid(self) -> int | None:
+        """The kernel fork server's pid while it runs: it ran no job's code, so a reset may keep it."""
+        return self.python.forks.pid()
 
     def child_pids(self) -> set[int]:
-        """The server's own children (the shell, the kernel): their owners wait for them."""
+        """The server's own children (the shell, the kernel fork server): their owners wait for them."""
         pids = set()
         proc = self.bash.proc
         if proc is not None:
             pids.add(proc.pid)
-        provisioner = getattr(self.python.manager, "provisioner", None)
-        pid = getattr(provisioner, "pid", None)
-        if isinstance(pid, int):
-            pids.add(pid)
+        fork_server = self.fork_server_pid()
+        if fork_server is not None:
+            pids.add(fork_server)
         return pids
 
     def _timeout(self, args: dict[str, Any], requested: float | None) -> float:
