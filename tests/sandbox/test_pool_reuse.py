@@ -102,6 +102,7 @@ def test_job_b_sees_nothing_job_a_left_in_a_reused_sandbox(pool: SandboxPool, re
         code = "import os; leaked = 42; os.environ['KERNEL_LEAK'] = '1'; os.chdir('/tmp')"
         assert not a.sandbox.call("python", {"code": code}).is_error
         assert "sleep 1001" in _bash(a, "ps -e -o args")
+        fork_server = a.sandbox.call("python", {"code": "os.getppid()"}).output
     except BaseException:
         a.finish()
         raise
@@ -114,6 +115,8 @@ def test_job_b_sees_nothing_job_a_left_in_a_reused_sandbox(pool: SandboxPool, re
         assert b.sandbox is a.sandbox  # the same sandbox, reset
         assert pool.stats.reused == 1 and pool.stats.handed == 1
         _assert_clean(b, {"b-file"})
+        # B's kernel is a fresh fork of the fork server A's was forked from: kept, as it ran none of A's code
+        assert b.sandbox.call("python", {"code": "import os; os.getppid()"}).output == fork_server
     finally:
         b.finish()
 

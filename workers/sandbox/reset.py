@@ -1,11 +1,12 @@
 """Reset a used sandbox for the next job, and prove it clean from outside; unproven means discarded.
 
 The tool server does the inside half (workers/toolserver/reset.py: shell and kernel stopped,
-every other process killed once, /tmp and its state emptied). Then the worker, which the
-sandbox cannot lie to, checks what the kernel and the host's filesystem say: no process left
-in the sandbox but the tool server and its launchers, /tmp empty, nothing in the runtime
-directory but the server's socket, log, /tmp and (empty) state directory, and the quota never
-hit. The workspace is handed back empty by workers/sandbox/handoff.py. Only then are a fresh
+every other process but the kernel fork server killed once, /tmp and its state emptied). Then
+the worker, which the sandbox cannot lie to, checks what the kernel and the host's filesystem
+say: no process left in the sandbox but the tool server, its launchers and the kernel fork
+server it kept (by the server's word, as its own pid is; a live child of the server with nothing
+under it), /tmp empty, nothing in the runtime directory but the server's socket, log, /tmp and
+(empty) state directory, and the quota never hit. The workspace is handed back empty by workers/sandbox/handoff.py. Only then are a fresh
 shell (the sandbox's start environment and working directory) and, where wanted, a fresh
 kernel started. Any ``str`` returned is why the sandbox must be stopped instead.
 """
@@ -13,10 +14,11 @@ kernel started. Any ``str`` returned is why the sandbox must be stopped instead.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from workers.sandbox.sandbox import SCRATCH_NAME, SOCKET_NAME, Sandbox, SandboxError
-from workers.toolserver.reaper import descendants
+from workers.toolserver.reaper import alive, descendants
 
 _RUNTIME_ENTRIES = frozenset({SOCKET_NAME, SCRATCH_NAME, "toolserver", "toolserver.log"})
 _RESET_TIMEOUT_S = 60.0
@@ -76,9 +78,10 @@ def take_fingerprint(sandbox: Sandbox) -> None:
         sandbox.clean_fingerprint = None  # its reset then cannot be proven: it is discarded
 
 
-def leftover_processes(sandbox: Sandbox, server_pid: int) -> list[int]:
+def leftover_processes(sandbox: Sandbox, server_pid: int, kept: Iterable[int] = ()) -> list[int]:
     """Processes of the sandbox (live or not yet reaped), as the host sees them, other than the tool server
-    (``server_pid`` inside) and the processes that launched it."""
+    (``server_pid`` inside), the processes that launched it, and the ones its reset ``kept`` (pids inside:
+    its kernel fork server), which must be its own live children with no process under them."""
     launcher = sandbox.launcher_pid
     if launcher is None:
         return []
@@ -92,6 +95,8 @@ def leftover_processes(sandbox: Sandbox, server_pid: int) -> list[int]:
     while up is not None and up in parents:
         keep.add(up)
         up = parents[up]
+    kept = set(kept)
+    keep.update(pid for pid in tree if parents[pid] == server and _inner_pid(pid) in kept and alive(pid))
     return [pid for pid in tree if pid not in keep]  # a zombie too: the next job's `ps` would list it
 
 
@@ -162,7 +167,8 @@ def reset_processes(sandbox: Sandbox) -> str | None:
         return "the tool server could not reset: " + "; ".join(map(str, reply.get("problems") or ["(no reason)"]))
     if not isinstance(server_pid, int):
         return "the tool server did not say its pid"
-    left = leftover_processes(sandbox, server_pid)
+    kept = [pid for pid in reply.get("kept") or [] if isinstance(pid, int)]
+    left = leftover_processes(sandbox, server_pid, kept)
     if left:
         return f"{len(left)} processes still run in the sandbox after its reset"
     why = _tmpfs_changed(sandbox, server_pid)

@@ -1,9 +1,10 @@
 """The inside half of a reused sandbox's reset: leave nothing of the last job but the tool server.
 
 The shell and the kernel are stopped, and every other process under the server (it is a child
-subreaper, so a ``setsid`` or double-forked daemon is re-parented to it) is killed in one pass
-over a snapshot. A process alive after that pass was not in the snapshot: it was born while we
-killed (a process that respawns itself), and we do not chase it; the reset says so and the
+subreaper, so a ``setsid`` or double-forked daemon is re-parented to it) but the kernel fork
+server, which ran no job's code, is killed in one pass over a snapshot. A process alive after
+that pass was not in the snapshot: it was born while we killed (a process that respawns
+itself), and we do not chase it; the reset says so and the
 worker discards the sandbox, whose stop kills its whole pid namespace at once. /tmp and the
 server's state directory are emptied as the sandbox's own user, who cannot undo what it made
 unremovable (a ``chmod 000`` tree): that too is reported, never fixed. The worker checks the
@@ -40,13 +41,13 @@ def _kill_once(pids: list[int]) -> list[int]:
     return left
 
 
-def _reap_all() -> list[int]:
+def _reap_all(kept: frozenset[int]) -> list[int]:
     """Reap every dead process under the server (the next job's ``ps`` must not list the last one's);
-    what is left: live ones (born during the kill) or ones not reaped within the bound."""
+    what is left but ``kept``: live ones (born during the kill) or ones not reaped within the bound."""
     deadline = time.monotonic() + _DEATH_WAIT_S
     while True:
-        reap_orphans(())
-        left = descendants(os.getpid())
+        reap_orphans(kept)
+        left = [pid for pid in descendants(os.getpid()) if pid not in kept]
         if not left or any(alive(pid) for pid in left) or time.monotonic() > deadline:
             return left
         time.sleep(0.005)
@@ -74,23 +75,27 @@ def _empty_dir(path: Path, keep: frozenset[str] = frozenset()) -> list[str]:
 
 
 def reset_toolbox(toolbox: ToolBox, scratch: Path, keep: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """Stop the shell and kernel, kill every other process once, empty ``scratch`` (but its mount points,
-    ``keep``) and the state dir.
+    """Stop the shell and kernel, kill every other process once but the kernel fork server (it ran no job's
+    code: each kernel was a fork of it), empty ``scratch`` (but its mount points, ``keep``) and the state dir.
 
-    Returns ``{"clean": bool, "problems": [...]}``; the shell and kernel stay stopped until ``warm``.
+    Returns ``{"clean": bool, "problems": [...], "kept": [fork server pid]}``; the shell and kernel stay
+    stopped until ``warm``.
     """
     problems: list[str] = []
     with ExitStack() as held:
         for lock in toolbox.locks():  # no call of the last job runs during its reset
             held.enter_context(lock)
-        snapshot = descendants(os.getpid())  # the shell and the kernel too: their owners then find them dead
+        fork_server = toolbox.fork_server_pid()
+        kept = frozenset() if fork_server is None else frozenset({fork_server})
+        # the shell and the kernel too: their owners then find them dead
+        snapshot = [pid for pid in descendants(os.getpid()) if pid not in kept]
         unkillable = _kill_once(snapshot)
-        toolbox.close()
+        toolbox.close(keep_fork_server=True)
         if unkillable:
             problems.append(f"{len(unkillable)} processes did not die")
-        left = _reap_all()
+        left = _reap_all(kept)
         if left:
             problems.append(f"{len(left)} processes left after the kill pass (born during it: respawning)")
         problems += _empty_dir(scratch, keep)
         problems += _empty_dir(toolbox.state_dir)
-    return {"clean": not problems, "problems": problems}
+    return {"clean": not problems, "problems": problems, "kept": sorted(kept)}
