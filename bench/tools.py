@@ -1,5 +1,5 @@
 """Tool round trips: persistent pty bash vs tmux polling vs ``bash -c``; IPython over ipc vs tcp
-vs a new ``python -c``; sandbox start and stop.
+vs a new ``python -c``; sandbox start and stop; a kernel's start, fresh vs forked.
 
 Every variant runs the same trivial command (``true``; ``1+1``) so the figure is the
 mechanism's own overhead. The sandboxed figures go through the whole path the rollout
@@ -34,6 +34,7 @@ from shared.config import Settings
 from workers.sandbox import SandboxSpec, create_sandbox
 from workers.sandbox.local import bwrap_usable
 from workers.toolserver.bash import PersistentBash
+from workers.toolserver.kernel_forks import KERNEL_SCRIPT
 from workers.toolserver.python import PythonKernel
 
 Stats = tuple[float, float, float]  # p50, mean, p99 in ms
@@ -111,17 +112,22 @@ def table(title: str, base_name: str, stats: dict[str, Stats], baselines: dict[s
     return lines
 
 
+STOCK_LAUNCHER = ["-m", "ipykernel_launcher"]
+
+
 class StockKernel:
     """The way this tool used to drive IPython: ``ipykernel_launcher`` and jupyter_client's blocking client.
 
-    Kept here as the reference the python tool's kernel and client are measured against.
+    Kept here as the reference the python tool's kernel and client are measured against. With
+    ``launcher=[kernel.py]`` it is how the tool started its own kernel before the fork server: a
+    fresh interpreter under jupyter_client's KernelManager.
     """
 
-    def __init__(self, work: Path, env: dict[str, str]) -> None:
+    def __init__(self, work: Path, env: dict[str, str], launcher: list[str] = STOCK_LAUNCHER) -> None:
         from jupyter_client import KernelManager
 
         self.manager = KernelManager(transport="ipc", ip=str(work / "k"), connection_file=str(work / "kernel.json"))
-        self.manager.kernel_spec.argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        self.manager.kernel_spec.argv = [sys.executable, *launcher, "-f", "{connection_file}"]
         self.manager.start_kernel(
             cwd=str(work),
             env={**env, "IPYTHONDIR": str(work / "ipython")},
@@ -286,9 +292,9 @@ def bench_wakeups(calls: int, work: Path) -> list[str]:
     stock = StockKernel(work / "w-stock", env)
     ours = PythonKernel(work, env, work / "w-ours")
     ours.start()
-    assert ours.manager is not None
+    assert ours.pid is not None
     stock_pid = stock.manager.provisioner.process.pid  # type: ignore[union-attr]
-    ours_pid = ours.manager.provisioner.process.pid  # type: ignore[union-attr]
+    ours_pid = ours.pid
     rows = []
     for name, fn, pid in (
         ("stock ipykernel + jupyter_client blocking client", lambda: stock.run("1+1"), stock_pid),
@@ -331,6 +337,65 @@ def bench_lifecycle(rounds: int, settings: Settings, work: Path) -> list[str]:
     ]
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time process ``pid`` has used so far (user + system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_kernel_starts(rounds: int, work: Path) -> list[str]:
+    """A kernel's start until it answers: a fresh interpreter under KernelManager (before) vs the
+    sandbox's fork server (its first kernel, which starts the fork server, and every later one);
+    wall time and CPU (the tool server's side, the kernel's, the fork server's), rounds interleaved."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(work)}
+    script = str(KERNEL_SCRIPT)
+    rows: dict[str, list[tuple[float, float, float]]] = {
+        "fresh interpreter (kernel.py under KernelManager: before)": [],
+        "first kernel of a sandbox (starts the fork server)": [],
+        "a later kernel (a fork: restarts, a reused sandbox's next job)": [],
+    }
+    names = list(rows)
+
+    def fresh(index: int) -> None:
+        (work / f"fresh{index}").mkdir()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        kernel = StockKernel(work / f"fresh{index}", env, launcher=[script])
+        wall, client = time.perf_counter() - t0, time.process_time() - cpu0
+        rows[names[0]].append((wall, client, cpu_seconds(kernel.manager.provisioner.process.pid)))  # type: ignore[union-attr]
+        kernel.close()
+
+    def forked(index: int) -> None:
+        kernel = PythonKernel(work, env, work / f"forked{index}")
+        for name in names[1:]:
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            kernel.start()
+            wall, client = time.perf_counter() - t0, time.process_time() - cpu0
+            assert kernel.pid is not None and kernel.forks.proc is not None
+            server = cpu_seconds(kernel.forks.proc.pid) if name == names[1] else 0.0
+            rows[name].append((wall, client, cpu_seconds(kernel.pid) + server))
+            kernel.close()
+        kernel.stop()
+
+    for index in range(rounds):
+        for variant in random.sample([fresh, forked], 2):
+            variant(index)
+    med = statistics.median
+    base = med(w for w, _, _ in rows[names[0]]), med(c + k for _, c, k in rows[names[0]])
+    lines = [
+        "| kernel start, until it answers | wall ms, median | CPU ms: tool server side | CPU ms: kernel"
+        " (+ fork server) | before / this: wall, CPU |",
+        "|---|---|---|---|---|",
+    ]
+    for name, samples in rows.items():
+        wall, client, kernel = (med(column) for column in zip(*samples, strict=True))
+        cpu = med(c + k for _, c, k in samples)
+        lines.append(
+            f"| {name} | {wall * 1000:.0f} | {client * 1000:.0f} | {kernel * 1000:.0f} |"
+            f" {base[0] / wall:.1f}x, {base[1] / cpu:.1f}x |"
+        )
+    return lines
+
+
 def bench_server_imports(rounds: int) -> list[str]:
     """The tool server's start-up imports, as it is (jupyter_client when the first python call
     starts the kernel) vs importing jupyter_client and zmq up front, as it did: interleaved."""
@@ -360,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=300, help="interleaved rounds per table")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument(
-        "--only", default="bash,python,wakeups,lifecycle,imports", help="comma-separated sections to run"
+        "--only", default="bash,python,wakeups,lifecycle,kernels,imports", help="comma-separated sections to run"
     )
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
@@ -376,6 +441,7 @@ def main(argv: list[str] | None = None) -> None:
             "python": lambda: bench_python(args.calls, settings, work),
             "wakeups": lambda: bench_wakeups(args.calls, work),
             "lifecycle": lambda: bench_lifecycle(args.rounds, settings, work),
+            "kernels": lambda: bench_kernel_starts(args.rounds * 2, work),
             "imports": lambda: bench_server_imports(args.rounds * 3),
         }
         for name, section in sections.items():

@@ -356,10 +356,10 @@ class Settings(BaseSettings):
         "keeps more than this / sandbox_pool_sandbox_bytes of them.",
     )
     sandbox_pool_sandbox_bytes: int = Field(
-        default=64 * 1024**2,
+        default=76 * 1024**2,
         gt=0,
-        description="Memory of one ready sandbox (tool server, shell and IPython kernel: 63 MiB PSS measured in "
-        "docs/BENCHMARKS.md, Sandbox pool), for the bound above.",
+        description="Memory of one ready sandbox (tool server, shell, kernel fork server and IPython kernel: 75 MiB "
+        "PSS measured in docs/BENCHMARKS.md, Sandbox pool), for the bound above.",
     )
     sandbox_pool_idle_s: float = Field(
         default=120.0,
