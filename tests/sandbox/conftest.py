@@ -13,6 +13,7 @@ import pytest
 from shared.config import Settings
 from workers.sandbox import Sandbox, SandboxSpec, create_sandbox
 from workers.sandbox.local import bwrap_usable
+from workers.sandbox.owner import start_ticks
 
 
 def pid_namespace_members(ns: str) -> list[int]:
@@ -26,6 +27,17 @@ def pid_namespace_members(ns: str) -> list[int]:
             except OSError:
                 continue
     return members
+
+
+def namespace_processes(ns: str) -> set[tuple[int, int | None]]:
+    """(pid, start ticks) of every member of pid namespace ``ns`` now: what names them after it is gone,
+    when a new namespace (another test's sandbox) may have been given the same inode number."""
+    return {(pid, start_ticks(pid)) for pid in pid_namespace_members(ns)}
+
+
+def still_running(processes: set[tuple[int, int | None]]) -> list[int]:
+    """The pids of ``processes`` (from ``namespace_processes``) that still run: same pid, same start."""
+    return sorted(pid for pid, start in processes if start is not None and start_ticks(pid) == start)
 
 
 @pytest.fixture()

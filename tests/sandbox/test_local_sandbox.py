@@ -15,7 +15,7 @@ from shared.config import Settings
 from tests.support.waiting import wait_for
 from workers.sandbox import Sandbox, SandboxError, SandboxLimits, SandboxSpec, create_sandbox
 
-from .conftest import pid_namespace_members
+from .conftest import namespace_processes, pid_namespace_members, still_running
 
 pytestmark = pytest.mark.usefixtures("require_bwrap")
 
@@ -224,10 +224,12 @@ def test_twenty_sandboxes_at_once(sandbox_settings: Settings) -> None:
         if os.geteuid() == 0:
             assert len({out.output.split()[1] for out in outputs}) == 20  # one uid per sandbox
         assert len(set(namespaces)) == 20
+        processes = [namespace_processes(ns) for ns in namespaces]
+        assert all(len(members) >= 3 for members in processes), processes  # bwrap's init, the server, bash
         with ThreadPoolExecutor(max_workers=20) as pool:
             list(pool.map(lambda box: box.stop(), boxes))
-        for ns in namespaces:
-            assert pid_namespace_members(ns) == []
+        # by pid and start time: another test's new sandbox may be given a freed namespace's number
+        assert [still_running(members) for members in processes] == [[]] * 20
         assert sorted(p.name for p in base.iterdir()) == sorted(f"ws{i}" for i in range(20))
     finally:
         for box in boxes:
