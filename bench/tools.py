@@ -1,5 +1,5 @@
 """Tool round trips: persistent pty bash vs tmux polling vs ``bash -c``; IPython over ipc vs tcp
-vs a new ``python -c``; sandbox start and stop; a kernel's start, fresh vs forked.
+vs a new ``python -c``; sandbox start and stop; a kernel's start, fresh vs forked; a kernel's death.
 
 Every variant runs the same trivial command (``true``; ``1+1``) so the figure is the
 mechanism's own overhead. The sandboxed figures go through the whole path the rollout
@@ -396,6 +396,41 @@ def bench_kernel_starts(rounds: int, work: Path) -> list[str]:
     return lines
 
 
+KILLERS = {
+    "the cell calls os._exit(1)": "import os; os._exit(1)",
+    "the cell SIGKILLs its kernel after 0.2 s (the OOM killer)": (
+        "import os, signal, time; time.sleep(0.2); os.kill(os.getpid(), signal.SIGKILL)"
+    ),
+}
+
+
+def bench_kernel_deaths(rounds: int, work: Path) -> list[str]:
+    """A call whose kernel dies: how long until the agent has the error observation (the death seen, a new
+    kernel started and answering), and the next call."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(work)}
+    kernel = PythonKernel(work, env, work / "deaths")
+    kernel.start()
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in KILLERS}
+    try:
+        for _ in range(rounds):
+            for name in random.sample(list(KILLERS), len(KILLERS)):
+                t0 = time.perf_counter()
+                died = kernel.run(KILLERS[name], 30)
+                t1 = time.perf_counter()
+                after = kernel.run("1+1", 30)
+                t2 = time.perf_counter()
+                assert died.died and after.result == "2", (died, after)
+                times[name].append(((t1 - t0) * 1000, (t2 - t1) * 1000))
+    finally:
+        kernel.stop()
+    med = statistics.median
+    return [
+        "| a call whose kernel dies | error observation, median ms | the next call, median ms |",
+        "|---|---|---|",
+        *(f"| {name} | {med(d for d, _ in t):.0f} | {med(n for _, n in t):.0f} |" for name, t in times.items()),
+    ]
+
+
 def bench_server_imports(rounds: int) -> list[str]:
     """The tool server's start-up imports, as it is (jupyter_client when the first python call
     starts the kernel) vs importing jupyter_client and zmq up front, as it did: interleaved."""
@@ -425,7 +460,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=300, help="interleaved rounds per table")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument(
-        "--only", default="bash,python,wakeups,lifecycle,kernels,imports", help="comma-separated sections to run"
+        "--only", default="bash,python,wakeups,lifecycle,kernels,deaths,imports", help="comma-separated sections to run"
     )
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
@@ -442,6 +477,7 @@ def main(argv: list[str] | None = None) -> None:
             "wakeups": lambda: bench_wakeups(args.calls, work),
             "lifecycle": lambda: bench_lifecycle(args.rounds, settings, work),
             "kernels": lambda: bench_kernel_starts(args.rounds * 2, work),
+            "deaths": lambda: bench_kernel_deaths(args.rounds, work),
             "imports": lambda: bench_server_imports(args.rounds * 3),
         }
         for name, section in sections.items():

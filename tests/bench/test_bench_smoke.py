@@ -124,6 +124,7 @@ def test_tools(capsys: pytest.CaptureFixture[str]) -> None:
     lines_with(out, r"^\| the python tool's kernel and client \| {n} \| {n} \|$")
     lines_with(out, r"^\| start \(bwrap \+ tool server \+ shell, until it answers\) \| {n} \|$")
     lines_with(out, r"^\| a later kernel \(a fork: .*\) \| {n} \| {n} \| {n} \| {n}x, {n}x \|$")
+    lines_with(out, r"^\| the cell calls os._exit\(1\) \| {n} \| {n} \|$")
     lines_with(out, r"^\| tool server imports .* \| {n} \| {n}x \|$")
 
 

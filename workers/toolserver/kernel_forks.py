@@ -54,6 +54,10 @@ class KernelForks:
         """The fork server's pid while it runs (the tool server waits for it: not an orphan to reap)."""
         return self.proc.pid if self.running and self.proc is not None else None
 
+    def fileno(self) -> int | None:
+        """The socket the fork server reports exits on, while it runs: readable when it says something."""
+        return self._sock.fileno() if self._sock is not None and self.running else None
+
     def start(self, timeout: float) -> None:
         """Start the fork server and wait until it has imported what a kernel needs."""
         with self._lock:

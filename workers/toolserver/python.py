@@ -86,6 +86,7 @@ class PythonKernel:
         self.forks = KernelForks(env)
         self.pid: int | None = None
         self.client: BlockingKernelClient | None = None
+        self._poller: zmq.Poller | None = None
 
     @property
     def started(self) -> bool:
@@ -112,11 +113,24 @@ class PythonKernel:
         # No heartbeat thread: liveness is the kernel process's (the fork server reports its exit).
         client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
         self.client = client
+        self._poller = self._iopub_or_exit_poller(client.iopub_channel.socket)
         try:
             self._wait_ready(deadline)
         except Exception:
             self.close()
             raise
+
+    def _iopub_or_exit_poller(self, iopub: zmq.Socket) -> zmq.Poller:
+        """A poll over IOPub and the fork server's socket: a kernel's death (reported there) ends a wait
+        for its output at once, not at the next liveness check."""
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(iopub, zmq.POLLIN)
+        reports = self.forks.fileno()
+        if reports is not None:
+            poller.register(reports, zmq.POLLIN)
+        return poller
 
     def _wait_ready(self, deadline: float) -> None:
         """Until the kernel answers ``kernel_info`` and its IOPub reaches us (else early output is lost)."""
@@ -140,7 +154,7 @@ class PythonKernel:
     def close(self) -> None:
         """Stop the kernel (the fork server stays for the next); its sockets and connection file go."""
         pid, client = self.pid, self.client
-        self.pid = self.client = None
+        self.pid = self.client = self._poller = None
         if client is not None:
             client.stop_channels()
         if pid is not None and self.forks.send_signal(pid, signal.SIGKILL):
@@ -214,10 +228,14 @@ class PythonKernel:
         as ``Session.deserialize`` does (and replays refused), but only the frames needed are
         parsed: its date parsing of every header is most of a message's decoding cost.
         """
-        assert self.client is not None
+        assert self.client is not None and self._poller is not None
         iopub: zmq.Socket = self.client.iopub_channel.socket
-        if not iopub.poll(int(timeout * 1000)):
-            return None
+        ready = dict(self._poller.poll(int(timeout * 1000)))
+        if iopub not in ready:
+            reports = self.forks.fileno()
+            if ready and (reports is None or reports not in ready):  # the fork server is gone: its socket's
+                self._poller = self._iopub_or_exit_poller(iopub)  # end of file would end every wait at once
+            return None  # the caller checks whether the kernel still lives
         frames = iopub.recv_multipart()
         session = self.client.session
         try:
