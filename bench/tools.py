@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.process_cpu import cpu_seconds
 from shared.config import Settings
 from workers.sandbox import SandboxSpec, create_sandbox
 from workers.sandbox.local import bwrap_usable
@@ -337,12 +338,6 @@ def bench_lifecycle(rounds: int, settings: Settings, work: Path) -> list[str]:
     ]
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time process ``pid`` has used so far (user + system), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def bench_kernel_starts(rounds: int, work: Path) -> list[str]:
     """A kernel's start until it answers: a fresh interpreter under KernelManager (before) vs the
     sandbox's fork server (its first kernel, which starts the fork server, and every later one);
@@ -373,8 +368,8 @@ def bench_kernel_starts(rounds: int, work: Path) -> list[str]:
             assert kernel.pid is not None and kernel.forks.proc is not None
             server = cpu_seconds(kernel.forks.proc.pid) if name == names[1] else 0.0
             rows[name].append((wall, client, cpu_seconds(kernel.pid) + server))
-            kernel.close()
-        kernel.stop()
+            kernel.close_kernel()
+        kernel.close()
 
     for index in range(rounds):
         for variant in random.sample([fresh, forked], 2):
@@ -422,7 +417,7 @@ def bench_kernel_deaths(rounds: int, work: Path) -> list[str]:
                 assert died.died and after.result == "2", (died, after)
                 times[name].append(((t1 - t0) * 1000, (t2 - t1) * 1000))
     finally:
-        kernel.stop()
+        kernel.close()
     med = statistics.median
     return [
         "| a call whose kernel dies | error observation, median ms | the next call, median ms |",

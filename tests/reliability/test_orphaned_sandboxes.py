@@ -35,7 +35,7 @@ from tests.reliability.agent_stack import (
 )
 from tests.support.waiting import client_for, job, wait_for, wait_status
 from workers.sandbox.owner import POOL_DIR, alive, owner_tag, start_ticks, sweep
-from workers.toolserver.kernel import KERNEL_NAME
+from workers.toolserver.kernel_forks import KERNEL_NAME
 
 ENV = {
     "ROLLOUTS_HEARTBEAT_TTL_S": "4",  # the killed worker's job is abandoned, and re-queued, soon

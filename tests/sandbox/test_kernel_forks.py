@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from workers.sandbox import Sandbox
+from workers.toolserver.kernel_forks import ForkServerError
 from workers.toolserver.python import PythonKernel
 from workers.toolserver.reaper import alive
 
@@ -20,7 +21,7 @@ def kernel(tmp_path: Path) -> Iterator[PythonKernel]:
     k = PythonKernel(tmp_path, {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}, tmp_path / "state")
     k.start()
     yield k
-    k.stop()
+    k.close()
 
 
 def _parent_of(pid: int) -> int:
@@ -32,7 +33,7 @@ def test_every_kernel_is_a_fresh_fork_of_the_one_fork_server(kernel: PythonKerne
     assert fork_server is not None and kernel.pid is not None and _parent_of(kernel.pid) == fork_server
     kernel.run("import json; state = 'old'", 30)
     first = kernel.pid
-    kernel.close()
+    kernel.close_kernel()
     assert not alive(first)
     kernel.start()
     assert kernel.forks.pid() == fork_server and kernel.pid != first and _parent_of(kernel.pid) == fork_server
@@ -72,7 +73,7 @@ def test_a_killed_fork_server_is_replaced_at_the_next_start(kernel: PythonKernel
     kernel.forks.proc.wait()  # type: ignore[union-attr]
     # its kernel lost its parent; the next call finds the kernel alive or restarts it, never hangs
     assert kernel.run("1 + 1", 30).result == "2"
-    kernel.close()
+    kernel.close_kernel()
     kernel.start()
     assert kernel.forks.pid() not in (None, old)
     assert kernel.run("2 + 2", 30).result == "4"
@@ -83,3 +84,16 @@ def test_a_kernel_that_exits_is_reported_dead_and_restarted(kernel: PythonKernel
     out = kernel.run("import os; os._exit(3)", 30)
     assert out.died and out.restarted and "kernel died" in (out.error or ""), out
     assert kernel.run("'kept' in globals()", 30).result == "False"
+
+
+def test_a_fork_server_that_stops_answering_is_stopped_not_misread_later(kernel: PythonKernel) -> None:
+    """An answer that comes late would be taken for the next request's: a request not answered in time stops
+    the fork server (and its kernels), and the next start brings up a new one."""
+    stuck = kernel.forks.pid()
+    assert stuck is not None and kernel.pid is not None
+    os.kill(stuck, signal.SIGSTOP)
+    with pytest.raises(ForkServerError, match="stopped answering"):
+        kernel.forks.spawn(["-f", "unused.json"], kernel.cwd, {}, timeout=0.5)
+    assert not kernel.forks.running and not alive(stuck)
+    assert kernel.run("1 + 1", 30).result == "2"  # its kernel went with it: restarted from a new fork server
+    assert kernel.forks.pid() not in (None, stuck)

@@ -23,7 +23,7 @@ from workers.sandbox.pool import SandboxPool
 from workers.sandbox.pool_sizing import Demand
 from workers.sandbox.profile import SandboxProfile
 from workers.sandbox.start_gate import reset_start_gate, start_gate
-from workers.toolserver.kernel import KERNEL_NAME
+from workers.toolserver.kernel_forks import KERNEL_NAME
 
 pytestmark = pytest.mark.usefixtures("require_bwrap")
 

@@ -28,6 +28,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.toolserver.reaper import start_ticks
+
 log = logging.getLogger("rollouts.sandbox.owner")
 
 RUNTIME_PREFIX = "ro-"
@@ -38,18 +40,6 @@ _LEGACY_HOME = re.compile(r"^(?P<pid>\d+)-[0-9a-f]+$")  # <host>-<pid>-<id>, bef
 _HOME = re.compile(rf"^{_TAG}-[0-9a-f]+$")
 
 _own: tuple[int, str] | None = None
-
-
-def start_ticks(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot, /proc/<pid>/stat field 22), or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if fields[0] in ("Z", "X"):  # dead, waiting to be reaped: its directories are orphans already
-        return None
-    return int(fields[19])
 
 
 def owner_tag() -> str:

@@ -4,21 +4,22 @@ The tool server does the inside half (workers/toolserver/reset.py: shell and ker
 every other process but the kernel fork server killed once, /tmp and its state emptied). Then
 the worker, which the sandbox cannot lie to, checks what the kernel and the host's filesystem
 say: no process left in the sandbox but the tool server, its launchers and the kernel fork
-server it kept (by the server's word, as its own pid is; a live child of the server with nothing
-under it), /tmp empty, nothing in the runtime directory but the server's socket, log, /tmp and
-(empty) state directory, and the quota never hit. The workspace is handed back empty by workers/sandbox/handoff.py. Only then are a fresh
-shell (the sandbox's start environment and working directory) and, where wanted, a fresh
-kernel started. Any ``str`` returned is why the sandbox must be stopped instead.
+server the last warm-up found (the same process by host pid and start time, with the same limits
+and priority, not stopped; nothing under it), /tmp empty, nothing in the runtime directory but
+the server's socket, log, /tmp and (empty) state directory, and the quota never hit. The
+workspace is handed back empty by workers/sandbox/handoff.py. Only then are a fresh shell (the
+sandbox's start environment and working directory) and, where wanted, a fresh kernel started.
+Any ``str`` returned is why the sandbox must be stopped instead.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
 from workers.sandbox.sandbox import SCRATCH_NAME, SOCKET_NAME, Sandbox, SandboxError
-from workers.toolserver.reaper import alive, descendants
+from workers.toolserver.kernel_forks import FORK_SERVER_NAME
+from workers.toolserver.reaper import children, descendants, start_ticks
 
 _RUNTIME_ENTRIES = frozenset({SOCKET_NAME, SCRATCH_NAME, "toolserver", "toolserver.log"})
 _RESET_TIMEOUT_S = 60.0
@@ -78,10 +79,10 @@ def take_fingerprint(sandbox: Sandbox) -> None:
         sandbox.clean_fingerprint = None  # its reset then cannot be proven: it is discarded
 
 
-def leftover_processes(sandbox: Sandbox, server_pid: int, kept: Iterable[int] = ()) -> list[int]:
+def leftover_processes(sandbox: Sandbox, server_pid: int) -> list[int]:
     """Processes of the sandbox (live or not yet reaped), as the host sees them, other than the tool server
-    (``server_pid`` inside), the processes that launched it, and the ones its reset ``kept`` (pids inside:
-    its kernel fork server), which must be its own live children with no process under them."""
+    (``server_pid`` inside), the processes that launched it, and the kernel fork server the last warm-up
+    found (the same process, by host pid and start, still the server's child, not stopped)."""
     launcher = sandbox.launcher_pid
     if launcher is None:
         return []
@@ -95,9 +96,26 @@ def leftover_processes(sandbox: Sandbox, server_pid: int, kept: Iterable[int] = 
     while up is not None and up in parents:
         keep.add(up)
         up = parents[up]
-    kept = set(kept)
-    keep.update(pid for pid in tree if parents[pid] == server and _inner_pid(pid) in kept and alive(pid))
+    if sandbox.clean_fork_server is not None and _fork_server_of(server) == sandbox.clean_fork_server:
+        keep.add(sandbox.clean_fork_server[0])
     return [pid for pid in tree if pid not in keep]  # a zombie too: the next job's `ps` would list it
+
+
+def _fork_server_of(server: int) -> tuple[int, int, str, str] | None:
+    """The tool server's kernel fork server (its child of that name) as (host pid, start ticks, limits,
+    nice): what names it and what a job could have changed of it (every later kernel inherits its limits
+    and priority); None when there is none, or it is stopped."""
+    for pid in children(server):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            limits = Path(f"/proc/{pid}/limits").read_text()
+        except (OSError, IndexError):
+            continue
+        started = start_ticks(pid)
+        if name == FORK_SERVER_NAME and stat[0] not in ("T", "t") and started is not None:
+            return pid, started, limits, stat[16]
+    return None
 
 
 def _parent(pid: int) -> int | None:
@@ -167,8 +185,7 @@ def reset_processes(sandbox: Sandbox) -> str | None:
         return "the tool server could not reset: " + "; ".join(map(str, reply.get("problems") or ["(no reason)"]))
     if not isinstance(server_pid, int):
         return "the tool server did not say its pid"
-    kept = [pid for pid in reply.get("kept") or [] if isinstance(pid, int)]
-    left = leftover_processes(sandbox, server_pid, kept)
+    left = leftover_processes(sandbox, server_pid)
     if left:
         return f"{len(left)} processes still run in the sandbox after its reset"
     why = _tmpfs_changed(sandbox, server_pid)
@@ -203,8 +220,11 @@ def warm(sandbox: Sandbox, python: bool, timeout: float) -> str | None:
     """Start the shell (and the kernel) ahead of the next job; why not, or None."""
     try:
         sandbox.control({"op": "warm", "python": python}, timeout)
+        server_pid = sandbox.control({"op": "ping"}, 5.0).get("pid")
     except SandboxError as exc:
         return str(exc)
+    server = server_host_pid(sandbox, server_pid) if isinstance(server_pid, int) else None
+    sandbox.clean_fork_server = _fork_server_of(server) if server is not None else None  # no job has run yet
     log = sandbox.runtime_dir / "toolserver.log"
     try:  # the last job's process wrote it (rootless: as its own user): nothing of it is passed on
         with open(log, "r+b") as handle:

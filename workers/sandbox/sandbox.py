@@ -80,6 +80,8 @@ class Sandbox(ABC):
         self._client: ToolClient | None = None
         # What the sandbox's own in-memory trees held while it was known clean (reset.py proves a reuse by it).
         self.clean_fingerprint: frozenset[tuple[str, int, int]] | None = None
+        # The kernel fork server (host pid, start ticks, limits, nice) the last warm-up left, before any job ran.
+        self.clean_fork_server: tuple[int, int, str, str] | None = None
         self._created_runtime = False
         # stop() may race itself (a cancel from the API thread, the rollout's own teardown,
         # __del__): one stopper at a time, the others find nothing left to do.

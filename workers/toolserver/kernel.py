@@ -43,8 +43,27 @@ from typing import Any
 if __name__ == "__main__" and sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     del sys.path[0]  # the script's own directory: its modules (bash, files, python...) must not shadow the user's
 
-from ipykernel.iostream import OutStream
-from ipykernel.ipkernel import IPythonKernel
+_PR_SET_DUMPABLE, _PR_SET_NAME = 4, 15
+
+
+def _prctl(option: int, value: int | bytes) -> bool:
+    """``prctl(option, value)`` through libc; whether it took."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        argument = ctypes.c_char_p(value) if isinstance(value, bytes) else ctypes.c_ulong(value)
+        return libc.prctl(option, argument, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+# The fork server outlives the jobs of a reused sandbox and every later kernel is a copy of its memory: not
+# dumpable from its first line, before any import, so that no process of the sandbox's user may open its
+# /proc/<pid>/mem (ptrace is refused by the seccomp filter anyway).
+if __name__ == "__main__" and sys.argv[1:2] == ["--fork-server"] and not _prctl(_PR_SET_DUMPABLE, 0):
+    raise SystemExit("kernel fork server: cannot make itself not dumpable (prctl PR_SET_DUMPABLE)")
+
+from ipykernel.iostream import OutStream  # noqa: E402 - after the fork server gave up being dumpable
+from ipykernel.ipkernel import IPythonKernel  # noqa: E402
 
 _PIPE_READ = 65536
 # An importable name for the classes: IPython replaces __main__ with the user's namespace.
@@ -196,38 +215,18 @@ def main() -> None:
     IPKernelApp.launch_instance(kernel_class=ToolKernel, outstream_class=f"{_ALIAS}.ToolOutStream")
 
 
-_PR_SET_DUMPABLE = 4
-_PR_SET_NAME = 15
-# What ``ps -o comm`` and /proc/<pid>/comm show: a fork keeps its parent's argv, so this tells them apart.
-FORK_SERVER_NAME, KERNEL_NAME = "kernel-forks", "ipykernel"
-
-
-def _set_name(name: str) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()), 0, 0, 0)
-
-
-def _set_dumpable(dumpable: bool) -> None:
-    """Whether processes of the same user may open this one's ``/proc/<pid>/mem`` (ptrace is refused anyway).
-
-    The fork server outlives the jobs of a reused sandbox, and every later kernel is a copy of its
-    memory: no job's process may write into it.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, int(dumpable), 0, 0, 0)
-
-
 class _ForkServer:
     """Forks kernels on request and reports their exits, one JSON line each way, single-threaded.
 
     Requests: ``{"op": "start", "argv", "cwd", "env"}`` (answer ``{"pid"}``), ``{"op": "signal", "pid",
-    "signal"}`` (to the kernel's process group; answer ``{"ok"}``, false once it was reaped).
-    Unasked: ``{"exited": pid}`` once a kernel was reaped. Only this process reaps its kernels and
+    "signal"}`` (to the kernel's process group; answer ``{"ok"}``, false once it was reaped); each
+    answer repeats its request's ``id``. Unasked: ``{"exited": pid}`` once a kernel was reaped. Only this process reaps its kernels and
     it signals only unreaped ones, so a pid it signals is never another process's.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, kernel_name: str) -> None:
         self.sock = sock
+        self.kernel_name = kernel_name
         self.kernels: set[int] = set()
         self.wake_r, self.wake_w = os.pipe()
         for fd in (self.wake_r, self.wake_w):
@@ -261,18 +260,19 @@ class _ForkServer:
         self.sock.sendall(json.dumps(message).encode() + b"\n")
 
     def _answer(self, request: dict[str, Any]) -> None:
+        answer: dict[str, Any] = {"id": request.get("id")}
         if request.get("op") == "start":
-            self._send({"pid": self._fork(request)})
+            answer["pid"] = self._fork(request)
         elif request.get("op") == "signal":
             pid = request.get("pid")
             self._reap()  # a kernel that is gone is reported, never signalled
-            ok = pid in self.kernels
-            if ok:
+            answer["ok"] = pid in self.kernels
+            if answer["ok"]:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, int(request["signal"]))
-            self._send({"ok": ok})
         else:
-            self._send({"error": f"unknown op {request.get('op')!r}"})
+            answer["error"] = f"unknown op {request.get('op')!r}"
+        self._send(answer)
 
     def _reap(self) -> None:
         for pid in list(self.kernels):
@@ -298,7 +298,7 @@ class _ForkServer:
             main()
             code = 0
         except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
         except BaseException:  # noqa: BLE001 - reported on the kernel's stderr, then the child ends
             traceback.print_exc()
         finally:
@@ -316,8 +316,8 @@ class _ForkServer:
         os.close(self.wake_r)
         os.close(self.wake_w)
         os.setsid()
-        _set_dumpable(True)
-        _set_name(KERNEL_NAME)
+        _prctl(_PR_SET_DUMPABLE, 1)  # the job's own process, as a fresh interpreter would be
+        _prctl(_PR_SET_NAME, self.kernel_name.encode())
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
@@ -327,21 +327,21 @@ class _ForkServer:
         sys.argv = [__file__, *request["argv"]]
 
 
-def serve_forks(fd: int) -> None:
-    """Run as the sandbox's kernel fork server on the connected socket ``fd``."""
-    _set_dumpable(False)
-    _set_name(FORK_SERVER_NAME)
+def serve_forks(fd: int, name: str, kernel_name: str) -> None:
+    """Run as the sandbox's kernel fork server on the connected socket ``fd``, named ``name``; its kernels
+    are named ``kernel_name`` (the names come from kernel_forks.py, which the worker's checks import)."""
+    _prctl(_PR_SET_NAME, name.encode())
     # What a kernel's start would import, imported once here (``ipykernel.ipkernel`` came with the classes).
     from ipykernel.kernelapp import IPKernelApp  # noqa: F401
 
     # Kernels share the imported modules' memory with this process until they write to it: with them
     # out of the collector's reach, a kernel's garbage collections do not copy those pages.
     gc.freeze()
-    _ForkServer(socket.socket(fileno=fd)).serve()
+    _ForkServer(socket.socket(fileno=fd), kernel_name).serve()
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--fork-server"]:
-        serve_forks(int(sys.argv[2]))
+        serve_forks(int(sys.argv[2]), sys.argv[3], sys.argv[4])
     else:
         main()

@@ -9,15 +9,19 @@ start what the sandbox would have started anyway.
 
 The fork server is the kernels' parent: it alone reaps them and signals them (only while they are
 unreaped, so a pid is never another process's), and says when one has exited. Requests are one
-JSON line each over a socket pair, answered in order; exits arrive between answers.
+JSON line each over a socket pair, each with an id its answer repeats; exits arrive between
+answers. A request not answered in time stops the fork server (and so its kernels): what it
+would still say could only be mistaken for the answer to a later request.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -26,9 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.toolserver.reaper import alive as process_alive
+from workers.toolserver.reaper import start_ticks
 
 KERNEL_SCRIPT = Path(__file__).with_name("kernel.py")
+# What ``ps -o comm`` and /proc/<pid>/comm show (kernel.py sets them): a fork keeps its parent's argv.
+FORK_SERVER_NAME, KERNEL_NAME = "kernel-forks", "ipykernel"
+_ORPHANS_DEATH_S = 5.0  # a bound on waiting for a stopped fork server's kernels to die, not a pace
 
 
 class ForkServerError(RuntimeError):
@@ -44,19 +51,24 @@ class KernelForks:
         self._sock: socket.socket | None = None
         self._pending = b""
         self._exited: set[int] = set()
+        self._started: dict[int, int | None] = {}  # kernel pid -> its start ticks, to signal it once orphaned
+        self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
     @property
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        proc = self.proc
+        return proc is not None and proc.poll() is None
 
     def pid(self) -> int | None:
         """The fork server's pid while it runs (the tool server waits for it: not an orphan to reap)."""
-        return self.proc.pid if self.running and self.proc is not None else None
+        proc = self.proc
+        return proc.pid if proc is not None and proc.poll() is None else None
 
     def fileno(self) -> int | None:
         """The socket the fork server reports exits on, while it runs: readable when it says something."""
-        return self._sock.fileno() if self._sock is not None and self.running else None
+        sock = self._sock
+        return sock.fileno() if sock is not None and self.running else None
 
     def start(self, timeout: float) -> None:
         """Start the fork server and wait until it has imported what a kernel needs."""
@@ -67,43 +79,64 @@ class KernelForks:
             ours, theirs = socket.socketpair()
             try:
                 self.proc = subprocess.Popen(
-                    [sys.executable, str(KERNEL_SCRIPT), "--fork-server", str(theirs.fileno())],
+                    [
+                        sys.executable,
+                        str(KERNEL_SCRIPT),
+                        "--fork-server",
+                        str(theirs.fileno()),
+                        FORK_SERVER_NAME,
+                        KERNEL_NAME,
+                    ],
                     pass_fds=[theirs.fileno()],
                     stdin=subprocess.DEVNULL,
                     cwd="/",  # each kernel gets its own; the server holds no directory of a job
                     env=self.env,
                 )
+            except BaseException:
+                ours.close()
+                raise
             finally:
                 theirs.close()
-            self._sock, self._pending, self._exited = ours, b"", set()
-            self._read_reply(time.monotonic() + timeout)
+            self._sock, self._pending, self._exited, self._started = ours, b"", set(), {}
+            if not self._read_reply(time.monotonic() + timeout, None).get("ready"):
+                self._stop_locked()
+                raise ForkServerError("the kernel fork server did not say it was ready")
 
     def spawn(self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 30.0) -> int:
         """A new kernel (``kernel.py`` with ``argv``) forked in ``cwd`` with exactly ``env``; its pid."""
-        reply = self._request({"op": "start", "argv": argv, "cwd": str(cwd), "env": env}, timeout)
-        pid = reply.get("pid")
-        if not isinstance(pid, int):
-            raise ForkServerError(f"the fork server did not start a kernel: {reply}")
-        return pid
+        with self._lock:
+            reply = self._request_locked({"op": "start", "argv": argv, "cwd": str(cwd), "env": env}, timeout)
+            pid = reply.get("pid")
+            if not isinstance(pid, int):
+                raise ForkServerError(f"the fork server did not start a kernel: {reply}")
+            self._exited.discard(pid)  # an earlier kernel's, reaped long before this pid was given again
+            self._started[pid] = start_ticks(pid)  # unreaped until the fork server says it exited
+            return pid
 
     def send_signal(self, pid: int, signum: int) -> bool:
         """Send ``signum`` to kernel ``pid``'s process group; False once the kernel has exited."""
-        if not self.running:  # the kernel, if still there, is now the tool server's orphan
-            if not process_alive(pid):
+        with self._lock:
+            if self._sock is not None and self.running:
+                with contextlib.suppress(ForkServerError):
+                    return bool(
+                        self._request_locked({"op": "signal", "pid": pid, "signal": int(signum)}, 10.0).get("ok")
+                    )
+                return False
+            # The fork server is gone and the kernel, if still there, is the tool server's orphan: signalled
+            # only while it is the same process (same start), never a process that was given its pid since.
+            started = self._started.get(pid)
+            if started is None or start_ticks(pid) != started:
                 return False
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signum)
             return True
-        try:
-            return bool(self._request({"op": "signal", "pid": pid, "signal": int(signum)}, 10.0).get("ok"))
-        except ForkServerError:
-            return False
 
     def alive(self, pid: int) -> bool:
         """Whether kernel ``pid`` is still running (no exit reported for it)."""
-        if not self.running:
-            return process_alive(pid)
         with self._lock:
+            if self._sock is None or not self.running:
+                started = self._started.get(pid)
+                return started is not None and start_ticks(pid) == started
             with contextlib.suppress(ForkServerError):
                 self._read_available()
             return pid not in self._exited
@@ -130,35 +163,52 @@ class KernelForks:
         if proc is not None:
             try:
                 proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # stopped, or stuck: killed before it could kill its kernels
                 proc.kill()
                 proc.wait()
+        orphans = [pid for pid, started in self._started.items() if started is not None and start_ticks(pid) == started]
+        for pid in orphans:  # what it left: the tool server's orphans now, killed while still themselves
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        deadline = time.monotonic() + _ORPHANS_DEATH_S
+        while any(start_ticks(pid) == self._started[pid] for pid in orphans) and time.monotonic() < deadline:
+            time.sleep(0.005)  # dead before anyone asks whether the kernel still lives
 
-    def _request(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
-        with self._lock:
-            if self._sock is None or not self.running:
-                raise ForkServerError("the kernel fork server is not running")
-            try:
-                self._sock.sendall(json.dumps(request).encode() + b"\n")
-            except OSError as exc:
-                raise ForkServerError(f"the kernel fork server is gone: {exc}") from exc
-            return self._read_reply(time.monotonic() + timeout)
+    def _request_locked(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if self._sock is None or not self.running:
+            raise ForkServerError("the kernel fork server is not running")
+        request_id = next(self._ids)
+        try:
+            self._sock.sendall(json.dumps({**request, "id": request_id}).encode() + b"\n")
+        except OSError as exc:
+            self._stop_locked()
+            raise ForkServerError(f"the kernel fork server is gone: {exc}") from exc
+        return self._read_reply(time.monotonic() + timeout, request_id)
 
-    def _read_reply(self, deadline: float) -> dict[str, Any]:
-        """The next answer (exit reports before it are recorded), within the deadline."""
-        while True:
-            message = self._next_message(deadline)
-            if "exited" in message:
-                self._exited.add(int(message["exited"]))
-                continue
-            return message
+    def _read_reply(self, deadline: float, request_id: int | None) -> dict[str, Any]:
+        """The answer to ``request_id`` (None: the ready message), recording the exit reports before it.
+        Not in time, or not readable: the fork server is stopped, so that nothing it says later is misread."""
+        try:
+            while True:
+                message = self._next_message(deadline)
+                if "exited" in message:
+                    self._record_exit(int(message["exited"]))
+                elif message.get("id") == request_id:
+                    return message
+        except (ForkServerError, ValueError, TypeError) as exc:
+            self._stop_locked()
+            raise ForkServerError(f"the kernel fork server stopped answering: {exc}") from exc
 
     def _read_available(self) -> None:
         """Record the exit reports that have arrived, without waiting."""
         while b"\n" in self._pending or self._readable(0):
             message = self._next_message(time.monotonic())
             if "exited" in message:
-                self._exited.add(int(message["exited"]))
+                self._record_exit(int(message["exited"]))
+
+    def _record_exit(self, pid: int) -> None:
+        self._exited.add(pid)
+        self._started.pop(pid, None)
 
     def _readable(self, timeout: float) -> bool:
         assert self._sock is not None
@@ -168,12 +218,13 @@ class KernelForks:
         assert self._sock is not None
         while b"\n" not in self._pending:
             if not self._readable(deadline - time.monotonic()):
-                if self.running:
-                    raise ForkServerError("the kernel fork server did not answer in time")
-                raise ForkServerError("the kernel fork server exited")
+                raise ForkServerError("no answer in time" if self.running else "it exited")
             data = self._sock.recv(65536)
             if not data:
-                raise ForkServerError("the kernel fork server exited")
+                raise ForkServerError("it exited")
             self._pending += data
         line, self._pending = self._pending.split(b"\n", 1)
-        return json.loads(line)
+        message = json.loads(line)
+        if not isinstance(message, dict):
+            raise ValueError(f"not a message: {line[:80]!r}")
+        return message

@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # imported when the kernel starts: a sandbox that never runs 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _INTERRUPT_GRACE_S = 5.0
 _READY_TIMEOUT_S = 60.0
+_LAST_OUTPUT_S = 0.05  # how long a dead kernel's last output may still be on its way to us
 _DELIM = b"<IDS|MSG>"
 KERNEL_DIED = "the Python kernel died (restarted; state was lost)"
 
@@ -108,16 +109,16 @@ class PythonKernel:
         env = {**self.env, "IPYTHONDIR": str(self.state_dir / "ipython"), "JPY_PARENT_PID": ""}
         argv = ["-f", connection_file, "--HistoryManager.enabled=False", "--colors=NoColor"]
         self.pid = self.forks.spawn(argv, self.cwd, env)
-        client = BlockingKernelClient(connection_file=connection_file)
-        client.load_connection_file()
-        # No heartbeat thread: liveness is the kernel process's (the fork server reports its exit).
-        client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
-        self.client = client
-        self._poller = self._iopub_or_exit_poller(client.iopub_channel.socket)
         try:
+            client = BlockingKernelClient(connection_file=connection_file)
+            client.load_connection_file()
+            # No heartbeat thread: liveness is the kernel process's (the fork server reports its exit).
+            client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+            self.client = client
+            self._poller = self._iopub_or_exit_poller(client.iopub_channel.socket)
             self._wait_ready(deadline)
         except Exception:
-            self.close()
+            self.close_kernel()
             raise
 
     def _iopub_or_exit_poller(self, iopub: zmq.Socket) -> zmq.Poller:
@@ -151,7 +152,7 @@ class PythonKernel:
         if self.pid is not None:
             self.forks.send_signal(self.pid, signal.SIGINT)
 
-    def close(self) -> None:
+    def close_kernel(self) -> None:
         """Stop the kernel (the fork server stays for the next); its sockets and connection file go."""
         pid, client = self.pid, self.client
         self.pid = self.client = self._poller = None
@@ -163,9 +164,9 @@ class PythonKernel:
             with contextlib.suppress(OSError):
                 os.unlink(leftover)
 
-    def stop(self) -> None:
-        """Stop the kernel and the fork server: the tool server is going."""
-        self.close()
+    def close(self) -> None:
+        """Stop the kernel and the fork server: the tool server (or whoever holds this) is done with python."""
+        self.close_kernel()
         self.forks.stop()
 
     def run(self, code: str, timeout: float) -> PythonOutcome:
@@ -176,7 +177,7 @@ class PythonKernel:
         (not waited on until the timeout) and reported as an error.
         """
         if not self.alive():
-            self.close()
+            self.close_kernel()
             self.start()
         assert self.client is not None
         msg_id = self.client.execute(code, store_history=True, allow_stdin=False)
@@ -201,7 +202,7 @@ class PythonKernel:
             elif end == _DEAD:
                 self._restart_dead(outcome)
             else:
-                self.close()
+                self.close_kernel()
                 self.start()
                 outcome.restarted = True
             return outcome
@@ -209,7 +210,7 @@ class PythonKernel:
             collector.finish(outcome)
 
     def _restart_dead(self, outcome: PythonOutcome) -> None:
-        self.close()
+        self.close_kernel()
         self.start()
         outcome.restarted = outcome.died = True
         outcome.error = (outcome.error or "") + KERNEL_DIED + "\n"
@@ -255,13 +256,20 @@ class PythonKernel:
     def _collect(self, msg_id: str, deadline: float, collector: _Collector, check_overflow: bool = True) -> str:
         """Gather iopub output of one execution until the kernel is idle, dies, or runs out of time/room."""
         assert self.client is not None
+        dead_at: float | None = None  # when the kernel was seen dead: what it sent before may still be in flight
         while True:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 return _DEADLINE
-            msg = self._next_iopub(msg_id, min(remaining, 1.0))
+            wait = min(remaining, 1.0) if dead_at is None else dead_at + _LAST_OUTPUT_S - now
+            msg = self._next_iopub(msg_id, max(wait, 0.0))
             if msg is None:
-                if not self.alive():
+                if self.alive():  # (which also reads what the fork server said, so the next wait blocks)
+                    continue
+                if dead_at is None:
+                    dead_at = time.monotonic()
+                elif time.monotonic() >= dead_at + _LAST_OUTPUT_S:
                     return _DEAD
                 continue
             kind, content = msg

@@ -9,8 +9,8 @@ sandbox's stop (a walk of the server's descendants) and the server's own
 shutdown kill them, instead of leaking them onto the node.
 
 Orphans that exit become zombies of the tool server, so a thread reaps them,
-by pid, and never the server's own children (the shell, the kernel): their
-owners (ptyprocess, jupyter_client) wait for those themselves.
+by pid, and never the server's own children (the shell, the kernel fork server):
+their owners (ptyprocess, ``subprocess.Popen``) wait for those themselves.
 """
 
 from __future__ import annotations
@@ -49,6 +49,19 @@ def _stat(pid: int) -> tuple[str, int] | None:
     except (OSError, IndexError):
         return None
     return fields[0], int(fields[1])
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, /proc/<pid>/stat field 22), or None once it is gone or
+    dead (a zombie): with the pid, what names one process even after its pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
 
 
 def alive(pid: int) -> bool:

@@ -75,22 +75,22 @@ def _empty_dir(path: Path, keep: frozenset[str] = frozenset()) -> list[str]:
 
 
 def reset_toolbox(toolbox: ToolBox, scratch: Path, keep: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """Stop the shell and kernel, kill every other process once but the kernel fork server (it ran no job's
-    code: each kernel was a fork of it), empty ``scratch`` (but its mount points, ``keep``) and the state dir.
+    """Stop the shell and kernel, kill every other process once but the kernel fork server the last warm-up
+    left (it ran no job's code: each kernel was a fork of it), empty ``scratch`` (but its mount points,
+    ``keep``) and the state dir.
 
-    Returns ``{"clean": bool, "problems": [...], "kept": [fork server pid]}``; the shell and kernel stay
-    stopped until ``warm``.
+    Returns ``{"clean": bool, "problems": [...]}``; the shell and kernel stay stopped until ``warm``.
     """
     problems: list[str] = []
     with ExitStack() as held:
         for lock in toolbox.locks():  # no call of the last job runs during its reset
             held.enter_context(lock)
-        fork_server = toolbox.fork_server_pid()
+        fork_server = toolbox.fork_server_to_keep()
         kept = frozenset() if fork_server is None else frozenset({fork_server})
         # the shell and the kernel too: their owners then find them dead
         snapshot = [pid for pid in descendants(os.getpid()) if pid not in kept]
         unkillable = _kill_once(snapshot)
-        toolbox.close(keep_fork_server=True)
+        toolbox.close(keep_fork_server=bool(kept))
         if unkillable:
             problems.append(f"{len(unkillable)} processes did not die")
         left = _reap_all(kept)
@@ -98,4 +98,4 @@ def reset_toolbox(toolbox: ToolBox, scratch: Path, keep: frozenset[str] = frozen
             problems.append(f"{len(left)} processes left after the kill pass (born during it: respawning)")
         problems += _empty_dir(scratch, keep)
         problems += _empty_dir(toolbox.state_dir)
-    return {"clean": not problems, "problems": problems, "kept": sorted(kept)}
+    return {"clean": not problems, "problems": problems}

@@ -14,6 +14,7 @@ from workers.toolserver.bash import PersistentBash
 from workers.toolserver.files import ToolError, Workspace
 from workers.toolserver.output import cap_text
 from workers.toolserver.python import PythonKernel
+from workers.toolserver.reaper import start_ticks
 from workers.toolserver.result import ToolResult
 
 
@@ -41,6 +42,7 @@ class ToolBox:
             hard_output_cap=limits.hard_output_cap,
         )
         self._locks = {"bash": threading.Lock(), "python": threading.Lock(), "files": threading.Lock()}
+        self._clean_fork_server: tuple[int, int | None, str, str] | None = None
 
     def start(self) -> None:
         self.bash.start()
@@ -54,6 +56,8 @@ class ToolBox:
             with self._locks["python"]:
                 if not self.python.started:
                     self.python.start()
+        # Only a pool warms, when the sandbox has started or was reset: no job's code has run since.
+        self._clean_fork_server = self._fork_server_state()
 
     def locks(self) -> list[threading.Lock]:
         """Every tool's lock, in one order (a reset holds them all)."""
@@ -63,13 +67,33 @@ class ToolBox:
         """Stop the shell and the kernel; the kernel fork server too, unless a reset keeps it for the next job."""
         self.bash.close()
         if keep_fork_server:
-            self.python.close()
+            self.python.close_kernel()
         else:
-            self.python.stop()
+            self.python.close()
 
     def fork_server_pid(self) -> int | None:
-        """The kernel fork server's pid while it runs: it ran no job's code, so a reset may keep it."""
+        """The kernel fork server's pid while it runs."""
         return self.python.forks.pid()
+
+    def fork_server_to_keep(self) -> int | None:
+        """The fork server a reset may keep for the next job: the one the last warm-up found (started before
+        any job's code ran: not one a job had restarted), with the same limits and priority (a job may
+        lower both for a process of its user, and every later kernel would inherit them)."""
+        state = self._fork_server_state()
+        return state[0] if state is not None and state == self._clean_fork_server else None
+
+    def _fork_server_state(self) -> tuple[int, int | None, str, str] | None:
+        pid = self.fork_server_pid()
+        if pid is None:
+            return None
+        try:
+            limits = Path(f"/proc/{pid}/limits").read_text()
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        if stat[0] in ("T", "t", "Z", "X"):  # stopped (a job can SIGSTOP it) or dead: not one to keep
+            return None
+        return pid, start_ticks(pid), limits, stat[16]
 
     def child_pids(self) -> set[int]:
         """The server's own children (the shell, the kernel fork server): their owners wait for them."""
