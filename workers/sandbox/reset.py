@@ -19,7 +19,7 @@ from pathlib import Path
 
 from workers.sandbox.sandbox import SCRATCH_NAME, SOCKET_NAME, Sandbox, SandboxError
 from workers.toolserver.kernel_forks import FORK_SERVER_NAME
-from workers.toolserver.reaper import children, descendants, start_ticks
+from workers.toolserver.reaper import children, descendants, kept_state
 
 _RUNTIME_ENTRIES = frozenset({SOCKET_NAME, SCRATCH_NAME, "toolserver", "toolserver.log"})
 _RESET_TIMEOUT_S = 60.0
@@ -103,18 +103,15 @@ def leftover_processes(sandbox: Sandbox, server_pid: int) -> list[int]:
 
 def _fork_server_of(server: int) -> tuple[int, int, str, str] | None:
     """The tool server's kernel fork server (its child of that name) as (host pid, start ticks, limits,
-    nice): what names it and what a job could have changed of it (every later kernel inherits its limits
-    and priority); None when there is none, or it is stopped."""
+    nice): what names it and what a job could have changed of it; None when there is none, or it is stopped."""
     for pid in children(server):
         try:
             name = Path(f"/proc/{pid}/comm").read_text().strip()
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            limits = Path(f"/proc/{pid}/limits").read_text()
-        except (OSError, IndexError):
+        except OSError:
             continue
-        started = start_ticks(pid)
-        if name == FORK_SERVER_NAME and stat[0] not in ("T", "t") and started is not None:
-            return pid, started, limits, stat[16]
+        state = kept_state(pid) if name == FORK_SERVER_NAME else None
+        if state is not None:
+            return (pid, *state)
     return None
 
 

@@ -22,6 +22,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 log = logging.getLogger("rollouts.toolserver.reaper")
 
@@ -62,6 +63,20 @@ def start_ticks(pid: int) -> int | None:
     if fields[0] in ("Z", "X"):
         return None
     return int(fields[19])
+
+
+def kept_state(pid: int) -> tuple[int, str, str] | None:
+    """(start ticks, limits, nice) of ``pid``, or None once it is gone, dead or stopped: what names a process
+    kept from job to job, and what a process of the same user could have changed of it (its limits and its
+    priority, which every process it forks inherits)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        limits = Path(f"/proc/{pid}/limits").read_text()
+    except (OSError, IndexError):
+        return None
+    if stat[0] in ("T", "t", "Z", "X"):  # stopped (a job can SIGSTOP it) or dead
+        return None
+    return int(stat[19]), limits, stat[16]
 
 
 def alive(pid: int) -> bool:

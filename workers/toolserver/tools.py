@@ -14,7 +14,7 @@ from workers.toolserver.bash import PersistentBash
 from workers.toolserver.files import ToolError, Workspace
 from workers.toolserver.output import cap_text
 from workers.toolserver.python import PythonKernel
-from workers.toolserver.reaper import start_ticks
+from workers.toolserver.reaper import kept_state
 from workers.toolserver.result import ToolResult
 
 
@@ -42,7 +42,7 @@ class ToolBox:
             hard_output_cap=limits.hard_output_cap,
         )
         self._locks = {"bash": threading.Lock(), "python": threading.Lock(), "files": threading.Lock()}
-        self._clean_fork_server: tuple[int, int | None, str, str] | None = None
+        self._clean_fork_server: tuple[int, int, str, str] | None = None
 
     def start(self) -> None:
         self.bash.start()
@@ -78,22 +78,14 @@ class ToolBox:
     def fork_server_to_keep(self) -> int | None:
         """The fork server a reset may keep for the next job: the one the last warm-up found (started before
         any job's code ran: not one a job had restarted), with the same limits and priority (a job may
-        lower both for a process of its user, and every later kernel would inherit them)."""
+        lower both for a process of its user, and every later kernel would inherit them), not stopped."""
         state = self._fork_server_state()
         return state[0] if state is not None and state == self._clean_fork_server else None
 
-    def _fork_server_state(self) -> tuple[int, int | None, str, str] | None:
+    def _fork_server_state(self) -> tuple[int, int, str, str] | None:
         pid = self.fork_server_pid()
-        if pid is None:
-            return None
-        try:
-            limits = Path(f"/proc/{pid}/limits").read_text()
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            return None
-        if stat[0] in ("T", "t", "Z", "X"):  # stopped (a job can SIGSTOP it) or dead: not one to keep
-            return None
-        return pid, start_ticks(pid), limits, stat[16]
+        state = kept_state(pid) if pid is not None else None
+        return (pid, *state) if pid is not None and state is not None else None
 
     def child_pids(self) -> set[int]:
         """The server's own children (the shell, the kernel fork server): their owners wait for them."""
