@@ -212,7 +212,9 @@ class KernelForks:
 
     def _readable(self, timeout: float) -> bool:
         assert self._sock is not None
-        return bool(select.select([self._sock], [], [], max(timeout, 0))[0])
+        poller = select.poll()  # not select(): a process with over 1,024 open files has fds it cannot name
+        poller.register(self._sock, select.POLLIN)
+        return bool(poller.poll(max(timeout, 0) * 1000))
 
     def _next_message(self, deadline: float) -> dict[str, Any]:
         assert self._sock is not None
